@@ -1,0 +1,1 @@
+"""The Hydra matrix application (`python -m matrix`) and its review commands."""

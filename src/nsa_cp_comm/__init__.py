@@ -1,0 +1,43 @@
+"""nsa-cp-comm: the padded context-parallel communicator of NSA prefill.
+
+The fix in one screen lives in :mod:`nsa_cp_comm.roundtrip`.
+"""
+
+from .communicator import CPLayerCommunicator
+from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
+from .moe import ReferenceMoE
+from .plan import POLICIES, CPPlan, ceil_align, plan_split
+from .ranks import RankPool, RankResult, run_on_ranks
+from .roundtrip import (
+    LEGACY_UNEVEN_ERROR,
+    legacy_gather,
+    legacy_scatter,
+    padded_buffer,
+    padded_gather,
+    padded_gather_,
+    padded_scatter,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "A2A_BACKENDS",
+    "CPLayerCommunicator",
+    "CPPlan",
+    "LEGACY_UNEVEN_ERROR",
+    "POLICIES",
+    "RankPool",
+    "RankResult",
+    "ReferenceMoE",
+    "ScatterMode",
+    "ceil_align",
+    "legacy_gather",
+    "legacy_scatter",
+    "mlp_mode",
+    "padded_buffer",
+    "padded_gather",
+    "padded_gather_",
+    "padded_scatter",
+    "plan_split",
+    "run_on_ranks",
+]

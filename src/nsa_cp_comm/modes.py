@@ -1,0 +1,35 @@
+"""Which way the layer communicator moves rows before a MoE (SPEC section 1)."""
+
+from __future__ import annotations
+
+import enum
+
+# The serving code's MoE all-to-all backends. Anything but "none" dispatches
+# tokens itself and accepts uneven per-rank counts.
+A2A_BACKENDS: tuple[str, ...] = ("none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer")
+
+
+class ScatterMode(str, enum.Enum):
+    """Layout of the MLP input: each rank's own rows, or every rank's rows."""
+
+    SCATTERED = "SCATTERED"
+    FULL = "FULL"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def mlp_mode(moe_a2a_backend: str, *, sparse_layer: bool = True) -> ScatterMode:
+    """The mlp_mode of a layer under CP prefill.
+
+    Sparse (MoE) layers on the all-gather path (``moe_a2a_backend="none"``)
+    need every rank's rows: ``FULL``. An a2a backend (DeepEP, ...) routes the
+    rows itself, and dense layers stay local: ``SCATTERED``.
+    """
+    if moe_a2a_backend not in A2A_BACKENDS:
+        raise ValueError(
+            f"moe_a2a_backend={moe_a2a_backend!r} is not one of {', '.join(A2A_BACKENDS)}"
+        )
+    if sparse_layer and moe_a2a_backend == "none":
+        return ScatterMode.FULL
+    return ScatterMode.SCATTERED

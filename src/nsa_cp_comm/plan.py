@@ -1,0 +1,195 @@
+"""How a prefill batch is split over context-parallel ranks (SPEC section 2).
+
+Pure Python: no torch, no torch.distributed. A :class:`CPPlan` is what every
+rank of a CP group agrees on; the round trips decide everything (buffer sizes,
+whether the legacy path may run) from it, never from local tensor shapes.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["round_robin", "zigzag", "zigzag_page"]
+POLICIES: tuple[str, ...] = ("round_robin", "zigzag", "zigzag_page")
+
+
+def ceil_align(a: int, b: int) -> int:
+    """Smallest multiple of ``b`` that is ``>= a``."""
+    return -(-a // b) * b
+
+
+@dataclass(frozen=True)
+class CPPlan:
+    """The split of one batch over ``cp_size`` ranks. Build it with :func:`plan_split`.
+
+    ``blocks[s]`` is request ``s``'s block table: for ``zigzag``/``zigzag_page``
+    the ``2*cp`` consecutive block lengths (rank ``k`` owns blocks ``k`` and
+    ``2*cp-1-k``); for ``round_robin`` the number of the request's tokens that
+    land on each of the ``cp`` ranks.
+    """
+
+    policy: str
+    cp_size: int
+    page_size: int
+    align: int
+    seq_lens: tuple[int, ...]
+    padded_lens: tuple[int, ...]
+    total_tokens: int
+    per_rank_tokens: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...]
+
+    @property
+    def max_rank_len(self) -> int:
+        """``m = max_r n_r``: every rank's shard is padded to this many rows."""
+        return max(self.per_rank_tokens)
+
+    @property
+    def padded_total(self) -> int:
+        """Rows of the padded gather buffer, ``m * cp`` (may exceed ``total_tokens``)."""
+        return self.max_rank_len * self.cp_size
+
+    @property
+    def is_even(self) -> bool:
+        return len(set(self.per_rank_tokens)) == 1
+
+    @property
+    def padding_frac(self) -> float:
+        """Share of the padded buffer that is padding: ``1 - T / (m * cp)``."""
+        return 1.0 - self.total_tokens / self.padded_total
+
+    @property
+    def claim_holds(self) -> bool:
+        """Whether ``m * cp == ceil_align(sum(seq_lens), cp)``, the assumption
+        that the pre-existing cp alignment sizes the gather buffer. False for
+        page-aligned and multi-request zigzag splits in general."""
+        return self.padded_total == ceil_align(sum(self.seq_lens), self.cp_size)
+
+    def rank_indices(self, rank: int) -> tuple[int, ...]:
+        """Global token indices (over the padded, concatenated batch) that
+        ``rank`` holds, in its local row order."""
+        _check_rank(rank, self.cp_size)
+        if self.policy == "round_robin":
+            return tuple(range(rank, self.total_tokens, self.cp_size))
+        n = 2 * self.cp_size
+        req_start = 0
+        prev: list[int] = []
+        nxt: list[int] = []
+        for length, blk in zip(self.padded_lens, self.blocks):
+            starts = [req_start]
+            for b in blk[:-1]:
+                starts.append(starts[-1] + b)
+            prev.extend(range(starts[rank], starts[rank] + blk[rank]))
+            j = n - 1 - rank
+            nxt.extend(range(starts[j], starts[j] + blk[j]))
+            req_start += length
+        return tuple(prev + nxt)
+
+    def rank_offset(self, rank: int) -> int:
+        """First row of ``rank``'s shard in the rank-major concatenation of all
+        shards (``sum_{r<rank} n_r``), as used by unpadded layouts."""
+        _check_rank(rank, self.cp_size)
+        return sum(self.per_rank_tokens[:rank])
+
+
+def _check_rank(rank: int, cp_size: int) -> None:
+    if not _is_int(rank) or not 0 <= rank < cp_size:
+        raise ValueError(f"rank={rank!r} is not in [0, {cp_size})")
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if not _is_int(value) or value < 1:  # type: ignore[operator]
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    return int(value)  # type: ignore[arg-type]
+
+
+def _even_blocks(length: int, n: int) -> tuple[int, ...]:
+    q, rem = divmod(length, n)
+    return tuple(q + (1 if i < rem else 0) for i in range(n))
+
+
+def _page_blocks(length: int, n: int, page_size: int) -> tuple[int, ...]:
+    """Blocks of whole pages; the block holding the last page is shortened so
+    the blocks sum to ``length`` and the blocks after it are empty."""
+    pages = -(-length // page_size)
+    remaining = length
+    out = []
+    for p in _even_blocks(pages, n):
+        take = min(p * page_size, remaining)
+        out.append(take)
+        remaining -= take
+    return tuple(out)
+
+
+def plan_split(
+    seq_lens: Sequence[int],
+    cp_size: int,
+    *,
+    policy: str,
+    page_size: int = 1,
+    align: int | None = None,
+) -> CPPlan:
+    """Split a batch of requests with extend lengths ``seq_lens`` over ``cp_size`` ranks.
+
+    The batch is first padded to a multiple of ``align`` (default ``cp_size``)
+    by lengthening the last request. ``policy`` is one of ``round_robin``,
+    ``zigzag`` (two mirrored blocks per rank of every request) or
+    ``zigzag_page`` (the same on page boundaries, used with a shared KV pool).
+
+    Raises ValueError naming the argument and value on bad input.
+    """
+    if isinstance(seq_lens, (str, bytes)) or not isinstance(seq_lens, Sequence):
+        raise ValueError(f"seq_lens={seq_lens!r} must be a non-empty list of positive ints")
+    if len(seq_lens) == 0:
+        raise ValueError("seq_lens=[] must be a non-empty list of positive ints")
+    for i, length in enumerate(seq_lens):
+        if not _is_int(length) or length < 1:
+            raise ValueError(f"seq_lens[{i}]={length!r} must be a positive int")
+    cp_size = _positive_int("cp_size", cp_size)
+    page_size = _positive_int("page_size", page_size)
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")
+    if align is None:
+        align = cp_size
+    elif not _is_int(align) or align < 1 or align % cp_size:
+        raise ValueError(f"align={align!r} must be a positive multiple of cp_size={cp_size}")
+
+    lens = [int(x) for x in seq_lens]
+    total = ceil_align(sum(lens), int(align))
+    padded = lens[:-1] + [lens[-1] + total - sum(lens)]
+
+    n = 2 * cp_size
+    if policy == "round_robin":
+        blocks = []
+        start = 0
+        for length in padded:
+            # tokens t in [start, start+length) with t % cp == r
+            blocks.append(
+                tuple(len(range(start + (r - start) % cp_size, start + length, cp_size)) for r in range(cp_size))
+            )
+            start += length
+        per_rank = tuple(total // cp_size for _ in range(cp_size))
+    else:
+        if policy == "zigzag":
+            blocks = [_even_blocks(length, n) for length in padded]
+        else:
+            blocks = [_page_blocks(length, n, page_size) for length in padded]
+        per_rank = tuple(sum(b[k] + b[n - 1 - k] for b in blocks) for k in range(cp_size))
+
+    return CPPlan(
+        policy=policy,
+        cp_size=cp_size,
+        page_size=page_size,
+        align=int(align),
+        seq_lens=tuple(lens),
+        padded_lens=tuple(padded),
+        total_tokens=total,
+        per_rank_tokens=per_rank,
+        blocks=tuple(blocks),
+    )

@@ -1,0 +1,351 @@
+"""Run a function on ``cp_size`` real torch.distributed ranks, and keep them warm.
+
+A :class:`RankPool` spawns one process per rank, rendezvouses them through a
+``FileStore`` in a directory the caller owns (no TCP port to race for under
+pytest-xdist or parallel sweeps), and then runs any number of tasks on them.
+Starting ranks costs seconds (each imports torch), so pools are reused across
+points with the same world (:func:`get_pool`).
+
+Failure handling is the pool's job, not the task's: a rank that raises, dies or
+hangs past the task's timeout turns into a :class:`RankResult` with a status and
+a reason naming the rank; then every rank of the pool is killed (a peer left
+inside a collective would otherwise block forever) and the next task spawns a
+fresh pool. Workers also die with their parent (``PR_SET_PDEATHSIG``, and
+EOF on their pipe).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+# How long the surviving ranks get to report after one rank failed before they
+# are killed: they are usually blocked in a collective with the dead rank.
+FAILURE_GRACE_S = 2.0
+_POLL_S = 0.05
+
+
+@dataclass
+class RankResult:
+    """What one rank gave back for one task.
+
+    ``status``: ``ok`` (``value`` holds the return value), ``error`` (the task
+    raised; ``error`` is ``"Type: message"``), ``crashed`` (the process died),
+    ``timeout`` (still running at the deadline) or ``aborted`` (killed because
+    another rank failed first).
+    """
+
+    rank: int
+    status: str
+    value: Any = None
+    error: str = ""
+    traceback: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
+    """``(status, reason)`` of a failed task, with status in error/timeout: the
+    first rank that failed by itself names the failure."""
+    for kind in ("crashed", "error", "timeout"):
+        bad = [r for r in results if r.status == kind]
+        if bad:
+            ranks = ",".join(str(r.rank) for r in bad)
+            detail = bad[0].error
+            status = "timeout" if kind == "timeout" else "error"
+            return status, f"rank {ranks} {kind}: {detail}".strip().rstrip(":")
+    return "ok", ""
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:  # pragma: no cover - exotic libc
+            pass
+
+
+_WORKER_DEVICE = None
+
+
+def rank_device():
+    """The torch device this rank's tensors live on (inside a pool task)."""
+    if _WORKER_DEVICE is None:
+        raise RuntimeError("rank_device() is only defined inside a RankPool task")
+    return _WORKER_DEVICE
+
+
+def worker_main(rank: int, world_size: int, backend: str, device: str, store_path: str, fd: int, threads: int) -> None:
+    """Body of a rank process (started by :class:`RankPool` as ``python -m
+    nsa_cp_comm._worker``): join the group, then run tasks from the pipe."""
+    _die_with_parent()
+    conn = Connection(fd)
+    global _WORKER_DEVICE
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        if device == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            _WORKER_DEVICE = torch.device("cuda", torch.cuda.current_device())
+        else:
+            _WORKER_DEVICE = torch.device("cpu")
+        store = dist.FileStore(store_path, world_size)
+        kwargs: dict[str, Any] = {}
+        if backend == "nccl":
+            kwargs["device_id"] = _WORKER_DEVICE
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=30), **kwargs
+        )
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(("ready", "error", _one_line(exc), traceback.format_exc()))
+        return
+    conn.send(("ready", "ok", None, ""))
+    while True:
+        try:
+            item = conn.recv()
+        except EOFError:  # the parent is gone
+            os._exit(1)
+        if item is None:
+            break
+        task_id, fn, args, kwargs = item
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            conn.send((task_id, "error", _one_line(exc), traceback.format_exc()))
+        else:
+            conn.send((task_id, "ok", value, ""))
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - shutting down anyway
+        pass
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class RankPool:
+    """``world_size`` warm rank processes in one process group.
+
+    All tasks run on every rank; a task is a picklable top-level function
+    importable by the ranks (they inherit this process's ``sys.path``). The
+    pool is closed (all ranks killed) after any failed task.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        device: str = "cpu",
+        workdir: str | os.PathLike[str],
+        start_timeout_s: float = 180.0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+        if device not in DEVICES:
+            raise ValueError(f"device={device!r} is not one of {', '.join(DEVICES)}")
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be a positive int")
+        self.world_size = world_size
+        self.backend = backend
+        self.device = device
+        self.closed = False
+        self._next_task = 0
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._store_path = workdir / f".rendezvous-{uuid.uuid4().hex}"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+        self._conns: list[Connection] = []
+        self._procs: list[subprocess.Popen] = []
+        for r in range(world_size):
+            ours, theirs = socket.socketpair()
+            args = [sys.executable, "-m", "nsa_cp_comm._worker", str(r), str(world_size), backend, device,
+                    str(self._store_path), str(theirs.fileno()), str(threads)]
+            self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+            theirs.close()
+            self._conns.append(Connection(ours.detach()))
+        ready = self._collect("ready", start_timeout_s)
+        if not all(r.ok for r in ready):
+            _, reason = summarize_failure(ready)
+            self.close()
+            raise RuntimeError(f"starting {world_size} {backend}/{device} ranks failed: {reason}")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def alive(self) -> bool:
+        return not self.closed and all(p.poll() is None for p in self._procs)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float, **kwargs: Any) -> list[RankResult]:
+        """Run ``fn(*args, **kwargs)`` on every rank; one :class:`RankResult` per rank.
+
+        Never raises for a failing task and never blocks past ``timeout_s``
+        (plus :data:`FAILURE_GRACE_S`); on any failure the pool is closed."""
+        if self.closed:
+            raise RuntimeError("RankPool is closed")
+        task_id = self._next_task
+        self._next_task += 1
+        for conn in self._conns:
+            conn.send((task_id, fn, args, kwargs))
+        results = self._collect(task_id, timeout_s)
+        if not all(r.ok for r in results):
+            self.close()
+        return results
+
+    def _collect(self, task_id: object, timeout_s: float) -> list[RankResult]:
+        got: dict[int, RankResult] = {}
+        deadline = time.monotonic() + timeout_s
+        failed_at: float | None = None
+        while len(got) < self.world_size:
+            now = time.monotonic()
+            if now >= deadline or (failed_at is not None and now >= failed_at + FAILURE_GRACE_S):
+                break
+            waiting = {self._conns[r]: r for r in range(self.world_size) if r not in got}
+            for conn in wait(list(waiting), timeout=_POLL_S):
+                r = waiting[conn]
+                try:
+                    tid, status, value, tb = conn.recv()
+                except (EOFError, OSError):
+                    # The rank died; its exit status tells how.
+                    code = self._procs[r].wait(timeout=5.0)
+                    got[r] = RankResult(r, "crashed", error=_exit_reason(code))
+                    failed_at = failed_at or time.monotonic()
+                    continue
+                if tid != task_id:
+                    continue  # a late answer of an earlier, abandoned task
+                if status == "ok":
+                    got[r] = RankResult(r, "ok", value=value)
+                else:
+                    got[r] = RankResult(r, "error", error=value, traceback=tb)
+                    failed_at = failed_at or time.monotonic()
+        timed_out = failed_at is None
+        for r in range(self.world_size):
+            if r not in got:
+                if timed_out:
+                    got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s")
+                else:
+                    got[r] = RankResult(r, "aborted", error="killed after another rank failed")
+        return [got[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        """Stop every rank (politely if idle, SIGKILL otherwise) and reap them."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.alive_processes() == len(self._procs):
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 5.0
+            for p in self._procs:
+                try:
+                    p.wait(max(0.01, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            p.wait()
+        for conn in self._conns:
+            conn.close()
+        try:
+            self._store_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def alive_processes(self) -> int:
+        return sum(p.poll() is None for p in self._procs)
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.close()
+
+
+_POOLS: dict[tuple[int, str, str], RankPool] = {}
+
+
+def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str]) -> RankPool:
+    """A warm pool for this world, started (rendezvous in ``workdir``) only when
+    no live one exists. Pools of other worlds are closed first, so at most one
+    set of ranks holds the machine's cores at a time."""
+    key = (world_size, backend, device)
+    pool = _POOLS.get(key)
+    if pool is not None and pool.alive:
+        return pool
+    close_pools()
+    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir)
+    _POOLS[key] = pool
+    return pool
+
+
+def close_pools() -> None:
+    """Close every pool :func:`get_pool` started."""
+    while _POOLS:
+        _, pool = _POOLS.popitem()
+        pool.close()
+
+
+atexit.register(close_pools)
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    device: str = "cpu",
+    workdir: str | os.PathLike[str],
+    timeout_s: float = 120.0,
+    **kwargs: Any,
+) -> list[RankResult]:
+    """One-shot form: start ``world_size`` ranks, run ``fn`` once, stop them."""
+    with RankPool(world_size, backend=backend, device=device, workdir=workdir) as pool:
+        return pool.run(fn, *args, timeout_s=timeout_s, **kwargs)
