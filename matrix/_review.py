@@ -135,8 +135,8 @@ def load_run(arg: str, value: str) -> Run:
     frames = [_read_one(arg, value, f) for f in files]
     raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if raw.empty:
-        what = "no rows (empty run)" if len(files) == 1 else f"no rows in any of {len(files)} {RESULTS_FILE} files (empty run)"
-        raise InputError(f"{arg}={value}: {what}")
+        where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
+        raise InputError(f"{arg}={value}: no rows{where} (empty run)")
     return Run(arg=arg, value=value, files=tuple(files), raw=raw.reset_index(drop=True))
 
 

@@ -53,7 +53,9 @@ def parse_threshold(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise InputError(f"--fail-above={text}: must be a finite, non-negative percentage (5%) or fraction (0.05)")
     if not s.endswith("%") and value >= 1:
-        raise InputError(f"--fail-above={text}: a bare number must be a fraction below 1 (0.05); write {s}% for a percentage")
+        raise InputError(
+            f"--fail-above={text}: a bare number must be a fraction below 1 (0.05); write {s}% for a percentage"
+        )
     return value
 
 
@@ -63,8 +65,7 @@ def _keyed(run: Run, metric: str) -> tuple[pd.DataFrame, int]:
     Returns the frame and how many duplicate rows were dropped (a point run twice,
     e.g. several results.csv concatenated: the last row, the latest append, wins)."""
     raw = run.raw
-    frame = raw[list(CONFIG_COLUMNS)].map(canonical)
-    frame.columns = _KEYS
+    frame = pd.DataFrame({k: raw[c].map(canonical) for c, k in zip(CONFIG_COLUMNS, _KEYS)})
     frame["value"] = pd.to_numeric(raw[metric], errors="coerce")
     frame["status"] = raw["status"].str.strip()
     frame["correct"] = parse_bool(raw["correct"])
@@ -78,10 +79,15 @@ def _env_warnings(base: Run, new: Run) -> list[str]:
         b = sorted({v.strip() for v in base.raw[col] if v.strip()})
         n = sorted({v.strip() for v in new.raw[col] if v.strip()})
         if b != n:
-            lines.append(
-                f"warning: environments differ: {col}: BASE {', '.join(b) or '(empty)'} vs NEW {', '.join(n) or '(empty)'}"
-            )
+            was, now = ", ".join(b) or "(empty)", ", ".join(n) or "(empty)"
+            lines.append(f"warning: environments differ: {col}: BASE {was} vs NEW {now}")
     return lines
+
+
+def _cell(value: str) -> object:
+    """A canonical key shown as a number when it is one (right-aligned in the table)."""
+    kind, number, _ = _sort_key(value)
+    return value if kind else (int(number) if number == int(number) else number)
 
 
 def _sort_key(value: str) -> tuple[int, float, str]:
@@ -149,7 +155,8 @@ def render(joined: pd.DataFrame) -> tuple[list[str], str, str]:
 
     def rows(frame: pd.DataFrame) -> list[list[object]]:
         return [
-            [r[f"k_{c}"] for c in varying] + [r["value_base"], r["value_new"], _change(r["change_pct"]), _mark(r)]
+            [_cell(r[f"k_{c}"]) for c in varying]
+            + [r["value_base"], r["value_new"], _change(r["change_pct"]), _mark(r)]
             for _, r in frame.iterrows()
         ]
 
@@ -167,18 +174,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("new", metavar="NEW", help="new results directory or CSV file")
     parser.add_argument(
         "--metric", default=DEFAULT_METRIC,
-        help=f"timing/bandwidth column to compare (default {DEFAULT_METRIC}); *_GBps regress by dropping",
+        help="timing/bandwidth column of the schema to compare (default %(default)s); *_GBps regress by dropping",
     )
     parser.add_argument(
         "--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
-        help=f"regression threshold, 5%% or 0.05 (default {DEFAULT_THRESHOLD})",
+        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05 (default %(default)s)",
     )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns 0 (pass), 1 (a point regressed or lost correctness) or 2 (bad input)."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.metric not in METRICS:
             raise InputError(f"--metric={args.metric}: unknown metric; one of {', '.join(METRICS)}")
@@ -196,14 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         frame, dups = _keyed(run, args.metric)
         keyed.append(frame)
         if dups:
-            notes.append(f"note: {run.arg}={run.value}: {dups} duplicate row(s) of the same point; the last of each is used")
+            notes.append(
+                f"note: {run.arg}={run.value}: {dups} duplicate row(s) of the same point; the last of each is used"
+            )
     joined = compare(keyed[0], keyed[1], args.metric, threshold)
 
     direction = "higher" if higher_is_better(args.metric) else "lower"
     pct = f"{threshold * 100:g}%"
     header, table, gating = render(joined)
-    for line in notes + [f"metric: {args.metric} ({direction} is better); fail above {pct} worse", *header, "", table]:
-        print(line)
+    lines = [*notes, f"metric: {args.metric} ({direction} is better); fail above {pct} worse", *header, "", table]
+    print("\n".join(lines))
     counts = {
         "joined": int(joined["_merge"].eq("both").sum()),
         "regressed": int(joined["regressed"].sum()),

@@ -55,6 +55,14 @@ def _ok(df: pd.DataFrame) -> pd.Series:
     return df["status"].str.strip().eq("ok")
 
 
+def _moves_rows(df: pd.DataFrame) -> pd.Series:
+    """ok rows whose timings are communication: not the SCATTERED-mode
+    pass-through of padded/legacy (microseconds of nothing, which would
+    drown the medians)."""
+    passthrough = df["mlp_mode"].astype(str).eq("SCATTERED") & df["impl"].isin(["padded", "legacy"])
+    return _ok(df) & ~passthrough
+
+
 def _mixed(df: pd.DataFrame) -> list[str]:
     """backend/device when the rows mix several, so tables keep them apart."""
     return [c for c in ("backend", "device") if df[c].nunique() > 1]
@@ -92,7 +100,8 @@ def _correctness(df: pd.DataFrame, limit: int | None) -> str:
             "`correct` is False (output differs from the reference) or `even_bitwise_equal` "
             "is False (an even plan where padded and legacy are not bitwise equal):",
             "",
-            _table(bad[POINT + ["backend", "device", "status", "correct", "even_bitwise_equal", "max_rel_err", "reason"]], limit),
+            _table(bad[POINT + ["backend", "device", "status", "correct", "even_bitwise_equal", "max_rel_err",
+                                "reason"]], limit),
             "",
         ]
         repros = [r for r in bad["repro"] if r.strip()]
@@ -166,13 +175,14 @@ def _claim(df: pd.DataFrame, limit: int | None) -> str:
     summary["max_padding_frac_when_failing"] = fails.groupby("policy")["padding_frac"].max()
     out += ["### Plans by policy", "", _table(summary, None, index=True), ""]
     out += [f"### Plans where the claim fails ({len(fails)})", ""]
-    cols = ["policy", "cp_size", "page_size", "seq_lens", "total_tokens", "max_rank_len", "padded_total", "padding_rows", "padding_frac"]
+    cols = ["policy", "cp_size", "page_size", "seq_lens", "total_tokens", "max_rank_len", "padded_total",
+            "padding_rows", "padding_frac"]
     out.append(_table(fails[cols], limit))
     return "\n".join(out)
 
 
 def _latency(df: pd.DataFrame, limit: int | None) -> str:
-    timed = df[_ok(df) & df["roundtrip_p50_us"].notna()]
+    timed = df[_moves_rows(df) & df["roundtrip_p50_us"].notna()]
     if timed.empty:
         return "_(no ok row has a round-trip time)_"
     mixed = _mixed(timed)
@@ -215,7 +225,7 @@ def _latency(df: pd.DataFrame, limit: int | None) -> str:
 
 
 def _bandwidth(df: pd.DataFrame, limit: int | None) -> str:
-    timed = df[_ok(df) & (df["busbw_padded_GBps"].notna() | df["busbw_useful_GBps"].notna())]
+    timed = df[_moves_rows(df) & (df["busbw_padded_GBps"].notna() | df["busbw_useful_GBps"].notna())]
     out: list[str] = []
     if timed.empty:
         out += ["_(no ok row has a bus bandwidth)_", ""]
@@ -226,12 +236,14 @@ def _bandwidth(df: pd.DataFrame, limit: int | None) -> str:
             busbw_useful_GBps=("busbw_useful_GBps", "median"),
             padding_frac=("padding_frac", "median"),
         )
-        out += ["### Bus bandwidth (GB/s, median over points): padded vs useful bytes", "", _table(bw, limit, index=True), ""]
+        out += ["### Bus bandwidth (GB/s, median over points): padded vs useful bytes", "",
+                _table(bw, limit, index=True), ""]
     plans = df[df["padding_frac"].notna()].drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
         pad = plans.groupby(["policy", "cp_size", "page_size"])["padding_frac"].mean().unstack("page_size")
         pad.columns = [f"page {fmt(c)}" for c in pad.columns]
-        out += ["### Mean padding_frac over plans, by policy and cp size (columns: page size)", "", _table(pad, limit, index=True)]
+        out += ["### Mean padding_frac over plans, by policy and cp size (columns: page size)", "",
+                _table(pad, limit, index=True)]
     return "\n".join(out).rstrip()
 
 
@@ -304,7 +316,7 @@ def _plot_latency(df: pd.DataFrame) -> bytes:
     fig, ax = _figure("Round-trip (gather + reduce-scatter) p50 vs tokens, per CP size")
     ax.set_xlabel("tokens in the batch (total_tokens)")
     ax.set_ylabel("round-trip latency p50 (µs)")
-    d = df[_ok(df) & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()]
+    d = df[_moves_rows(df) & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()]
     mixed = _mixed(d) if len(d) else []
     g = d.groupby(mixed + ["cp_size", "impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
     cps, impls = sorted(g["cp_size"].unique()), sorted(g["impl"].unique())
@@ -342,7 +354,7 @@ def _plot_busbw(df: pd.DataFrame) -> bytes:
     fig, ax = _figure("Bus bandwidth vs gathered bytes (filled: padded, hollow: useful)")
     ax.set_xlabel("gathered buffer size (bytes; padded for filled, useful for hollow markers)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    d = df[_ok(df) & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna()]
+    d = df[_moves_rows(df) & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna()]
     cps, impls = sorted(d["cp_size"].unique()), sorted(d["impl"].unique())
     for (cp, impl), s in d.groupby(["cp_size", "impl"]):
         i, j = cps.index(cp), impls.index(impl)
@@ -410,13 +422,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Summarise a results table: correctness, claim check, latency, bandwidth, environment.",
     )
     parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")
-    parser.add_argument("--out", metavar="DIR", help="directory for report.md and the PNGs (default: next to the CSV)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="directory for report.md and the PNGs (default: next to the CSV)"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns 0, or 2 on bad input (one line on stderr, nothing written)."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             raise InputError(f"--out={args.out}: exists and is not a directory")

@@ -93,7 +93,8 @@ def test_report_writes_markdown_and_pngs(run_dir: Path, capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "wrote " in out and "report.md" in out
     # section order: correctness first, environment last
-    heads = [md.index(h) for h in ("## Correctness", "## Claim check", "## Latency", "## Bandwidth", "## Environment")]
+    titles = ("## Correctness", "## Claim check", "## Latency", "## Bandwidth", "## Environment")
+    heads = [md.index(h) for h in titles]
     assert heads == sorted(heads)
     for text in (md, out):
         assert "!!! INCORRECT RESULTS: 2 point(s) !!!" in text
@@ -128,7 +129,10 @@ def test_claim_latency_bandwidth_environment(run_dir: Path, capsys: pytest.Captu
     claim = md[md.index("## Claim check"):md.index("## Latency")]
     assert "### Plans where the claim fails (1)" in claim
     # zigzag_page cp=4 page=64 [1001,300]: 1536 padded - 1301 tokens = 235 rows of padding
-    assert "zigzag_page" in claim and "[1001,300]" in claim and "| 235 |" in claim.replace(" ", "").replace("|235|", "| 235 |")
+    fail_row = next(line for line in claim.splitlines() if "[1001,300]" in line)
+    assert [c.strip() for c in fail_row.strip("| ").split("|")] == [
+        "zigzag_page", "4", "64", "[1001,300]", "1301", "384", "1536", "235", "0.153"
+    ]
     latency = md[md.index("## Latency"):md.index("## Bandwidth")]
     assert "ratio = padded / legacy" in latency
     assert "1.10" in latency  # every even pair is padded = 1.1 x legacy
@@ -159,7 +163,8 @@ def test_several_nested_csvs_are_concatenated_and_named(tmp_path: Path, capsys: 
     assert "2 files under" in md and "(2 rows)" in md
 
 
-def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """argv and the start of the expected error line, per case."""
     (tmp_path / "header_only").mkdir()
     (tmp_path / "header_only" / RESULTS_FILE).write_text(",".join(COLUMNS) + "\n")
     (tmp_path / "zero.csv").write_text("")
@@ -167,24 +172,31 @@ def _bad_inputs(tmp_path: Path) -> dict[str, list[str]]:
     (tmp_path / "nothing").mkdir()
     (tmp_path / "notdir").write_text("x")
     append_rows(tmp_path / "good", [make_row()])
+    t = tmp_path
     return {
-        "missing": [str(tmp_path / "nope")],
-        "no_columns": [str(tmp_path / "other.csv")],
-        "header_only": [str(tmp_path / "header_only")],
-        "zero_bytes": [str(tmp_path / "zero.csv")],
-        "no_results_below": [str(tmp_path / "nothing")],
-        "out_is_file": [str(tmp_path / "good"), "--out", str(tmp_path / "notdir")],
+        "missing": ([f"{t}/nope"], f"RESULTS={t}/nope: no such file or directory"),
+        "no_columns": ([f"{t}/other.csv"], f"RESULTS={t}/other.csv: not a results table"),
+        "header_only": ([f"{t}/header_only"], f"RESULTS={t}/header_only: no rows (empty run)"),
+        "zero_bytes": ([f"{t}/zero.csv"], f"RESULTS={t}/zero.csv: no rows (empty run)"),
+        "no_results_below": ([f"{t}/nothing"], f"RESULTS={t}/nothing: no results.csv in or below"),
+        "out_is_file": ([f"{t}/good", "--out", f"{t}/notdir"], f"--out={t}/notdir: exists and is not a directory"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "no_columns", "header_only", "zero_bytes", "no_results_below", "out_is_file"])
+@pytest.mark.parametrize(
+    "case", ["missing", "no_columns", "header_only", "zero_bytes", "no_results_below", "out_is_file"]
+)
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
-    argv = _bad_inputs(tmp_path)[case]
+    argv, expected = _bad_inputs(tmp_path)[case]
     before = sorted(tmp_path.rglob("*"))
     assert report.main(argv) == 2
     captured = capsys.readouterr()
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    assert ("--out=" if case == "out_is_file" else "RESULTS=") + argv[-1] in lines[0] or f"RESULTS={argv[0]}" in lines[0]
+    assert captured.err.splitlines() == [captured.err.strip()], captured.err
+    assert captured.err.startswith(f"error: {expected}"), captured.err
     assert "Traceback" not in captured.err and captured.out == ""
     assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([]) == 2
+    assert "usage:" in capsys.readouterr().err

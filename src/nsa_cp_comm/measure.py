@@ -189,41 +189,50 @@ def _check_impl(rt, spec, plan, rank, device, local, moe, mode) -> tuple[ImplRep
     return rep, full, out
 
 
-def _time_impl(rt, spec: PointSpec, plan: CPPlan, rank: int, device: torch.device) -> dict[str, list[float]]:
-    """Warm-up, then ``iters`` timed iterations of gather and scatter, each
-    started together on all ranks (barrier) and device-synchronised. Input sets
-    rotate so a small point does not time a warm cache."""
+def _time_impls(
+    rts: list[impl_registry.RoundTrip], spec: PointSpec, plan: CPPlan, rank: int, device: torch.device
+) -> dict[str, dict[str, list[float]]]:
+    """Warm-up, then ``iters`` timed iterations of each implementation's gather
+    and scatter, each started together on all ranks (barrier) and
+    device-synchronised. Implementations take turns within every iteration,
+    so drift in the machine's state hits them alike; input sets rotate so a
+    small point does not time a warm cache."""
     clock = Clock(device)
     flush = CacheFlusher(device) if spec.flush_l2 else None
     dtype = DTYPES[spec.dtype]
-    rows = rt.buffer_rows(plan)
+    rows = max(rt.buffer_rows(plan) for rt in rts)
     set_bytes = (plan.per_rank_tokens[rank] + rows) * spec.hidden_size * dtype.itemsize
     n_sets = max(1, min(4, -(-(64 << 20) // max(set_bytes, 1))))
     locals_ = [make_shard(spec, plan, rank, device, salt=i) for i in range(n_sets)]
-    partials = [torch.randn(rows, spec.hidden_size, device=device).to(dtype) for _ in range(n_sets)]
-    scratch = torch.empty_like(partials[0])
-    samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    partials = {
+        rt.name: [torch.randn(rt.buffer_rows(plan), spec.hidden_size, device=device).to(dtype) for _ in range(n_sets)]
+        for rt in rts
+    }
+    scratch = {rt.name: torch.empty_like(partials[rt.name][0]) for rt in rts}
+    samples = {rt.name: {p: [] for p in PHASES} for rt in rts}
     for it in range(spec.warmup + spec.iters):
         i = it % n_sets
-        scratch.copy_(partials[i])  # the scatter consumes its input
-        if flush:
-            flush()
-        clock.sync()
-        dist.barrier()
-        g0 = clock.mark()
-        rt.gather(locals_[i], plan)
-        g1 = clock.mark()
-        clock.sync()
-        dist.barrier()
-        s0 = clock.mark()
-        rt.scatter(scratch, plan)
-        s1 = clock.mark()
-        clock.sync()
-        if it >= spec.warmup:
-            g, s = clock.elapsed_us(g0, g1), clock.elapsed_us(s0, s1)
-            samples["gather"].append(g)
-            samples["scatter"].append(s)
-            samples["roundtrip"].append(g + s)
+        for rt in rts:
+            scratch[rt.name].copy_(partials[rt.name][i])  # the scatter consumes its input
+            if flush:
+                flush()
+            clock.sync()
+            dist.barrier()
+            g0 = clock.mark()
+            rt.gather(locals_[i], plan)
+            g1 = clock.mark()
+            clock.sync()
+            dist.barrier()
+            s0 = clock.mark()
+            rt.scatter(scratch[rt.name], plan)
+            s1 = clock.mark()
+            clock.sync()
+            if it >= spec.warmup:
+                g, s = clock.elapsed_us(g0, g1), clock.elapsed_us(s0, s1)
+                out = samples[rt.name]
+                out["gather"].append(g)
+                out["scatter"].append(s)
+                out["roundtrip"].append(g + s)
     return samples
 
 
@@ -286,6 +295,7 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     names = list(reports)
     failed = torch.tensor([float(bool(reports[n].failures)) for n in names], device=device)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    timed = []
     for name, bad in zip(names, failed.tolist()):
         rep = reports[name]
         if rep.skipped or bad or (not plan.is_even and impl_registry.get(name).needs_even and mode is ScatterMode.FULL):
@@ -293,7 +303,10 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         if mode is ScatterMode.SCATTERED:
             rep.samples = _time_passthrough(spec, plan, local, device)
         else:
-            rep.samples = _time_impl(impl_registry.get(name), spec, plan, rank, device)
+            timed.append(impl_registry.get(name))
+    if timed:
+        for name, samples in _time_impls(timed, spec, plan, rank, device).items():
+            reports[name].samples = samples
     return {name: asdict(rep) for name, rep in reports.items()}
 
 

@@ -1,0 +1,192 @@
+"""The matrix's configuration: the structured schema, and its validation.
+
+Validation happens twice, both times before any rank starts: every value of
+the command line (sweeps included) is checked on its own by
+:func:`validate_overrides`, so a bad value fails the whole sweep in one line
+before the first point; then each point checks the relations between its keys
+(:func:`validate_point`). Both raise :class:`ConfigError`, whose message is
+one line naming the key and the value.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from nsa_cp_comm.impls import REGISTRY as IMPL_REGISTRY
+from nsa_cp_comm.measure import DTYPES, FAULTS
+
+
+class ConfigError(ValueError):
+    """A configuration value the matrix cannot run; the message is one line."""
+
+
+@dataclass
+class MatrixConfig:
+    """One matrix point. Sweep any key with Hydra's multirun (``-m key=a,b``)."""
+
+    cp_size: int = 2
+    page_size: int = 1
+    seq_lens: list[int] = field(default_factory=lambda: [1000])
+    shared_kv: bool = False  # true: page-aligned split (zigzag_page)
+    split: str = "zigzag"  # policy when shared_kv is false: zigzag | round_robin
+    align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
+    moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
+    mlp_mode: str = "auto"  # auto | FULL | SCATTERED
+    impl: str = "both"  # padded | legacy | both | all | one alternative
+    backend: str = "auto"  # auto | gloo | nccl
+    device: str = "auto"  # auto | cpu | cuda
+    hidden_size: int = 7168
+    dtype: str = "bfloat16"
+    num_experts: Optional[int] = None  # null: two experts per rank
+    topk: int = 2
+    warmup: int = 5
+    iters: int = 20
+    seed: int = 0
+    flush_l2: bool = False
+    timeout_s: float = 120.0  # per point, once its ranks are up
+    results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
+    resume: bool = False
+    fault: str = "none"  # tests only: crash_rank | hang_rank | raise
+
+
+KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
+
+IMPL_CHOICES: tuple[str, ...] = ("both", "all", *IMPL_REGISTRY)
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "split": ("zigzag", "round_robin"),
+    "moe_a2a_backend": ("none", "deepep"),
+    "mlp_mode": ("auto", "FULL", "SCATTERED"),
+    "impl": IMPL_CHOICES,
+    "backend": ("auto", "gloo", "nccl"),
+    "device": ("auto", "cpu", "cuda"),
+    "dtype": tuple(DTYPES),
+    "fault": FAULTS,
+}
+POSITIVE_INTS = ("cp_size", "page_size", "hidden_size", "topk", "iters")
+NON_NEGATIVE_INTS = ("warmup", "seed")
+OPTIONAL_POSITIVE_INTS = ("align", "num_experts")
+BOOLS = ("shared_kv", "flush_l2", "resume")
+
+# Config groups and Hydra's own keys that may appear on the command line.
+GROUPS = ("matrix", "layout")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _fail(key: str, value: object, why: str) -> ConfigError:
+    return ConfigError(f"{key}={_show(value)}: {why}")
+
+
+def _show(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_show(v) for v in value) + "]"
+    if isinstance(value, str):
+        return repr(value) if value == "" or " " in value else value
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def validate_value(key: str, value: Any) -> None:
+    """Check one key's value on its own; raise ConfigError (one line)."""
+    if key not in KEYS:
+        raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(KEYS)}")
+    if key in CHOICES:
+        if value not in CHOICES[key]:
+            raise _fail(key, value, f"must be one of {', '.join(CHOICES[key])}")
+    elif key in POSITIVE_INTS:
+        if not _is_int(value) or value < 1:
+            raise _fail(key, value, "must be a positive integer")
+    elif key in NON_NEGATIVE_INTS:
+        if not _is_int(value) or value < 0:
+            raise _fail(key, value, "must be a non-negative integer")
+    elif key in OPTIONAL_POSITIVE_INTS:
+        if value is not None and (not _is_int(value) or value < 1):
+            raise _fail(key, value, "must be a positive integer or null")
+    elif key in BOOLS:
+        if not isinstance(value, bool):
+            raise _fail(key, value, "must be true or false")
+    elif key == "timeout_s":
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+            raise _fail(key, value, "must be a positive number of seconds")
+    elif key == "seq_lens":
+        if not isinstance(value, (list, tuple)) or not value:
+            raise _fail(key, value, "must be a non-empty list of positive integers, e.g. [1000,300]")
+        for i, v in enumerate(value):
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f"seq_lens[{i}]={_show(v)}: must be a positive integer")
+    elif key == "results_dir":
+        if not isinstance(value, str) or not value:
+            raise _fail(key, value, "must be a directory path")
+        check_writable(value)
+
+
+def check_writable(results_dir: str) -> None:
+    """results_dir must be creatable and writable: found now, not after a sweep."""
+    path = Path(results_dir)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and (not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK)):
+        raise _fail("results_dir", results_dir, f"{probe} is not a writable directory")
+
+
+def validate_overrides(overrides: list[str]) -> None:
+    """Check every ``key=value`` (and each value of ``key=a,b`` sweeps) of a
+    Hydra command line before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot parse overrides: {first}") from None
+    for ov in parsed:
+        key = ov.key_or_group
+        if key.startswith("hydra") or key in GROUPS or ov.is_delete():
+            continue
+        if key not in KEYS:
+            raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(KEYS)}")
+        value = ov.value()
+        if isinstance(value, ChoiceSweep):
+            values = list(value.list)
+        elif isinstance(value, RangeSweep):
+            values = list(ov.sweep_iterator())
+        elif ov.is_sweep_override():
+            continue  # interval/glob sweeps: checked per point
+        else:
+            values = [value]
+        for v in values:
+            validate_value(key, v)
+
+
+def validate_point(cfg: Mapping[str, Any]) -> None:
+    """Check one point: every value, then the relations between keys."""
+    for key in KEYS:
+        validate_value(key, cfg[key])
+    cp = cfg["cp_size"]
+    if cfg["align"] is not None and cfg["align"] % cp:
+        raise _fail("align", cfg["align"], f"must be a multiple of cp_size={cp}")
+    experts = cfg["num_experts"] if cfg["num_experts"] is not None else 2 * cp
+    if experts % cp:
+        raise _fail("num_experts", experts, f"must be a multiple of cp_size={cp} (experts are split evenly)")
+    if cfg["topk"] > experts:
+        raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
+    if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
+        raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="schema", node=MatrixConfig)
