@@ -244,7 +244,7 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
             try:
                 results = run_point(spec, pool, timeout_s=cfg["timeout_s"])
             except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-                pool.close()
+                pool.close(graceful=False)
                 msg = " ".join(f"{type(exc).__name__}: {exc}".split())
                 results = [ImplResult(name, "error", reason=msg) for name in res.impls]
     rows = _rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import alternatives
 from . import impls as impl_registry
 from .communicator import CPLayerCommunicator
 from .modes import ScatterMode
@@ -113,6 +114,7 @@ class ImplReport:
     note: str = ""
     failures: list[str] = field(default_factory=list)
     samples: dict[str, list[float]] = field(default_factory=dict)
+    rows_sent: int | None = None  # a2a (issue 5): rows this rank dispatched
 
 
 def _check_gather(rt: impl_registry.RoundTrip, full: torch.Tensor, spec: PointSpec, plan: CPPlan, device) -> list[str]:
@@ -254,6 +256,70 @@ def _time_passthrough(spec: PointSpec, plan: CPPlan, local: torch.Tensor, device
     return samples
 
 
+# --- a2a (issue 5): the SCATTERED path's MoE dispatch/combine, a stand-in for DeepEP ---
+
+
+def _check_a2a(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Tensor, moe: ReferenceMoE) -> ImplReport:
+    """Dispatch -> local experts with the routing weights -> combine; the
+    dispatched rows must be exactly the rows routed here, and the combined
+    ``[n_r, H]`` must match the single-process reference MoE."""
+    rep = ImplReport(note=alternatives.A2A_NOTE)
+    experts = moe.experts_of(rank, plan.cp_size)
+    idx, weight = moe.route(local)
+    x_recv, handle = alternatives.a2a_dispatch(local, idx, weight, len(experts))
+    rep.rows_sent = handle.rows_sent
+    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    if not bitwise_equal(x_recv, alternatives.a2a_expected_recv(shards, moe, rank)):
+        rep.failures.append(f"dispatched rows differ from the rows routed to rank {rank}")
+    out = alternatives.a2a_combine(alternatives.a2a_experts(moe, x_recv, handle, experts), handle)
+    ref = moe.reference(local)
+    rep.max_rel_err = max_rel_err(out, ref) if out.shape == ref.shape else math.inf
+    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
+    if not rep.max_rel_err <= tol:
+        rep.failures.append(f"a2a round trip vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}")
+    rep.correct = not rep.failures
+    return rep
+
+
+def _time_a2a(spec: PointSpec, plan: CPPlan, rank: int, device: torch.device, moe: ReferenceMoE) -> dict[str, list[float]]:
+    """Like :func:`_time_impl`: dispatch is the "gather" phase, combine the
+    "scatter" phase (routing, the gate's job, and the experts are not timed)."""
+    clock = Clock(device)
+    flush = CacheFlusher(device) if spec.flush_l2 else None
+    per = moe.num_experts // plan.cp_size
+    set_bytes = 2 * plan.per_rank_tokens[rank] * spec.hidden_size * DTYPES[spec.dtype].itemsize
+    n_sets = max(1, min(4, -(-(64 << 20) // max(set_bytes, 1))))
+    sets = []
+    for i in range(n_sets):
+        x = make_shard(spec, plan, rank, device, salt=i)
+        sets.append((x, *moe.route(x)))
+    samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    for it in range(spec.warmup + spec.iters):
+        x, idx, weight = sets[it % n_sets]
+        if flush:
+            flush()
+        clock.sync()
+        dist.barrier()
+        g0 = clock.mark()
+        x_recv, handle = alternatives.a2a_dispatch(x, idx, weight, per)
+        g1 = clock.mark()
+        clock.sync()
+        dist.barrier()
+        s0 = clock.mark()
+        alternatives.a2a_combine(x_recv, handle)
+        s1 = clock.mark()
+        clock.sync()
+        if it >= spec.warmup:
+            g, s = clock.elapsed_us(g0, g1), clock.elapsed_us(s0, s1)
+            samples["gather"].append(g)
+            samples["scatter"].append(s)
+            samples["roundtrip"].append(g + s)
+    return samples
+
+
+# --- end a2a (issue 5) ---
+
+
 def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     """Runs on every rank of the pool: checks, then timings, per implementation.
 
@@ -272,9 +338,12 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     outputs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for name in spec.impls:
         rt = impl_registry.get(name)
-        reason = rt.skip_reason(backend)
+        reason = rt.skip_reason(backend) or alternatives.a2a_mode_skip(name, mode.value)
         if reason:
             reports[name] = ImplReport(skipped=reason)
+            continue
+        if name in alternatives.A2A_IMPLS:  # issue 5: a2a checks itself
+            reports[name] = _check_a2a(spec, plan, rank, device, local, moe)
             continue
         rep, full, out = _check_impl(rt, spec, plan, rank, device, local, moe, mode)
         reports[name] = rep
@@ -300,7 +369,9 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         rep = reports[name]
         if rep.skipped or bad or (not plan.is_even and impl_registry.get(name).needs_even and mode is ScatterMode.FULL):
             continue
-        if mode is ScatterMode.SCATTERED:
+        if name in alternatives.A2A_IMPLS:  # issue 5
+            rep.samples = _time_a2a(spec, plan, rank, device, moe)
+        elif mode is ScatterMode.SCATTERED:
             rep.samples = _time_passthrough(spec, plan, local, device)
         else:
             timed.append(impl_registry.get(name))
@@ -354,6 +425,9 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         )
         if reps[0]["samples"]:
             res.stats = {p: summarize(max_over_ranks([rep["samples"][p] for rep in reps])) for p in PHASES}
+        if reps[0]["samples"] and name in alternatives.A2A_IMPLS:  # issue 5
+            _fold_a2a(res, reps, spec, plan, itemsize)
+        elif reps[0]["samples"]:
             rt = impl_registry.get(name)
             rows = rt.buffer_rows(plan) if moves else 0
             res.rows_moved = rows
@@ -365,6 +439,21 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
                 res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(res.bytes_useful, rt_us, plan.cp_size)
         results.append(res)
     return results
+
+
+def _fold_a2a(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, plan: CPPlan, itemsize: int) -> None:
+    """a2a (issue 5): rows/bytes are what the dispatch actually sent (each
+    token once per destination rank, itself included; the combine returns as
+    many); bandwidth has nccl-tests alltoall semantics, ``S`` = bytes per rank
+    (total / cp), so busbw compares with the gather's."""
+    rows = sum(rep["rows_sent"] or 0 for rep in reps)
+    res.rows_moved = rows
+    res.bytes_padded = rows * spec.hidden_size * itemsize
+    res.bytes_useful = plan.total_tokens * spec.hidden_size * itemsize
+    rt_us = res.stats["roundtrip"]["p50"]
+    cp = plan.cp_size
+    res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded // cp, rt_us, cp)
+    res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(res.bytes_useful // cp, rt_us, cp)
 
 
 def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[ImplResult]:

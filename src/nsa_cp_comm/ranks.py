@@ -128,7 +128,9 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         except EOFError:  # the parent is gone
             os._exit(1)
         if item is None:
-            break
+            # Leave at once: tearing down the group and the interpreter
+            # costs seconds per pool and frees nothing the OS would not.
+            os._exit(0)
         task_id, fn, args, kwargs = item
         try:
             value = fn(*args, **kwargs)
@@ -136,10 +138,6 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             conn.send((task_id, "error", _one_line(exc), traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
-    try:
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - shutting down anyway
-        pass
 
 
 def _one_line(exc: BaseException) -> str:
@@ -204,7 +202,7 @@ class RankPool:
         ready = self._collect("ready", start_timeout_s)
         if not all(r.ok for r in ready):
             _, reason = summarize_failure(ready)
-            self.close()
+            self.close(graceful=False)
             raise RuntimeError(f"starting {world_size} {backend}/{device} ranks failed: {reason}")
 
     @property
@@ -228,7 +226,7 @@ class RankPool:
             conn.send((task_id, fn, args, kwargs))
         results = self._collect(task_id, timeout_s)
         if not all(r.ok for r in results):
-            self.close()
+            self.close(graceful=False)
         return results
 
     def _collect(self, task_id: object, timeout_s: float) -> list[RankResult]:
@@ -266,12 +264,13 @@ class RankPool:
                     got[r] = RankResult(r, "aborted", error="killed after another rank failed")
         return [got[r] for r in range(self.world_size)]
 
-    def close(self) -> None:
-        """Stop every rank (politely if idle, SIGKILL otherwise) and reap them."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop every rank and reap them: politely when the pool is idle and
+        healthy, else (or after 5 s) with SIGKILL."""
         if self.closed:
             return
         self.closed = True
-        if self.alive_processes() == len(self._procs):
+        if graceful and self.alive_processes() == len(self._procs):
             for conn in self._conns:
                 try:
                     conn.send(None)

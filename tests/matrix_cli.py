@@ -1,0 +1,42 @@
+"""Running the real matrix CLI (``python -m matrix``) from tests."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    results_dir: Path
+
+    @property
+    def csv(self) -> Path:
+        return self.results_dir / "results.csv"
+
+    def rows(self) -> list[dict[str, str]]:
+        with self.csv.open(newline="") as f:
+            return list(csv.DictReader(f))
+
+
+def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeout: float = 240) -> CliRun:
+    """``python -m matrix [-m] results_dir=... overrides`` in the repo root."""
+    cmd = [sys.executable, "-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results_dir}", *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))

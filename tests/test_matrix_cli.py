@@ -1,0 +1,183 @@
+"""The matrix as users run it: Hydra presets, real sweeps on real ranks, results.csv."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from matrix.config import KEYS, register
+from matrix.results import COLUMNS, CONFIG_COLUMNS
+
+from matrix_cli import REPO, run_matrix
+
+PRESETS = sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml"))
+LAYOUTS = sorted(p.stem for p in (REPO / "conf" / "layout").glob("*.yaml"))
+
+
+def _compose(*overrides: str):
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_presets_exist():
+    assert {"smoke", "default", "deepseek_v32"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_composes_to_a_valid_sweep(preset):
+    cfg = _compose(f"+matrix={preset}")
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    assert params, f"{preset} sweeps nothing"
+    for key in params:
+        assert key.lstrip("+") in set(KEYS) | {"layout"}, key
+    from matrix.config import validate_overrides
+
+    validate_overrides([f"{k}={v}" for k, v in params.items()])
+
+
+def test_default_preset_crosses_every_axis_without_duplicates():
+    params = OmegaConf.to_container(_compose("+matrix=default").hydra.sweeper.params)
+    assert params["cp_size"] == "1,2,4,8"
+    assert set(params["+layout"].split(",")) == set(LAYOUTS)
+    assert set(params["moe_a2a_backend"].split(",")) == {"none", "deepep"}
+    lens = params["seq_lens"]
+    assert "[1000]" in lens and lens.count("[") >= 3  # single request and several batches
+    assert "page_size" not in params and "shared_kv" not in params  # only via layouts, never crossed
+    pages: dict[bool, set] = {}
+    for name in LAYOUTS:
+        c = _compose(f"+layout={name}")
+        pages.setdefault(c.shared_kv, set()).add((c.page_size, c.split))
+    assert pages[False] == {(1, "zigzag"), (1, "round_robin")}
+    assert {p for p, _ in pages[True]} == {1, 16, 64}
+
+
+def test_production_preset_is_production_shape():
+    cfg = _compose("+matrix=deepseek_v32")
+    assert cfg.hidden_size == 7168 and cfg.dtype == "bfloat16"
+    assert str(cfg.hydra.sweeper.params.cp_size) == "8"
+
+
+def test_smoke_sweep_through_the_cli(tmp_path):
+    run = run_matrix(tmp_path / "res", "+matrix=smoke")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = run.rows()
+    header = run.csv.read_text().splitlines()[0].split(",")
+    assert tuple(header) == COLUMNS
+    assert len(rows) == 16 * 2  # 16 points x (padded, legacy)
+    assert {r["status"] for r in rows} == {"ok"}
+    assert all(r["correct"] == "True" for r in rows)
+    by = {(r["cp_size"], r["policy"], r["seq_lens"], r["moe_a2a_backend"], r["impl"]): r for r in rows}
+    # cp=2, [1001,300]: uneven; the legacy row reproduces the error, the padded row is exact.
+    legacy = by[("2", "zigzag", "[1001,300]", "none", "legacy")]
+    assert legacy["is_even"] == "False" and legacy["claim_holds"] == "False"
+    assert legacy["reason"].startswith("output tensor size must be equal to world_size times input tensor size")
+    assert legacy["roundtrip_p50_us"] == ""
+    padded = by[("2", "zigzag", "[1001,300]", "none", "padded")]
+    assert float(padded["max_rel_err"]) <= 1e-5 and float(padded["roundtrip_p50_us"]) > 0
+    assert padded["padded_total"] == "1304" and padded["total_tokens"] == "1302"
+    # Even plan: bitwise equal to legacy.
+    even = by[("2", "zigzag", "[1000]", "none", "padded")]
+    assert even["even_bitwise_equal"] == "True" and even["padding_frac"] == "0.0"
+    # Page-aligned split of one request: uneven, claim fails (SPEC 2.4).
+    page = by[("2", "zigzag_page", "[1000]", "none", "padded")]
+    assert page["max_rank_len"] == "512" and page["claim_holds"] == "False"
+    # DeepEP path: SCATTERED, the communicator moves nothing.
+    dee = by[("2", "zigzag", "[1001,300]", "deepep", "legacy")]
+    assert dee["mlp_mode"] == "SCATTERED" and dee["correct"] == "True" and dee["rows_moved"] == "0"
+    for r in rows:
+        assert r["repro"].startswith("python -m matrix ") and f"cp_size={r['cp_size']}" in r["repro"]
+        assert r["torch_version"] and r["host"] and r["timestamp"]
+    assert "matrix summary: 16 points: ok 16" in run.stdout
+    # Hydra's own per-job files sit beside the table.
+    assert (tmp_path / "res" / "0" / ".hydra" / "config.yaml").exists()
+
+
+def test_repro_reruns_the_same_point(tmp_path):
+    first = run_matrix(tmp_path / "a", "cp_size=2", "seq_lens=[300,77]", "hidden_size=32", "iters=2", "warmup=0",
+                       "shared_kv=true", "page_size=16", multirun=False)
+    assert first.returncode == 0, first.stderr[-2000:]
+    row = first.rows()[0]
+    import shlex
+
+    args = shlex.split(row["repro"])[3:]
+    args = [a for a in args if not a.startswith("results_dir=")]
+    second = run_matrix(tmp_path / "b", *args, multirun=False)
+    assert second.returncode == 0, second.stderr[-2000:]
+    again = second.rows()[0]
+    for col in CONFIG_COLUMNS + ("policy", "total_tokens", "max_rank_len", "padded_total", "point_id"):
+        assert again[col] == row[col], col
+
+
+def test_resume_skips_points_already_done(tmp_path):
+    res = tmp_path / "res"
+    args = ("seq_lens=[100]", "hidden_size=32", "iters=2", "warmup=0")
+    first = run_matrix(res, "cp_size=1,2", *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(first.rows()) == 4
+    more = run_matrix(res, "cp_size=1,2,3", *args, "resume=true")
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert "3 points: ok 1" in more.stdout and "resumed 2" in more.stdout
+    rows = more.rows()
+    assert sorted(r["cp_size"] for r in rows) == ["1", "1", "2", "2", "3", "3"]
+    keys = [(r["point_id"], r["impl"]) for r in rows]
+    assert len(keys) == len(set(keys))
+
+
+def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
+    run = run_matrix(
+        tmp_path / "res", "cp_size=2", "seq_lens=[64]", "hidden_size=32", "iters=2", "warmup=0",
+        "fault=raise,hang_rank,none", "timeout_s=4", "impl=padded",
+    )
+    assert run.returncode == 1, run.stdout[-2000:]  # error and timeout points fail the sweep
+    rows = {r["fault"]: r for r in run.rows()}
+    assert rows["raise"]["status"] == "error"
+    assert "rank 1" in rows["raise"]["reason"] and "injected fault" in rows["raise"]["reason"]
+    assert rows["hang_rank"]["status"] == "timeout" and "rank" in rows["hang_rank"]["reason"]
+    assert float(rows["hang_rank"]["wall_s"]) < 4 + 10
+    assert rows["none"]["status"] == "ok" and rows["none"]["correct"] == "True"
+    assert "3 points: ok 1, failed 0, error 1, timeout 1" in run.stdout
+
+
+def test_contradictory_mlp_mode_is_a_skipped_row(tmp_path):
+    run = run_matrix(tmp_path / "res", "cp_size=2", "seq_lens=[64]", "hidden_size=32",
+                     "moe_a2a_backend=deepep,none", "mlp_mode=FULL", "iters=2")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = run.rows()
+    skipped = [r for r in rows if r["moe_a2a_backend"] == "deepep"]
+    assert skipped and all(r["status"] == "skipped" for r in skipped)
+    assert "mlp_mode=FULL contradicts moe_a2a_backend=deepep" in skipped[0]["reason"]
+    assert all(r["status"] == "ok" for r in rows if r["moe_a2a_backend"] == "none")
+
+
+BAD_OVERRIDES = [
+    ("cp_size=0", "cp_size=0"),
+    ("cp_size=-2", "cp_size=-2"),
+    ("cp_size=two", "cp_size=two"),
+    ("page_size=0", "page_size=0"),
+    ("seq_lens=[]", "seq_lens=[]"),
+    ("seq_lens=[5,-1]", "seq_lens[1]=-1"),
+    ("dtype=fp8", "dtype=fp8"),
+    ("impl=fast", "impl=fast"),
+    ("backend=mpi", "backend=mpi"),
+    ("cp_sise=2", "cp_sise"),
+    ("cp_size=1,2,0", "cp_size=0"),  # one bad value in a sweep fails the sweep before it starts
+]
+
+
+@pytest.mark.parametrize("override, named", BAD_OVERRIDES)
+def test_bad_key_or_value_fails_fast_in_one_line(tmp_path, capsys, override, named):
+    from matrix.__main__ import main
+
+    assert main(["-m", f"results_dir={tmp_path / 'res'}", override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert not (tmp_path / "res").exists()
+
+
+def test_bad_value_through_the_real_cli(tmp_path):
+    run = run_matrix(tmp_path / "res", "cp_size=1,2", "seq_lens=[5,0]", timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == ["error: seq_lens[1]=0: must be a positive integer"]
+    assert run.stdout == "" and not (tmp_path / "res").exists()
