@@ -58,3 +58,10 @@ def compare(session: nox.Session) -> None:
     """`nox -s compare -- BASE NEW [--metric M] [--fail-above 5%]`: the regression gate."""
     _install(session)
     session.run("python", "-m", "matrix.compare", *session.posargs)
+
+
+@nox.session
+def harness(session: nox.Session) -> None:
+    """Points per minute of the matrix harness, cold vs warm ranks."""
+    _install(session)
+    session.run("python", "benchmarks/harness_speed.py", *session.posargs)

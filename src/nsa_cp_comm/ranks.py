@@ -309,15 +309,17 @@ class RankPool:
 
 
 _POOLS: dict[tuple[int, str, str], RankPool] = {}
+# Set to 0 to start fresh ranks for every point (the harness benchmark's cold run).
+REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 
 
 def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str]) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
-    no live one exists. Pools of other worlds are closed first, so at most one
+    no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
     set of ranks holds the machine's cores at a time."""
     key = (world_size, backend, device)
     pool = _POOLS.get(key)
-    if pool is not None and pool.alive:
+    if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
         return pool
     close_pools()
     pool = RankPool(world_size, backend=backend, device=device, workdir=workdir)
