@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib.util
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -131,13 +133,37 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             # Leave at once: tearing down the group and the interpreter
             # costs seconds per pool and frees nothing the OS would not.
             os._exit(0)
-        task_id, fn, args, kwargs = item
+        task_id, main_path, payload = item
         try:
+            fn, args, kwargs = _load_task(payload, main_path)
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             conn.send((task_id, "error", _one_line(exc), traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
+
+
+_PARENT_MAIN_LOADED = False
+
+
+def _load_task(payload: bytes, main_path: str | None) -> tuple[Callable[..., Any], tuple, dict]:
+    """Unpickle a task. A function defined in the parent's script lives in its
+    ``__main__``: load that script as ``__mp_main__`` (as multiprocessing's
+    spawn does; its top level must be guarded by ``if __name__ == "__main__"``)
+    and retry."""
+    global _PARENT_MAIN_LOADED
+    try:
+        return pickle.loads(payload)
+    except (AttributeError, ImportError):
+        if not main_path or _PARENT_MAIN_LOADED:
+            raise
+    _PARENT_MAIN_LOADED = True
+    spec = importlib.util.spec_from_file_location("__mp_main__", main_path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["__mp_main__"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    sys.modules["__main__"] = module
+    return pickle.loads(payload)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -222,8 +248,10 @@ class RankPool:
             raise RuntimeError("RankPool is closed")
         task_id = self._next_task
         self._next_task += 1
+        payload = pickle.dumps((fn, args, kwargs))
+        main_path = getattr(sys.modules["__main__"], "__file__", None)
         for conn in self._conns:
-            conn.send((task_id, fn, args, kwargs))
+            conn.send((task_id, main_path, payload))
         results = self._collect(task_id, timeout_s)
         if not all(r.ok for r in results):
             self.close(graceful=False)
