@@ -147,7 +147,7 @@ def plan_split(
     if isinstance(seq_lens, (str, bytes)) or not isinstance(seq_lens, Sequence):
         raise ValueError(f"seq_lens={seq_lens!r} must be a non-empty list of positive ints")
     if len(seq_lens) == 0:
-        raise ValueError("seq_lens=[] must be a non-empty list of positive ints")
+        raise ValueError(f"seq_lens={seq_lens!r} must be a non-empty list of positive ints")
     for i, length in enumerate(seq_lens):
         if not _is_int(length) or length < 1:
             raise ValueError(f"seq_lens[{i}]={length!r} must be a positive int")

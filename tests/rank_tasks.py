@@ -1,0 +1,303 @@
+"""Top-level functions the tests send to RankPool ranks (they must be importable
+by the rank processes, which inherit the test process's sys.path).
+
+Every task returns plain data (findings, messages, timings); the assertions
+live in the test modules. Data is generated on the CPU from (seed, case, rank)
+so every rank can rebuild every other rank's shard and the expected buffers
+without communicating.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from nsa_cp_comm import (
+    CPLayerCommunicator,
+    ReferenceMoE,
+    ScatterMode,
+    legacy_gather,
+    legacy_scatter,
+    mlp_mode,
+    padded_buffer,
+    padded_gather,
+    padded_gather_,
+    padded_scatter,
+    plan_split,
+)
+from nsa_cp_comm.moe import max_rel_err, tolerance
+from nsa_cp_comm.ranks import rank_device
+
+# torch's NCCL text for mismatched all-gather sizes (SPEC 1.1), spelled out here
+# rather than taken from the library, so a changed text fails the tests.
+TORCH_UNEVEN_TEXT = "output tensor size must be equal to world_size times input tensor size"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().cpu().view(torch.uint8)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def make_plan(case: dict):
+    return plan_split(case["seq_lens"], case["cp"], policy=case["policy"], page_size=case.get("page", 1),
+                      align=case.get("align"))
+
+
+def shard(case: dict, plan, rank: int, salt: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s [n_r, H] hidden states (CPU)."""
+    g = torch.Generator().manual_seed(case["seed"] * 1009 + rank * 31 + salt * 7)
+    x = torch.randn(plan.per_rank_tokens[rank], case["H"], generator=g)
+    return x.to(DTYPES[case["dtype"]])
+
+
+def int_partial(case: dict, plan, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s [m*cp, H] integer-valued partials: any summation order is exact."""
+    g = torch.Generator().manual_seed(case["seed"] * 7919 + rank)
+    x = torch.randint(-8, 9, (plan.padded_total, case["H"]), generator=g).to(torch.float32)
+    return x.to(DTYPES[case["dtype"]])
+
+
+def expected_gather(case: dict, plan) -> torch.Tensor:
+    m = plan.max_rank_len
+    out = torch.zeros(plan.padded_total, case["H"], dtype=DTYPES[case["dtype"]])
+    for r in range(plan.cp_size):
+        out[r * m : r * m + plan.per_rank_tokens[r]] = shard(case, plan, r)
+    return out
+
+
+def _legacy_refusal(call) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc), time.perf_counter() - t0
+    return "", time.perf_counter() - t0
+
+
+def roundtrip_cases(cases: list[dict]) -> list[dict]:
+    """For each case: padded gather (plain and zero-copy) byte-exact, exact
+    integer reduce-scatter, MoE round trip vs the single-process reference,
+    communicator FULL/SCATTERED, and legacy: bitwise equal on even plans,
+    refusing on uneven ones. Returns one findings dict per case."""
+    rank = dist.get_rank()
+    device = rank_device()
+    findings = []
+    for i, case in enumerate(cases):
+        plan = make_plan(case)
+        dtype = DTYPES[case["dtype"]]
+        fails: list[str] = []
+        n, m, cp = plan.per_rank_tokens[rank], plan.max_rank_len, plan.cp_size
+        local = shard(case, plan, rank).to(device)
+        local_copy = local.clone()
+        expect = expected_gather(case, plan)
+
+        # 1. gather, byte-exact (rank blocks then zero padding).
+        full = padded_gather(local, plan)
+        if not same_bytes(full, expect):
+            fails.append(f"padded_gather differs (shape {tuple(full.shape)} vs {tuple(expect.shape)})")
+        if full.device != device:
+            fails.append(f"padded_gather result on {full.device}, not {device}")
+        if not same_bytes(local, local_copy):
+            fails.append("padded_gather modified its input")
+
+        # 1b. zero-copy form: write into the slot, gather in place.
+        buf, slot = padded_buffer(plan, case["H"], dtype=dtype, device=device)
+        if tuple(slot.shape) != (n, case["H"]) or tuple(buf.shape) != (plan.padded_total, case["H"]):
+            fails.append(f"padded_buffer shapes {tuple(buf.shape)}/{tuple(slot.shape)}")
+        elif n and slot.data_ptr() != buf[rank * m].data_ptr():
+            fails.append("padded_buffer slot is not a view of row block rank*m")
+        slot.copy_(local)
+        got = padded_gather_(buf, plan)
+        if got is not buf:
+            fails.append("padded_gather_ did not return its buffer")
+        if not same_bytes(buf, expect):
+            fails.append("padded_gather_ (zero-copy) differs")
+
+        # 2. reduce-scatter of integer partials: exact in any order.
+        part = int_partial(case, plan, rank).to(device)
+        want = sum(int_partial(case, plan, q).to(torch.float32) for q in range(cp))[rank * m : rank * m + n]
+        got = padded_scatter(part.clone(), plan)
+        if not same_bytes(got, want.to(dtype)):
+            fails.append(f"padded_scatter of integer partials differs (shape {tuple(got.shape)}, want ({n}, H))")
+
+        # 3. MoE round trip vs the reference, through the communicator.
+        moe = ReferenceMoE(case["H"], num_experts=2 * cp, topk=2, seed=case["seed"], dtype=dtype, device=device)
+        comm = CPLayerCommunicator(plan, mlp_mode("none"))
+        moe_in = comm.prepare_mlp(local)
+        if not same_bytes(moe_in, expect):
+            fails.append("communicator FULL gather differs")
+        partial = moe.partial(moe_in, rank, cp)
+        out = comm.postprocess(partial.clone())
+        ref = moe.reference(local)
+        err = max_rel_err(out, ref) if out.shape == ref.shape else float("inf")
+        tol = tolerance(dtype, cp)
+        if not err <= tol:
+            fails.append(f"MoE round trip max_rel_err {err:.3g} > {tol:.3g} (out {tuple(out.shape)})")
+        direct = padded_scatter(partial.clone(), plan)
+        if not same_bytes(direct, out):
+            fails.append("communicator FULL scatter differs from padded_scatter")
+
+        # 4. SCATTERED (DeepEP-style) and "CP not in use": rows pass through.
+        for label, c in (("deepep", CPLayerCommunicator(plan, mlp_mode("deepep"))),
+                         ("plan=None", CPLayerCommunicator(None, ScatterMode.FULL))):
+            if c.prepare_mlp(local) is not local or c.postprocess(partial) is not partial:
+                fails.append(f"{label}: communicator moved rows")
+
+        # 5. legacy: bitwise equal on even plans, refuses on uneven ones.
+        legacy = {"even": plan.is_even}
+        if plan.is_even:
+            lg = legacy_gather(local, plan)
+            lo = legacy_scatter(partial.clone(), plan)
+            if full.shape[0] != plan.total_tokens:
+                fails.append(f"even plan: padded gather allocated {full.shape[0]} rows, T={plan.total_tokens}")
+            if not (same_bytes(lg, full) and same_bytes(lo, direct)):
+                fails.append("even plan: legacy and padded results differ")
+            lcomm = CPLayerCommunicator(plan, ScatterMode.FULL, impl="legacy")
+            if not same_bytes(lcomm.postprocess(moe.partial(lcomm.prepare_mlp(local), rank, cp)), out):
+                fails.append("even plan: legacy communicator differs from padded")
+        else:
+            lcomm = CPLayerCommunicator(plan, ScatterMode.FULL, impl="legacy")
+            calls = {
+                "legacy_gather": lambda: legacy_gather(local, plan),
+                "legacy_scatter": lambda: legacy_scatter(
+                    torch.zeros(plan.total_tokens, case["H"], dtype=dtype, device=device), plan),
+                "communicator": lambda: lcomm.prepare_mlp(local),
+            }
+            for name, call in calls.items():
+                msg, took = _legacy_refusal(call)
+                legacy[name] = (msg, took)
+                if not msg.startswith(TORCH_UNEVEN_TEXT) or took > 2.0:
+                    fails.append(f"uneven plan: {name} gave {msg!r} after {took:.2f}s")
+        findings.append({"case": i, "rank": rank, "n": n, "max_rel_err": err, "failures": fails, "legacy": legacy})
+    # All ranks ran the same number of collectives and are still in step.
+    done = torch.tensor([float(len(findings))], device=device)
+    dist.all_reduce(done)
+    if int(done.item()) != len(cases) * dist.get_world_size():
+        findings.append({"case": -1, "rank": rank, "failures": [f"ranks out of step: {done.item()}"]})
+    return findings
+
+
+def legacy_uneven_caught(case: dict) -> dict:
+    """Every rank calls legacy_gather and legacy_scatter on an uneven plan;
+    report the messages and how long each took."""
+    plan = make_plan(case)
+    device = rank_device()
+    local = shard(case, plan, dist.get_rank()).to(device)
+    g = _legacy_refusal(lambda: legacy_gather(local, plan))
+    s = _legacy_refusal(lambda: legacy_scatter(torch.zeros(plan.padded_total, case["H"], device=device), plan))
+    return {"gather": g, "scatter": s}
+
+
+def legacy_uneven_uncaught(case: dict) -> None:
+    plan = make_plan(case)
+    legacy_gather(shard(case, plan, dist.get_rank()).to(rank_device()), plan)
+
+
+def padded_roundtrip_sum(case: dict) -> float:
+    """A padded round trip whose result depends on every rank: the sum of
+    all ranks' shards (gathered), exactly reduced back."""
+    plan = make_plan(case)
+    rank = dist.get_rank()
+    full = padded_gather(shard(case, plan, rank).to(rank_device()), plan)
+    out = padded_scatter(full.clone(), plan)
+    want = (full.to(torch.float32) * plan.cp_size)[rank * plan.max_rank_len :][: plan.per_rank_tokens[rank]]
+    return float((out.to(torch.float32) - want).abs().max().item()) if out.numel() else 0.0
+
+
+def validation_messages(cp: int) -> dict:
+    """Bad inputs of the round trips (issue 2 item 4), raised on every rank.
+    Returns ``{label: "Type: message"}`` (``""`` if nothing was raised)."""
+    rank = dist.get_rank()
+    device = rank_device()
+    uneven = plan_split([10] if cp > 1 else [3], cp, policy="zigzag_page", page_size=64)
+    even = plan_split([8 * cp], cp, policy="round_robin")
+    other = plan_split([8], cp + 1, policy="round_robin")
+    H = 16
+    n_e, n_u = even.per_rank_tokens[rank], uneven.per_rank_tokens[rank]
+    calls = {
+        "padded_gather_rows": lambda: padded_gather(torch.zeros(n_u + 1, H, device=device), uneven),
+        "padded_gather_1d": lambda: padded_gather(torch.zeros(n_u, device=device), uneven),
+        "padded_gather_group": lambda: padded_gather(torch.zeros(other.per_rank_tokens[0], H, device=device), other),
+        "padded_scatter_rows": lambda: padded_scatter(torch.zeros(uneven.total_tokens + 1, H, device=device), uneven),
+        "padded_scatter_group": lambda: padded_scatter(torch.zeros(other.padded_total, H, device=device), other),
+        "padded_gather__rows": lambda: padded_gather_(torch.zeros(uneven.padded_total + 1, H, device=device), uneven),
+        "padded_buffer_group": lambda: padded_buffer(other, H, dtype=torch.float32, device=device),
+        "legacy_gather_rows": lambda: legacy_gather(torch.zeros(n_e + 1, H, device=device), even),
+        "legacy_scatter_rows": lambda: legacy_scatter(torch.zeros(even.total_tokens - 1, H, device=device), even),
+        "legacy_gather_group": lambda: legacy_gather(torch.zeros(1, H, device=device), other),
+        "legacy_gather_uneven": lambda: legacy_gather(torch.zeros(n_u, H, device=device), uneven),
+        "legacy_scatter_uneven": lambda: legacy_scatter(torch.zeros(uneven.total_tokens, H, device=device), uneven),
+        "communicator_impl": lambda: CPLayerCommunicator(even, ScatterMode.FULL, impl="fast"),
+    }
+    out = {}
+    for label, call in calls.items():
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[label] = f"{type(exc).__name__}: {exc}"
+        else:
+            out[label] = ""
+    # Nobody entered a collective above: this one completes on every rank.
+    t = torch.ones(1, device=device)
+    dist.all_reduce(t)
+    out["in_step"] = int(t.item())
+    out["n_uneven"] = n_u
+    return out
+
+
+def warnings_of_roundtrip(case: dict) -> list[str]:
+    """A padded and (when even) legacy round trip with every warning recorded."""
+    plan = make_plan(case)
+    rank = dist.get_rank()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        local = shard(case, plan, rank).to(rank_device())
+        padded_scatter(padded_gather(local, plan).clone(), plan)
+        buf, slot = padded_buffer(plan, case["H"], dtype=local.dtype, device=local.device)
+        slot.copy_(local)
+        padded_gather_(buf, plan)
+        even = plan_split([4 * plan.cp_size], plan.cp_size, policy="round_robin")
+        e_local = shard(case, even, rank).to(rank_device())
+        legacy_scatter(legacy_gather(e_local, even).clone(), even)
+    return [f"{w.category.__name__}: {w.message}" for w in caught
+            if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+
+
+# -- RankPool behaviour ------------------------------------------------------
+
+def whoami(tag: str, *, extra: int = 0) -> tuple:
+    return (dist.get_rank(), dist.get_world_size(), tag, extra, os.getpid(), str(rank_device()))
+
+
+def raise_on_last_others_in_collective() -> int:
+    if dist.get_rank() == dist.get_world_size() - 1:
+        time.sleep(0.2)
+        raise KeyError("injected failure")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return dist.get_rank()
+
+
+def hang_on_last() -> int:
+    if dist.get_rank() == dist.get_world_size() - 1:
+        while True:
+            time.sleep(3600)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # blocks: the last rank never joins
+    return dist.get_rank()
+
+
+def exit_on_last(code: int) -> int:
+    if dist.get_rank() == dist.get_world_size() - 1:
+        time.sleep(0.1)
+        os._exit(code)
+    return dist.get_rank()
