@@ -65,3 +65,10 @@ def harness(session: nox.Session) -> None:
     """Points per minute of the matrix harness, cold vs warm ranks."""
     _install(session)
     session.run("python", "benchmarks/harness_speed.py", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """`nox -s bench -- [--quick] [--device cpu|cuda] [--out FILE.json]`: the comm benchmark (PERF.md)."""
+    _install(session)
+    session.run("python", "benchmarks/bench_comm.py", *session.posargs)

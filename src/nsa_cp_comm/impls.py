@@ -13,6 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .alternatives import (
+    A2A_NOTE,
+    a2a_not_a_roundtrip,
+    allgatherv_gather,
+    allgatherv_scatter,
+    sumlen_gather,
+    sumlen_scatter,
+)
 from .plan import CPPlan
 from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_scatter
 
@@ -62,6 +70,28 @@ register(
         doc="the old path: even shards only",
     )
 )
+
+
+# --- issue 5: the alternatives (nsa_cp_comm.alternatives) -------------------
+register(
+    RoundTrip(
+        "sumlen_allreduce", sumlen_gather, sumlen_scatter, "rank_major_packed",
+        doc="zero-filled [T, H], rows at rank_offset, all-reduce; back: all-reduce + slice",
+    )
+)
+register(
+    RoundTrip(
+        "allgatherv", allgatherv_gather, allgatherv_scatter, "rank_major_packed", backends=("nccl",),
+        doc="list all_gather / list reduce_scatter with per-rank sizes (gloo refuses uneven lists)",
+    )
+)
+register(
+    RoundTrip(
+        "a2a", a2a_not_a_roundtrip, a2a_not_a_roundtrip, "a2a_dispatch",
+        doc="SCATTERED mode only: " + A2A_NOTE,
+    )
+)
+# --- end issue 5 ---------------------------------------------------------------
 
 
 def get(name: str) -> RoundTrip:
