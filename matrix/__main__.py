@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, register, validate_overrides
 from .point import run as run_point
+from .preflight import preflight
 from .results import SchemaError
 from .summary import Summary
 
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         validate_overrides([a for a in argv if "=" in a and not a.startswith("-")])
-    except ConfigError as exc:
+        preflight(argv)  # issue 6: every point of the sweep, before Hydra writes anything
+    except (ConfigError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.argv = [sys.argv[0], *argv]

@@ -10,6 +10,7 @@ one line naming the key and the value.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -190,3 +191,55 @@ def validate_point(cfg: Mapping[str, Any]) -> None:
 
 def register() -> None:
     ConfigStore.instance().store(name="schema", node=MatrixConfig)
+    register_resolvers()
+
+
+# --- cluster launchers (issue 6): resolvers of conf/hydra/launcher/slurm.yaml ---
+# A launcher such as submitit submits a whole sweep as one job array with one
+# resource request, resolved from the sweep's primary config (which holds the
+# schema defaults, not the swept values): these resolvers read the sweep.
+
+
+def sweep_values(root: Any, key: str) -> list[Any]:
+    """Every value ``key`` takes in the sweep (command line over the preset's
+    ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra = root.get("hydra") if hasattr(root, "get") else None
+    lines: list[str] = []
+    if hydra is not None:
+        params = hydra.sweeper.get("params") if "sweeper" in hydra else None
+        lines += [f"{k}={v}" for k, v in (params or {}).items()]
+        lines += list(hydra.overrides.task) if "overrides" in hydra else []
+    last = None
+    for ov in OverridesParser.create().parse_overrides(lines):
+        if ov.key_or_group.lstrip("+~") == key and not ov.is_delete():
+            last = ov
+    if last is None:
+        return [root[key]]
+    return list(last.sweep_iterator()) if last.is_sweep_override() else [last.value()]
+
+
+def _sweep_max(key: str, *, _root_: Any) -> Any:
+    return max(sweep_values(_root_, key))
+
+
+def job_minutes(timeout_s: float) -> int:
+    """A cluster job's time limit for a point of ``timeout_s``: the point, plus
+    10 minutes for the interpreter and the ranks to start (and some slack)."""
+    return math.ceil(float(timeout_s) / 60) + 10
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("matrix.sweep_max"):
+        OmegaConf.register_new_resolver("matrix.sweep_max", _sweep_max)
+    if not OmegaConf.has_resolver("matrix.job_minutes"):
+        OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
+
+
+# Registered on import: a launcher's job (e.g. a SLURM node) imports this
+# module through matrix.point before anything resolves the config.
+register_resolvers()
+# --- end cluster launchers ---

@@ -50,10 +50,14 @@ class Resolved:
     skip: str  # non-empty: the point is skipped, for this reason
 
 
-def resolve(cfg: Mapping[str, Any]) -> Resolved:
-    """Resolve ``auto`` values; raise ConfigError for a point this machine cannot run."""
+def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
+    """Resolve ``auto`` values; raise ConfigError for a point this machine cannot run.
+
+    ``gpus``: GPUs the point's ranks can use, one per rank (default: this
+    machine's; matrix.torchrun_point passes the whole allocation's)."""
     cp = cfg["cp_size"]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device, backend = cfg["device"], cfg["backend"]
     if backend == "nccl" and gpus < cp:
         raise ConfigError(f"backend=nccl with cp_size={cp} needs {cp} GPUs, this machine has {gpus}")
@@ -140,15 +144,23 @@ def environment() -> dict[str, str]:
     return {"torch_version": torch.__version__, "nccl_version": nccl, "host": platform.node(), "git_sha": sha}
 
 
+@functools.lru_cache(maxsize=4)
 def _device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
     return platform.processor() or platform.machine()
 
 
-def _rows(
+def build_rows(
     cfg: Mapping[str, Any], res: Resolved, results: list[ImplResult], spec: PointSpec | None, overrides: str, wall_s: float
 ) -> list[dict[str, Any]]:
+    """The results rows of one point (shared with matrix.torchrun_point)."""
     plan = spec.plan() if spec is not None else None
     base: dict[str, Any] = {k: cfg[k] for k in KEYS}
     base.update(
@@ -203,19 +215,9 @@ def _rows(
     return rows
 
 
-def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:
-    """Run one point and append its rows to ``<results_dir>/results.csv``.
-
-    Returns the rows, or None when ``resume`` found the point already done.
-    Raises ConfigError (before anything is written) for an invalid config."""
-    validate_point(cfg)
-    res = resolve(cfg)
-    results_dir = cfg["results_dir"]
-    check_schema(results_path(results_dir))
-    if cfg["resume"] and point_id(cfg) in completed_point_ids(results_dir):
-        return None
-    t0 = time.perf_counter()
-    spec = PointSpec(
+def point_spec(cfg: Mapping[str, Any], res: Resolved) -> PointSpec:
+    """What the ranks of a (validated, resolved) point run."""
+    return PointSpec(
         seq_lens=tuple(cfg["seq_lens"]),
         cp_size=cfg["cp_size"],
         policy=res.policy,
@@ -233,6 +235,21 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
         flush_l2=cfg["flush_l2"],
         fault=cfg["fault"],
     )
+
+
+def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:
+    """Run one point and append its rows to ``<results_dir>/results.csv``.
+
+    Returns the rows, or None when ``resume`` found the point already done.
+    Raises ConfigError (before anything is written) for an invalid config."""
+    validate_point(cfg)
+    res = resolve(cfg)
+    results_dir = cfg["results_dir"]
+    check_schema(results_path(results_dir))
+    if cfg["resume"] and point_id(cfg) in completed_point_ids(results_dir):
+        return None
+    t0 = time.perf_counter()
+    spec = point_spec(cfg, res)
     if res.skip:
         results = [ImplResult(name, "skipped", reason=res.skip) for name in res.impls]
     else:
@@ -247,6 +264,6 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
                 pool.close(graceful=False)
                 msg = " ".join(f"{type(exc).__name__}: {exc}".split())
                 results = [ImplResult(name, "error", reason=msg) for name in res.impls]
-    rows = _rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
+    rows = build_rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
     append_rows(results_dir, rows)
     return rows

@@ -18,6 +18,11 @@ class ScatterMode(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def _missing_(cls, value: object) -> ScatterMode:
+        # One line naming the field, like every other bad input (issue 6).
+        raise ValueError(f"mlp_mode={value!r} is not one of {', '.join(m.value for m in cls)}")
+
 
 def mlp_mode(moe_a2a_backend: str, *, sparse_layer: bool = True) -> ScatterMode:
     """The mlp_mode of a layer under CP prefill.

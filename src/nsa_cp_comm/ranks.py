@@ -97,6 +97,13 @@ def rank_device():
     return _WORKER_DEVICE
 
 
+def set_rank_device(device) -> None:
+    """Declare this process a rank whose tensors live on ``device``: for ranks
+    started by another launcher (``torchrun``: matrix.torchrun_point)."""
+    global _WORKER_DEVICE
+    _WORKER_DEVICE = device
+
+
 def worker_main(rank: int, world_size: int, backend: str, device: str, store_path: str, fd: int, threads: int) -> None:
     """Body of a rank process (started by :class:`RankPool` as ``python -m
     nsa_cp_comm._worker``): join the group, then run tasks from the pipe."""

@@ -1,0 +1,136 @@
+"""Check every point of a command line's sweep before Hydra starts anything.
+
+Hydra composes a job's config only when the job starts, so a value that is
+fine alone but wrong with another key (``align=3`` with ``cp_size=2``), a
+point this machine cannot run (``backend=nccl`` with more ranks than GPUs) or
+a results file of another schema would otherwise surface mid-sweep, after
+other points wrote rows. :func:`preflight` composes the sweep's points as
+Hydra's basic sweeper will (one compose per distinct choice of config groups;
+plain keys are set on a copy, as Hydra applies them after the defaults) and
+runs :func:`matrix.point.run`'s checks on each: the sweep fails in one line,
+with nothing written. With a remote launcher (``hydra/launcher=slurm``) the
+machine checks are left to the job, on the machine that runs the point.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .config import KEYS, ConfigError, register, validate_point
+from .results import check_schema, results_path
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# Launchers whose jobs run on this machine: the machine checks apply here.
+LOCAL_LAUNCHERS = (
+    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+    "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+)
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    msg = lines[0] if lines else type(exc).__name__
+    hint = next((ln for ln in lines[1:] if ln.startswith("To append")), "")
+    msg += f" ({hint[0].lower()}{hint[1:]})" if hint else ""
+    if "Available options" in str(exc):
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Available options"))
+        opts = [ln for ln in lines[start + 1 :] if ":" not in ln and "=" not in ln]
+        msg += f" (options: {', '.join(opts)})" if opts else ""
+    if "submitit" in msg:
+        msg += " (the SLURM launcher is optional: pip install -e '.[slurm]')"
+    return msg
+
+
+@contextmanager
+def _hydra_errors(what: str) -> Iterator[None]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(f"{what}: {_one_line(exc)}") from None
+
+
+def _is_plain(ov: Any) -> bool:
+    return ov.package is None and ov.key_or_group in KEYS and not ov.is_delete()
+
+
+def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
+    """``(config, runs_here)`` of every point ``python -m matrix ARGV`` would run,
+    composed without running anything; ``runs_here``: the launcher is local.
+    Raises ConfigError for a command line Hydra cannot compose. Yields nothing
+    for flags it does not model (``--help``, ``--cfg``, ``-cn``...): Hydra's."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    flags = [a for a in argv if a.startswith("-")]
+    if any(f not in MULTIRUN_FLAGS for f in flags):
+        return
+    multirun = bool(flags)
+    parser = OverridesParser.create()
+    with _hydra_errors("cannot parse overrides"):
+        parsed = parser.parse_overrides([a for a in argv if not a.startswith("-")])
+    hydra_ovs = [ov for ov in parsed if ov.is_hydra_override()]
+    task_ovs = [ov for ov in parsed if not ov.is_hydra_override()]
+    if any(ov.is_sweep_override() for ov in hydra_ovs):
+        return  # Hydra refuses these itself, in its own words
+    if not multirun:
+        swept = next((ov for ov in task_ovs if ov.is_sweep_override()), None)
+        if swept is not None:
+            raise ConfigError(f"{swept.input_line}: a sweep needs -m (--multirun)")
+    hydra_lines = [ov.input_line for ov in hydra_ovs]
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="matrix"):
+        fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
+        with _hydra_errors("cannot compose the config"):
+            primary = compose("config", overrides=fixed, return_hydra_config=True)
+        target = OmegaConf.select(primary, "hydra.launcher._target_", default="")
+        runs_here = target in LOCAL_LAUNCHERS
+        params = OmegaConf.select(primary, "hydra.sweeper.params", default=None) or {}
+        lines = [f"{k}={v}" for k, v in params.items()] if multirun else []
+        lines += [ov.input_line for ov in task_ovs]
+        with _hydra_errors("cannot parse the sweep"):
+            jobs = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)[0]
+        composed: dict[tuple[str, ...], DictConfig] = {}
+        for job in jobs:
+            with _hydra_errors("cannot compose the config"):
+                job_ovs = parser.parse_overrides(job)
+                groups = tuple(hydra_lines + [ov.input_line for ov in job_ovs if not _is_plain(ov)])
+                if groups not in composed:
+                    composed[groups] = compose("config", overrides=list(groups))
+                cfg = copy.deepcopy(composed[groups])
+                for ov in job_ovs:
+                    if _is_plain(ov):
+                        OmegaConf.update(cfg, ov.key_or_group, ov.value(), merge=False)
+                plain = OmegaConf.to_container(cfg, resolve=True)
+            assert isinstance(plain, dict)
+            yield plain, runs_here
+
+
+def preflight(argv: list[str]) -> int:
+    """Check every point of the command line; raise ConfigError or SchemaError
+    (one line) for the first bad one. Returns the number of points checked."""
+    from .point import resolve  # imports torch: after the cheap checks
+
+    n = 0
+    schemas: set[str] = set()
+    for cfg, runs_here in points(argv):
+        n += 1
+        validate_point(cfg)
+        if runs_here:
+            resolve(cfg)
+        if cfg["results_dir"] not in schemas:
+            schemas.add(cfg["results_dir"])
+            check_schema(results_path(cfg["results_dir"]))
+    return n

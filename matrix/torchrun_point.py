@@ -1,0 +1,293 @@
+"""One matrix point on ranks started by ``torchrun``: for multi-node allocations.
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m matrix.torchrun_point cp_size=16 +layout=zigzag seq_lens=[8192] results_dir=results/cp16
+
+Run the same command on every node of the allocation. Not a Hydra app (torchrun
+starts one process per rank; a Hydra app would sweep in each of them): it takes
+``python -m matrix``'s ``key=value`` overrides for ONE point, composes and
+checks them the same way (matrix.config, matrix.preflight), and runs
+:func:`nsa_cp_comm.measure.point_on_rank` on every rank (``cp_size`` must be
+torchrun's world size). Rank 0 appends the rows with matrix.point's code.
+
+torchrun owns the processes, so failures are handled here, never by hanging:
+every rank runs the point in a thread and waits at most ``timeout_s``; each
+posts its outcome (its reports, or its error) to torchrun's rendezvous store,
+and a rank whose peer failed stops waiting after a short grace. Rank 0 folds
+the outcomes into rows (``ok``, ``error`` naming the rank, ``timeout``) and
+every rank exits without tearing down a group that may be stuck. A rank that
+dies makes torchrun stop the others (SIGTERM): rank 0 then writes an ``error``
+row naming the ranks that never reported. Exit status: 0 ok or skipped, 1 a
+failed point, 2 a bad configuration (one line on stderr, from rank 0).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from .config import ConfigError, validate_overrides
+from .results import SchemaError
+
+FAILURE_GRACE_S = 2.0
+REPORT_MARGIN_S = 5.0  # rank 0 waits this long past the deadline for late reports
+_POLL_S = 0.05
+_STOP: dict[str, int] = {}
+
+
+def _env(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        raise ConfigError(f"{name} is not set: start this module with torchrun (see its docstring)") from None
+
+
+def config_of(argv: list[str]) -> dict[str, Any]:
+    """The point's config, composed and checked as ``python -m matrix ARGV``
+    would; raises ConfigError / SchemaError (one line)."""
+    from .config import validate_point
+    from .preflight import points
+
+    if any(a.startswith("-") for a in argv):
+        raise ConfigError(f"{next(a for a in argv if a.startswith('-'))}: takes key=value overrides only (one point)")
+    validate_overrides([a for a in argv if "=" in a])
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for ov in OverridesParser.create().parse_overrides(argv):
+        if ov.is_sweep_override():
+            raise ConfigError(f"{ov.input_line}: one point per torchrun run, no sweeps")
+    found = list(points(argv))
+    (cfg, _), = found
+    validate_point(cfg)
+    return cfg
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+class _Outcomes:
+    """Each rank's outcome of the point, through the rendezvous store (no
+    collective: a peer may be dead or stuck inside one)."""
+
+    def __init__(self, world: int) -> None:
+        import torch.distributed as dist
+
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        # A client of the store torchrun's env:// rendezvous already serves.
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False)
+        self.store = dist.PrefixStore(f"nsa_cp_comm/torchrun_point/{run}/", store)
+        self.world = world
+
+    def post(self, rank: int, outcome: tuple[str, Any, str]) -> None:
+        try:
+            self.store.set(f"outcome/{rank}", pickle.dumps(outcome))
+            if outcome[0] != "ok":
+                self.store.add("failed", 1)
+        except Exception:  # noqa: BLE001 - rank 0 reports a silent rank as crashed
+            pass
+
+    def peer_failed(self) -> bool:
+        try:
+            return self.store.add("failed", 0) > 0
+        except Exception:  # noqa: BLE001
+            return True
+
+    def done(self) -> None:
+        try:
+            self.store.set("done", b"1")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def wait_done(self, timeout_s: float) -> None:
+        """Stay up (and connected) until rank 0 has every outcome: a failed rank
+        that left at once would make its peers' collectives fail too, and
+        rank 0 would name the wrong rank."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check(["done"]):
+                    return
+            except Exception:  # noqa: BLE001 - rank 0 is gone
+                return
+            time.sleep(_POLL_S)
+
+    def collect(self, deadline: float) -> dict[int, tuple[str, Any, str]]:
+        got: dict[int, tuple[str, Any, str]] = {}
+        while len(got) < self.world and time.monotonic() < deadline and "signal" not in _STOP:
+            for r in range(self.world):
+                if r not in got and self.store.check([f"outcome/{r}"]):
+                    got[r] = pickle.loads(self.store.get(f"outcome/{r}"))
+            time.sleep(_POLL_S)
+        return got
+
+
+def _run_rank(spec: Any, backend: str, timeout_s: float, outcomes: _Outcomes) -> tuple[str, Any, str]:
+    """This rank's ``(status, reports, error)``; returns by ``timeout_s`` (or a
+    grace after a peer failed) even if the point is stuck in a collective."""
+    from nsa_cp_comm.measure import point_on_rank
+
+    box: dict[str, tuple[str, Any, str]] = {}
+
+    def body() -> None:
+        try:
+            box["out"] = ("ok", point_on_rank(spec, backend), "")
+        except BaseException as exc:  # noqa: BLE001 - reported to rank 0
+            box["out"] = ("error", None, _one_line(exc))
+
+    thread = threading.Thread(target=body, name="matrix-point", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    failed_at = None
+    while True:
+        thread.join(_POLL_S)
+        if "out" in box:
+            return box["out"]
+        now = time.monotonic()
+        if now >= deadline:
+            return ("timeout", None, f"no answer within {timeout_s:g}s")
+        if "signal" in _STOP:
+            return ("aborted", None, "stopped by torchrun")
+        if failed_at is None and outcomes.peer_failed():
+            failed_at = now
+        if failed_at is not None and now >= failed_at + FAILURE_GRACE_S:
+            return ("aborted", None, "stopped after another rank failed")
+
+
+def _rank_results(got: dict[int, tuple[str, Any, str]], world: int) -> list[Any]:
+    from nsa_cp_comm.ranks import RankResult
+
+    stopped = "signal" in _STOP
+    out = []
+    for r in range(world):
+        if r in got:
+            status, value, error = got[r]
+            out.append(RankResult(r, status, value=value, error=error))
+        elif stopped:
+            out.append(RankResult(r, "crashed", error="no report: torchrun stopped the point after a rank exited"))
+        else:
+            out.append(RankResult(r, "crashed", error="no report: the process died"))
+    return out
+
+
+def _exit(code: int) -> None:
+    # No interpreter teardown: a thread may still sit inside a collective.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        world = _env("WORLD_SIZE")
+        rank = _env("RANK")
+        local_world = _env("LOCAL_WORLD_SIZE")
+        cfg = config_of(argv)
+        if cfg["cp_size"] != world:
+            raise ConfigError(
+                f"cp_size={cfg['cp_size']}: torchrun started {world} ranks (nnodes x nproc-per-node); they must be equal"
+            )
+        import torch
+
+        from .point import resolve
+
+        local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        res = resolve(cfg, gpus=world if local_gpus >= local_world else local_gpus)
+    except (ConfigError, SchemaError) as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    return _run(cfg, res, rank, world, " ".join(argv))
+
+
+def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from nsa_cp_comm.measure import ImplResult, fold_reports
+    from nsa_cp_comm.ranks import set_rank_device, summarize_failure
+
+    from .point import build_rows, point_id, point_spec
+    from .results import append_rows, check_schema, completed_point_ids, results_path
+    from .summary import Summary, point_status
+
+    if res.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    set_rank_device(device)
+    if rank == 0:
+        signal.signal(signal.SIGTERM, lambda signum, frame: _STOP.setdefault("signal", signum))
+    kwargs: dict[str, Any] = {"device_id": device} if res.backend == "nccl" else {}
+    timeout = timedelta(seconds=max(60.0, cfg["timeout_s"] + 30.0))
+    dist.init_process_group(res.backend, init_method="env://", rank=rank, world_size=world, timeout=timeout, **kwargs)
+    outcomes = _Outcomes(world)
+    spec = point_spec(cfg, res)
+
+    # Rank 0 owns the results file: it decides, everyone follows.
+    decision: list[str] = ["run"]
+    if rank == 0:
+        try:
+            check_schema(results_path(cfg["results_dir"]))
+            if cfg["resume"] and point_id(cfg) in completed_point_ids(cfg["results_dir"]):
+                decision = ["resumed"]
+            elif res.skip:
+                decision = ["skip"]
+        except SchemaError as exc:
+            decision = [f"error: {exc}"]
+    dist.broadcast_object_list(decision, src=0)
+    if decision[0] != "run":
+        if rank == 0:
+            if decision[0].startswith("error: "):
+                print(decision[0], file=sys.stderr, flush=True)
+            elif decision[0] == "resumed":
+                Summary().add(cfg, None)
+            else:
+                rows = build_rows(cfg, res, [ImplResult(n, "skipped", reason=res.skip) for n in res.impls], spec, overrides, 0.0)
+                append_rows(cfg["results_dir"], rows)
+                Summary().add(cfg, rows)
+        dist.destroy_process_group()
+        return 2 if decision[0].startswith("error: ") else 0
+
+    t0 = time.perf_counter()
+    mine = _run_rank(spec, res.backend, cfg["timeout_s"], outcomes)
+    outcomes.post(rank, mine)
+    if rank != 0:
+        if mine[0] == "ok":
+            dist.destroy_process_group()
+            return 0
+        outcomes.wait_done(FAILURE_GRACE_S + REPORT_MARGIN_S + 1.0)
+        _exit(0)  # rank 0 reports it
+
+    got = outcomes.collect(time.monotonic() + FAILURE_GRACE_S + REPORT_MARGIN_S)
+    outcomes.done()
+    ranks = _rank_results(got, world)
+    if all(r.ok for r in ranks):
+        results = fold_reports(spec, spec.plan(), [r.value for r in ranks])
+    else:
+        status, reason = summarize_failure(ranks)
+        results = [ImplResult(name, status, reason=reason) for name in spec.impls]
+    rows = build_rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
+    append_rows(cfg["results_dir"], rows)
+    Summary().add(cfg, rows)
+    code = 0 if point_status(rows) in ("ok", "skipped") else 1
+    if code == 0:
+        dist.destroy_process_group()
+        return 0
+    _exit(code)
+    return code  # pragma: no cover
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

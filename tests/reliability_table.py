@@ -1,0 +1,304 @@
+"""The bad inputs, faults and interruptions the hardening tests try (issue 6).
+
+One table, two uses: tests/test_hardening.py runs every row, and RELIABILITY.md
+is rendered from the same rows, so the document cannot drift:
+
+    python tests/reliability_table.py > RELIABILITY.md
+
+(a test fails when the file differs from :func:`render`). In the expected
+texts ``*`` stands for a machine-specific part (a path, a GPU count).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+for _p in (str(REPO / "src"), str(REPO)):
+    if _p not in sys.path:  # run as a script
+        sys.path.insert(0, _p)
+
+
+def matches(text: str, pattern: str) -> bool:
+    """``pattern`` matches all of ``text``; ``*`` matches anything."""
+    return re.fullmatch(".*".join(re.escape(p) for p in pattern.split("*")), text, re.S) is not None
+
+
+# --- the library: every bad argument is a one-line ValueError naming it ---------------
+
+
+@dataclass(frozen=True)
+class LibCase:
+    code: str  # evaluated in namespace(); also the document's text
+    expect: str  # the ValueError's message
+
+
+LIBRARY: tuple[LibCase, ...] = (
+    LibCase('plan_split([], 2, policy="zigzag")', "seq_lens=[] must be a non-empty list of positive ints"),
+    LibCase('plan_split([1000, -5], 2, policy="zigzag")', "seq_lens[1]=-5 must be a positive int"),
+    LibCase('plan_split("1000", 2, policy="zigzag")', "seq_lens='1000' must be a non-empty list of positive ints"),
+    LibCase('plan_split([1000.5], 2, policy="zigzag")', "seq_lens[0]=1000.5 must be a positive int"),
+    LibCase('plan_split([1000], 0, policy="zigzag")', "cp_size=0 must be a positive int"),
+    LibCase('plan_split([1000], -2, policy="zigzag")', "cp_size=-2 must be a positive int"),
+    LibCase('plan_split([1000], "2", policy="zigzag")', "cp_size='2' must be a positive int"),
+    LibCase('plan_split([1000], 2, policy="zigzag_page", page_size=0)', "page_size=0 must be a positive int"),
+    LibCase('plan_split([1000], 2, policy="ring")', "policy='ring' is not one of round_robin, zigzag, zigzag_page"),
+    LibCase('plan_split([1000], 2, policy="zigzag", align=3)', "align=3 must be a positive multiple of cp_size=2"),
+    LibCase('plan_split([1000], 2, policy="zigzag").rank_indices(2)', "rank=2 is not in [0, 2)"),
+    LibCase('mlp_mode("nvshmem")', "moe_a2a_backend='nvshmem' is not one of none, deepep, *"),
+    LibCase("mlp_mode(None)", "moe_a2a_backend=None is not one of none, deepep, *"),
+    LibCase('ScatterMode("PARTIAL")', "mlp_mode='PARTIAL' is not one of SCATTERED, FULL"),
+    LibCase('PointSpec((1000,), 2, "zigzag", dtype="fp8")', "dtype='fp8' is not one of float32, bfloat16"),
+    LibCase('PointSpec((1000,), 2, "zigzag", impls=("fast",))', "impl='fast' is not one of padded, legacy*"),
+    LibCase('PointSpec((1000,), 2, "zigzag", num_experts=3)', "num_experts=3 is not a multiple of cp_size=2"),
+    LibCase('PointSpec((1000,), 2, "zigzag", fault="explode")', "fault='explode' is not one of none, crash_rank, hang_rank, raise"),
+    LibCase('RankPool(0, workdir="/nonexistent")', "world_size=0 must be a positive int"),
+    LibCase('RankPool(2, backend="mpi", workdir="/nonexistent")', "backend='mpi' is not one of gloo, nccl"),
+)
+
+
+def namespace() -> dict:
+    from nsa_cp_comm import RankPool, ScatterMode, mlp_mode, plan_split
+    from nsa_cp_comm.measure import PointSpec
+
+    return dict(plan_split=plan_split, mlp_mode=mlp_mode, ScatterMode=ScatterMode, PointSpec=PointSpec, RankPool=RankPool)
+
+
+# --- the round trips, on 2 real ranks: the same bad input on every rank ---------------
+# ``uneven`` = plan_split([10], 2, policy="zigzag_page", page_size=64): n_r = [10, 0];
+# ``n`` is this rank's n_r, ``H`` = 16, ``zeros(*shape)`` a tensor on the rank's device.
+
+ROUNDTRIP: tuple[LibCase, ...] = (
+    LibCase("legacy_gather(zeros(n, H), uneven)",
+            "output tensor size must be equal to world_size times input tensor size (legacy CP gather/scatter "
+            "needs even shards; per_rank_tokens=[10, 0])"),
+    LibCase("legacy_scatter(zeros(10, H), uneven)",
+            "output tensor size must be equal to world_size times input tensor size (*per_rank_tokens=[10, 0])"),
+    LibCase("padded_gather(zeros(n + 1, H), uneven)", "local has shape (*, 16), the plan expects [*, H]"),
+    LibCase("padded_gather(zeros(n), uneven)", "local has shape (*,), the plan expects [*, H]"),
+    LibCase("padded_scatter(zeros(10, H), uneven)", "full has shape (10, 16), the plan expects [20, H]"),
+    LibCase('padded_gather(zeros(1, H), plan_split([9], 3, policy="round_robin"))',
+            "group size 2 != plan.cp_size=3: all ranks must pass the group's plan"),
+    LibCase('CPLayerCommunicator(uneven, "FULL", impl="fast")', "impl='fast' is not one of padded, legacy"),
+    LibCase('CPLayerCommunicator(uneven, "PARTIAL")', "mlp_mode='PARTIAL' is not one of SCATTERED, FULL"),
+)
+
+
+def roundtrip_bad_inputs() -> dict[str, str]:
+    """Rank task: every ROUNDTRIP call's error (``"Type: message"``; ``""`` if
+    none), then one all-reduce that completes only if no rank was left inside
+    a collective by the calls above."""
+    import torch
+    import torch.distributed as dist
+
+    from nsa_cp_comm import (CPLayerCommunicator, legacy_gather, legacy_scatter, padded_gather, padded_scatter,
+                             plan_split)
+    from nsa_cp_comm.ranks import rank_device
+
+    device = rank_device()
+    uneven = plan_split([10], 2, policy="zigzag_page", page_size=64)
+    ns = dict(
+        legacy_gather=legacy_gather, legacy_scatter=legacy_scatter, padded_gather=padded_gather,
+        padded_scatter=padded_scatter, plan_split=plan_split, CPLayerCommunicator=CPLayerCommunicator,
+        uneven=uneven, n=uneven.per_rank_tokens[dist.get_rank()], H=16,
+        zeros=lambda *shape: torch.zeros(*shape, device=device),
+    )
+    out: dict[str, str] = {}
+    for case in ROUNDTRIP:
+        try:
+            eval(case.code, ns)  # noqa: S307 - our own table
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[case.code] = f"{type(exc).__name__}: {exc}"
+        else:
+            out[case.code] = ""
+    t = torch.ones(1, device=device)
+    dist.all_reduce(t)
+    out["__in_step__"] = str(int(t.item()))
+    return out
+
+
+# --- the CLI: exit 2, exactly this one line on stderr, nothing written ------------------
+
+
+@dataclass(frozen=True)
+class CliCase:
+    args: tuple[str, ...]  # after `python -m matrix -m results_dir={tmp}/res`; {tmp}, {too_many} filled in
+    expect: str  # the stderr line
+    stage: str  # "value": each value on its own; "point": every point of the sweep, composed
+    doc: str = ""  # the document's text for args, when they hold placeholders
+    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema
+
+
+VALUE = "value"
+POINT = "point"
+
+CLI: tuple[CliCase, ...] = (
+    CliCase(("cp_size=0",), "error: cp_size=0: must be a positive integer", VALUE),
+    CliCase(("cp_size=-2",), "error: cp_size=-2: must be a positive integer", VALUE),
+    CliCase(("cp_size=two",), "error: cp_size=two: must be a positive integer", VALUE),
+    CliCase(("cp_size=1,2,0",), "error: cp_size=0: must be a positive integer", VALUE),
+    CliCase(("page_size=0",), "error: page_size=0: must be a positive integer", VALUE),
+    CliCase(("seq_lens=[]",), "error: seq_lens=[]: must be a non-empty list of positive integers, e.g. [1000,300]", VALUE),
+    CliCase(("seq_lens=[1000,-5]",), "error: seq_lens[1]=-5: must be a positive integer", VALUE),
+    CliCase(("seq_lens=[1000,abc]",), "error: seq_lens[1]=abc: must be a positive integer", VALUE),
+    CliCase(("seq_lens=1000",), "error: seq_lens=1000: must be a non-empty list of positive integers, e.g. [1000,300]", VALUE),
+    CliCase(("hidden_size=7168.5",), "error: hidden_size=7168.5: must be a positive integer", VALUE),
+    CliCase(("timeout_s=soon",), "error: timeout_s=soon: must be a positive number of seconds", VALUE),
+    CliCase(("resume=maybe",), "error: resume=maybe: must be true or false", VALUE),
+    CliCase(("split=ring",), "error: split=ring: must be one of zigzag, round_robin", VALUE),
+    CliCase(("backend=mpi",), "error: backend=mpi: must be one of auto, gloo, nccl", VALUE),
+    CliCase(("dtype=fp8",), "error: dtype=fp8: must be one of float32, bfloat16", VALUE),
+    CliCase(("impl=fast",), "error: impl=fast: must be one of both, all, padded, legacy*", VALUE),
+    CliCase(("fault=explode",), "error: fault=explode: must be one of none, crash_rank, hang_rank, raise", VALUE),
+    CliCase(("cp_sise=2",), "error: unknown key 'cp_sise'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
+    CliCase(("+matrix=nope",), "error: cannot compose the config: In 'config': Could not find 'matrix/nope' (options: *)", POINT),
+    CliCase(("cp_size=2", "align=3"), "error: align=3: must be a multiple of cp_size=2", POINT),
+    CliCase(("cp_size=1,2,3", "num_experts=4"),
+            "error: num_experts=4: must be a multiple of cp_size=3 (experts are split evenly)", POINT),
+    CliCase(("topk=9",), "error: topk=9: must be at most num_experts=4", POINT),
+    CliCase(("backend=nccl", "cp_size={too_many}"), "error: backend=nccl with cp_size=* needs * GPUs, this machine has *",
+            POINT, doc="backend=nccl cp_size=N (N > the machine's GPUs)"),
+    CliCase(("results_dir={tmp}/file/res",), "error: results_dir=*/file/res: */file is not a writable directory", VALUE,
+            doc="results_dir=FILE/res (FILE a regular file)", setup="file"),
+    CliCase(("results_dir=/proc/sys/matrix-results",),
+            "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
+    CliCase(("results_dir={tmp}/old", "resume=true"),
+            "error: results_dir=*/old: results.csv has another schema (missing *); "
+            "use a new results_dir or move the old file away", POINT,
+            doc="resume=true into a results.csv of an older schema", setup="old_schema"),
+)
+
+
+def cli_doc(case: CliCase) -> str:
+    return case.doc or " ".join(case.args)
+
+
+# --- faults and interruptions ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultCase:
+    what: str
+    where: str
+    gives: str
+    test: str  # the test of tests/test_hardening.py that checks this row
+
+
+POOL_FAULTS = {  # fault -> (timeout_s, status, reason)
+    "raise": (30.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+    "crash_rank": (30.0, "error", "rank 1 crashed: exited with code 17"),
+    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+}
+TORCHRUN_FAULTS = {
+    "raise": (30.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+    "crash_rank": (30.0, "error", "rank 1 crashed: no report: torchrun stopped the point after a rank exited"),
+    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+}
+
+FAULTS: tuple[FaultCase, ...] = (
+    *(
+        FaultCase(
+            f"fault={f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
+            "a point on RankPool ranks (`python -m matrix`)",
+            f"status `{s}`, reason `{r}`; all of the point's processes gone; the next point runs normally",
+            "test_injected_fault_costs_one_row",
+        )
+        for f, (t, s, r) in POOL_FAULTS.items()
+    ),
+    *(
+        FaultCase(
+            f"fault={f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
+            "a point on torchrun ranks (`matrix.torchrun_point`)",
+            f"status `{s}`, reason `{r}`; torchrun exits 1",
+            "test_torchrun_fault_costs_one_row",
+        )
+        for f, (t, s, r) in TORCHRUN_FAULTS.items()
+    ),
+    FaultCase(
+        "SIGKILL of `python -m matrix -m ...` mid-sweep",
+        "the sweep process",
+        "results.csv holds whole rows only (valid CSV); no rank process survives it (PR_SET_PDEATHSIG); "
+        "the same command with `resume=true` completes the sweep, every point exactly once",
+        "test_sigkill_mid_sweep_then_resume_completes_it",
+    ),
+)
+
+
+NOTES = """\
+## Notes
+
+- Bad values of the command line are refused before Hydra starts: `value` rows by
+  `matrix.config.validate_overrides` (each value of each key, sweeps included),
+  `point` rows by `matrix.preflight` (every point of the sweep composed as Hydra
+  will, then `validate_point`, the machine checks and the results file's
+  schema). Nothing is written: no results directory, no Hydra job directory.
+  With a remote launcher (`hydra/launcher=slurm`) the machine checks run in the
+  job, on the node that runs the point.
+- Non-writable `results_dir`: the tests run as root, where `os.access` calls
+  every ordinary directory writable and no read-only mount is available. Tried:
+  a path below a regular file (works for root), a directory of `/proc/sys`
+  (not writable even for root; skipped where it is), and a mode-0555 directory
+  (skipped when running as root).
+- A failed point costs its rows, never the sweep: its rank processes are killed
+  and reaped, the next point starts fresh ranks, and the sweep exits 1 at the
+  end. Rows are appended with one `write(2)` under `flock`, so a kill at any
+  moment leaves whole rows only.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render() -> str:
+    out = [
+        "# Reliability",
+        "",
+        "What a bad input, a failing rank or a killed sweep gives. Every row is a test:",
+        "`tests/test_hardening.py` runs the rows of `tests/reliability_table.py`, and this",
+        "file is generated from them (`python tests/reliability_table.py > RELIABILITY.md`;",
+        "a test fails when it drifts). `*` stands for a machine-specific part.",
+        "",
+        "## Bad input: the library",
+        "",
+        "A `ValueError` whose message is one line naming the argument and its value.",
+        "The round trips raise on every rank, from the plan all ranks share, so no rank",
+        'is left inside a collective (`uneven` = `plan_split([10], 2, policy="zigzag_page",',
+        "page_size=64)`, ranks hold 10 and 0 rows; run on 2 gloo ranks).",
+        "",
+        "| call | ValueError message |",
+        "| --- | --- |",
+    ]
+    out += [f"| `{_cell(c.code)}` | {_cell(c.expect)} |" for c in LIBRARY + ROUNDTRIP]
+    out += [
+        "",
+        "## Bad input: the CLI",
+        "",
+        "`python -m matrix -m results_dir=DIR ARGS` exits 2 and prints exactly this one",
+        "line on stderr; nothing is written.",
+        "",
+        "| ARGS | checked | stderr |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| `{_cell(cli_doc(c))}` | {c.stage} | `{_cell(c.expect)}` |" for c in CLI]
+    out += [
+        "",
+        "## Faults and interruptions",
+        "",
+        "`fault=` is a test-only key: the last rank raises, exits (`os._exit(17)`) or",
+        "hangs once its peers are inside a collective. Each point ends within",
+        "`timeout_s` plus a few seconds.",
+        "",
+        "| fault | where | what you get |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| {_cell(f.what)} | {_cell(f.where)} | {_cell(f.gives)} |" for f in FAULTS]
+    out += ["", NOTES]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,427 @@
+"""Issue 6: a bad value, a dead rank, a hung collective or a killed sweep costs
+one row, never the run or its data. The cases come from tests/reliability_table.py,
+which RELIABILITY.md is rendered from."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import reliability_table as table
+from matrix_cli import REPO, cli_env, run_matrix
+
+MARGIN_S = 15.0  # starting fresh ranks (imports torch) on a loaded 2-core machine, and the kill
+POINT_MARGIN_S = 3.0  # past timeout_s (or the failure grace) for a point whose ranks are up
+
+
+# --- no test leaves a process behind ---------------------------------------------------
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmd and state != "Z":
+            found.append(f"{entry}: {cmd.strip()}")
+    return found
+
+
+def wait_for_no_process(text: str, timeout_s: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(tmp_path):
+    """Every rank process a test starts has its rendezvous file (or results_dir)
+    under the test's tmp_path: none may outlive the test."""
+    yield
+    from nsa_cp_comm.ranks import close_pools
+
+    close_pools()  # warm pools of matrix.point.run in this process
+    assert wait_for_no_process(str(tmp_path)) == []
+
+
+# --- bad input: the library ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", table.LIBRARY, ids=lambda c: c.code)
+def test_library_bad_input_is_a_one_line_value_error(case):
+    with pytest.raises(ValueError) as info:
+        eval(case.code, table.namespace())  # noqa: S307 - our own table
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert table.matches(msg, case.expect), msg
+
+
+def test_round_trip_bad_input_raises_on_every_rank_and_no_rank_hangs(rank_pool):
+    results = rank_pool(2).run(table.roundtrip_bad_inputs, timeout_s=60)
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    for r in results:
+        assert r.value.pop("__in_step__") == "2"  # the all-reduce after the bad calls completed
+        for case in table.ROUNDTRIP:
+            msg = r.value[case.code]
+            assert msg.startswith("ValueError: ") and "\n" not in msg, (r.rank, case.code, msg)
+            assert table.matches(msg.removeprefix("ValueError: "), case.expect), (r.rank, msg)
+
+
+# --- bad input: the CLI ----------------------------------------------------------------
+
+OLD_HEADER = "cp_size,page_size,seq_lens,impl,status,roundtrip_p50_us\n"
+
+
+def _setup(case: table.CliCase, tmp: Path) -> dict[Path, bytes]:
+    """Create what the case needs; return the files that must stay unchanged."""
+    if case.setup == "file":
+        (tmp / "file").write_text("not a directory\n")
+        return {tmp / "file": (tmp / "file").read_bytes()}
+    if case.setup == "old_schema":
+        (tmp / "old").mkdir()
+        (tmp / "old" / "results.csv").write_text(OLD_HEADER + "2,1,[1000],padded,ok,123.0\n")
+        return {tmp / "old" / "results.csv": (tmp / "old" / "results.csv").read_bytes()}
+    return {}
+
+
+def _args(case: table.CliCase, tmp: Path) -> list[str]:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [a.format(tmp=tmp, too_many=gpus + 1) for a in case.args]
+
+
+def _listing(tmp: Path) -> list[str]:
+    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+
+
+@pytest.mark.parametrize("case", table.CLI, ids=lambda c: table.cli_doc(c))
+def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys, monkeypatch):
+    import matrix.__main__ as cli
+    from matrix.config import ConfigError, validate_overrides
+
+    if "/proc/sys" in " ".join(case.args) and os.access("/proc/sys", os.W_OK):
+        pytest.skip("/proc/sys is writable here")
+    keep = _setup(case, tmp_path)
+    before = _listing(tmp_path)
+    args = _args(case, tmp_path)
+
+    def hydra_started():  # the one line must come before Hydra starts
+        raise AssertionError("the Hydra app started")
+
+    monkeypatch.setattr(cli, "app", hydra_started)
+    assert cli.main(["-m", f"results_dir={tmp_path / 'res'}", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and table.matches(lines[0], case.expect), err
+    assert _listing(tmp_path) == before  # nothing written, not even a directory
+    for path, data in keep.items():
+        assert path.read_bytes() == data
+    # The table says which check catches it: each value alone, or the composed points.
+    try:
+        validate_overrides(args)
+    except ConfigError:
+        stage = table.VALUE
+    else:
+        stage = table.POINT
+    assert stage == case.stage
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a mode-0555 directory")
+def test_cli_read_only_results_dir(tmp_path, capsys):
+    from matrix.__main__ import main
+
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    try:
+        assert main(["-m", f"results_dir={ro / 'res'}", "cp_size=1"]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"error: results_dir={ro / 'res'}: {ro} is not a writable directory"]
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("which", ["num_experts", "old_schema"])
+def test_cli_bad_input_through_the_real_cli(which, tmp_path):
+    """The same as a user sees it: a fresh process, no traceback, no Hydra output."""
+    case = next(c for c in table.CLI if (c.setup == which or which in " ".join(c.args)))
+    keep = _setup(case, tmp_path)
+    before = _listing(tmp_path)
+    run = run_matrix(tmp_path / "res", *_args(case, tmp_path), timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and table.matches(lines[0], case.expect), run.stderr
+    assert _listing(tmp_path) == before
+    for path, data in keep.items():
+        assert path.read_bytes() == data
+
+
+# --- injected faults: one row each, nothing left behind, the next point runs -------------
+
+
+def _point_cfg(tmp_path: Path, **over) -> dict:
+    from matrix.config import MatrixConfig
+
+    cfg = dataclasses.asdict(MatrixConfig())
+    cfg.update(cp_size=2, seq_lens=[64], hidden_size=32, iters=2, warmup=0, impl="padded",
+               results_dir=str(tmp_path / "res"))
+    cfg.update(over)
+    return cfg
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """results.csv read strictly: the schema's header, then whole rows only."""
+    from matrix.results import COLUMNS
+
+    text = path.read_text()
+    assert text.endswith("\n"), "a torn last line"
+    rows = list(csv.reader(io.StringIO(text)))
+    assert tuple(rows[0]) == COLUMNS
+    assert all(len(r) == len(COLUMNS) for r in rows[1:]), [len(r) for r in rows[1:]]
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == len(rows) - 1
+    return [dict(zip(COLUMNS, r)) for r in rows[1:]]
+
+
+@pytest.mark.parametrize("fault", list(table.POOL_FAULTS))
+def test_injected_fault_costs_one_row(fault, tmp_path):
+    from matrix.point import run
+    from nsa_cp_comm.ranks import FAILURE_GRACE_S, get_pool
+
+    timeout_s, status, reason = table.POOL_FAULTS[fault]
+    job = tmp_path / "job"
+    # timeout_s counts once the ranks are up: start them first (as an earlier point of the sweep would).
+    get_pool(2, backend="gloo", device="cpu", workdir=job)
+    t0 = time.monotonic()
+    (row,) = run(_point_cfg(tmp_path, fault=fault, timeout_s=timeout_s), job_dir=job)
+    took = time.monotonic() - t0
+    assert (row["status"], row["reason"]) == (status, reason)
+    bound = (timeout_s if status == "timeout" else FAILURE_GRACE_S) + POINT_MARGIN_S
+    assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
+    assert wait_for_no_process(str(job), timeout_s=2.0) == []  # killed and reaped
+    # The next point of the sweep runs normally, on fresh ranks.
+    (nxt,) = run(_point_cfg(tmp_path, seq_lens=[100]), job_dir=job)
+    assert nxt["status"] == "ok" and nxt["correct"] is True, nxt["reason"]
+    rows = read_table(tmp_path / "res" / "results.csv")
+    assert [(r["fault"], r["status"]) for r in rows] == [(fault, status), ("none", "ok")]
+
+
+def _wait_rows(path: Path, at_least: int, proc: subprocess.Popen, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists():
+            n = path.read_bytes().count(b"\n") - 1
+            if n >= at_least:
+                return n
+        time.sleep(0.01)
+    return -1
+
+
+def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
+    from matrix.point import point_id
+    from matrix.preflight import points
+
+    res = tmp_path / "res"
+    sweep = ["cp_size=1,2", "seq_lens=[64],[100],[1000],[1001,300],[37,512]", "hidden_size=32", "iters=2",
+             "warmup=0", "impl=both"]
+    every = {point_id(cfg) for cfg, _ in points(["-m", f"results_dir={res}", *sweep])}
+    assert len(every) == 10
+    cmd = [sys.executable, "-m", "matrix", "-m", f"results_dir={res}", *sweep]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        got = _wait_rows(res / "results.csv", 2, proc, timeout_s=120)
+        running = processes_mentioning(str(res))
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert got > 0, "the sweep wrote no row (or ended) before the kill"
+    assert any("nsa_cp_comm._worker" in p for p in running), running  # its ranks were up
+    # Its ranks die with it (PR_SET_PDEATHSIG): nothing of the run survives.
+    assert wait_for_no_process(str(res)) == []
+    rows = read_table(res / "results.csv")
+    done = {r["point_id"] for r in rows}
+    assert 0 < len(done) < len(every), "kill the sweep midway"
+    assert sorted((r["point_id"], r["impl"]) for r in rows) == sorted((p, i) for p in done for i in ("padded", "legacy"))
+
+    again = run_matrix(res, *sweep, "resume=true")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"resumed {len(done)}" in again.stdout
+    rows = read_table(res / "results.csv")
+    keys = [(r["point_id"], r["impl"]) for r in rows]
+    assert len(keys) == len(set(keys)), "a point written twice"
+    assert {p for p, _ in keys} == every, "a point missing"
+    assert len(keys) == 2 * len(every)
+    assert {r["status"] for r in rows} == {"ok"}
+
+
+# --- torchrun: one point on ranks torchrun started --------------------------------------
+
+
+def _torchrun(tmp_path: Path, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "matrix.torchrun_point", "cp_size=2", "hidden_size=32", "iters=2", "warmup=0",
+           f"results_dir={tmp_path / 'res'}", *overrides]
+    env = cli_env()
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_torchrun_point_writes_the_rows(tmp_path):
+    run = _torchrun(tmp_path, "seq_lens=[1001,300]")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = {r["impl"]: r for r in read_table(tmp_path / "res" / "results.csv")}
+    assert set(rows) == {"padded", "legacy"}
+    padded, legacy = rows["padded"], rows["legacy"]
+    assert padded["status"] == "ok" and padded["correct"] == "True" and float(padded["roundtrip_p50_us"]) > 0
+    assert padded["padded_total"] == "1304" and padded["backend"] == "gloo"
+    assert legacy["status"] == "ok" and legacy["reason"].startswith("output tensor size must be equal")
+    assert "[matrix] cp=2 zigzag seq_lens=[1001, 300]" in run.stdout
+
+
+@pytest.mark.parametrize("fault", list(table.TORCHRUN_FAULTS))
+def test_torchrun_fault_costs_one_row(fault, tmp_path):
+    from matrix.torchrun_point import FAILURE_GRACE_S
+
+    timeout_s, status, reason = table.TORCHRUN_FAULTS[fault]
+    run = _torchrun(tmp_path, "seq_lens=[64]", "impl=padded", f"fault={fault}", f"timeout_s={timeout_s:g}")
+    assert run.returncode == 1, run.stderr[-3000:]
+    (row,) = read_table(tmp_path / "res" / "results.csv")
+    assert (row["status"], row["reason"]) == (status, reason)
+    # Once the ranks are up, a failure is noticed, not waited out; a hang ends at timeout_s.
+    bound = (timeout_s if status == "timeout" else FAILURE_GRACE_S) + POINT_MARGIN_S
+    assert float(row["wall_s"]) < bound, row["wall_s"]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_point_refuses_a_world_that_is_not_cp_size(rank, tmp_path, capsys, monkeypatch):
+    """Checked on every rank before any rendezvous: no rank waits for the others."""
+    from matrix import torchrun_point
+
+    for key, value in dict(RANK=rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2, LOCAL_RANK=rank).items():
+        monkeypatch.setenv(key, str(value))
+    assert torchrun_point.main(["cp_size=3", f"results_dir={tmp_path / 'res'}"]) == 2
+    want = ["error: cp_size=3: torchrun started 2 ranks (nnodes x nproc-per-node); they must be equal"]
+    assert capsys.readouterr().err.splitlines() == (want if rank == 0 else [])
+    assert torchrun_point.main(["cp_size=2,4"]) == 2
+    want = ["error: cp_size=2,4: one point per torchrun run, no sweeps"]
+    assert capsys.readouterr().err.splitlines() == (want if rank == 0 else [])
+    assert not (tmp_path / "res").exists()
+
+
+def test_torchrun_point_needs_torchrun(capsys, monkeypatch):
+    from matrix import torchrun_point
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert torchrun_point.main(["cp_size=2"]) == 2
+    assert capsys.readouterr().err.startswith("error: WORLD_SIZE is not set: start this module with torchrun")
+
+
+# --- SLURM: the launcher preset composes (no SLURM needed) -----------------------------
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from matrix.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+SUBMITIT = "hydra_plugins.hydra_submitit_launcher"
+
+
+def _need_submitit():
+    import importlib.util
+
+    if importlib.util.find_spec(SUBMITIT) is None:
+        pytest.skip("hydra-submitit-launcher is not installed (pip install -e '.[slurm]')")
+
+
+@pytest.mark.parametrize("overrides, gpus, minutes", [
+    ((), 2, 12),
+    (("cp_size=4", "timeout_s=3000"), 4, 60),
+    (("+matrix=deepseek_v32",), 8, 20),  # cp_size and timeout_s from the preset
+])
+def test_slurm_launcher_preset_composes(overrides, gpus, minutes):
+    _need_submitit()
+    from hydra.utils import instantiate
+
+    cfg = _compose("hydra/launcher=slurm", *overrides)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == f"{SUBMITIT}.submitit_launcher.SlurmLauncher"
+    assert (launcher.gpus_per_node, launcher.timeout_min) == (gpus, minutes)
+    assert (launcher.nodes, launcher.tasks_per_node) == (1, 1)
+    for key in ("partition", "account", "qos", "constraint"):
+        assert key in launcher  # site-specific, overridable
+    built = instantiate(launcher)  # the launcher object, without submitting anything
+    assert type(built).__name__ == "SlurmLauncher" and built.params["gpus_per_node"] == gpus
+
+
+def test_slurm_request_covers_the_largest_point_of_a_sweep():
+    """A job array has one request: the sweep's largest cp_size and timeout_s,
+    from the command line over the preset's sweeper params."""
+    from omegaconf import OmegaConf
+
+    from matrix.config import register_resolvers
+
+    register_resolvers()
+    cfg = OmegaConf.create({
+        "cp_size": 2, "timeout_s": 120.0,
+        "hydra": {"sweeper": {"params": {"cp_size": "8", "seq_lens": "[1],[2]"}},
+                  "overrides": {"task": ["cp_size=1,4,2", "timeout_s=30,600"]}},
+        "gpus": "${matrix.sweep_max:cp_size}", "minutes": "${matrix.job_minutes:${matrix.sweep_max:timeout_s}}",
+    })
+    assert (cfg.gpus, cfg.minutes) == (4, 20)
+    cfg.hydra.overrides.task = []
+    assert (cfg.gpus, cfg.minutes) == (8, 12)
+
+
+def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
+    """The submit host has no GPUs: an nccl sweep for SLURM passes the preflight
+    (each job checks its own node); a bad value is still refused."""
+    _need_submitit()
+    from matrix.config import ConfigError
+    from matrix.preflight import preflight
+
+    argv = ["-m", "hydra/launcher=slurm", "+matrix=deepseek_v32", "backend=nccl", f"results_dir={tmp_path / 'r'}"]
+    assert preflight(argv) == 8
+    with pytest.raises(ConfigError, match=r"^num_experts=7: must be a multiple of cp_size=8"):
+        preflight([*argv, "num_experts=7"])
+    assert not (tmp_path / "r").exists()
+
+
+# --- RELIABILITY.md is the table's rendering ----------------------------------------------
+
+
+def test_reliability_md_is_generated_from_the_table():
+    doc = (REPO / "RELIABILITY.md").read_text()
+    assert doc == table.render(), "RELIABILITY.md drifted: python tests/reliability_table.py > RELIABILITY.md"
+
+
+def test_every_fault_row_names_a_test_here():
+    names = {name for name in globals() if name.startswith("test_")}
+    assert {f.test for f in table.FAULTS} <= names
