@@ -47,6 +47,7 @@ for p in (str(HERE), str(REPO / "src")):
 import torch  # noqa: E402
 
 import bench_tasks  # noqa: E402
+from nsa_cp_comm.machine import cpu_model, nccl_version  # noqa: E402
 from nsa_cp_comm.measure import DTYPES, PointSpec, run_point  # noqa: E402
 from nsa_cp_comm.ranks import close_pools, get_pool  # noqa: E402
 from nsa_cp_comm.timing import max_over_ranks, roundtrip_bandwidth, summarize  # noqa: E402
@@ -83,16 +84,6 @@ QUICK_PARAMS = {
 # ---------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _loadavg() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -111,17 +102,13 @@ def environment(device: str) -> dict:
         "cuda_available": torch.cuda.is_available(),
         "gpu": "",
         "gpu_count": 0,
-        "nccl": "",
+        "nccl": nccl_version(),
         "device": device,
         "loadavg_start": _loadavg(),
     }
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
         env["gpu_count"] = torch.cuda.device_count()
-        try:
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL
-            pass
     return env
 
 

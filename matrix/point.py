@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from nsa_cp_comm import impls as impl_registry
+from nsa_cp_comm.machine import device_name, nccl_version
 from nsa_cp_comm.measure import ImplResult, PointSpec, run_point
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
 from nsa_cp_comm.ranks import get_pool
@@ -125,12 +126,6 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, str]:
     """Versions and host, computed once per process."""
-    nccl = ""
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL
-            nccl = ""
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
@@ -141,20 +136,7 @@ def environment() -> dict[str, str]:
         sha = f"{sha}-dirty" if sha and dirty else sha
     except (OSError, subprocess.SubprocessError):
         sha = ""
-    return {"torch_version": torch.__version__, "nccl_version": nccl, "host": platform.node(), "git_sha": sha}
-
-
-@functools.lru_cache(maxsize=4)
-def _device_name(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return {"torch_version": torch.__version__, "nccl_version": nccl_version(), "host": platform.node(), "git_sha": sha}
 
 
 def build_rows(
@@ -176,7 +158,7 @@ def build_rows(
         repro=repro_command(cfg),
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         wall_s=round(wall_s, 3),
-        device_name=_device_name(res.device),
+        device_name=device_name(res.device),
         **environment(),
     )
     if plan is not None:

@@ -136,6 +136,25 @@ def _check_gather(rt: impl_registry.RoundTrip, full: torch.Tensor, spec: PointSp
     return bad
 
 
+def _compare_to_reference(
+    rep: ImplReport, out: torch.Tensor, local: torch.Tensor, moe: ReferenceMoE, spec: PointSpec, plan: CPPlan, what: str
+) -> None:
+    """SPEC 3.2: this rank's output vs the single-process reference MoE on its
+    own rows; records the error and settles ``rep.correct``."""
+    ref = moe.reference(local)
+    rep.max_rel_err = max_rel_err(out, ref) if out.shape == ref.shape else math.inf
+    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
+    if not rep.max_rel_err <= tol:
+        rep.failures.append(f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}")
+    rep.correct = not rep.failures
+
+
+def _rotation(set_bytes: int) -> int:
+    """How many input sets to rotate through: enough to outgrow a 64 MiB
+    cache, at most 4 (memory)."""
+    return max(1, min(4, -(-(64 << 20) // max(set_bytes, 1))))
+
+
 def _inject(spec: PointSpec, rank: int) -> None:
     if spec.fault == "none" or rank != spec.cp_size - 1:
         return
@@ -182,12 +201,7 @@ def _check_impl(rt, spec, plan, rank, device, local, moe, mode) -> tuple[ImplRep
     rep.failures += _check_gather(rt, full, spec, plan, device)
     partial = moe.partial(full, rank, plan.cp_size)
     out = scatter(partial.clone())
-    ref = moe.reference(local)
-    rep.max_rel_err = max_rel_err(out, ref) if out.shape == ref.shape else math.inf
-    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
-    if not rep.max_rel_err <= tol:
-        rep.failures.append(f"round trip vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}")
-    rep.correct = not rep.failures
+    _compare_to_reference(rep, out, local, moe, spec, plan, "round trip")
     return rep, full, out
 
 
@@ -204,7 +218,7 @@ def _time_impls(
     dtype = DTYPES[spec.dtype]
     rows = max(rt.buffer_rows(plan) for rt in rts)
     set_bytes = (plan.per_rank_tokens[rank] + rows) * spec.hidden_size * dtype.itemsize
-    n_sets = max(1, min(4, -(-(64 << 20) // max(set_bytes, 1))))
+    n_sets = _rotation(set_bytes)
     locals_ = [make_shard(spec, plan, rank, device, salt=i) for i in range(n_sets)]
     partials = {
         rt.name: [torch.randn(rt.buffer_rows(plan), spec.hidden_size, device=device).to(dtype) for _ in range(n_sets)]
@@ -272,12 +286,7 @@ def _check_a2a(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Te
     if not bitwise_equal(x_recv, alternatives.a2a_expected_recv(shards, moe, rank)):
         rep.failures.append(f"dispatched rows differ from the rows routed to rank {rank}")
     out = alternatives.a2a_combine(alternatives.a2a_experts(moe, x_recv, handle, experts), handle)
-    ref = moe.reference(local)
-    rep.max_rel_err = max_rel_err(out, ref) if out.shape == ref.shape else math.inf
-    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
-    if not rep.max_rel_err <= tol:
-        rep.failures.append(f"a2a round trip vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}")
-    rep.correct = not rep.failures
+    _compare_to_reference(rep, out, local, moe, spec, plan, "a2a round trip")
     return rep
 
 
@@ -288,7 +297,7 @@ def _time_a2a(spec: PointSpec, plan: CPPlan, rank: int, device: torch.device, mo
     flush = CacheFlusher(device) if spec.flush_l2 else None
     per = moe.num_experts // plan.cp_size
     set_bytes = 2 * plan.per_rank_tokens[rank] * spec.hidden_size * DTYPES[spec.dtype].itemsize
-    n_sets = max(1, min(4, -(-(64 << 20) // max(set_bytes, 1))))
+    n_sets = _rotation(set_bytes)
     sets = []
     for i in range(n_sets):
         x = make_shard(spec, plan, rank, device, salt=i)
