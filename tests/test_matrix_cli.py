@@ -135,7 +135,9 @@ def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
     assert rows["raise"]["status"] == "error"
     assert "rank 1" in rows["raise"]["reason"] and "injected fault" in rows["raise"]["reason"]
     assert rows["hang_rank"]["status"] == "timeout" and "rank" in rows["hang_rank"]["reason"]
-    assert float(rows["hang_rank"]["wall_s"]) < 4 + 10
+    # wall_s includes starting fresh ranks (the raise point killed the last ones); the
+    # tight bound, with warm ranks, is tests/test_hardening.py::test_injected_fault_costs_one_row.
+    assert float(rows["hang_rank"]["wall_s"]) < 4 + 20
     assert rows["none"]["status"] == "ok" and rows["none"]["correct"] == "True"
     assert "3 points: ok 1, failed 0, error 1, timeout 1" in run.stdout
 
