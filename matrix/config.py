@@ -85,15 +85,21 @@ def _is_int(v: object) -> bool:
 
 
 def _fail(key: str, value: object, why: str) -> ConfigError:
-    return ConfigError(f"{key}={_show(value)}: {why}")
+    return ConfigError(f"{key}={override_value(value)}: {why}")
 
 
-def _show(value: object) -> str:
+def override_value(value: object) -> str:
+    """``value`` as a Hydra override writes it (``[1000,300]``, ``true``,
+    ``null``): for error messages and for rows' repro commands."""
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_show(v) for v in value) + "]"
-    if isinstance(value, str):
-        return repr(value) if value == "" or " " in value else value
-    return str(value).lower() if isinstance(value, bool) else str(value)
+        return "[" + ",".join(override_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, str) and (value == "" or " " in value):
+        return repr(value)
+    return str(value)
 
 
 def validate_value(key: str, value: Any) -> None:
@@ -123,7 +129,7 @@ def validate_value(key: str, value: Any) -> None:
             raise _fail(key, value, "must be a non-empty list of positive integers, e.g. [1000,300]")
         for i, v in enumerate(value):
             if not _is_int(v) or v < 1:
-                raise ConfigError(f"seq_lens[{i}]={_show(v)}: must be a positive integer")
+                raise ConfigError(f"seq_lens[{i}]={override_value(v)}: must be a positive integer")
     elif key == "results_dir":
         if not isinstance(value, str) or not value:
             raise _fail(key, value, "must be a directory path")

@@ -28,7 +28,7 @@ from nsa_cp_comm.measure import ImplResult, PointSpec, run_point
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
 from nsa_cp_comm.ranks import get_pool
 
-from .config import KEYS, ConfigError, validate_point
+from .config import KEYS, ConfigError, override_value, validate_point
 from .results import COLUMNS, CONFIG_COLUMNS, append_rows, check_schema, completed_point_ids, results_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,20 +106,10 @@ def point_id(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _override_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if v is None:
-        return "null"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_override_value(x) for x in v) + "]"
-    return str(v)
-
-
 def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit)."""
     parts = ["python", "-m", "matrix"]
-    parts += [f"{k}={_override_value(cfg[k])}" for k in KEYS if k not in ("resume", "fault") or cfg[k] not in (False, "none")]
+    parts += [f"{k}={override_value(cfg[k])}" for k in KEYS if k not in ("resume", "fault") or cfg[k] not in (False, "none")]
     return shlex.join(parts)
 
 
@@ -146,7 +136,7 @@ def build_rows(
     plan = spec.plan() if spec is not None else None
     base: dict[str, Any] = {k: cfg[k] for k in KEYS}
     base.update(
-        seq_lens=_override_value(cfg["seq_lens"]),
+        seq_lens=override_value(cfg["seq_lens"]),
         align=res.align,
         mlp_mode=res.mode,
         backend=res.backend,
