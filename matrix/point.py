@@ -23,19 +23,17 @@ from typing import Any
 import torch
 
 from nsa_cp_comm import impls as impl_registry
+from nsa_cp_comm.alternatives import A2A_IMPLS  # SCATTERED-only; the other impls are FULL-mode
 from nsa_cp_comm.machine import device_name, nccl_version
 from nsa_cp_comm.measure import ImplResult, PointSpec, run_point
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
-from nsa_cp_comm.ranks import get_pool
+from nsa_cp_comm.ranks import get_pool, one_line_error
 
 from .config import KEYS, ConfigError, override_value, validate_point
 from .results import COLUMNS, CONFIG_COLUMNS, append_rows, check_schema, completed_point_ids, results_path
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
-# The MoE a2a path's stand-in impl (SCATTERED only); the gather/scatter
-# alternatives are FULL-only.
-SCATTERED_ONLY_IMPLS = ("a2a",)
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
         impls: tuple[str, ...] = ("padded", "legacy")
     elif impl == "all":
         impls = tuple(
-            n for n in impl_registry.REGISTRY if (n in SCATTERED_ONLY_IMPLS) == (mode == ScatterMode.SCATTERED.value)
+            n for n in impl_registry.REGISTRY if (n in A2A_IMPLS) == (mode == ScatterMode.SCATTERED.value)
         )
         if mode == ScatterMode.SCATTERED.value:
             impls = ("padded", "legacy", *impls)
@@ -234,8 +232,7 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
                 results = run_point(spec, pool, timeout_s=cfg["timeout_s"])
             except Exception as exc:  # noqa: BLE001 - a point's failure is a row
                 pool.close(graceful=False)
-                msg = " ".join(f"{type(exc).__name__}: {exc}".split())
-                results = [ImplResult(name, "error", reason=msg) for name in res.impls]
+                results = [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
     rows = build_rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
     append_rows(results_dir, rows)
     return rows

@@ -32,6 +32,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from nsa_cp_comm.ranks import one_line_error
+
 from .config import ConfigError, validate_overrides
 from .results import SchemaError
 
@@ -66,11 +68,6 @@ def config_of(argv: list[str]) -> dict[str, Any]:
     (cfg, _), = found
     validate_point(cfg)
     return cfg
-
-
-def _one_line(exc: BaseException) -> str:
-    msg = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
 class _Outcomes:
@@ -141,7 +138,7 @@ def _run_rank(spec: Any, backend: str, timeout_s: float, outcomes: _Outcomes) ->
         try:
             box["out"] = ("ok", point_on_rank(spec, backend), "")
         except BaseException as exc:  # noqa: BLE001 - reported to rank 0
-            box["out"] = ("error", None, _one_line(exc))
+            box["out"] = ("error", None, one_line_error(exc))
 
     thread = threading.Thread(target=body, name="matrix-point", daemon=True)
     thread.start()

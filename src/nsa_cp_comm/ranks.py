@@ -128,7 +128,7 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=30), **kwargs
         )
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        conn.send(("ready", "error", _one_line(exc), traceback.format_exc()))
+        conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
     conn.send(("ready", "ok", None, ""))
     while True:
@@ -145,7 +145,7 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             fn, args, kwargs = _load_task(payload, main_path)
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send((task_id, "error", _one_line(exc), traceback.format_exc()))
+            conn.send((task_id, "error", one_line_error(exc), traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
 
@@ -173,7 +173,8 @@ def _load_task(payload: bytes, main_path: str | None) -> tuple[Callable[..., Any
     return pickle.loads(payload)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line_error(exc: BaseException) -> str:
+    """``"Type: message"`` on one line: how a failure appears in a row's reason."""
     msg = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
