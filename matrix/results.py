@@ -46,6 +46,8 @@ RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "fault")
 
 PLAN_COLUMNS: tuple[str, ...] = (
     "policy",
+    "effective_page_size",
+    "effective_id",
     "total_tokens",
     "max_rank_len",
     "padded_total",
@@ -54,9 +56,23 @@ PLAN_COLUMNS: tuple[str, ...] = (
     "claim_holds",
 )
 
-STATUS_VALUES: tuple[str, ...] = ("ok", "failed", "error", "timeout", "skipped")
+# ok: checked and timed. refused: the legacy path declined an uneven plan on every
+# rank before any collective (what it must do). passthrough: SCATTERED mode, the
+# communicator moves nothing (no timings). skipped: not run (a contradiction, or the
+# same effective configuration already ran). failed: a check failed. error/timeout:
+# a rank raised, died or hung.
+STATUS_VALUES: tuple[str, ...] = ("ok", "failed", "error", "timeout", "skipped", "refused", "passthrough")
+GOOD_STATUSES: tuple[str, ...] = ("ok", "refused", "passthrough")
+BAD_STATUSES: tuple[str, ...] = ("failed", "error", "timeout")
 
-CHECK_COLUMNS: tuple[str, ...] = ("status", "reason", "correct", "max_rel_err", "even_bitwise_equal")
+CHECK_COLUMNS: tuple[str, ...] = (
+    "status",
+    "reason",
+    "failed_check",
+    "correct",
+    "max_rel_err",
+    "even_bitwise_equal",
+)
 
 TIMING_COLUMNS: tuple[str, ...] = (
     "gather_p10_us",
@@ -72,6 +88,15 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "roundtrip_p90_us",
     "roundtrip_p99_us",
     "roundtrip_mean_us",
+    "roundtrip_iqr_us",
+    "local_p10_us",
+    "local_p50_us",
+    "local_p90_us",
+    "local_mean_us",
+    "collective_p10_us",
+    "collective_p50_us",
+    "collective_p90_us",
+    "collective_mean_us",
     "rows_moved",
     "bytes_padded",
     "bytes_useful",
@@ -82,6 +107,7 @@ TIMING_COLUMNS: tuple[str, ...] = (
 )
 
 ENV_COLUMNS: tuple[str, ...] = (
+    "impl_origin",
     "torch_version",
     "nccl_version",
     "device_name",
