@@ -1,26 +1,30 @@
-"""``python -m matrix [-m] key=value ...``: run matrix points (a Hydra app).
+"""``python -m matrix [-m] [--dry-run] key=value ...``: run matrix points (a Hydra app).
 
-Thin on purpose: the CLI checks every override before Hydra starts, each job
-runs one point (matrix.point), and the process exits non-zero only if some
-point failed, errored or timed out.
+Thin on purpose: preflight expands and checks every point before Hydra starts
+(one line and exit 2 for a bad value), ``--dry-run`` lists the points and
+their estimated cost without starting a rank, each job runs one point
+(matrix.point), and the closing summary is read back from the results files:
+exit 1 when a point failed, errored, timed out or wrote no row, else 0.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from . import summary
 from .config import ConfigError, register, validate_overrides
-from .point import run as run_point
-from .preflight import preflight
+from .point import point_id, run as run_point
+from .preflight import MULTIRUN_FLAGS, Point, preflight
 from .results import SchemaError
-from .summary import Summary
 
 register()
-SUMMARY = Summary()
+DRY_RUN_FLAG = "--dry-run"
+_ACTIVE: dict[str, object] = {}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -29,27 +33,102 @@ def app(cfg: DictConfig) -> None:
     # OmegaConf nodes.
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
+    _ACTIVE["cfg"] = plain
     try:
         rows = run_point(plain, job_dir=hc.runtime.output_dir, overrides=" ".join(hc.overrides.task))
     except (ConfigError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    SUMMARY.add(plain, rows)
+    except OSError as exc:  # the results file could not be written (disk full, ...)
+        print(f"error: {' '.join(str(exc).split())}; {_resume_hint()}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    _ACTIVE.pop("cfg", None)
+    print(summary.live_line(plain, rows), flush=True)
+
+
+def _resume_hint() -> str:
+    argv = [a for a in _ACTIVE.get("argv", []) if not a.startswith("resume=")]  # type: ignore[union-attr]
+    return "finish the sweep with: " + shlex.join(["python", "-m", "matrix", *argv, "resume=true"])
+
+
+def _pin_results_dir(argv: list[str], points: list[Point]) -> list[str]:
+    """The default results_dir holds a timestamp: pin the one preflight
+    resolved, so Hydra's jobs, the summary and a resume all use the same."""
+    if any(a.split("=", 1)[0].lstrip("+~") == "results_dir" for a in argv if "=" in a) or not points:
+        return argv
+    dirs = {p.cfg["results_dir"] for p in points}
+    if len(dirs) != 1:
+        return argv
+    from .config import override_value
+
+    return [*argv, f"results_dir={override_value(dirs.pop())}"]
+
+
+def dry_run(points: list[Point]) -> str:
+    """The sweep as it would run: one line per point, and the estimate."""
+    from .point import effective_id
+
+    lines = []
+    seen: dict[str, int] = {}
+    for i, p in enumerate(points):
+        cfg, res = p.cfg, p.resolved
+        what = summary.head(cfg).removeprefix("[matrix] ")
+        if res is None:
+            lines.append(f"{i:4d}  {what}: runs remotely ({cfg['impl']})")
+            continue
+        note = ""
+        if res.skip:
+            note = f"  -> skipped: {res.skip}"
+        else:
+            eid = effective_id(res)
+            if eid in seen:
+                note = f"  -> skipped: same effective configuration as point {seen[eid]}"
+            else:
+                seen[eid] = i
+        lines.append(
+            f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
+            f"impls={','.join(res.impls)}{note}"
+        )
+    try:
+        from .budget import sweep_estimate
+
+        seconds, detail = sweep_estimate([p.cfg for p in points])
+        lines.append(f"estimate: {len(points)} points, about {seconds / 60:.1f} min on this machine ({detail})")
+    except ImportError:  # pragma: no cover - while matrix.budget is being written
+        lines.append(f"{len(points)} points")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dry = DRY_RUN_FLAG in argv
+    argv = [a for a in argv if a != DRY_RUN_FLAG]
     try:
         validate_overrides([a for a in argv if "=" in a and not a.startswith("-")])
-        preflight(argv)  # issue 6: every point of the sweep, before Hydra writes anything
+        points = preflight(argv)  # every point of the sweep, before Hydra writes anything
     except (ConfigError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if dry:
+        print(dry_run(points))
+        return 0
+    argv = _pin_results_dir(argv, points)
+    _ACTIVE["argv"] = argv
     sys.argv = [sys.argv[0], *argv]
-    app()
-    if SUMMARY.points:
-        print(SUMMARY.render(), flush=True)
-    return SUMMARY.exit_code()
+    try:
+        app()
+    except KeyboardInterrupt:
+        cfg = _ACTIVE.get("cfg")
+        if isinstance(cfg, dict):
+            print(f"\n{summary.head(cfg)}: interrupted, no row written", file=sys.stderr)
+        print(f"interrupted; {_resume_hint()}", file=sys.stderr, flush=True)
+        return 130
+    if not points:  # --help, --cfg and other Hydra flags: Hydra's own output
+        return 0
+    counts, files = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
+    single = len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
+    print(summary.render(counts, files, single=single), flush=True)
+    return summary.exit_code(counts)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""The matrix's configuration: the structured schema, and its validation.
+"""The matrix's configuration: one typed schema with its defaults, validated once.
 
-Validation happens twice, both times before any rank starts: every value of
-the command line (sweeps included) is checked on its own by
-:func:`validate_overrides`, so a bad value fails the whole sweep in one line
-before the first point; then each point checks the relations between its keys
-(:func:`validate_point`). Both raise :class:`ConfigError`, whose message is
-one line naming the key and the value.
+:class:`MatrixConfig` is the only place a default lives (Hydra's structured
+config ``schema``; presets in conf/ override it). :func:`validate` is the one
+validation of a point, used by the CLI's preflight on every point of a sweep
+before anything starts, and by the point itself (a job on a cluster node);
+:func:`validate_value` is its per-key part, also applied to each value of a
+command line before Hydra composes anything, so a bad value reads as one line
+instead of Hydra's traceback. Both raise :class:`ConfigError`, whose message is
+one line naming the key and the value. matrix.point.resolve then turns a valid
+config into the frozen spec the ranks run.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from nsa_cp_comm.impls import REGISTRY as IMPL_REGISTRY
-from nsa_cp_comm.measure import DTYPES, FAULTS
+from nsa_cp_comm.spec import DTYPES, FAULTS, MAX_SEED
 
 
 class ConfigError(ValueError):
@@ -40,7 +42,7 @@ class MatrixConfig:
     align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
     moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
     mlp_mode: str = "auto"  # auto | FULL | SCATTERED
-    impl: str = "both"  # padded | legacy | both | all | one alternative
+    impl: str = "both"  # padded | legacy | both | all | a registered name | package.module:attribute
     backend: str = "auto"  # auto | gloo | nccl
     device: str = "auto"  # auto | cpu | cuda
     hidden_size: int = 7168
@@ -54,27 +56,41 @@ class MatrixConfig:
     timeout_s: float = 120.0  # per point, once its ranks are up
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
+    force: bool = False  # run even where preflight estimates the sweep exceeds this machine
     fault: str = "none"  # tests only: crash_rank | hang_rank | raise
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
 
-IMPL_CHOICES: tuple[str, ...] = ("both", "all", *IMPL_REGISTRY)
+IMPL_KEYWORDS: tuple[str, ...] = ("both", "all")
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("zigzag", "round_robin"),
     "moe_a2a_backend": ("none", "deepep"),
     "mlp_mode": ("auto", "FULL", "SCATTERED"),
-    "impl": IMPL_CHOICES,
     "backend": ("auto", "gloo", "nccl"),
     "device": ("auto", "cpu", "cuda"),
     "dtype": tuple(DTYPES),
     "fault": FAULTS,
 }
-POSITIVE_INTS = ("cp_size", "page_size", "hidden_size", "topk", "iters")
-NON_NEGATIVE_INTS = ("warmup", "seed")
-OPTIONAL_POSITIVE_INTS = ("align", "num_experts")
-BOOLS = ("shared_kv", "flush_l2", "resume")
+# Every int key's range: far beyond any real point, but not past what the
+# machine can represent or start (machine-dependent bounds: matrix.budget).
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "cp_size": (1, 1024),
+    "page_size": (1, 1 << 20),
+    "hidden_size": (1, 1 << 16),
+    "topk": (1, 1024),
+    "iters": (1, 100_000),
+    "warmup": (0, 100_000),
+    "seed": (0, MAX_SEED),
+    "align": (1, 1 << 24),
+    "num_experts": (1, 1 << 16),
+}
+OPTIONAL_INTS = ("align", "num_experts")
+SEQ_LEN_MAX = 1 << 24  # tokens in one request
+TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
+TIMEOUT_MAX_S = 7 * 24 * 3600.0
+BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
 # Config groups and Hydra's own keys that may appear on the command line.
 GROUPS = ("matrix", "layout")
@@ -97,9 +113,13 @@ def override_value(value: object) -> str:
         return str(value).lower()
     if value is None:
         return "null"
-    if isinstance(value, str) and (value == "" or " " in value):
-        return repr(value)
+    if isinstance(value, str) and (value == "" or any(c in value for c in _HYDRA_SPECIAL)):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return str(value)
+
+
+# Characters that end or change an unquoted Hydra value.
+_HYDRA_SPECIAL = " ,[]{}()=:'\"\\$%*?@|<>#~^`&;!"
 
 
 def validate_value(key: str, value: Any) -> None:
@@ -109,27 +129,29 @@ def validate_value(key: str, value: Any) -> None:
     if key in CHOICES:
         if value not in CHOICES[key]:
             raise _fail(key, value, f"must be one of {', '.join(CHOICES[key])}")
-    elif key in POSITIVE_INTS:
-        if not _is_int(value) or value < 1:
-            raise _fail(key, value, "must be a positive integer")
-    elif key in NON_NEGATIVE_INTS:
-        if not _is_int(value) or value < 0:
-            raise _fail(key, value, "must be a non-negative integer")
-    elif key in OPTIONAL_POSITIVE_INTS:
-        if value is not None and (not _is_int(value) or value < 1):
-            raise _fail(key, value, "must be a positive integer or null")
+    elif key in INT_RANGES:
+        lo, hi = INT_RANGES[key]
+        if key in OPTIONAL_INTS and value is None:
+            return
+        if not _is_int(value) or not lo <= value <= hi:
+            null = " or null" if key in OPTIONAL_INTS else ""
+            raise _fail(key, value, f"must be an integer in [{lo}, {hi}]{null}")
+    elif key == "impl":
+        _check_impl(value)
     elif key in BOOLS:
         if not isinstance(value, bool):
             raise _fail(key, value, "must be true or false")
     elif key == "timeout_s":
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-            raise _fail(key, value, "must be a positive number of seconds")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= TIMEOUT_MAX_S:
+            raise _fail(key, value, f"must be a number of seconds in (0, {TIMEOUT_MAX_S:g}]")
     elif key == "seq_lens":
         if not isinstance(value, (list, tuple)) or not value:
             raise _fail(key, value, "must be a non-empty list of positive integers, e.g. [1000,300]")
         for i, v in enumerate(value):
-            if not _is_int(v) or v < 1:
-                raise ConfigError(f"seq_lens[{i}]={override_value(v)}: must be a positive integer")
+            if not _is_int(v) or not 1 <= v <= SEQ_LEN_MAX:
+                raise ConfigError(f"seq_lens[{i}]={override_value(v)}: must be an integer in [1, {SEQ_LEN_MAX}]")
+        if sum(value) > TOTAL_TOKENS_MAX:
+            raise _fail(key, value, f"sums to {sum(value)} tokens, more than {TOTAL_TOKENS_MAX} in one batch")
     elif key == "results_dir":
         if not isinstance(value, str) or not value:
             raise _fail(key, value, "must be a directory path")
@@ -179,8 +201,29 @@ def validate_overrides(overrides: list[str]) -> None:
             validate_value(key, v)
 
 
-def validate_point(cfg: Mapping[str, Any]) -> None:
+def _check_impl(value: object) -> None:
+    """``impl``: a keyword, a registered name, or package.module:attribute
+    (imported here, so a bad reference is one line before any rank starts)."""
+    from nsa_cp_comm import impls
+
+    if not isinstance(value, str) or not value:
+        raise _fail("impl", value, "must be both, all, an implementation name or package.module:attribute")
+    if value in IMPL_KEYWORDS:
+        return
+    try:
+        impls.get(value)
+    except ValueError as exc:
+        if ":" in value:
+            raise ConfigError(str(exc)) from None
+        names = ", ".join((*IMPL_KEYWORDS, *impls.REGISTRY))
+        raise _fail("impl", value, f"must be one of {names}, or package.module:attribute") from None
+
+
+def validate(cfg: Mapping[str, Any]) -> None:
     """Check one point: every value, then the relations between keys."""
+    missing = [k for k in KEYS if k not in cfg]
+    if missing:
+        raise ConfigError(f"config lacks key(s) {', '.join(missing)}")
     for key in KEYS:
         validate_value(key, cfg[key])
     cp = cfg["cp_size"]
@@ -193,6 +236,12 @@ def validate_point(cfg: Mapping[str, Any]) -> None:
         raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
     if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
+    if cfg["align"] is not None and sum(cfg["seq_lens"]) + cfg["align"] > TOTAL_TOKENS_MAX:
+        raise _fail("align", cfg["align"], f"pads the batch past {TOTAL_TOKENS_MAX} tokens")
+
+
+# The name callers used before there was one validation.
+validate_point = validate
 
 
 def register() -> None:
@@ -200,7 +249,7 @@ def register() -> None:
     register_resolvers()
 
 
-# --- cluster launchers (issue 6): resolvers of conf/hydra/launcher/slurm.yaml ---
+# --- cluster launchers: resolvers of conf/hydra/launcher/slurm.yaml ---
 # A launcher such as submitit submits a whole sweep as one job array with one
 # resource request, resolved from the sweep's primary config (which holds the
 # schema defaults, not the swept values): these resolvers read the sweep.

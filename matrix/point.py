@@ -1,4 +1,4 @@
-"""One matrix point: config -> plan, checks and timings on real ranks -> rows.
+"""One matrix point: config -> resolved spec -> checks and timings on real ranks -> rows.
 
 Everything a results row says is assembled here. A point never raises for
 what happens on its ranks: an exception, a dead rank or a hang becomes rows
@@ -7,6 +7,7 @@ with that status, and the sweep goes on.
 
 from __future__ import annotations
 
+import csv
 import functools
 import hashlib
 import json
@@ -20,25 +21,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nsa_cp_comm import impls as impl_registry
-from nsa_cp_comm.alternatives import A2A_IMPLS  # SCATTERED-only; the other impls are FULL-mode
+from nsa_cp_comm.fold import ImplResult
 from nsa_cp_comm.machine import device_name, nccl_version
-from nsa_cp_comm.measure import ImplResult, PointSpec, run_point
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
-from nsa_cp_comm.ranks import get_pool, one_line_error
+from nsa_cp_comm.plan import CPPlan
+from nsa_cp_comm.spec import PointSpec
 
-from .config import KEYS, ConfigError, override_value, validate_point
+from .config import KEYS, ConfigError, override_value, validate
 from .results import COLUMNS, CONFIG_COLUMNS, append_rows, check_schema, completed_point_ids, results_path
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
+# Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
+REPRO_OMITS = ("results_dir", "resume")
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """What ``auto`` and the derived keys mean for one point on this machine."""
+    """A valid config resolved for this machine: what ``auto`` and the derived
+    keys mean, and the frozen spec the ranks run."""
 
     policy: str
     mode: str
@@ -46,17 +48,41 @@ class Resolved:
     device: str
     impls: tuple[str, ...]
     align: int
+    page_size: int  # the page size the plan uses (1 unless zigzag_page)
     skip: str  # non-empty: the point is skipped, for this reason
+    spec: PointSpec
+
+    def plan(self) -> CPPlan:
+        return self.spec.plan()
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def impls_for(impl: str, mode: str) -> tuple[str, ...]:
+    """The implementations ``impl`` names at a point of ``mode``: ``both`` is the
+    fix and the old path, plus the MoE all-to-all at SCATTERED points (where
+    the communicator passes rows through); ``all`` adds every registered one."""
+    scattered = mode == ScatterMode.SCATTERED.value
+    if impl == "both":
+        return ("padded", "legacy", "a2a") if scattered else ("padded", "legacy")
+    if impl == "all":
+        own = impl_registry.all_of_mode(mode)
+        return (*[n for n in ("padded", "legacy") if n not in own], *own) if scattered else own
+    return (impl,)
 
 
 def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
-    """Resolve ``auto`` values; raise ConfigError for a point this machine cannot run.
+    """Resolve a validated config; raise ConfigError for a point this machine cannot run.
 
     ``gpus``: GPUs the point's ranks can use, one per rank (default: this
     machine's; matrix.torchrun_point passes the whole allocation's)."""
     cp = cfg["cp_size"]
     if gpus is None:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = _gpus()
     device, backend = cfg["device"], cfg["backend"]
     if backend == "nccl" and gpus < cp:
         raise ConfigError(f"backend=nccl with cp_size={cp} needs {cp} GPUs, this machine has {gpus}")
@@ -71,31 +97,22 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     policy = "zigzag_page" if cfg["shared_kv"] else cfg["split"]
     derived = mlp_mode(cfg["moe_a2a_backend"]).value
     mode = derived if cfg["mlp_mode"] == "auto" else cfg["mlp_mode"]
-
-    impl = cfg["impl"]
-    if impl == "both":
-        impls: tuple[str, ...] = ("padded", "legacy")
-    elif impl == "all":
-        impls = tuple(
-            n for n in impl_registry.REGISTRY if (n in A2A_IMPLS) == (mode == ScatterMode.SCATTERED.value)
-        )
-        if mode == ScatterMode.SCATTERED.value:
-            impls = ("padded", "legacy", *impls)
-    else:
-        impls = (impl,)
-
+    impls = impls_for(cfg["impl"], mode)
     skip = ""
     if mode != derived:
-        skip = (
-            f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, "
-            f"which needs {derived}"
-        )
-    elif not cfg["shared_kv"] and cfg["page_size"] != 1:
-        skip = f"page_size={cfg['page_size']} has no effect with shared_kv=false (same point as page_size=1)"
-    elif cfg["shared_kv"] and cfg["split"] != "zigzag":
-        skip = f"split={cfg['split']} has no effect with shared_kv=true (the split is zigzag_page)"
+        skip = f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, which needs {derived}"
+    page = cfg["page_size"] if policy == "zigzag_page" else 1
     align = cfg["align"] if cfg["align"] is not None else cp
-    return Resolved(policy, mode, backend, device, impls, align, skip)
+    try:
+        spec = PointSpec(
+            seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
+            mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
+            num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
+            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"],
+        )
+    except ValueError as exc:  # validate() checks the same relations; this is the library's guard
+        raise ConfigError(str(exc)) from None
+    return Resolved(policy, mode, backend, device, impls, align, page, skip, spec)
 
 
 def point_id(cfg: Mapping[str, Any]) -> str:
@@ -104,10 +121,41 @@ def point_id(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def effective_id(res: Resolved) -> str:
+    """Stable id of what a point measures: two configs that differ only in keys
+    without effect (``page_size`` without shared KV, ``split`` with it) share it."""
+    spec = res.spec
+    key = {
+        "policy": res.policy, "page_size": res.page_size, "seq_lens": list(spec.seq_lens), "cp_size": spec.cp_size,
+        "align": res.align, "mode": res.mode, "impls": list(res.impls), "backend": res.backend, "device": res.device,
+        "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
+        "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
+        "fault": spec.fault,
+    }
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[str, str] | None:
+    """A row of another point in ``results_dir`` that measured the same
+    effective configuration, if any (the first in file order)."""
+    path = results_path(results_dir)
+    if not path.is_file():
+        return None
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        for row in csv.DictReader(f):
+            if row.get("effective_id") == eid and row.get("point_id") != pid and row.get("status") != "skipped":
+                return row
+    return None
+
+
 def repro_command(cfg: Mapping[str, Any]) -> str:
-    """The command line that reruns exactly this point (every key explicit)."""
+    """The command line that reruns exactly this point (every key explicit,
+    every value quoted for Hydra and the shell) into a fresh results_dir."""
     parts = ["python", "-m", "matrix"]
-    parts += [f"{k}={override_value(cfg[k])}" for k in KEYS if k not in ("resume", "fault") or cfg[k] not in (False, "none")]
+    for k in KEYS:
+        if k in REPRO_OMITS or (k in ("fault", "force") and cfg[k] in ("none", False)):
+            continue
+        parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)
 
 
@@ -124,23 +172,28 @@ def environment() -> dict[str, str]:
         sha = f"{sha}-dirty" if sha and dirty else sha
     except (OSError, subprocess.SubprocessError):
         sha = ""
+    import torch
+
     return {"torch_version": torch.__version__, "nccl_version": nccl_version(), "host": platform.node(), "git_sha": sha}
 
 
 def build_rows(
-    cfg: Mapping[str, Any], res: Resolved, results: list[ImplResult], spec: PointSpec | None, overrides: str, wall_s: float
+    cfg: Mapping[str, Any], res: Resolved, results: list[ImplResult], overrides: str, wall_s: float
 ) -> list[dict[str, Any]]:
     """The results rows of one point (shared with matrix.torchrun_point)."""
-    plan = spec.plan() if spec is not None else None
-    base: dict[str, Any] = {k: cfg[k] for k in KEYS}
+    spec = res.spec
+    plan = spec.plan()
+    base: dict[str, Any] = {k: cfg[k] for k in KEYS if k != "force"}
     base.update(
         seq_lens=override_value(cfg["seq_lens"]),
         align=res.align,
         mlp_mode=res.mode,
         backend=res.backend,
         device=res.device,
-        num_experts=spec.experts if spec else cfg["num_experts"],
+        num_experts=spec.experts,
         policy=res.policy,
+        effective_page_size=res.page_size,
+        effective_id=effective_id(res),
         point_id=point_id(cfg),
         overrides=overrides,
         repro=repro_command(cfg),
@@ -149,15 +202,14 @@ def build_rows(
         device_name=device_name(res.device),
         **environment(),
     )
-    if plan is not None:
-        base.update(
-            total_tokens=plan.total_tokens,
-            max_rank_len=plan.max_rank_len,
-            padded_total=plan.padded_total,
-            padding_frac=plan.padding_frac,
-            is_even=plan.is_even,
-            claim_holds=plan.claim_holds,
-        )
+    base.update(
+        total_tokens=plan.total_tokens,
+        max_rank_len=plan.max_rank_len,
+        padded_total=plan.padded_total,
+        padding_frac=plan.padding_frac,
+        is_even=plan.is_even,
+        claim_holds=plan.claim_holds,
+    )
     rows = []
     for r in results:
         row = dict(base)
@@ -165,6 +217,8 @@ def build_rows(
             impl=r.impl,
             status=r.status,
             reason=r.reason,
+            failed_check=r.failed_check,
+            impl_origin=r.origin,
             correct=r.correct,
             max_rel_err=r.max_rel_err,
             even_bitwise_equal=r.even_bitwise_equal,
@@ -179,60 +233,50 @@ def build_rows(
         for phase, st in r.stats.items():
             for stat, value in st.items():
                 col = f"{phase}_{stat}_us"
-                if col in COLUMN_SET:
+                if col in COLUMN_SET and not (stat == "iqr" and phase != "roundtrip"):
                     row[col] = value
         rows.append(row)
     return rows
 
 
-def point_spec(cfg: Mapping[str, Any], res: Resolved) -> PointSpec:
-    """What the ranks of a (validated, resolved) point run."""
-    return PointSpec(
-        seq_lens=tuple(cfg["seq_lens"]),
-        cp_size=cfg["cp_size"],
-        policy=res.policy,
-        page_size=cfg["page_size"],
-        align=cfg["align"],
-        mode=res.mode,
-        impls=res.impls,
-        hidden_size=cfg["hidden_size"],
-        dtype=cfg["dtype"],
-        num_experts=cfg["num_experts"],
-        topk=cfg["topk"],
-        warmup=cfg["warmup"],
-        iters=cfg["iters"],
-        seed=cfg["seed"],
-        flush_l2=cfg["flush_l2"],
-        fault=cfg["fault"],
-    )
+def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
+    from nsa_cp_comm.measure import run_point
+    from nsa_cp_comm.ranks import get_pool, one_line_error
+
+    if res.skip:
+        return [ImplResult(name, "skipped", reason=res.skip) for name in res.impls]
+    earlier = earlier_same_effective(cfg["results_dir"], effective_id(res), point_id(cfg))
+    if earlier is not None:
+        why = (
+            f"same effective configuration as point {earlier.get('point_id')} "
+            f"({earlier.get('overrides') or 'no overrides'}), which ran: policy={res.policy}, page_size={res.page_size}"
+        )
+        return [ImplResult(name, "skipped", reason=why) for name in res.impls]
+    try:
+        pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
+    except Exception as exc:  # noqa: BLE001 - a point's failure is a row
+        return [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
+    try:
+        return run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
+    except Exception as exc:  # noqa: BLE001 - a point's failure is a row
+        pool.close(graceful=False)
+        return [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
 
 
 def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:
     """Run one point and append its rows to ``<results_dir>/results.csv``.
 
-    Returns the rows, or None when ``resume`` found the point already done.
-    Raises ConfigError (before anything is written) for an invalid config."""
-    validate_point(cfg)
+    Returns the rows, or None when ``resume`` found the point already done
+    (rows that are not error/timeout). Raises ConfigError (before anything is
+    written) for an invalid config."""
+    validate(cfg)
     res = resolve(cfg)
     results_dir = cfg["results_dir"]
     check_schema(results_path(results_dir))
     if cfg["resume"] and point_id(cfg) in completed_point_ids(results_dir):
         return None
     t0 = time.perf_counter()
-    spec = point_spec(cfg, res)
-    if res.skip:
-        results = [ImplResult(name, "skipped", reason=res.skip) for name in res.impls]
-    else:
-        try:
-            pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
-        except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-            results = [ImplResult(name, "error", reason=str(exc)) for name in res.impls]
-        else:
-            try:
-                results = run_point(spec, pool, timeout_s=cfg["timeout_s"])
-            except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-                pool.close(graceful=False)
-                results = [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
-    rows = build_rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
+    results = _results_for(cfg, res, job_dir)
+    rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     append_rows(results_dir, rows)
     return rows

@@ -2,27 +2,32 @@
 
 Hydra composes a job's config only when the job starts, so a value that is
 fine alone but wrong with another key (``align=3`` with ``cp_size=2``), a
-point this machine cannot run (``backend=nccl`` with more ranks than GPUs) or
-a results file of another schema would otherwise surface mid-sweep, after
-other points wrote rows. :func:`preflight` composes the sweep's points as
-Hydra's basic sweeper will (one compose per distinct choice of config groups;
-plain keys are set on a copy, as Hydra applies them after the defaults) and
-runs :func:`matrix.point.run`'s checks on each: the sweep fails in one line,
-with nothing written. With a remote launcher (``hydra/launcher=slurm``) the
-machine checks are left to the job, on the machine that runs the point.
+point this machine cannot run (``backend=nccl`` with more ranks than GPUs), a
+sweep beyond the machine's memory or time (matrix.budget) or a results file of
+another schema would otherwise surface mid-sweep, after other points wrote
+rows. :func:`points` expands the sweep as Hydra's basic sweeper does (the
+cartesian product of every swept key, in command-line order, through Hydra's
+public override parser; one compose per distinct choice of config groups;
+plain keys set on a copy, as Hydra applies them after the defaults) and
+:func:`preflight` runs :func:`matrix.point.run`'s checks on each: the sweep
+fails in one line, with nothing written. With a remote launcher
+(``hydra/launcher=slurm``) the machine checks are left to the job, on the
+machine that runs the point.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import KEYS, ConfigError, register, validate_point
+from .config import KEYS, ConfigError, register, validate
 from .results import check_schema, results_path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -70,13 +75,12 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
     Raises ConfigError for a command line Hydra cannot compose. Yields nothing
     for flags it does not model (``--help``, ``--cfg``, ``-cn``...): Hydra's."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in MULTIRUN_FLAGS for f in flags):
         return
-    multirun = bool(flags)
+    multirun = bool(flags) or preset_multirun(argv)
     parser = OverridesParser.create()
     with _hydra_errors("cannot parse overrides"):
         parsed = parser.parse_overrides([a for a in argv if not a.startswith("-")])
@@ -101,7 +105,7 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
         lines = [f"{k}={v}" for k, v in params.items()] if multirun else []
         lines += [ov.input_line for ov in task_ovs]
         with _hydra_errors("cannot parse the sweep"):
-            jobs = BasicSweeper.split_arguments(parser.parse_overrides(lines), None)[0]
+            jobs = expand(parser.parse_overrides(lines))
         composed: dict[tuple[str, ...], DictConfig] = {}
         for job in jobs:
             with _hydra_errors("cannot compose the config"):
@@ -118,19 +122,68 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
             yield plain, runs_here
 
 
-def preflight(argv: list[str]) -> int:
+def expand(overrides: list[Any]) -> list[list[str]]:
+    """The sweep's jobs: each job's override lines. The cartesian product of
+    every swept key's values, the first key varying slowest and a later
+    override of the same key replacing an earlier one, as Hydra's basic
+    sweeper orders its jobs."""
+    by_key: dict[str, list[str]] = {}
+    for ov in overrides:
+        key = ov.get_key_element()
+        if ov.is_sweep_override():
+            if not ov.is_discrete_sweep():
+                raise ConfigError(f"{ov.input_line}: only discrete sweeps (a,b,c or range(...)) can be run")
+            by_key[key] = [f"{key}={v}" for v in ov.sweep_string_iterator()]
+        else:
+            by_key[key] = [f"{key}={ov.get_value_element_as_str()}"]
+    return [list(combo) for combo in itertools.product(*by_key.values())]
+
+
+def preset_multirun(argv: list[str]) -> bool:
+    """Whether the command line's config asks for a sweep itself (a preset
+    that sets Hydra's ``hydra.mode: MULTIRUN``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+        fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
+        register()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="matrix"):
+            primary = compose("config", overrides=fixed, return_hydra_config=True)
+    except Exception:  # noqa: BLE001 - points() reports the parse/compose error in its own words
+        return False
+    return str(OmegaConf.select(primary, "hydra.mode", default="")).endswith("MULTIRUN")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of a sweep as preflight sees it."""
+
+    cfg: dict[str, Any]
+    runs_here: bool
+    resolved: Any = None  # matrix.point.Resolved where the point runs here
+
+
+def preflight(argv: list[str]) -> list[Point]:
     """Check every point of the command line; raise ConfigError or SchemaError
-    (one line) for the first bad one. Returns the number of points checked."""
+    (one line) for the first bad one, or for a sweep beyond this machine
+    (matrix.budget). Returns the points, resolved where they run here."""
     from .point import resolve  # imports torch: after the cheap checks
 
-    n = 0
+    found: list[Point] = []
     schemas: set[str] = set()
     for cfg, runs_here in points(argv):
-        n += 1
-        validate_point(cfg)
-        if runs_here:
-            resolve(cfg)
+        validate(cfg)
+        found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else None))
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])
             check_schema(results_path(cfg["results_dir"]))
-    return n
+    if found:
+        try:
+            from .budget import check_sweep
+        except ImportError:  # pragma: no cover - while matrix.budget is being written
+            check_sweep = None
+        if check_sweep is not None:
+            check_sweep([p.cfg for p in found], runs_here=found[0].runs_here)
+    return found

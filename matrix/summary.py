@@ -1,56 +1,111 @@
-"""The end-of-sweep summary and the sweep's exit code."""
+"""Live per-point lines, the end-of-sweep summary, and the sweep's exit code.
+
+The summary is read back from the results files after the sweep, for the
+points preflight expanded: it is the same whichever launcher ran the points
+(in this process, or as jobs on other machines), and a point that never wrote
+a row counts as ``missing``. The exit code is 1 when any point is failed,
+error, timeout or missing, else 0.
+"""
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-BAD = ("failed", "error", "timeout")
+from .results import BAD_STATUSES, STATUS_VALUES, results_path
+
+ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
 
 
 def point_status(rows: list[Mapping[str, Any]]) -> str:
-    """A point is as bad as its worst row; ``skipped`` only if all rows are."""
+    """A point is as bad as its worst row; else ok if anything was measured;
+    refused/passthrough if that is all its rows did; skipped if all skipped."""
     statuses = {r["status"] for r in rows}
-    for s in BAD:
+    for s in (*BAD_STATUSES, "ok", "refused", "passthrough"):
         if s in statuses:
             return s
-    return "ok" if "ok" in statuses else "skipped"
+    return "skipped" if statuses else "missing"
 
 
-def _describe(row: Mapping[str, Any]) -> str:
-    if row["status"] != "ok":
-        return f"{row['impl']} {row['status']}" + (f" ({row['reason'][:80]})" if row["reason"] else "")
-    if row.get("roundtrip_p50_us") is not None:
-        return f"{row['impl']} ok {row['roundtrip_p50_us']:.0f}us"
-    return f"{row['impl']} ok ({str(row['reason'])[:48]})"
+def head(cfg: Mapping[str, Any]) -> str:
+    split = f"shared_kv page={cfg['page_size']}" if cfg["shared_kv"] else cfg["split"]
+    return f"[matrix] cp={cfg['cp_size']} {split} seq_lens={cfg['seq_lens']} a2a={cfg['moe_a2a_backend']}"
 
 
-class Summary:
-    """Counts the points of this process's sweep as they finish."""
+def describe(row: Mapping[str, Any]) -> str:
+    status = row["status"]
+    if status == "ok" and row.get("roundtrip_p50_us") not in (None, ""):
+        return f"{row['impl']} ok {float(row['roundtrip_p50_us']):.0f}us"
+    reason = str(row.get("reason") or "")
+    if status in ("ok", "refused", "passthrough"):
+        return f"{row['impl']} {status}"
+    check = f" [{row['failed_check']}]" if row.get("failed_check") else ""
+    return f"{row['impl']} {status}{check}" + (f" ({reason[:80]})" if reason else "")
 
-    def __init__(self) -> None:
-        self.points: Counter[str] = Counter()
-        self.results_files: set[str] = set()
 
-    def add(self, cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> None:
-        head = (
-            f"[matrix] cp={cfg['cp_size']} {'shared_kv page=' + str(cfg['page_size']) if cfg['shared_kv'] else cfg['split']} "
-            f"seq_lens={cfg['seq_lens']} a2a={cfg['moe_a2a_backend']}"
-        )
-        if rows is None:
-            self.points["resumed"] += 1
-            print(f"{head}: already in results, skipped (resume=true)", flush=True)
-            return
-        self.points[point_status(rows)] += 1
-        self.results_files.add(str(cfg["results_dir"]))
-        print(f"{head}: " + " | ".join(_describe(r) for r in rows), flush=True)
+def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> str:
+    """The line printed as a point finishes."""
+    if rows is None:
+        return f"{head(cfg)}: already in results, not rerun (resume=true)"
+    return f"{head(cfg)}: " + " | ".join(describe(r) for r in rows)
 
-    def render(self) -> str:
-        total = sum(self.points.values())
-        parts = ", ".join(f"{s} {self.points[s]}" for s in ("ok", "failed", "error", "timeout", "skipped", "resumed"))
-        where = ", ".join(f"{d}/results.csv" for d in sorted(self.results_files))
-        return f"matrix summary: {total} points: {parts}" + (f"\nresults: {where}" if where else "")
 
-    def exit_code(self) -> int:
-        return 1 if any(self.points[s] for s in BAD) else 0
+def latest_rows(results_dir: str | Path, point_ids: set[str]) -> dict[str, list[dict[str, str]]]:
+    """The latest rows (last in file order, one per impl) of each of ``point_ids``."""
+    path = results_path(results_dir)
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    if not path.is_file():
+        return {}
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        for row in csv.DictReader(f):
+            pid = row.get("point_id") or ""
+            if pid in point_ids:
+                found.setdefault(pid, {})[row.get("impl") or ""] = row
+    return {pid: list(rows.values()) for pid, rows in found.items()}
+
+
+def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[str], list[str]]:
+    """``points``: (config, point_id). Counts of the points' latest rows by
+    status (``points`` and ``missing``: points, and points without a row),
+    read from the results files, and the results files read."""
+    by_dir: dict[str, set[str]] = {}
+    pts = list(points)
+    for cfg, pid in pts:
+        by_dir.setdefault(str(cfg["results_dir"]), set()).add(pid)
+    rows: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for d, pids in by_dir.items():
+        for pid, rs in latest_rows(d, pids).items():
+            rows[(d, pid)] = rs
+    counts: Counter[str] = Counter()
+    for cfg, pid in pts:
+        counts["points"] += 1
+        got = rows.get((str(cfg["results_dir"]), pid), [])
+        if not got:
+            counts["missing"] += 1
+        for row in got:
+            counts[row.get("status") or "missing"] += 1
+    files = [str(results_path(d)) for d in sorted(by_dir)]
+    return counts, files
+
+
+def render(counts: Counter[str], files: list[str], *, single: bool = False) -> str:
+    """``matrix summary: 4 points, 8 rows: ok 6, refused 2, failed 0, ...``."""
+    points = counts["points"]
+    rows = sum(counts[s] for s in ORDER if s != "missing")
+    parts = ", ".join(f"{s} {counts[s]}" for s in ORDER if counts[s] or s in ("ok", "failed", "error", "timeout"))
+    line = f"matrix summary: {points} point{'s' if points != 1 else ''}, {rows} row{'s' if rows != 1 else ''}: {parts}"
+    if counts["missing"]:
+        line += " (missing: points that wrote no row)"
+    if single:
+        line += " (a single point: sweep with -m key=a,b or a preset such as +matrix=smoke)"
+    return line + (f"\nresults: {', '.join(files)}" if files else "")
+
+
+def exit_code(counts: Counter[str]) -> int:
+    return 1 if any(counts[s] for s in (*BAD_STATUSES, "missing")) else 0
+
+
+assert set(ORDER) >= set(STATUS_VALUES)

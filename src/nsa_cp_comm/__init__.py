@@ -8,6 +8,7 @@ from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
 from .moe import ReferenceMoE
 from .plan import POLICIES, CPPlan, ceil_align, plan_split
 from .ranks import RankPool, RankResult, run_on_ranks
+from .impls import DispatchImpl, RoundTripImpl
 from .roundtrip import (
     LEGACY_UNEVEN_ERROR,
     legacy_gather,
@@ -24,10 +25,12 @@ __all__ = [
     "A2A_BACKENDS",
     "CPLayerCommunicator",
     "CPPlan",
+    "DispatchImpl",
     "LEGACY_UNEVEN_ERROR",
     "POLICIES",
     "RankPool",
     "RankResult",
+    "RoundTripImpl",
     "ReferenceMoE",
     "ScatterMode",
     "ceil_align",

@@ -1,12 +1,57 @@
-"""Entry point of a rank process: ``python -m nsa_cp_comm._worker RANK WORLD BACKEND DEVICE STORE FD THREADS``.
+"""Entry point of a rank process, started by :class:`nsa_cp_comm.ranks.RankPool` by file path:
+
+    python .../nsa_cp_comm/_worker.py STARTER_PID RANK WORLD BACKEND DEVICE STORE FD THREADS
 
 A fresh interpreter rather than multiprocessing's spawn, which would re-import
-the parent's ``__main__`` (a Hydra app, a test runner) in every rank."""
+the parent's ``__main__`` (a Hydra app, a test runner) in every rank.
 
+Run by path, never as ``python -m nsa_cp_comm._worker``: ``-m`` first imports
+the package, and with it torch (seconds), before this file's first line. A
+rank whose starter died in those seconds would live on as an orphan, waiting
+in the rendezvous for peers that were never started. So the first statements
+here use only what the interpreter has already loaded (plus ctypes): they ask
+the kernel to SIGKILL this process when its parent dies, then check that the
+parent is still the process that started it (it may have died before the
+request, which the kernel would then never report). Only then does anything
+heavy load.
+"""
+
+import os
 import sys
 
-from nsa_cp_comm.ranks import worker_main
+ORPHAN_EXIT = 75  # the starter was gone before the death signal was armed
+
+
+def die_with_starter(starter_pid: int) -> None:
+    """Arm ``PR_SET_PDEATHSIG`` = SIGKILL (Linux), then exit at once with
+    :data:`ORPHAN_EXIT` unless the parent is still ``starter_pid``.
+
+    The order closes the race: a parent dying before the prctl is seen by the
+    getppid check; one dying after it is seen by the kernel."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        except (OSError, AttributeError):  # pragma: no cover - exotic libc
+            pass
+    if os.getppid() != starter_pid:
+        os._exit(ORPHAN_EXIT)
+
+
+def _drop_script_dir() -> None:
+    """Python puts this file's directory first on sys.path; its modules
+    (plan, timing, ...) must only be importable as ``nsa_cp_comm.*``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]
+
 
 if __name__ == "__main__":
-    rank, world, backend, device, store, fd, threads = sys.argv[1:8]
+    die_with_starter(int(sys.argv[1]))
+    _drop_script_dir()
+    from nsa_cp_comm.ranks import worker_main
+
+    rank, world, backend, device, store, fd, threads = sys.argv[2:9]
     worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))

@@ -1,4 +1,4 @@
-"""Alternatives to the padded round trip, measured side by side with it (issue 5).
+"""Alternatives to the padded round trip, measured side by side with it.
 
 FULL mode (the all-gather MoE path), same contract as :mod:`.roundtrip`
 (``(tensor, plan, group=None)``, every size from the shared plan):
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .plan import CPPlan
-from .roundtrip import _check_rows, _rank
+from .roundtrip import _check
 
 try:  # the real DeepEP; not installed in this project's environments
     import deep_ep  # type: ignore[import-not-found]  # noqa: F401
@@ -39,8 +39,6 @@ try:  # the real DeepEP; not installed in this project's environments
     DEEP_EP_AVAILABLE = True
 except ImportError:
     DEEP_EP_AVAILABLE = False
-
-A2A_IMPLS: tuple[str, ...] = ("a2a",)
 
 A2A_NOTE = (
     "stand-in for DeepEP: all_to_all_single dispatch/combine under the reference MoE's top-k routing"
@@ -53,13 +51,14 @@ A2A_NOTE = (
 # ---------------------------------------------------------------------------
 
 
-def sumlen_gather(local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def sumlen_gather(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """``[n_r, H]`` per rank -> packed ``[T, H]``: zero-filled buffer, this
     rank's rows at ``plan.rank_offset(rank)``, all-reduce (sum). Exact: every
     element is one rank's value plus zeros."""
-    rank = _rank(plan, group)
+    rank = _check("sumlen_gather local", local, plan, "local", group, check)
     n = plan.per_rank_tokens[rank]
-    _check_rows("local", local, n)
     full = torch.zeros((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
     off = plan.rank_offset(rank)
     full[off : off + n].copy_(local)
@@ -67,11 +66,12 @@ def sumlen_gather(local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | 
     return full
 
 
-def sumlen_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def sumlen_scatter(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Sum packed ``[T, H]`` partials over ranks (all-reduce, in place) and
     return this rank's ``[n_r, H]`` rows (a view)."""
-    rank = _rank(plan, group)
-    _check_rows("full", full, plan.total_tokens)
+    rank = _check("sumlen_scatter full", full, plan, "legacy_full", group, check)
     full = full.contiguous()
     dist.all_reduce(full, group=group)
     off = plan.rank_offset(rank)
@@ -83,21 +83,23 @@ def sumlen_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | 
 # ---------------------------------------------------------------------------
 
 
-def allgatherv_gather(local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def allgatherv_gather(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """``[n_r, H]`` per rank -> packed ``[T, H]`` with one list ``all_gather``
     whose outputs are the per-rank row ranges of the buffer (views)."""
-    rank = _rank(plan, group)
-    _check_rows("local", local, plan.per_rank_tokens[rank])
+    _check("allgatherv_gather local", local, plan, "local", group, check)
     full = torch.empty((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
     dist.all_gather(list(full.split(list(plan.per_rank_tokens))), local.contiguous(), group=group)
     return full
 
 
-def allgatherv_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def allgatherv_scatter(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Sum packed ``[T, H]`` partials over ranks with one list
     ``reduce_scatter`` of per-rank sizes; returns a fresh ``[n_r, H]``."""
-    rank = _rank(plan, group)
-    _check_rows("full", full, plan.total_tokens)
+    rank = _check("allgatherv_scatter full", full, plan, "legacy_full", group, check)
     full = full.contiguous()
     out = torch.empty((plan.per_rank_tokens[rank], full.shape[1]), dtype=full.dtype, device=full.device)
     dist.reduce_scatter(out, list(full.split(list(plan.per_rank_tokens))), group=group)
@@ -107,20 +109,6 @@ def allgatherv_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGrou
 # ---------------------------------------------------------------------------
 # a2a: dispatch / combine (stand-in for DeepEP)
 # ---------------------------------------------------------------------------
-
-
-def a2a_not_a_roundtrip(tensor: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Registered as a2a's gather/scatter so the registry stays uniform; the
-    a2a path needs the routing, so it is driven by :func:`a2a_dispatch` /
-    :func:`a2a_combine` instead (measure.py does so in SCATTERED mode)."""
-    raise NotImplementedError("impl=a2a is the SCATTERED mode's MoE dispatch/combine; use a2a_dispatch/a2a_combine")
-
-
-def a2a_mode_skip(name: str, mode: str) -> str | None:
-    """Why ``name`` does not run in ``mode`` (a2a is SCATTERED-only), else None."""
-    if name in A2A_IMPLS and str(mode) != "SCATTERED":
-        return f"impl={name} is the MoE a2a (DeepEP) path: SCATTERED mode only (moe_a2a_backend=deepep), not {mode}"
-    return None
 
 
 @dataclass

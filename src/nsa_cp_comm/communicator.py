@@ -1,4 +1,11 @@
-"""The layer communicator around a MoE layer under CP prefill (SPEC section 1)."""
+"""The layer communicator around a MoE layer under CP prefill.
+
+Before each MoE layer the serving code's layer communicator turns this rank's
+``[n_r, H]`` hidden states into the MoE's input (``prepare_mlp``) and the MoE's
+output back into ``[n_r, H]`` (``postprocess``). In FULL mode (the all-gather
+MoE path) that is a gather / reduce-scatter round trip; in SCATTERED mode (an
+a2a MoE such as DeepEP, or dense layers) rows pass through.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +14,17 @@ import torch.distributed as dist
 
 from .modes import ScatterMode
 from .plan import CPPlan
-from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_scatter
-
-IMPLS = {"padded": (padded_gather, padded_scatter), "legacy": (legacy_gather, legacy_scatter)}
 
 
 class CPLayerCommunicator:
     """Holds the batch's plan, the layer's mlp_mode and the CP group.
 
-    ``prepare_mlp`` turns this rank's ``[n_r, H]`` hidden states into the MoE's
-    input, ``postprocess`` turns the MoE's output back into ``[n_r, H]``. In
-    ``FULL`` mode that is the gather / reduce-scatter round trip (``impl``
-    ``"padded"``, the fix, or ``"legacy"``); in ``SCATTERED`` mode, or when
-    ``plan`` is None (CP prefill not in use for this batch), rows pass through
-    untouched. All ranks must construct it with the same plan and mode.
+    In ``FULL`` mode ``prepare_mlp`` / ``postprocess`` run the gather /
+    reduce-scatter of the FULL-mode implementation ``impl`` (``"padded"``, the
+    fix; ``"legacy"``; or any registered one, see :mod:`.impls`); in
+    ``SCATTERED`` mode, or when ``plan`` is None (CP prefill not in use for
+    this batch), rows pass through untouched. All ranks must construct it with
+    the same plan and mode.
     """
 
     def __init__(
@@ -31,10 +35,14 @@ class CPLayerCommunicator:
         *,
         impl: str = "padded",
     ) -> None:
-        if impl not in IMPLS:
-            raise ValueError(f"impl={impl!r} is not one of {', '.join(IMPLS)}")
+        from . import impls
+
+        found = impls.REGISTRY.get(impl) if isinstance(impl, str) else None
+        if found is None or found.mode != "FULL":
+            full = [n for n, i in impls.REGISTRY.items() if i.mode == "FULL"]
+            raise ValueError(f"impl={impl!r} is not one of {', '.join(full)}")
         self.plan, self.mode, self.group, self.impl = plan, ScatterMode(mode), group, impl
-        self._gather, self._scatter = IMPLS[impl]
+        self._gather, self._scatter = found.gather, found.scatter
 
     @property
     def moves_rows(self) -> bool:

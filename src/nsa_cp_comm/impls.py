@@ -1,44 +1,89 @@
-"""The gather / scatter implementations a matrix point can check and time.
+"""The implementation protocol, and the registry a matrix point picks from.
 
-Each :class:`RoundTrip` pairs a gather (``[n_r, H]`` -> gathered buffer) with a
-scatter (partials in the gathered layout -> this rank's ``[n_r, H]``) and says
-where each rank's rows live in the gathered buffer, which is all the
-correctness check needs to know about it.
+Two kinds of implementation, one per mlp_mode (docs/design.md, "Implementations"):
+
+- :class:`RoundTripImpl` (FULL mode, the all-gather MoE path): ``gather(local,
+  plan, group) -> gathered buffer`` and ``scatter(partials, plan, group) ->
+  [n_r, H]``, plus where each rank's rows live in the gathered buffer
+  (``layout``), the backends it runs on, and whether it needs even plans.
+- :class:`DispatchImpl` (SCATTERED mode, a MoE all-to-all such as DeepEP):
+  ``dispatch(local, topk_idx, topk_weight, experts_per_rank, group) ->
+  (received rows, handle)`` and ``combine(expert_outputs, handle, group) ->
+  [n_r, H]``. The handle exposes ``recv_idx`` / ``recv_weight`` (the received
+  rows' top-k expert ids and weights) and ``rows_sent``.
+
+The project's own implementations are registered here through the same
+protocol as outside ones. Outside implementations come from installed packages
+(the entry-point group :data:`ENTRY_POINT_GROUP`) or ad hoc as
+``package.module:attribute`` (see :func:`get`); the attribute is an
+implementation instance, or a zero-argument callable returning one.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.metadata
 from collections.abc import Callable
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from .alternatives import (
     A2A_NOTE,
-    a2a_not_a_roundtrip,
+    a2a_combine,
+    a2a_dispatch,
     allgatherv_gather,
     allgatherv_scatter,
     sumlen_gather,
     sumlen_scatter,
 )
 from .plan import CPPlan
-from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_scatter
+from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_gather_zero_copy, padded_scatter
 
-GatherFn = Callable[[torch.Tensor, CPPlan], torch.Tensor]
+ENTRY_POINT_GROUP = "nsa_cp_comm.impls"
+LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+
+
+def _own_origin() -> str:
+    from . import __version__
+
+    return f"nsa_cp_comm {__version__}"
 
 
 @dataclass(frozen=True)
-class RoundTrip:
+class RoundTripImpl:
+    """A FULL-mode round trip: gather before the MoE, reduce-scatter after it.
+
+    Contract (checked at every matrix point): all ranks pass the same plan;
+    ``gather`` leaves ``local`` untouched and returns the gathered buffer in
+    ``layout`` (``rank_major_padded``: ``m*cp`` rows, rank ``r`` at ``r*m``,
+    zero padding after its ``n_r`` rows; ``rank_major_packed``: ``T`` rows, rank
+    ``r`` at ``sum(n_<r)``); ``scatter`` sums the ranks' partial outputs in that
+    layout and returns this rank's ``[n_r, H]`` (it may consume its input).
+    ``needs_even``: the implementation must refuse uneven plans on every rank,
+    before any collective. ``legacy_bits_on_even``: on even plans its results
+    must equal legacy's bit for bit.
+    """
+
     name: str
-    gather: GatherFn
-    scatter: GatherFn
-    # "rank_major_padded": rank r at r*m, buffer m*cp rows;
-    # "rank_major_packed": rank r at sum(n_<r), buffer T rows.
-    layout: str
-    # Backends the implementation runs on (gloo lacks uneven list collectives).
-    backends: tuple[str, ...] = ("gloo", "nccl")
+    gather: Callable[..., Any]
+    scatter: Callable[..., Any]
+    layout: str = "rank_major_padded"
+    backends: tuple[str, ...] = BACKENDS
     needs_even: bool = False
+    legacy_bits_on_even: bool = True
     doc: str = ""
+    origin: str = ""
+    mode: ClassVar[str] = "FULL"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"impl {self.name!r}: layout={self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        for attr in ("gather", "scatter"):
+            if not callable(getattr(self, attr)):
+                raise ValueError(f"impl {self.name!r}: {attr} is not callable")
 
     def starts(self, plan: CPPlan) -> list[int]:
         """First row of each rank's rows in the gathered buffer."""
@@ -49,53 +94,187 @@ class RoundTrip:
     def buffer_rows(self, plan: CPPlan) -> int:
         return plan.padded_total if self.layout == "rank_major_padded" else plan.total_tokens
 
-    def skip_reason(self, backend: str) -> str | None:
-        if backend not in self.backends:
-            return f"impl={self.name} needs backend {'/'.join(self.backends)}, not {backend}"
-        return None
+
+@dataclass(frozen=True)
+class DispatchImpl:
+    """A SCATTERED-mode MoE all-to-all (DeepEP's role): route each token to the
+    ranks owning its top-k experts and combine the weighted outputs back.
+
+    Contract: ``dispatch`` returns the rows routed to this rank, source-rank
+    major, each token once per destination rank, and a handle with
+    ``recv_idx``/``recv_weight`` ([R, k]) and ``rows_sent``; ``combine`` takes
+    this rank's experts' weighted outputs for those rows and returns this
+    rank's ``[n_r, H]`` MoE output.
+    """
+
+    name: str
+    dispatch: Callable[..., Any]
+    combine: Callable[..., Any]
+    backends: tuple[str, ...] = BACKENDS
+    doc: str = ""
+    origin: str = ""
+    mode: ClassVar[str] = "SCATTERED"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        for attr in ("dispatch", "combine"):
+            if not callable(getattr(self, attr)):
+                raise ValueError(f"impl {self.name!r}: {attr} is not callable")
 
 
-REGISTRY: dict[str, RoundTrip] = {}
+Impl = RoundTripImpl | DispatchImpl
 
 
-def register(rt: RoundTrip) -> RoundTrip:
-    REGISTRY[rt.name] = rt
-    return rt
+def _check_common(impl: Any) -> None:
+    if not isinstance(impl.name, str) or not impl.name or any(c in impl.name for c in " ,=[]"):
+        raise ValueError(f"impl name {impl.name!r} must be a non-empty string without spaces, commas, = or []")
+    if not impl.backends or any(b not in BACKENDS for b in impl.backends):
+        raise ValueError(f"impl {impl.name!r}: backends={impl.backends!r} must be a subset of {', '.join(BACKENDS)}")
 
 
-register(RoundTrip("padded", padded_gather, padded_scatter, "rank_major_padded", doc="the fix: pad to max_rank_len"))
+def skip_reason(impl: Impl, backend: str) -> str | None:
+    """Why ``impl`` cannot run on ``backend``, else None."""
+    if backend not in impl.backends:
+        return f"impl={impl.name} needs backend {'/'.join(impl.backends)}, not {backend}"
+    return None
+
+
+REGISTRY: dict[str, Impl] = {}
+
+
+def register(impl: Impl) -> Impl:
+    """Add ``impl`` under its name (an outside one gets its origin filled in)."""
+    if not isinstance(impl, (RoundTripImpl, DispatchImpl)):
+        raise ValueError(f"{impl!r} is not a RoundTripImpl or DispatchImpl")
+    REGISTRY[impl.name] = impl
+    return impl
+
+
 register(
-    RoundTrip(
-        "legacy", legacy_gather, legacy_scatter, "rank_major_padded", needs_even=True,
-        doc="the old path: even shards only",
+    RoundTripImpl(
+        "padded", padded_gather, padded_scatter, "rank_major_padded",
+        doc="the fix: pad every shard to max_rank_len, all-gather, reduce-scatter equal chunks, slice",
     )
 )
-
-
-# --- issue 5: the alternatives (nsa_cp_comm.alternatives) -------------------
 register(
-    RoundTrip(
-        "sumlen_allreduce", sumlen_gather, sumlen_scatter, "rank_major_packed",
+    RoundTripImpl(
+        "legacy", legacy_gather, legacy_scatter, "rank_major_padded", needs_even=True,
+        legacy_bits_on_even=False,  # it is the reference
+        doc="the old path: even shards only; refuses uneven plans on every rank",
+    )
+)
+register(
+    RoundTripImpl(
+        "sumlen_allreduce", sumlen_gather, sumlen_scatter, "rank_major_packed", legacy_bits_on_even=False,
         doc="zero-filled [T, H], rows at rank_offset, all-reduce; back: all-reduce + slice",
     )
 )
 register(
-    RoundTrip(
+    RoundTripImpl(
         "allgatherv", allgatherv_gather, allgatherv_scatter, "rank_major_packed", backends=("nccl",),
+        legacy_bits_on_even=False,
         doc="list all_gather / list reduce_scatter with per-rank sizes (gloo refuses uneven lists)",
     )
 )
+register(DispatchImpl("a2a", a2a_dispatch, a2a_combine, doc="stand-in for DeepEP: " + A2A_NOTE))
+
 register(
-    RoundTrip(
-        "a2a", a2a_not_a_roundtrip, a2a_not_a_roundtrip, "a2a_dispatch",
-        doc="SCATTERED mode only: " + A2A_NOTE,
+    RoundTripImpl(
+        "padded_zero_copy", padded_gather_zero_copy, padded_scatter, "rank_major_padded",
+        doc="the fix's zero-copy form: rows are produced in their slot of a reused buffer (padded_buffer + "
+        "padded_gather_); timed without the slot copy, like nccl-tests' in-place column",
     )
 )
-# --- end issue 5 ---------------------------------------------------------------
+
+# The project's own names, before anything outside is discovered.
+BUILTIN: tuple[str, ...] = tuple(REGISTRY)
 
 
-def get(name: str) -> RoundTrip:
+class ImplError(ValueError):
+    """A bad implementation reference: the message is one line naming it."""
+
+
+def _origin(module_name: str) -> str:
+    top = module_name.split(".")[0]
     try:
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        if dists:
+            return f"{module_name} {importlib.metadata.version(dists[0])}"
+    except Exception:  # noqa: BLE001 - metadata is best effort
+        pass
+    return f"{module_name} (no installed distribution)"
+
+
+def _materialise(ref: str, obj: object, module_name: str) -> Impl:
+    if not isinstance(obj, (RoundTripImpl, DispatchImpl)) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - the user's factory
+            raise ImplError(f"impl={ref}: calling the factory raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, (RoundTripImpl, DispatchImpl)):
+        raise ImplError(
+            f"impl={ref}: {type(obj).__name__} is not a RoundTripImpl or DispatchImpl (nsa_cp_comm.impls)"
+        )
+    return replace(obj, origin=obj.origin or _origin(module_name))
+
+
+def load_reference(ref: str) -> Impl:
+    """``package.module:attribute`` -> the implementation, named ``ref`` (so rows and
+    ranks find it again by that name). Raises ImplError (one line)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ImplError(f"impl={ref}: expected package.module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - ImportError or the module's own failure
+        raise ImplError(f"impl={ref}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplError(f"impl={ref}: {module_name} has no attribute {attr}")
+        obj = getattr(obj, part)
+    return replace(_materialise(ref, obj, module_name), name=ref)
+
+
+@functools.lru_cache(maxsize=1)
+def discover() -> tuple[str, ...]:
+    """Register the implementations of installed packages' ``nsa_cp_comm.impls``
+    entry points (once per process); returns their names. A broken entry point
+    raises ImplError naming it."""
+    found = []
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # noqa: BLE001
+            raise ImplError(f"entry point {ep.name} = {ep.value}: cannot load: {type(exc).__name__}: {exc}") from None
+        impl = _materialise(f"{ep.name} (entry point {ep.value})", obj, ep.value.split(":")[0])
+        if impl.name in BUILTIN:
+            raise ImplError(f"entry point {ep.name} = {ep.value}: name {impl.name!r} is a built-in implementation")
+        register(impl)
+        found.append(impl.name)
+    return tuple(found)
+
+
+def get(name: str) -> Impl:
+    """The implementation called ``name``: built-in, discovered, or a
+    ``module:attribute`` reference. Raises ImplError (one line) otherwise."""
+    if name in REGISTRY:
         return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"impl={name!r} is not one of {', '.join(REGISTRY)}") from None
+    if ":" in name:
+        impl = load_reference(name)
+        REGISTRY[name] = impl
+        return impl
+    discover()
+    if name in REGISTRY:
+        return REGISTRY[name]
+    raise ImplError(f"impl={name!r} is not one of {', '.join(REGISTRY)} (or package.module:attribute)")
+
+
+def origin(impl: Impl) -> str:
+    return impl.origin or _own_origin()
+
+
+def all_of_mode(mode: str) -> tuple[str, ...]:
+    """Every registered implementation (built-in and discovered) of ``mode``."""
+    discover()
+    return tuple(n for n, impl in REGISTRY.items() if impl.mode == mode and ":" not in n)

@@ -10,21 +10,32 @@ Failure handling is the pool's job, not the task's: a rank that raises, dies or
 hangs past the task's timeout turns into a :class:`RankResult` with a status and
 a reason naming the rank; then every rank of the pool is killed (a peer left
 inside a collective would otherwise block forever) and the next task spawns a
-fresh pool. Workers also die with their parent (``PR_SET_PDEATHSIG``, and
-EOF on their pipe).
+fresh pool.
+
+No rank outlives the process that started it: a rank's first statements (in
+``_worker.py``, run by path so nothing heavy loads before them) arm
+``PR_SET_PDEATHSIG`` and check that the parent is still its starter; a pool
+whose start fails or is interrupted kills the ranks it started; a rank still
+starting exits when its pipe to the starter closes; rendezvous files left by
+killed starters are removed by the next pool in the same directory. The death
+signal follows the *thread* that started the ranks: start a pool from a
+thread that outlives it (the main thread, as Hydra and pytest do).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.util
+import math
+import numbers
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -42,6 +53,9 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 # are killed: they are usually blocked in a collective with the dead rank.
 FAILURE_GRACE_S = 2.0
 _POLL_S = 0.05
+# The rank's entry point, run by path (see its docstring for why not ``-m``).
+WORKER_PATH = Path(__file__).resolve().with_name("_worker.py")
+STORE_PREFIX = ".rendezvous-"
 
 
 @dataclass
@@ -78,15 +92,6 @@ def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
     return "ok", ""
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:  # pragma: no cover - exotic libc
-            pass
-
-
 _WORKER_DEVICE = None
 
 
@@ -104,11 +109,34 @@ def set_rank_device(device) -> None:
     _WORKER_DEVICE = device
 
 
+def _exit_when_starter_closes(fd: int, started: threading.Event) -> None:
+    """Until ``started`` is set, end this process as soon as the starter's end
+    of the pipe closes. The starter sends nothing before every rank is ready,
+    so a readable pipe here means EOF: a pool whose start was abandoned (an
+    exception, an interrupt) while this rank waited in the rendezvous."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        while not started.is_set():
+            readable, _, _ = select.select([sock], [], [], 0.2)
+            if readable and not started.is_set():
+                try:
+                    data = sock.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    data = b""
+                if not data:
+                    os._exit(1)
+                return
+    finally:
+        sock.close()
+
+
 def worker_main(rank: int, world_size: int, backend: str, device: str, store_path: str, fd: int, threads: int) -> None:
-    """Body of a rank process (started by :class:`RankPool` as ``python -m
-    nsa_cp_comm._worker``): join the group, then run tasks from the pipe."""
-    _die_with_parent()
+    """Body of a rank process (started by :class:`RankPool` through
+    ``_worker.py``, which has already tied this process's life to its
+    starter's): join the group, then run tasks from the pipe."""
     conn = Connection(fd)
+    started = threading.Event()
+    threading.Thread(target=_exit_when_starter_closes, args=(fd, started), daemon=True).start()
     global _WORKER_DEVICE
     try:
         import torch
@@ -128,8 +156,10 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(minutes=30), **kwargs
         )
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        started.set()
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
+    started.set()
     conn.send(("ready", "ok", None, ""))
     while True:
         try:
@@ -179,15 +209,124 @@ def one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
-def _exit_reason(code: int | None) -> str:
+def _read_counter(path: str, key: str) -> int | None:
+    """The value of the ``key N`` line of a kernel stats file, or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _oom_counter_files() -> list[str]:
+    """Files counting OOM kills (``oom_kill N``), most specific first: this
+    process's memory cgroup (v2 ``memory.events``, v1 ``memory.oom_control``,
+    also at the mount root, which is the cgroup inside a container), then the
+    whole system (``/proc/vmstat``)."""
+    files: list[str] = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, cg = parts
+        if controllers == "":
+            files += [f"/sys/fs/cgroup{cg}/memory.events", f"/sys/fs/cgroup/unified{cg}/memory.events"]
+        elif "memory" in controllers.split(","):
+            files += [f"/sys/fs/cgroup/memory{cg}/memory.oom_control", "/sys/fs/cgroup/memory/memory.oom_control"]
+    return [*files, "/proc/vmstat"]
+
+
+def oom_kill_count() -> int | None:
+    """OOM kills so far in the first readable counter of
+    :func:`_oom_counter_files`; None when no counter is readable."""
+    for path in _oom_counter_files():
+        n = _read_counter(path, "oom_kill")
+        if n is not None:
+            return n
+    return None
+
+
+def _exit_reason(code: int | None, oom_before: int | None = None) -> str:
+    """How a rank process ended. A SIGKILL while the OOM-kill counter rose
+    (``oom_before`` -> now) says "out of memory"; when no counter is readable
+    it says "out of memory?" (the usual sender of an unexplained SIGKILL)."""
     if code is None:
         return "still running"
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            reason = f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+        if -code == signal.SIGKILL:
+            now = oom_kill_count()
+            if oom_before is None or now is None:
+                reason += " (out of memory?)"
+            elif now > oom_before:
+                reason += " (out of memory)"
+        return reason
     return f"exited with code {code}"
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as a positive, finite number of seconds, else ValueError
+    (one line): a NaN or infinite timeout would disable the timeout."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive finite number of seconds")
+    return float(value)
+
+
+def _check_device(device: str) -> None:
+    """``device`` is one of :data:`DEVICES` and usable here (ValueError, one line)."""
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is not one of {', '.join(DEVICES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def store_name() -> str:
+    """A fresh rendezvous file name naming its starter: host and pid."""
+    return f"{STORE_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def remove_stale_stores(workdir: Path) -> list[Path]:
+    """Remove the rendezvous files in ``workdir`` whose starter (a process of
+    this host) is gone: a starter killed with SIGKILL cannot remove its own.
+    Files of other hosts, or of an unknown form, are left alone. Returns the
+    removed paths."""
+    host = socket.gethostname()
+    removed = []
+    for path in workdir.glob(f"{STORE_PREFIX}*"):
+        parts = path.name[len(STORE_PREFIX):].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
 
 
 class RankPool:
@@ -209,35 +348,49 @@ class RankPool:
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-        if device not in DEVICES:
-            raise ValueError(f"device={device!r} is not one of {', '.join(DEVICES)}")
+        _check_device(device)
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
+        start_timeout_s = check_seconds("start_timeout_s", start_timeout_s)
         self.world_size = world_size
         self.backend = backend
         self.device = device
         self.closed = False
         self._next_task = 0
-        workdir = Path(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        self._store_path = workdir / f".rendezvous-{uuid.uuid4().hex}"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        threads = max(1, (os.cpu_count() or 1) // world_size)
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
-        for r in range(world_size):
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        remove_stale_stores(workdir)
+        self._store_path = workdir / store_name()
+        try:
+            self._start(start_timeout_s)
+        except BaseException:
+            # An interrupt or error mid-start: no started rank may be left
+            # waiting in the rendezvous for peers that will never come.
+            self.close(graceful=False)
+            raise
+
+    def _start(self, start_timeout_s: float) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        for r in range(self.world_size):
             ours, theirs = socket.socketpair()
-            args = [sys.executable, "-m", "nsa_cp_comm._worker", str(r), str(world_size), backend, device,
-                    str(self._store_path), str(theirs.fileno()), str(threads)]
-            self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
-            theirs.close()
-            self._conns.append(Connection(ours.detach()))
+            try:
+                args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
+                        self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
+                self._procs.append(
+                    subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+                self._conns.append(Connection(ours.detach()))
+            finally:
+                theirs.close()
+                ours.close()  # no-op once detached; else the rank sees EOF and exits
         ready = self._collect("ready", start_timeout_s)
         if not all(r.ok for r in ready):
             _, reason = summarize_failure(ready)
-            self.close(graceful=False)
-            raise RuntimeError(f"starting {world_size} {backend}/{device} ranks failed: {reason}")
+            raise RuntimeError(
+                f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
 
     @property
     def pids(self) -> list[int]:
@@ -252,6 +405,7 @@ class RankPool:
 
         Never raises for a failing task and never blocks past ``timeout_s``
         (plus :data:`FAILURE_GRACE_S`); on any failure the pool is closed."""
+        timeout_s = check_seconds("timeout_s", timeout_s)
         if self.closed:
             raise RuntimeError("RankPool is closed")
         task_id = self._next_task
@@ -267,6 +421,7 @@ class RankPool:
 
     def _collect(self, task_id: object, timeout_s: float) -> list[RankResult]:
         got: dict[int, RankResult] = {}
+        oom_before = oom_kill_count()
         deadline = time.monotonic() + timeout_s
         failed_at: float | None = None
         while len(got) < self.world_size:
@@ -281,7 +436,7 @@ class RankPool:
                 except (EOFError, OSError):
                     # The rank died; its exit status tells how.
                     code = self._procs[r].wait(timeout=5.0)
-                    got[r] = RankResult(r, "crashed", error=_exit_reason(code))
+                    got[r] = RankResult(r, "crashed", error=_exit_reason(code, oom_before))
                     failed_at = failed_at or time.monotonic()
                     continue
                 if tid != task_id:

@@ -4,13 +4,22 @@ Every function takes ``(tensor, plan, group=None)``; the rank is the caller's
 rank in ``group``. Contract: **all ranks of the group must pass the same plan**;
 every size, and whether the legacy path may run at all, is decided from the
 plan, never from a local shape, so all ranks take the same branch and no rank
-enters a collective its peers skip.
+enters a collective its peers skip. With ``check=True`` (the default) the ranks
+first agree on their inputs (:mod:`.agree`): a bad input on one rank is a
+ValueError on every rank, never a hang or an abort.
 
-Legacy (SPEC 1.1) assumes equal shards. The padded path (SPEC 1.2) pads each
-shard to ``m = plan.max_rank_len`` rows inside a ``[m*cp, H]`` buffer, so that
-every collective sees equal chunks; rank ``r``'s rows sit at
-``[r*m, r*m + n_r)``. On even plans ``m*cp == T`` and the padded path issues
-exactly the legacy collectives on the same tensors.
+Legacy assumes equal shards: it all-gathers into a ``[T, H]`` buffer and
+reduce-scatters ``T/cp``-row chunks. The padded path pads each shard to
+``m = plan.max_rank_len`` rows inside a ``[m*cp, H]`` buffer, so that every
+collective sees equal chunks; rank ``r``'s rows sit at ``[r*m, r*m + n_r)``,
+zeros after them. There is one padded algorithm for every plan: on an even plan
+``m*cp == T``, no row is padding, and the result is legacy's, bit for bit
+(the matrix checks this on every even point, see docs/design.md).
+
+The pre-sized forms (:func:`padded_buffer`, :func:`padded_stage`,
+:func:`padded_gather_`, :func:`legacy_gather_into`) are what serving code runs
+with a reused buffer; the timed loop measures them, local work apart from the
+collectives.
 """
 
 from __future__ import annotations
@@ -18,53 +27,91 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .agree import agree
 from .collectives import all_gather_into, group_rank, group_size, reduce_scatter_into
 from .plan import CPPlan
 
-# The text torch's NCCL backend raises for mismatched all-gather sizes.
+# What torch's NCCL backend raises when all-gather sizes disagree; the legacy
+# path raises it (with the plan's sizes appended) on every rank of an uneven plan.
 LEGACY_UNEVEN_ERROR = "output tensor size must be equal to world_size times input tensor size"
 
 
 def _rank(plan: CPPlan, group: dist.ProcessGroup | None) -> int:
     world = group_size(group)
+    if not isinstance(plan, CPPlan):
+        raise ValueError(f"plan={plan!r} is not a CPPlan")
     if world != plan.cp_size:
         raise ValueError(f"group size {world} != plan.cp_size={plan.cp_size}: all ranks must pass the group's plan")
     return group_rank(group)
 
 
-def _check_rows(name: str, t: torch.Tensor, rows: int) -> None:
-    if t.dim() != 2 or t.shape[0] != rows:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, the plan expects [{rows}, H]")
+def _expected(plan: object, rank: int, rows: str) -> int:
+    if not isinstance(plan, CPPlan) or rank >= plan.cp_size:
+        return -2
+    return {"local": plan.per_rank_tokens[rank], "legacy_full": plan.total_tokens, "full": plan.padded_total}[rows]
+
+
+def _check(
+    what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None, check: bool,
+    *, even_only: bool = False,
+) -> int:
+    """Agree on the inputs (``check``), refuse an uneven plan (``even_only``),
+    then this rank's index in the group."""
+    if check:
+        agree(what, tensor, plan, _expected(plan, group_rank(group), rows), group)
+    rank = _rank(plan, group)  # type: ignore[arg-type]
+    if even_only:
+        _refuse_uneven(plan)  # type: ignore[arg-type]
+    if not check:
+        want = _expected(plan, rank, rows)
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"{what} has shape {shape}, the plan expects [{want}, H]")
+    return rank
+
+
+def uneven_error(plan: CPPlan) -> ValueError:
+    """The legacy path's refusal: torch's text, then the plan's shard sizes."""
+    return ValueError(
+        f"{LEGACY_UNEVEN_ERROR} (legacy CP gather/scatter needs even shards; "
+        f"per_rank_tokens={list(plan.per_rank_tokens)})"
+    )
 
 
 def _refuse_uneven(plan: CPPlan) -> None:
     # Decided from the shared plan, so every rank raises; none is left inside
     # a collective (NCCL would hang, gloo would abort the process).
     if not plan.is_even:
-        raise ValueError(
-            f"{LEGACY_UNEVEN_ERROR} (legacy CP gather/scatter needs even shards; "
-            f"per_rank_tokens={list(plan.per_rank_tokens)})"
-        )
+        raise uneven_error(plan)
 
 
-def legacy_gather(local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def legacy_gather(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Old gather: ``[n, H]`` per rank -> ``[T, H]`` rank-major. Even plans only;
-    raises ValueError (torch's NCCL text) on every rank of an uneven plan."""
-    rank = _rank(plan, group)
-    _refuse_uneven(plan)
-    _check_rows("local", local, plan.per_rank_tokens[rank])
+    raises ValueError (torch's NCCL text) on every rank of an uneven plan,
+    before any collective."""
+    _check("legacy_gather local", local, plan, "local", group, check, even_only=True)
     out = torch.empty((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
+    return legacy_gather_into(out, local, plan, group)
+
+
+def legacy_gather_into(
+    out: torch.Tensor, local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """The legacy collective into a pre-sized ``[T, H]`` buffer (unchecked: the
+    caller validated once). Returns ``out``."""
     all_gather_into(out, local.contiguous(), group)
     return out
 
 
-def legacy_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def legacy_scatter(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Old scatter: sum ``[T, H]`` partials over ranks, return this rank's
     ``[T/cp, H]`` chunk. In place: ``full`` is consumed and the result is a
     view of it. Even plans only (same error as :func:`legacy_gather`)."""
-    rank = _rank(plan, group)
-    _refuse_uneven(plan)
-    _check_rows("full", full, plan.total_tokens)
+    rank = _check("legacy_scatter full", full, plan, "legacy_full", group, check, even_only=True)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)
@@ -84,7 +131,8 @@ def padded_buffer(
     The zero-copy form of the gather: the producer of the rows writes them
     into ``slot`` and then calls :func:`padded_gather_`; the shard is never
     copied into a padded tensor. Only this rank's padding rows are zeroed:
-    the other blocks are overwritten by the gather.
+    the other blocks are overwritten by the gather, and this rank's padding
+    rows are never written by anyone, so a reused buffer stays valid.
     """
     rank = _rank(plan, group)
     m, n = plan.max_rank_len, plan.per_rank_tokens[rank]
@@ -93,36 +141,59 @@ def padded_buffer(
     return full, full[rank * m : rank * m + n]
 
 
-def padded_gather_(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def padded_stage(full: torch.Tensor, local: torch.Tensor, plan: CPPlan, rank: int) -> None:
+    """The padded gather's local work on a pre-sized (possibly reused) buffer:
+    copy this rank's rows into its slot and zero its padding rows."""
+    m, n = plan.max_rank_len, plan.per_rank_tokens[rank]
+    full[rank * m : rank * m + n].copy_(local)
+    full[rank * m + n : (rank + 1) * m].zero_()
+
+
+def padded_gather_(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """In-place gather over a :func:`padded_buffer`: this rank's ``[m, H]`` block
     of ``full`` is the collective's input. Returns ``full``."""
-    rank = _rank(plan, group)
-    _check_rows("full", full, plan.padded_total)
+    rank = _check("padded_gather_ full", full, plan, "full", group, check)
     m = plan.max_rank_len
     all_gather_into(full, full[rank * m : (rank + 1) * m], group)
     return full
 
 
-def padded_gather(local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def padded_gather(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Gather every rank's ``[n_r, H]`` rows into a fresh ``[m*cp, H]`` buffer,
     rank-major, each block zero-padded to ``m`` rows. Works for any plan,
-    including ranks with zero rows. On even plans it is exactly
-    :func:`legacy_gather` (no padding rows, same collective)."""
-    rank = _rank(plan, group)
-    _check_rows("local", local, plan.per_rank_tokens[rank])
-    if plan.is_even:
-        return legacy_gather(local, plan, group)
+    including ranks with zero rows; on an even plan the buffer has exactly
+    ``T`` rows and holds legacy's bytes."""
+    rank = _check("padded_gather local", local, plan, "local", group, check)
+    m = plan.max_rank_len
+    full = torch.empty((plan.padded_total, local.shape[1]), dtype=local.dtype, device=local.device)
+    padded_stage(full, local, plan, rank)
+    all_gather_into(full, full[rank * m : (rank + 1) * m], group)
+    return full
+
+
+def padded_gather_zero_copy(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
+    """The zero-copy gather as a producer uses it: the rows are written into the
+    slot of a :func:`padded_buffer` (here: copied, standing in for the
+    producer), then gathered in place. Same result as :func:`padded_gather`."""
+    _check("padded_gather_zero_copy local", local, plan, "local", group, check)
     full, slot = padded_buffer(plan, local.shape[1], dtype=local.dtype, device=local.device, group=group)
     slot.copy_(local)
-    return padded_gather_(full, plan, group)
+    return padded_gather_(full, plan, group, check=False)
 
 
-def padded_scatter(full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def padded_scatter(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
     """Sum ``[m*cp, H]`` partials over ranks and return this rank's ``[n_r, H]``
     rows (a view of its chunk: padding dropped, nothing copied). In place:
-    ``full`` is consumed. On even plans it is exactly :func:`legacy_scatter`."""
-    rank = _rank(plan, group)
-    _check_rows("full", full, plan.padded_total)
+    ``full`` is consumed."""
+    rank = _check("padded_scatter full", full, plan, "full", group, check)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)

@@ -1,49 +1,72 @@
-"""Clocks, statistics and bandwidth: the performance semantics, defined once.
+"""Clocks, the one timed loop, statistics and bandwidth: performance semantics, defined once.
+
+Time. Every iteration of every implementation starts on all ranks together
+(device sync + barrier); each phase (``local`` work, the ``gather`` collective,
+the ``scatter`` collective) is timed on every rank, and a phase's time for the
+iteration is the **slowest rank's** (a collective ends for the job when it ends
+on every rank; nccl-tests averages over ranks by default, which reads lower).
+``roundtrip`` = local + gather + scatter, ``collective`` = gather + scatter, per
+iteration; percentiles over iterations after warm-up. CUDA events on the rank's
+own device on GPU (device time, not host launch time), ``perf_counter`` on CPU
+where gloo collectives are synchronous.
 
 Bandwidth follows nccl-tests: for a collective over ``S`` bytes (the full
 gathered buffer) taking ``t`` seconds, ``algbw = S / t`` and
 ``busbw = algbw * (cp - 1) / cp`` (what each rank's link carries in a ring).
 A round trip is two such collectives (all-gather, then reduce-scatter), so its
-``algbw = 2 * S / t_roundtrip``. Figures are in GB/s (1e9 bytes per second).
+``algbw = 2 * S / t_collective``. Figures are in GB/s (1e9 bytes per second).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
 PERCENTILES = (10, 50, 90, 99)
+PHASES: tuple[str, ...] = ("local", "gather", "scatter")
+DERIVED: tuple[str, ...] = ("collective", "roundtrip")
 
 
 class Clock:
-    """Marks points in a device's time line; ``elapsed_us`` after ``sync``.
+    """Marks points in one device's time line; ``elapsed_us`` after ``sync``.
 
-    CUDA events on GPU (device time, not host launch time); ``perf_counter``
-    on CPU, where collectives are synchronous.
+    Device-explicit: on CUDA the events are recorded on ``device``'s current
+    stream and ``sync`` waits for ``device``, whatever the calling thread's
+    current device is (it is per thread, and a point may run in a new one).
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            raise ValueError(f"Clock needs an explicit CUDA device index, not {device!r}")
 
     def mark(self) -> object:
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
+            ev.record(torch.cuda.current_stream(self.device))
             return ev
-        return time.perf_counter()
+        return _perf_counter()
 
     def sync(self) -> None:
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
     def elapsed_us(self, start: object, end: object) -> float:
         if self.cuda:
             return float(start.elapsed_time(end)) * 1e3  # type: ignore[attr-defined]
         return (end - start) * 1e6  # type: ignore[operator]
+
+
+def _perf_counter() -> float:
+    import time
+
+    return time.perf_counter()
 
 
 class CacheFlusher:
@@ -57,28 +80,91 @@ class CacheFlusher:
         self.buf.zero_()
 
 
-def percentile(sorted_xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile of already sorted samples."""
-    if not sorted_xs:
-        return math.nan
-    pos = (len(sorted_xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+@dataclass
+class Steps:
+    """What the timed loop runs for one implementation, per iteration ``i``.
+
+    ``reset(i)`` runs untimed first (e.g. refill the buffer a scatter consumes);
+    then each ``(phase, fn)`` of ``phases`` in order, timed one by one. Phases
+    are named from :data:`PHASES`; an implementation without local work has
+    no ``local`` phase."""
+
+    name: str
+    phases: list[tuple[str, Callable[[int], object]]]
+    reset: Callable[[int], object] | None = None
+    n_sets: int = 1
+
+
+def timed_loop(
+    steps: Sequence[Steps],
+    *,
+    warmup: int,
+    iters: int,
+    clock: Clock,
+    group: dist.ProcessGroup | None = None,
+    flush: Callable[[], None] | None = None,
+) -> dict[str, dict[str, list[float]]]:
+    """Run every implementation's steps ``warmup + iters`` times on this rank
+    and return ``{name: {phase: [us per timed iteration]}}``.
+
+    Implementations take turns within every iteration, starting from a rotating
+    one, so drift in the machine's state hits them alike. Every rank must call
+    it with the same steps (names, phases, counts): each phase starts with a
+    barrier. Fold the ranks' samples with :func:`max_over_ranks`."""
+    samples = {s.name: {p: [] for p, _ in s.phases} for s in steps}
+    n = len(steps)
+    for it in range(warmup + iters):
+        for k in range(n):
+            s = steps[(it + k) % n]
+            i = it % s.n_sets
+            if s.reset is not None:
+                s.reset(i)
+            if flush is not None:
+                flush()
+            for phase, fn in s.phases:
+                clock.sync()
+                dist.barrier(group=group)
+                t0 = clock.mark()
+                fn(i)
+                t1 = clock.mark()
+                clock.sync()
+                if it >= warmup:
+                    samples[s.name][phase].append(clock.elapsed_us(t0, t1))
+    return samples
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method); NaN when empty."""
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
 
 
 def summarize(samples_us: Sequence[float]) -> dict[str, float]:
-    """``{"p10", "p50", "p90", "p99", "mean"}`` of per-iteration times (us)."""
-    xs = sorted(samples_us)
-    out = {f"p{q}": percentile(xs, q) for q in PERCENTILES}
-    out["mean"] = statistics.fmean(xs) if xs else math.nan
+    """``{"p10", "p50", "p90", "p99", "mean", "iqr"}`` of per-iteration times (us)."""
+    xs = np.asarray(samples_us, dtype=float)
+    if not len(xs):
+        return {**{f"p{q}": math.nan for q in PERCENTILES}, "mean": math.nan, "iqr": math.nan}
+    qs = np.percentile(xs, [*PERCENTILES, 25, 75])
+    out = {f"p{q}": float(v) for q, v in zip(PERCENTILES, qs)}
+    out["mean"] = float(xs.mean())
+    out["iqr"] = float(qs[-1] - qs[-2])
     return out
 
 
 def max_over_ranks(per_rank: Sequence[Sequence[float]]) -> list[float]:
     """Per iteration, the slowest rank's time: a collective ends for the job
     when it ends on every rank."""
-    return [max(vals) for vals in zip(*per_rank)]
+    return np.max(np.asarray(per_rank, dtype=float), axis=0).tolist() if len(per_rank) else []
+
+
+def fold_phases(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Per-iteration phase times over ranks (slowest rank per phase), plus the
+    derived ``collective`` (gather + scatter) and ``roundtrip`` (all phases)."""
+    phases = [p for p in PHASES if p in per_rank[0]]
+    folded = {p: max_over_ranks([r[p] for r in per_rank]) for p in phases}
+    iters = len(folded[phases[0]]) if phases else 0
+    folded["collective"] = [sum(folded[p][i] for p in ("gather", "scatter") if p in folded) for i in range(iters)]
+    folded["roundtrip"] = [sum(folded[p][i] for p in phases) for i in range(iters)]
+    return folded
 
 
 def algbw_GBps(nbytes: float, seconds: float) -> float:
@@ -89,8 +175,9 @@ def busbw_GBps(nbytes: float, seconds: float, cp_size: int) -> float:
     return algbw_GBps(nbytes, seconds) * (cp_size - 1) / cp_size
 
 
-def roundtrip_bandwidth(nbytes: int, roundtrip_us: float, cp_size: int) -> tuple[float, float]:
+def roundtrip_bandwidth(nbytes: int, collective_us: float, cp_size: int) -> tuple[float, float]:
     """``(algbw, busbw)`` in GB/s of a gather + reduce-scatter round trip over a
-    buffer of ``nbytes``: two collectives of ``nbytes`` each."""
-    seconds = roundtrip_us * 1e-6
+    buffer of ``nbytes``: two collectives of ``nbytes`` each, over the time of
+    the two collectives."""
+    seconds = collective_us * 1e-6
     return algbw_GBps(2 * nbytes, seconds), busbw_GBps(2 * nbytes, seconds, cp_size)

@@ -1,0 +1,227 @@
+"""What a matrix point checks on every rank, before anything is timed.
+
+Each check has a name (the ``failed_check`` column) and can fail; tests break
+the thing checked and see it fail (tests/test_checks.py):
+
+FULL mode, every implementation that runs:
+- ``input_mutated``: the gather left the caller's ``local`` rows untouched.
+- ``gather_shape``, ``gather_rows``: the gathered buffer has the layout's size
+  and every rank's rows, byte-exact, at the layout's offsets (a wrong rank
+  order or offset fails here).
+- ``padding_zero``: in the padded layout, every padding row is zero.
+- ``scatter_chunk``: with rank 0 contributing the gathered buffer and every
+  other rank zeros, the scatter returns this rank's own rows byte-exact (a
+  wrong chunk, a wrong slice or a lost row fails here).
+- ``reference_moe``: the round trip through a small MoE (every rank's experts
+  on all gathered rows, reduce-scattered) matches a single-process reference.
+- ``even_bitwise``: on an even plan, the gathered buffer and the round trip's
+  output equal legacy's bit for bit (legacy recomputed on the same inputs), for
+  implementations that claim it (the padded family).
+- ``refusal``: an implementation that needs even plans, given an uneven one,
+  raised on every rank before issuing any collective (status ``refused``).
+
+SCATTERED mode: the CP communicator passes rows through untouched
+(``passthrough``); an a2a implementation is checked on its dispatched rows
+(``dispatch_rows``) and its combined output (``reference_moe``).
+
+Checks run on the correctness group: a process group created with torch's
+collective-consistency checking (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper),
+so a rank issuing a different collective than its peers is an error there,
+not a hang or an abort. The timed loop uses the plain group.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import impls as impl_registry
+from .collectives import counting
+from .communicator import CPLayerCommunicator
+from .modes import ScatterMode
+from .moe import ReferenceMoE, max_rel_err, tolerance
+from .plan import CPPlan
+from .roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
+from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
+
+
+@dataclass
+class ImplReport:
+    """One rank's findings for one implementation at one point."""
+
+    status: str = ""  # "", "refused", "passthrough" or "skipped"
+    correct: bool | None = None
+    max_rel_err: float | None = None
+    even_bitwise_equal: bool | None = None
+    reason: str = ""
+    failures: list[tuple[str, str]] = field(default_factory=list)  # (check, message)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    rows_sent: int | None = None  # dispatch implementations: rows this rank sent
+
+    def fail(self, check: str, message: str) -> None:
+        self.failures.append((check, message))
+
+
+_CHECKED_GROUPS: dict[tuple[int, float], Any] = {}
+
+
+def checked_group(timeout_s: float) -> dist.ProcessGroup:
+    """A process group over the whole world with torch's collective-consistency
+    checking (every collective's op, shapes and dtypes compared across ranks
+    first). Created once per process (a collective: all ranks call it)."""
+    from torch._C._distributed_c10d import DebugLevel, get_debug_level, set_debug_level
+
+    key = (dist.get_world_size(), timeout_s)
+    if key not in _CHECKED_GROUPS:
+        before = get_debug_level()
+        set_debug_level(DebugLevel.DETAIL)
+        try:
+            _CHECKED_GROUPS[key] = dist.new_group(
+                backend=dist.get_backend(), timeout=timedelta(seconds=max(1.0, timeout_s))
+            )
+        finally:
+            set_debug_level(before)
+    return _CHECKED_GROUPS[key]
+
+
+def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
+                 rep: ImplReport) -> bool:
+    """Gathered buffer: size, every rank's rows at its offset, zero padding.
+    Returns whether the buffer is usable for the later checks."""
+    want = (impl.buffer_rows(plan), spec.hidden_size)
+    if not isinstance(full, torch.Tensor) or tuple(full.shape) != want:
+        shape = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
+        rep.fail("gather_shape", f"gathered shape {shape} != {want}")
+        return False
+    starts = impl.starts(plan)
+    for r in range(plan.cp_size):
+        n, s = plan.per_rank_tokens[r], starts[r]
+        if not bitwise_equal(full[s : s + n], make_shard(spec, plan, r, device)):
+            rep.fail("gather_rows", f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard")
+    if impl.layout == "rank_major_padded":
+        m = plan.max_rank_len
+        for r in range(plan.cp_size):
+            pad = full[r * m + plan.per_rank_tokens[r] : (r + 1) * m]
+            if pad.numel() and bool(pad.ne(0).any()):
+                rep.fail("padding_zero", f"padding rows of rank {r} are not zero")
+    return True
+
+
+def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
+                          plan: CPPlan, what: str) -> None:
+    ref = moe.reference(local)
+    ok_shape = isinstance(out, torch.Tensor) and out.shape == ref.shape
+    rep.max_rel_err = max_rel_err(out, ref) if ok_shape else math.inf
+    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
+    if not rep.max_rel_err <= tol:
+        shape = "" if ok_shape else f" (shape {tuple(out.shape) if isinstance(out, torch.Tensor) else out!r})"
+        rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}{shape}")
+
+
+def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+                  local: torch.Tensor, group) -> ImplReport:
+    """An even-only implementation on an uneven plan: gather and scatter must
+    each raise (legacy: torch's text) without issuing any collective."""
+    rep = ImplReport()
+    full = torch.zeros((plan.total_tokens, spec.hidden_size), dtype=local.dtype, device=device)
+    notes = []
+    for phase, call in (("gather", lambda: impl.gather(local, plan, group)),
+                        ("scatter", lambda: impl.scatter(full, plan, group))):
+        t0 = time.perf_counter()
+        raised = ""
+        with counting() as calls:
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
+                raised = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        took = time.perf_counter() - t0
+        if not raised:
+            rep.fail("refusal", f"{phase} accepted an uneven plan (per_rank_tokens={list(plan.per_rank_tokens)})")
+        elif calls:
+            rep.fail("refusal", f"{phase} raised only after issuing {', '.join(calls)}: {raised}")
+        elif impl.name == "legacy" and not raised.startswith(f"ValueError: {LEGACY_UNEVEN_ERROR}"):
+            rep.fail("refusal", f"{phase} raised {raised!r}, not torch's ValueError text")
+        notes.append(f"{phase}: {raised} after {took * 1e3:.1f} ms, no collective")
+    if not rep.failures:
+        rep.status = "refused"
+        rep.reason = notes[0]
+    rep.correct = not rep.failures
+    return rep
+
+
+def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Tensor) -> ImplReport:
+    """SCATTERED mode: the CP communicator hands the MoE its own rows untouched."""
+    rep = ImplReport(status="passthrough", reason="SCATTERED: the communicator moves no rows (no collective, no timing)")
+    comm = CPLayerCommunicator(plan, ScatterMode.SCATTERED)
+    moe_in = comm.prepare_mlp(local)
+    out = comm.postprocess(moe_in)
+    if not (moe_in is local and out is local and bitwise_equal(out, make_shard(spec, plan, rank, device))):
+        rep.fail("passthrough", "SCATTERED mode changed the rows")
+        rep.status = ""
+    rep.correct = not rep.failures
+    return rep
+
+
+def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+               local: torch.Tensor, moe: ReferenceMoE, group) -> ImplReport:
+    """Every FULL-mode check of one implementation on this rank."""
+    if impl.needs_even and not plan.is_even:
+        return check_refusal(impl, spec, plan, rank, device, local, group)
+    rep = ImplReport()
+    before = local.clone()
+    full = impl.gather(local, plan, group)
+    if not bitwise_equal(local, before):
+        rep.fail("input_mutated", "the gather modified its input rows")
+    usable = check_gather(impl, full, spec, plan, device, rep)
+    if not usable:
+        # The later checks would read out of bounds; every rank still issues the
+        # same collectives as its peers: the scatters run on a buffer of the right size.
+        full = torch.zeros((impl.buffer_rows(plan), spec.hidden_size), dtype=local.dtype, device=device)
+    probe = full.clone() if rank == 0 else torch.zeros_like(full)
+    out = impl.scatter(probe, plan, group)
+    if not (isinstance(out, torch.Tensor) and bitwise_equal(out, before)):
+        rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows")
+    partial = moe.partial(full, rank, plan.cp_size)
+    out = impl.scatter(partial.clone(), plan, group)
+    _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
+    if plan.is_even and impl.legacy_bits_on_even:
+        # Legacy on the same inputs: the padded algorithm with m*cp == T must
+        # give its bytes, through the general path (no even-plan shortcut).
+        # Decided from the plan alone, so every rank issues these collectives.
+        lf = legacy_gather(before, plan, group, check=False)
+        lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group, check=False)
+        rep.even_bitwise_equal = bitwise_equal(full, lf) and isinstance(out, torch.Tensor) and bitwise_equal(out, lo)
+        if not rep.even_bitwise_equal:
+            rep.fail("even_bitwise", "even plan: results differ from legacy's bit for bit")
+    rep.correct = not rep.failures
+    return rep
+
+
+def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+                   local: torch.Tensor, moe: ReferenceMoE, group) -> ImplReport:
+    """Dispatch -> this rank's experts with the routing weights -> combine; the
+    dispatched rows must be exactly the rows routed here, and the combined
+    ``[n_r, H]`` must match the single-process reference MoE."""
+    from .alternatives import a2a_expected_recv, a2a_experts
+
+    rep = ImplReport()
+    experts = moe.experts_of(rank, plan.cp_size)
+    before = local.clone()
+    idx, weight = moe.route(local)
+    x_recv, handle = impl.dispatch(local, idx, weight, len(experts), group)
+    rep.rows_sent = int(getattr(handle, "rows_sent", 0) or 0)
+    if not bitwise_equal(local, before):
+        rep.fail("input_mutated", "the dispatch modified its input rows")
+    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    if not (isinstance(x_recv, torch.Tensor) and bitwise_equal(x_recv, a2a_expected_recv(shards, moe, rank))):
+        rep.fail("dispatch_rows", f"dispatched rows differ from the rows routed to rank {rank}")
+    out = impl.combine(a2a_experts(moe, x_recv, handle, experts), handle, group)
+    _compare_to_reference(rep, out, before, moe, spec, plan, "a2a round trip")
+    rep.correct = not rep.failures
+    return rep

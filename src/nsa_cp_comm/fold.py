@@ -1,0 +1,113 @@
+"""Fold every rank's findings for a point into one result per implementation.
+
+A point is correct only if it is correct on every rank; its error is the
+largest; its times are per-iteration maxima over ranks (nsa_cp_comm.timing).
+Rows and bytes are what the implementation's collectives moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import impls as impl_registry
+from .plan import CPPlan
+from .spec import DTYPES, PointSpec
+from .timing import fold_phases, roundtrip_bandwidth, summarize
+
+
+@dataclass
+class ImplResult:
+    """One implementation's result for a point, over all ranks."""
+
+    impl: str
+    status: str
+    reason: str = ""
+    failed_check: str = ""
+    correct: bool | None = None
+    max_rel_err: float | None = None
+    even_bitwise_equal: bool | None = None
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    rows_moved: int | None = None
+    bytes_padded: int | None = None
+    bytes_useful: int | None = None
+    algbw_padded_GBps: float | None = None
+    busbw_padded_GBps: float | None = None
+    algbw_useful_GBps: float | None = None
+    busbw_useful_GBps: float | None = None
+    origin: str = ""
+
+
+def _origin(name: str) -> str:
+    try:
+        return impl_registry.origin(impl_registry.get(name))
+    except ValueError:
+        return ""
+
+
+def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[str, Any]]]) -> list[ImplResult]:
+    """Combine every rank's reports (``asdict`` of checks.ImplReport) per implementation."""
+    itemsize = DTYPES[spec.dtype].itemsize
+    results = []
+    for name in spec.impls:
+        reps = [r[name] for r in per_rank]
+        statuses = {rep["status"] for rep in reps}
+        if statuses == {"skipped"}:
+            results.append(ImplResult(name, "skipped", reason=reps[0]["reason"], origin=_origin(name)))
+            continue
+        failures = [(check, f"rank {rank}: {msg}") for rank, rep in enumerate(reps) for check, msg in rep["failures"]]
+        errs = [rep["max_rel_err"] for rep in reps if rep["max_rel_err"] is not None]
+        evens = [rep["even_bitwise_equal"] for rep in reps if rep["even_bitwise_equal"] is not None]
+        if failures:
+            status = "failed"
+        elif statuses == {"refused"}:
+            status = "refused"
+        elif statuses == {"passthrough"}:
+            status = "passthrough"
+        elif statuses == {""}:
+            status = "ok"
+        else:  # some ranks refused or passed through and others did not
+            status = "failed"
+            failures = [("rank_agreement", f"ranks disagree on the outcome: {sorted(statuses)}")]
+        res = ImplResult(
+            name,
+            status,
+            reason="; ".join(msg for _, msg in failures[:3]) or reps[0]["reason"],
+            failed_check=failures[0][0] if failures else "",
+            correct=all(rep["correct"] for rep in reps) and not failures,
+            max_rel_err=max(errs) if errs else None,
+            even_bitwise_equal=all(evens) if len(evens) == len(reps) else None,
+            origin=_origin(name),
+        )
+        if status == "ok" and reps[0]["samples"]:
+            folded = fold_phases([rep["samples"] for rep in reps])
+            res.stats = {phase: summarize(xs) for phase, xs in folded.items()}
+            _bandwidth(res, reps, spec, plan, itemsize)
+        results.append(res)
+    return results
+
+
+def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, plan: CPPlan, itemsize: int) -> None:
+    """Rows, bytes and nccl-tests bandwidths over the collectives' time."""
+    impl = impl_registry.get(res.impl)
+    coll_us = res.stats["collective"]["p50"]
+    cp = plan.cp_size
+    useful = plan.total_tokens * spec.hidden_size * itemsize
+    if impl.mode == "SCATTERED":
+        # Each token once per destination rank (itself included); the combine
+        # returns as many. alltoall semantics: S = bytes per rank (total / cp),
+        # so busbw compares with the gather's.
+        rows = sum(rep["rows_sent"] or 0 for rep in reps)
+        res.rows_moved = rows
+        res.bytes_padded = rows * spec.hidden_size * itemsize
+        res.bytes_useful = useful
+        res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded // cp, coll_us, cp)
+        res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful // cp, coll_us, cp)
+        return
+    rows = impl.buffer_rows(plan)
+    res.rows_moved = rows
+    res.bytes_padded = rows * spec.hidden_size * itemsize
+    res.bytes_useful = useful
+    if cp > 1:  # with one rank nothing moves: no bandwidth
+        res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
+        res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful, coll_us, cp)

@@ -1,0 +1,95 @@
+"""A matrix point as the ranks run it, and the data they run it on.
+
+:class:`PointSpec` holds plain values only (it is pickled to the ranks) and is
+built by the matrix after validation (matrix/config.py); its own checks guard
+library users. Data is seeded from ``(seed, rank)``, generated on the CPU so a
+point gives the same bits on every device, and reproducible from a row alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .modes import ScatterMode
+from .plan import CPPlan, plan_split
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FAULTS: tuple[str, ...] = ("none", "crash_rank", "hang_rank", "raise")
+# Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
+MAX_SEED = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """Everything a rank needs to run a point."""
+
+    seq_lens: tuple[int, ...]
+    cp_size: int
+    policy: str
+    page_size: int = 1
+    align: int | None = None
+    mode: str = "FULL"
+    impls: tuple[str, ...] = ("padded", "legacy")
+    hidden_size: int = 7168
+    dtype: str = "bfloat16"
+    num_experts: int | None = None  # None: two experts per rank
+    topk: int = 2
+    warmup: int = 5
+    iters: int = 20
+    seed: int = 0
+    flush_l2: bool = False
+    fault: str = "none"  # tests only: make the last rank crash, hang or raise
+
+    def __post_init__(self) -> None:
+        from . import impls as impl_registry
+
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault={self.fault!r} is not one of {', '.join(FAULTS)}")
+        ScatterMode(self.mode)
+        for name in self.impls:
+            impl_registry.get(name)
+        for key in ("hidden_size", "topk", "iters"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{key}={v!r} must be a positive int")
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup!r} must be a non-negative int")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed={self.seed!r} must be an int in [0, {MAX_SEED}]")
+        if self.experts % self.cp_size:
+            raise ValueError(f"num_experts={self.experts} is not a multiple of cp_size={self.cp_size}")
+        if not 1 <= self.topk <= self.experts:
+            raise ValueError(f"topk={self.topk} must be in [1, num_experts={self.experts}]")
+
+    @property
+    def experts(self) -> int:
+        return self.num_experts if self.num_experts is not None else 2 * self.cp_size
+
+    def plan(self) -> CPPlan:
+        return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size, align=self.align)
+
+
+def shard_seed(seed: int, rank: int) -> int:
+    """Seed of rank ``rank``'s hidden states: (seed, rank) names the data, so a
+    failing point reproduces from its row alone. Fits torch's 64-bit seed for
+    every seed <= MAX_SEED and rank < 2**20."""
+    return seed * 1_000_003 + rank
+
+
+def make_shard(spec: PointSpec, plan: CPPlan, rank: int, device: torch.device, salt: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s ``[n_r, H]`` hidden states, generated on the CPU (same bits
+    on every device) from :func:`shard_seed`. ``salt`` picks another input set."""
+    g = torch.Generator().manual_seed(shard_seed(spec.seed, rank) + 7919 * salt)
+    x = torch.randn(plan.per_rank_tokens[rank], spec.hidden_size, generator=g)
+    return x.to(device=device, dtype=DTYPES[spec.dtype])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Byte-exact equality: NaN == NaN and -0.0 != 0.0 here, unlike torch.equal."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
