@@ -58,7 +58,12 @@ def _check(
     """Agree on the inputs (``check``), refuse an uneven plan (``even_only``),
     then this rank's index in the group."""
     if check:
-        agree(what, tensor, plan, _expected(plan, group_rank(group), rows), group)
+        want = _expected(plan, group_rank(group), rows)
+        if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
+            # The refusal comes first: decided from the plan the ranks agree on,
+            # whatever rows they hold.
+            want = int(tensor.shape[0]) if tensor.dim() else want
+        agree(what, tensor, plan, want, group)
     rank = _rank(plan, group)  # type: ignore[arg-type]
     if even_only:
         _refuse_uneven(plan)  # type: ignore[arg-type]
