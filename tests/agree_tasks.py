@@ -1,0 +1,69 @@
+"""Rank tasks of tests/test_agree.py: one rank passes a bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nsa_cp_comm import legacy_gather, padded_gather, padded_scatter, plan_split
+from nsa_cp_comm.checks import checked_group
+from nsa_cp_comm.collectives import all_gather_into
+from nsa_cp_comm.ranks import rank_device
+
+H = 8
+
+
+def _local(plan, rank, rows=None, h=H, dtype=torch.float32, device=None):
+    n = plan.per_rank_tokens[rank] if rows is None else rows
+    return torch.ones(n, h, dtype=dtype, device=device or rank_device())
+
+
+def _cases(rank: int):
+    """label -> (function, args) for this rank; rank 1 is the odd one out."""
+    plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
+    other = plan_split([1002], 2, policy="zigzag_page", page_size=64)
+    odd = rank == 1
+    n = plan.per_rank_tokens[rank]
+    return {
+        "one_row_too_many": (padded_gather, (_local(plan, rank, rows=n + (1 if odd else 0)), plan)),
+        "hidden_size": (padded_gather, (_local(plan, rank, h=H + (1 if odd else 0)), plan)),
+        "dtype_int32": (padded_gather, (_local(plan, rank, dtype=torch.int32 if odd else torch.float32), plan)),
+        "plan_differs": (padded_gather, (_local(other if odd else plan, rank), other if odd else plan)),
+        "numpy": (padded_gather, (np.ones((n, H), dtype=np.float32) if odd else _local(plan, rank), plan)),
+        "list": (padded_gather, ([[1.0] * H] * n if odd else _local(plan, rank), plan)),
+        "none": (padded_gather, (None if odd else _local(plan, rank), plan)),
+        "meta": (padded_gather, (_local(plan, rank, device=torch.device("meta")) if odd else _local(plan, rank), plan)),
+        "scatter_rows": (padded_scatter, (torch.zeros(plan.padded_total + (1 if odd else 0), H), plan)),
+        "legacy_rows": (legacy_gather, (_local(plan := plan_split([1000], 2, policy="zigzag"), rank,
+                                               rows=500 + (1 if odd else 0)), plan)),
+    }
+
+
+def bad_input_on_one_rank(label: str) -> dict:
+    """Run one case; report this rank's error text and whether a collective
+    afterwards still completes (no rank was left inside one)."""
+    rank = dist.get_rank()
+    fn, args = _cases(rank)[label]
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        error = f"{type(exc).__name__}: {exc}"
+    else:
+        error = ""
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"error": error, "after": int(t.item())}
+
+
+def mismatched_collective_on_checked_group() -> str:
+    """Rank 1 all-gathers one row more than rank 0 on the correctness group:
+    torch's consistency wrapper raises instead of gloo aborting the process."""
+    group = checked_group(30.0)
+    rank = dist.get_rank()
+    k = 2 + rank
+    try:
+        all_gather_into(torch.empty(2 * k, H), torch.ones(k, H), group)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return ""

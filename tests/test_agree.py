@@ -1,0 +1,58 @@
+"""Ranks agree or all fail: a bad input on ONE rank of a round trip gives the
+same one-line ValueError on every rank, and no rank is left inside a
+collective (the all-reduce after it completes). Real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+import agree_tasks
+from nsa_cp_comm.agree import NOT_A_TENSOR, USABLE, fingerprint, verdict
+from nsa_cp_comm.plan import plan_split
+
+CASES = {
+    "one_row_too_many": "padded_gather local: rank 1 has 513 rows, the plan expects 512",
+    "hidden_size": "ranks disagree on hidden size H: rank 0=8, rank 1=9",
+    "dtype_int32": "ranks disagree on dtype: rank 0=torch.float32, rank 1=torch.int32",
+    "plan_differs": "ranks passed different plans",
+    "numpy": "local on rank 1 is not a torch.Tensor",
+    "list": "local on rank 1 is not a torch.Tensor",
+    "none": "local on rank 1 is not a torch.Tensor",
+    "meta": "local on rank 1 is on the meta device",
+    "scatter_rows": "padded_scatter full: rank 1 has 1025 rows, the plan expects 1024",
+    "legacy_rows": "legacy_gather local: rank 1 has 501 rows, the plan expects 500",
+}
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_bad_input_on_one_rank_is_the_same_error_on_every_rank(rank_pool, label):
+    results = rank_pool(2).run(agree_tasks.bad_input_on_one_rank, label, timeout_s=60)
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    errors = [r.value["error"] for r in results]
+    assert errors[0] == errors[1], errors  # the same text on every rank
+    assert errors[0].startswith("ValueError: ") and CASES[label] in errors[0], errors[0]
+    assert "\n" not in errors[0]
+    assert [r.value["after"] for r in results] == [2, 2]  # nobody was left in a collective
+
+
+def test_correctness_group_turns_a_mismatched_collective_into_an_error(rank_pool):
+    """Without the consistency wrapper gloo aborts the process (SIGABRT)."""
+    results = rank_pool(2).run(agree_tasks.mismatched_collective_on_checked_group, timeout_s=90)
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    for r in results:
+        assert r.value.startswith("RuntimeError: Detected mismatch between collectives"), r.value
+
+
+def test_verdict_is_decided_from_the_fingerprints_alone():
+    plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
+    import torch
+
+    good = [fingerprint("g", torch.ones(n, 4), plan, n) for n in plan.per_rank_tokens]
+    assert all(p[0] == USABLE for p in good) and verdict("g", good) is None
+    bad = [good[0], fingerprint("g", [1, 2], plan, 512)]
+    assert bad[1][0] == NOT_A_TENSOR
+    assert verdict("g", bad) == verdict("g", list(bad)) and "rank 1" in verdict("g", bad)
+    swapped = [fingerprint("g", torch.ones(4, 4), plan, 488), good[1]]
+    assert "rank 0 has 4 rows, the plan expects 488" in verdict("g", swapped)
+    wrong_world = [fingerprint("g", torch.ones(1, 4), plan_split([9], 3, policy="round_robin"), 3)] * 2
+    assert "group size 2 != plan.cp_size=3" in verdict("g", wrong_world)
