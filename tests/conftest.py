@@ -1,11 +1,31 @@
 """Fixtures of the distributed tests: warm gloo RankPools, one per world size,
-shared by the tests of one xdist worker (starting ranks costs seconds)."""
+shared by the tests of one xdist worker (starting ranks costs seconds); and
+the hypothesis profiles of the property tests.
+
+Profiles (``HYPOTHESIS_PROFILE=...``, default ``ci``):
+
+* ``ci``: bounded and deterministic, what ``nox -s tests`` runs: the same
+  examples on every run and machine (derandomized), no deadline (a loaded
+  2-core CI box is slow, not wrong), no example database written.
+* ``fuzz``: thousands of random examples per property, for ``nox -s fuzz``
+  (``pytest -m fuzz``); a failure prints the shrunk counterexample and the
+  blob that replays it (``@reproduce_failure``).
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, Verbosity, settings
 
 from nsa_cp_comm import RankPool
+
+settings.register_profile("ci", max_examples=50, deadline=None, derandomize=True, database=None,
+                          print_blob=True)
+settings.register_profile("fuzz", max_examples=3000, deadline=None, database=None, print_blob=True,
+                          verbosity=Verbosity.normal, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
