@@ -118,6 +118,8 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
     key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
+    if cfg.get("fault", "none") != "none":  # an injected fault makes another point
+        key["fault"] = cfg["fault"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
