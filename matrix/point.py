@@ -241,10 +241,10 @@ def build_rows(
     return rows
 
 
-def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
-    from nsa_cp_comm.measure import run_point
-    from nsa_cp_comm.ranks import get_pool, one_line_error
-
+def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] | None:
+    """``skipped`` results when the point does not run (its mlp_mode contradicts
+    its backend, or another point in the same results measured the same
+    effective configuration), else None."""
     if res.skip:
         return [ImplResult(name, "skipped", reason=res.skip) for name in res.impls]
     earlier = earlier_same_effective(cfg["results_dir"], effective_id(res), point_id(cfg))
@@ -254,6 +254,16 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
             f"({earlier.get('overrides') or 'no overrides'}), which ran: policy={res.policy}, page_size={res.page_size}"
         )
         return [ImplResult(name, "skipped", reason=why) for name in res.impls]
+    return None
+
+
+def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
+    from nsa_cp_comm.measure import run_point
+    from nsa_cp_comm.ranks import get_pool, one_line_error
+
+    skipped = skipped_results(cfg, res)
+    if skipped is not None:
+        return skipped
     try:
         pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row

@@ -32,12 +32,11 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nsa_cp_comm.ranks import one_line_error
+from nsa_cp_comm.ranks import FAILURE_GRACE_S, one_line_error
 
 from .config import ConfigError, validate_overrides
 from .results import SchemaError
 
-FAILURE_GRACE_S = 2.0
 REPORT_MARGIN_S = 5.0  # rank 0 waits this long past the deadline for late reports
 _POLL_S = 0.05
 _STOP: dict[str, int] = {}
@@ -53,7 +52,7 @@ def _env(name: str) -> int:
 def config_of(argv: list[str]) -> dict[str, Any]:
     """The point's config, composed and checked as ``python -m matrix ARGV``
     would; raises ConfigError / SchemaError (one line)."""
-    from .config import validate_point
+    from .config import validate
     from .preflight import points
 
     if any(a.startswith("-") for a in argv):
@@ -66,7 +65,7 @@ def config_of(argv: list[str]) -> dict[str, Any]:
             raise ConfigError(f"{ov.input_line}: one point per torchrun run, no sweeps")
     found = list(points(argv))
     (cfg, _), = found
-    validate_point(cfg)
+    validate(cfg)
     return cfg
 
 
@@ -127,7 +126,7 @@ class _Outcomes:
         return got
 
 
-def _run_rank(spec: Any, backend: str, timeout_s: float, outcomes: _Outcomes) -> tuple[str, Any, str]:
+def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float, outcomes: _Outcomes) -> tuple[str, Any, str]:
     """This rank's ``(status, reports, error)``; returns by ``timeout_s`` (or a
     grace after a peer failed) even if the point is stuck in a collective."""
     from nsa_cp_comm.measure import point_on_rank
@@ -136,6 +135,12 @@ def _run_rank(spec: Any, backend: str, timeout_s: float, outcomes: _Outcomes) ->
 
     def body() -> None:
         try:
+            if device.type == "cuda":
+                # CUDA's current device is per host thread: set it in the thread
+                # that runs the point, so nothing defaults to GPU 0.
+                import torch
+
+                torch.cuda.set_device(device)
             box["out"] = ("ok", point_on_rank(spec, backend), "")
         except BaseException as exc:  # noqa: BLE001 - reported to rank 0
             box["out"] = ("error", None, one_line_error(exc))
@@ -211,16 +216,18 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     import torch
     import torch.distributed as dist
 
-    from nsa_cp_comm.measure import ImplResult, fold_reports
-    from nsa_cp_comm.ranks import set_rank_device, summarize_failure
+    from nsa_cp_comm.fold import fold_reports
+    from nsa_cp_comm.measure import failed_run
+    from nsa_cp_comm.ranks import set_rank_device
 
-    from .point import build_rows, point_id, point_spec
-    from .results import append_rows, check_schema, completed_point_ids, results_path
-    from .summary import Summary, point_status
+    from .point import build_rows, point_id, skipped_results
+    from .results import BAD_STATUSES, append_rows, check_schema, completed_point_ids, results_path
+    from .summary import live_line
 
     if res.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
+        # An explicit device everywhere: the point runs in another thread.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
     set_rank_device(device)
@@ -230,16 +237,17 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     timeout = timedelta(seconds=max(60.0, cfg["timeout_s"] + 30.0))
     dist.init_process_group(res.backend, init_method="env://", rank=rank, world_size=world, timeout=timeout, **kwargs)
     outcomes = _Outcomes(world)
-    spec = point_spec(cfg, res)
+    spec = res.spec
 
     # Rank 0 owns the results file: it decides, everyone follows.
     decision: list[str] = ["run"]
+    skipped = None
     if rank == 0:
         try:
             check_schema(results_path(cfg["results_dir"]))
             if cfg["resume"] and point_id(cfg) in completed_point_ids(cfg["results_dir"]):
                 decision = ["resumed"]
-            elif res.skip:
+            elif (skipped := skipped_results(cfg, res)) is not None:
                 decision = ["skip"]
         except SchemaError as exc:
             decision = [f"error: {exc}"]
@@ -249,16 +257,16 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
             if decision[0].startswith("error: "):
                 print(decision[0], file=sys.stderr, flush=True)
             elif decision[0] == "resumed":
-                Summary().add(cfg, None)
+                print(live_line(cfg, None), flush=True)
             else:
-                rows = build_rows(cfg, res, [ImplResult(n, "skipped", reason=res.skip) for n in res.impls], spec, overrides, 0.0)
+                rows = build_rows(cfg, res, skipped or [], overrides, 0.0)
                 append_rows(cfg["results_dir"], rows)
-                Summary().add(cfg, rows)
+                print(live_line(cfg, rows), flush=True)
         dist.destroy_process_group()
         return 2 if decision[0].startswith("error: ") else 0
 
     t0 = time.perf_counter()
-    mine = _run_rank(spec, res.backend, cfg["timeout_s"], outcomes)
+    mine = _run_rank(spec, res.backend, device, cfg["timeout_s"], outcomes)
     outcomes.post(rank, mine)
     if rank != 0:
         if mine[0] == "ok":
@@ -272,13 +280,12 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     ranks = _rank_results(got, world)
     if all(r.ok for r in ranks):
         results = fold_reports(spec, spec.plan(), [r.value for r in ranks])
-    else:
-        status, reason = summarize_failure(ranks)
-        results = [ImplResult(name, status, reason=reason) for name in spec.impls]
-    rows = build_rows(cfg, res, results, spec, overrides, time.perf_counter() - t0)
+    else:  # the rank pool's failure policy: the first rank that failed by itself names it
+        results = failed_run(spec, ranks)
+    rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     append_rows(cfg["results_dir"], rows)
-    Summary().add(cfg, rows)
-    code = 0 if point_status(rows) in ("ok", "skipped") else 1
+    print(live_line(cfg, rows), flush=True)
+    code = 1 if any(r["status"] in BAD_STATUSES for r in rows) else 0
     if code == 0:
         dist.destroy_process_group()
         return 0

@@ -1,8 +1,10 @@
 """Ranks agree on a round trip's inputs, or every rank raises the same ValueError.
 
-A collective whose inputs differ between ranks does not fail cleanly: gloo
-aborts the process (SIGABRT), NCCL hangs or returns a wrong-shaped tensor, and
-float32 on one rank with int32 on another gives silent garbage. So before the
+A collective whose inputs differ between ranks does not fail cleanly: torch
+raises on the ranks whose sizes disagree and leaves the others waiting inside
+it (for gloo's 30-minute default timeout), a reduce-scatter into a wrong-sized
+chunk can return the wrong rows without an error, and float32 on one rank with
+int32 on another gives silent garbage. So before the
 round trips of :mod:`.roundtrip` touch a collective, every rank publishes a
 small fingerprint of what it is about to do (plan identity, the tensor's rows,
 width, dtype and device kind, and whether it is a usable tensor at all) with

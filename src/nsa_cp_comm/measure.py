@@ -9,6 +9,7 @@ Nothing here knows about Hydra or CSV files.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import asdict
 from typing import Any
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from . import impls as impl_registry
 from .checks import ImplReport, check_dispatch, check_full, check_passthrough, checked_group
-from .fold import ImplResult, fold_reports
+from .fold import ImplResult, _origin, fold_reports
 from .modes import ScatterMode
 from .moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
@@ -88,7 +89,10 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     # timed on none, or the others would wait forever.
     names = list(reports)
     failed = torch.tensor([float(bool(reports[n].failures)) for n in names], device=device)
-    dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    # On the correctness group: a rank that skipped one of the checks'
+    # collectives meets its peers' collective here, and the group's
+    # consistency check turns the would-be hang into an error on every rank.
+    dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     plan = spec.plan()
     rank = dist.get_rank()
     steps = []
@@ -112,20 +116,56 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     return {name: asdict(rep) for name, rep in reports.items()}
 
 
-def _failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
+# The correctness group's consistency check, as each rank reports itself.
+_MISMATCH = "Detected mismatch between collectives on ranks"
+_OWN_FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+)")
+
+
+def _mismatch(results: list[RankResult]) -> str:
+    """The ranks' collectives when the correctness group found they differ,
+    naming the ranks that never entered the collective most ranks are in
+    (with a tie, every rank and its collective), else ''."""
+    ops: dict[int, str] = {}
+    for r in results:
+        m = _OWN_FINGERPRINT.search(r.error) if _MISMATCH in r.error else None
+        if m:
+            ops[int(m.group(1))] = m.group(2)
+    if not ops:
+        return ""
+    by_op: dict[str, list[int]] = {}
+    for rank, op in sorted(ops.items()):
+        by_op.setdefault(op, []).append(rank)
+    where = "; ".join(f"rank {','.join(map(str, rs))} in {op}" for op, rs in by_op.items())
+    counts = sorted((len(rs) for rs in by_op.values()), reverse=True)
+    if len(counts) > 1 and counts[0] > counts[1]:
+        common = max(by_op, key=lambda op: len(by_op[op]))
+        never = [rank for rank, op in sorted(ops.items()) if op != common]
+        head = f"rank {','.join(map(str, never))} never entered {common}"
+    else:
+        head = "ranks issued different collectives"
+    return f"{head} ({where}): a decision taken from local state, not the shared plan"
+
+
+def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
     """Rows for a point whose ranks raised, died or hung. Ranks that answered
-    while others timed out skipped a collective their peers wait in."""
+    while others timed out skipped a collective their peers wait in; ranks
+    the correctness group found in different collectives skipped one too."""
     status, reason = summarize_failure(results)
     check = ""
     done = [r.rank for r in results if r.ok]
     stuck = [r.rank for r in results if r.status == "timeout"]
-    if done and stuck:
+    mismatch = _mismatch(results)
+    if mismatch:
+        check = "collective_skipped"
+        # Each rank's text repeats the fingerprints just summarised.
+        reason = f"{mismatch}; {reason.split(_MISMATCH)[0]}{_MISMATCH}"
+    elif done and stuck:
         check = "collective_skipped"
         reason = (
             f"rank {','.join(map(str, stuck))} still waiting in a collective that rank "
             f"{','.join(map(str, done))} never entered (they returned); {reason}"
         )
-    return [ImplResult(name, status, reason=reason, failed_check=check) for name in spec.impls]
+    return [ImplResult(name, status, reason=reason, failed_check=check, origin=_origin(name)) for name in spec.impls]
 
 
 def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[ImplResult]:
@@ -137,5 +177,5 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[Impl
     plan = spec.plan()
     results = pool.run(point_on_rank, spec, pool.backend, timeout_s=timeout_s)
     if not all(r.ok for r in results):
-        return _failed_run(spec, results)
+        return failed_run(spec, results)
     return fold_reports(spec, plan, [r.value for r in results])

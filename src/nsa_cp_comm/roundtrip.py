@@ -85,7 +85,8 @@ def uneven_error(plan: CPPlan) -> ValueError:
 
 def _refuse_uneven(plan: CPPlan) -> None:
     # Decided from the shared plan, so every rank raises; none is left inside
-    # a collective (NCCL would hang, gloo would abort the process).
+    # a collective. torch itself raises only on the ranks whose size disagrees
+    # and leaves the others waiting in it (docs/design.md, "What torch does").
     if not plan.is_even:
         raise uneven_error(plan)
 
