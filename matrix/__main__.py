@@ -24,6 +24,7 @@ from .results import SchemaError
 
 register()
 DRY_RUN_FLAG = "--dry-run"
+SHOW_FLAGS = ("--cfg", "-c", "--info", "-i")
 _ACTIVE: dict[str, object] = {}
 
 
@@ -103,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     dry = DRY_RUN_FLAG in argv
     argv = [a for a in argv if a != DRY_RUN_FLAG]
+    shows = [a for a in argv if a in SHOW_FLAGS]
+    if shows and any(a in MULTIRUN_FLAGS for a in argv):
+        print(f"error: {shows[0]} shows one composed config and cannot be combined with -m; "
+              f"list the points of a sweep with {DRY_RUN_FLAG}", file=sys.stderr)
+        return 2
     try:
         validate_overrides([a for a in argv if "=" in a and not a.startswith("-")])
         points = preflight(argv)  # every point of the sweep, before Hydra writes anything

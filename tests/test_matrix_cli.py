@@ -195,3 +195,38 @@ def test_bad_value_through_the_real_cli(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == ["error: seq_lens[1]=0: must be an integer in [1, 16777216]"]
     assert run.stdout == "" and not (tmp_path / "res").exists()
+
+
+def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does): no
+    traceback from the parent or a rank, the interrupted point, and the exact
+    command that finishes the sweep."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from matrix_cli import cli_env
+
+    res = tmp_path / "res"
+    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
+            f"results_dir={res}"]
+    proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not (res / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # the first point is done: the second is running on warm ranks
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out[-2000:], err[-2000:])
+    assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 2 and "interrupted, no row written" in lines[0], lines
+    hint = lines[1].split("finish the sweep with: ", 1)[1]
+    assert shlex.split(hint)[:3] == ["python", "-m", "matrix"] and shlex.split(hint)[-1] == "resume=true"
+    again = subprocess.run([sys.executable, *shlex.split(hint)[1:]], cwd=REPO, env=cli_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "matrix summary: 3 points, 6 rows: ok 6" in again.stdout
