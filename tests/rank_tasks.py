@@ -32,7 +32,7 @@ from nsa_cp_comm import (
 from nsa_cp_comm.moe import max_rel_err, tolerance
 from nsa_cp_comm.ranks import rank_device
 
-# torch's NCCL text for mismatched all-gather sizes (SPEC 1.1), spelled out here
+# torch's NCCL text for mismatched all-gather sizes (docs/design.md, section 3), spelled out here
 # rather than taken from the library, so a changed text fails the tests.
 TORCH_UNEVEN_TEXT = "output tensor size must be equal to world_size times input tensor size"
 
@@ -214,7 +214,7 @@ def padded_roundtrip_sum(case: dict) -> float:
 
 
 def validation_messages(cp: int) -> dict:
-    """Bad inputs of the round trips (issue 2 item 4), raised on every rank.
+    """Bad inputs of the round trips, raised on every rank.
     Returns ``{label: "Type: message"}`` (``""`` if nothing was raised)."""
     rank = dist.get_rank()
     device = rank_device()

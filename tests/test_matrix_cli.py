@@ -87,7 +87,7 @@ def test_smoke_sweep_through_the_cli(tmp_path):
     even = by[("2", "zigzag", "[1000]", "none", "padded")]
     assert even["even_bitwise_equal"] == "True" and even["padding_frac"] == "0.0"
     assert by[("2", "zigzag", "[1000]", "none", "legacy")]["status"] == "ok"
-    # Page-aligned split of one request: uneven, claim fails (SPEC 2.4).
+    # Page-aligned split of one request: uneven, claim fails (docs/design.md, section 2).
     page = by[("2", "zigzag_page", "[1000]", "none", "padded")]
     assert page["max_rank_len"] == "512" and page["claim_holds"] == "False"
     # DeepEP path: SCATTERED, the communicator moves nothing; the a2a stand-in is measured.

@@ -1,4 +1,4 @@
-"""mlp_mode / ScatterMode (SPEC section 1) and the communicator's local decisions."""
+"""mlp_mode / ScatterMode and the communicator's local decisions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The round trips on real gloo ranks (SPEC sections 1.1, 1.2 and 3).
+"""The round trips on real gloo ranks: byte-exact gathers, MoE round trips, refusals.
 
 One warm pool per world size; each test sends one task that loops over many
 cases, and the findings come back per case and rank."""

@@ -1,4 +1,4 @@
-"""Which way the layer communicator moves rows before a MoE (SPEC section 1)."""
+"""Which way the layer communicator moves rows before a MoE (docs/design.md, section 1)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class ScatterMode(str, enum.Enum):
 
     @classmethod
     def _missing_(cls, value: object) -> ScatterMode:
-        # One line naming the field, like every other bad input (issue 6).
+        # One line naming the field, like every other bad input.
         raise ValueError(f"mlp_mode={value!r} is not one of {', '.join(m.value for m in cls)}")
 
 

@@ -1,6 +1,6 @@
 """A small reference MoE: per-rank partial outputs and the single-process truth.
 
-Bias-free top-k experts split evenly over the CP ranks (SPEC 3.2). Weights come
+Bias-free top-k experts split evenly over the CP ranks (docs/design.md, section 6). Weights come
 from a CPU generator seeded by ``seed`` alone, so every rank and the reference
 hold identical weights whatever the device. Routing is computed in float64 on
 each row by itself, so a row routes the same way whether it arrives alone, in

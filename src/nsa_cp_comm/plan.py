@@ -1,4 +1,4 @@
-"""How a prefill batch is split over context-parallel ranks (SPEC section 2).
+"""How a prefill batch is split over context-parallel ranks (docs/design.md, section 2).
 
 Pure Python: no torch, no torch.distributed. A :class:`CPPlan` is what every
 rank of a CP group agrees on; the round trips decide everything (buffer sizes,
