@@ -1,0 +1,237 @@
+"""Implementations from outside the project, through the real CLI.
+
+- Each deliberately broken implementation (tests/broken_impls.py) is flagged
+  with a row naming the check, and the sweep goes on to the next points.
+- The worked example (examples/engine_comm) is installed as a plugin and runs
+  by entry-point name, by ``module:attribute`` and within ``impl=all``, with
+  its origin in the rows and its name in the report beside ``padded``.
+- A bad reference is one line naming it, exit code 2, nothing written.
+- The README's adapter is the example's file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from matrix_cli import REPO, CliRun, cli_env, run_matrix
+
+EXAMPLE = REPO / "examples" / "engine_comm"
+SMALL = ("hidden_size=32", "iters=1", "warmup=0")
+BROKEN = "tests.broken_impls"
+
+
+def _by_point(run: CliRun) -> dict[tuple[str, str], dict[str, str]]:
+    return {(r["impl"], r["seq_lens"]): r for r in run.rows()}
+
+
+def _verdict(row: dict[str, str]) -> tuple[str, str]:
+    return row["status"], row["failed_check"]
+
+
+def test_broken_impls_are_flagged_and_the_sweep_goes_on(tmp_path):
+    # [3,3] splits (2,4): rank 0 is short, so padding exists and the packed
+    # offset of rank 1 (2) is not its padded one (4). [1,1] splits (2,0): an
+    # empty shard. padded comes last in the sweep: it must still run after
+    # the points whose ranks errored.
+    names = ("wrong_order", "dirty_padding", "wrong_chunk", "mutates_input", "skip_empty")
+    impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[3,3],[1,1]", "timeout_s=30", *SMALL)
+    assert run.returncode == 1, run.stderr[-2000:]  # failed rows: a failing sweep, not a crash
+    rows = _by_point(run)
+    assert len(run.rows()) == 12
+    expect = {
+        "wrong_order": {"[3,3]": ("failed", "gather_rows"), "[1,1]": ("failed", "gather_rows")},
+        "dirty_padding": {"[3,3]": ("failed", "padding_zero"), "[1,1]": ("failed", "padding_zero")},
+        # A plan where no earlier rank is short hides the packed-offset slice.
+        "wrong_chunk": {"[3,3]": ("failed", "scatter_chunk"), "[1,1]": ("ok", "")},
+        "mutates_input": {"[3,3]": ("failed", "input_mutated"), "[1,1]": ("failed", "input_mutated")},
+        # Only a plan with an empty shard exposes the branch on the local shape.
+        "skip_empty": {"[3,3]": ("ok", "")},
+    }
+    for name, points in expect.items():
+        for lens, verdict in points.items():
+            row = rows[(f"{BROKEN}:{name}", lens)]
+            assert _verdict(row) == verdict, (name, lens, row["reason"])
+            assert row["impl_origin"].startswith(BROKEN), row["impl_origin"]
+            if verdict[0] == "failed":
+                assert row["correct"] == "False" and row["roundtrip_p50_us"] == "", row
+    # Rank 1 holds no rows and skips the all-gather; the correctness group's
+    # consistency check finds it in another collective instead of a hang.
+    skipped = rows[(f"{BROKEN}:skip_empty", "[1,1]")]
+    assert skipped["status"] in ("error", "timeout") and skipped["failed_check"] == "collective_skipped", skipped
+    assert "rank 0" in skipped["reason"] and "rank 1" in skipped["reason"], skipped["reason"]
+    assert skipped["impl_origin"].startswith(BROKEN)
+    # The sweep went on: the points after it ran, on fresh ranks.
+    order = [(r["impl"], r["seq_lens"]) for r in run.rows()]
+    assert order.index(("padded", "[3,3]")) > order.index((f"{BROKEN}:skip_empty", "[1,1]"))
+    for lens in ("[3,3]", "[1,1]"):
+        assert _verdict(rows[("padded", lens)]) == ("ok", ""), rows[("padded", lens)]["reason"]
+        assert float(rows[("padded", lens)]["roundtrip_p50_us"]) > 0
+
+
+def test_even_bits_and_a_rank_that_never_enters(tmp_path):
+    # Three ranks, one expert each, every token to all three experts: each
+    # output element sums three non-zero partials, where summation order and
+    # precision show in the bits (two summands round the same either way).
+    # [300] is even; [1,1] splits (2,1,0).
+    impl = f"{BROKEN}:even_shortcut,{BROKEN}:skip_empty_both,padded"
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=3", "seq_lens=[300],[1,1]", "num_experts=3", "topk=3",
+                     "timeout_s=30", *SMALL)
+    assert run.returncode == 1, run.stderr[-2000:]
+    rows = _by_point(run)
+    shortcut = rows[(f"{BROKEN}:even_shortcut", "[300]")]
+    assert _verdict(shortcut) == ("failed", "even_bitwise"), shortcut["reason"]
+    assert shortcut["even_bitwise_equal"] == "False"
+    assert _verdict(rows[(f"{BROKEN}:even_shortcut", "[1,1]")]) == ("ok", "")  # uneven: no bits promised
+    assert _verdict(rows[(f"{BROKEN}:skip_empty_both", "[300]")]) == ("ok", "")
+    # Rank 2 skips the gather and the scatter and waits in the next collective
+    # of the point; ranks 0 and 1 wait in the all-gather.
+    hung = rows[(f"{BROKEN}:skip_empty_both", "[1,1]")]
+    assert hung["status"] in ("error", "timeout") and hung["failed_check"] == "collective_skipped", hung
+    assert re.search(r"\brank 2 never entered\b", hung["reason"]), hung["reason"]
+    for lens in ("[300]", "[1,1]"):
+        assert _verdict(rows[("padded", lens)]) == ("ok", "")
+    assert rows[("padded", "[300]")]["even_bitwise_equal"] == "True"
+
+
+# --- the worked example, installed as a plugin --------------------------------
+
+
+def install_plugin(project: Path, site: Path) -> dict:
+    """What ``pip install --target site project`` leaves, without building a
+    wheel: the package and a ``.dist-info`` with its metadata and entry points
+    (read from the project's pyproject.toml, so a wrong entry point there fails
+    here). Returns the [project] table."""
+    meta = tomllib.loads((project / "pyproject.toml").read_text())
+    proj, packages = meta["project"], meta["tool"]["setuptools"]["packages"]
+    dist = site / f"{re.sub(r'[-_.]+', '_', proj['name'])}-{proj['version']}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {proj['name']}\nVersion: {proj['version']}\n")
+    groups = proj.get("entry-points", {})
+    (dist / "entry_points.txt").write_text(
+        "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items())
+    )
+    (dist / "top_level.txt").write_text("".join(f"{p}\n" for p in packages))
+    for p in packages:
+        shutil.copytree(project / p, site / p, ignore=shutil.ignore_patterns("__pycache__"))
+    return proj
+
+
+def _with_site(site: Path) -> dict[str, str]:
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
+    return env
+
+
+def run_with(site: Path, results: Path, *overrides: str, multirun: bool = True, timeout: float = 240) -> CliRun:
+    """run_matrix's command with ``site`` on the path (the ranks inherit it)."""
+    cmd = [sys.executable, "-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results}", *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, env=_with_site(site), capture_output=True, text=True, timeout=timeout)
+    return CliRun(proc.returncode, proc.stdout, proc.stderr, results)
+
+
+def test_example_plugin_by_entry_point_and_by_reference(tmp_path):
+    site = tmp_path / "site"
+    proj = install_plugin(EXAMPLE, site)
+    ep_name, ref = next(iter(proj["entry-points"]["nsa_cp_comm.impls"].items()))
+    assert (ep_name, ref) == ("engine_comm", "engine_comm.adapter:impl")
+    results = tmp_path / "res"
+    # [1001,300] is uneven (padding), [1000] even (legacy's bits promised).
+    run = run_with(site, results, f"impl={ep_name},{ref},all", "cp_size=2", "seq_lens=[1001,300],[1000]", *SMALL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = run.rows()
+    origin = f"engine_comm.adapter {proj['version']}"
+    mine = [r for r in rows if r["impl"] in (ep_name, ref)]
+    # by name, by reference, and inside impl=all: 3 points x 2 plans.
+    assert len(mine) == 6
+    for r in mine:
+        assert (r["status"], r["correct"], r["impl_origin"]) == ("ok", "True", origin), r
+        assert float(r["roundtrip_p50_us"]) > 0
+        assert r["even_bitwise_equal"] == ("True" if r["seq_lens"] == "[1000]" else "")
+    in_all = {r["impl"] for r in rows if " impl=all " in f" {r['overrides']} "}
+    assert {"padded", "legacy", ep_name} <= in_all, in_all  # discovered beside the built-in ones
+    assert all(r["impl_origin"] == "nsa_cp_comm 0.1.0" for r in rows if r["impl"] == "padded")
+
+    report = subprocess.run([sys.executable, "-m", "matrix.report", str(results)], cwd=REPO, env=_with_site(site),
+                            capture_output=True, text=True, timeout=240)
+    assert report.returncode == 0, report.stderr[-2000:]
+    md = (results / "report.md").read_text()
+    assert ep_name in md and "padded" in md
+
+
+def test_broken_plugin_is_one_line_naming_its_entry_point(tmp_path):
+    site = tmp_path / "site"
+    project = tmp_path / "broken_plugin"
+    (project / "broken_plugin").mkdir(parents=True)
+    (project / "broken_plugin" / "__init__.py").write_text("import nope_dependency  # not installed\n")
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "broken-plugin"\nversion = "1.0"\n'
+        '[project.entry-points."nsa_cp_comm.impls"]\nbroken = "broken_plugin:impl"\n'
+        '[tool.setuptools]\npackages = ["broken_plugin"]\n'
+    )
+    install_plugin(project, site)
+    results = tmp_path / "res"
+    run = run_with(site, results, "impl=all", "cp_size=2", *SMALL, multirun=False, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "entry point broken = broken_plugin:impl" in lines[0], run.stderr
+    assert "nope_dependency" in lines[0]
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    "ref, says",
+    [
+        ("nope.mod:x", "cannot import nope.mod"),
+        ("os:path", "is not a RoundTripImpl or DispatchImpl"),
+        (f"{BROKEN}:raising_factory", "calling the factory raised RuntimeError"),
+        (f"{BROKEN}:no_such_attribute", "has no attribute no_such_attribute"),
+    ],
+)
+def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, ref, says):
+    results = tmp_path / "res"
+    # In a sweep after a good implementation: nothing runs, not even the good one.
+    run = run_matrix(results, f"impl=padded,{ref}", "cp_size=2", *SMALL, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: impl={ref}:") and says in lines[0], run.stderr
+    assert not results.exists()
+
+
+# --- the README's section -----------------------------------------------------
+
+
+def _section() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## Test your own communicator", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_adapter_is_the_example_file():
+    blocks = re.findall(r"```python\n(.*?)```", _section(), re.S)
+    adapter = (EXAMPLE / "engine_comm" / "adapter.py").read_text()
+    assert adapter in blocks, "the README's adapter differs from examples/engine_comm/engine_comm/adapter.py"
+    assert len(adapter.splitlines()) <= 30
+
+
+def test_readme_registration_and_checks_are_current():
+    section = _section()
+    toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    assert toml.strip() in (EXAMPLE / "pyproject.toml").read_text()
+    from nsa_cp_comm import checks
+
+    # Every check the rows can name is explained in the section.
+    named = set(re.findall(r"``(\w+)``", checks.__doc__)) & {
+        "input_mutated", "gather_shape", "gather_rows", "padding_zero", "scatter_chunk", "reference_moe",
+        "even_bitwise", "refusal", "passthrough", "dispatch_rows",
+    }
+    assert len(named) == 10
+    for check in (*named, "collective_skipped"):
+        assert f"`{check}`" in section, check
