@@ -208,6 +208,11 @@ def _check_impl(value: object) -> None:
 
     if not isinstance(value, str) or not value:
         raise _fail("impl", value, "must be both, all, an implementation name or package.module:attribute")
+    if value == "all" or (value not in IMPL_KEYWORDS and ":" not in value and value not in impls.REGISTRY):
+        try:
+            impls.discover()  # an installed plugin that cannot load: one line naming its entry point
+        except impls.ImplError as exc:
+            raise ConfigError(str(exc)) from None
     if value in IMPL_KEYWORDS:
         return
     try:

@@ -118,7 +118,9 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
 
 # The correctness group's consistency check, as each rank reports itself.
 _MISMATCH = "Detected mismatch between collectives on ranks"
-_OWN_FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+)")
+_OWN_FINGERPRINT = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+)"
+)
 
 
 def _mismatch(results: list[RankResult]) -> str:
