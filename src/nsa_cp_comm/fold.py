@@ -38,7 +38,7 @@ class ImplResult:
     origin: str = ""
 
 
-def _origin(name: str) -> str:
+def origin_of(name: str) -> str:
     try:
         return impl_registry.origin(impl_registry.get(name))
     except ValueError:
@@ -53,7 +53,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         reps = [r[name] for r in per_rank]
         statuses = {rep["status"] for rep in reps}
         if statuses == {"skipped"}:
-            results.append(ImplResult(name, "skipped", reason=reps[0]["reason"], origin=_origin(name)))
+            results.append(ImplResult(name, "skipped", reason=reps[0]["reason"], origin=origin_of(name)))
             continue
         failures = [(check, f"rank {rank}: {msg}") for rank, rep in enumerate(reps) for check, msg in rep["failures"]]
         errs = [rep["max_rel_err"] for rep in reps if rep["max_rel_err"] is not None]
@@ -77,7 +77,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
             correct=all(rep["correct"] for rep in reps) and not failures,
             max_rel_err=max(errs) if errs else None,
             even_bitwise_equal=all(evens) if len(evens) == len(reps) else None,
-            origin=_origin(name),
+            origin=origin_of(name),
         )
         if status == "ok" and reps[0]["samples"]:
             folded = fold_phases([rep["samples"] for rep in reps])

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from . import impls as impl_registry
 from .checks import ImplReport, check_dispatch, check_full, check_passthrough, checked_group
-from .fold import ImplResult, _origin, fold_reports
+from .fold import ImplResult, fold_reports, origin_of
 from .modes import ScatterMode
 from .moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
@@ -167,7 +167,7 @@ def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
             f"rank {','.join(map(str, stuck))} still waiting in a collective that rank "
             f"{','.join(map(str, done))} never entered (they returned); {reason}"
         )
-    return [ImplResult(name, status, reason=reason, failed_check=check, origin=_origin(name)) for name in spec.impls]
+    return [ImplResult(name, status, reason=reason, failed_check=check, origin=origin_of(name)) for name in spec.impls]
 
 
 def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[ImplResult]:
