@@ -1,141 +1,178 @@
-"""Rank-side tasks of ``bench_comm.py`` (a module of their own so the rank
-processes can import them: a function of ``__main__`` cannot be pickled to them).
+"""Rank-side tasks of ``bench_comm.py``: correctness first, then the one timed loop.
 
-Each task runs on every rank of a :class:`nsa_cp_comm.ranks.RankPool`, checks
-correctness first (failures are returned, never raised) and returns per-rank
-per-iteration samples in microseconds; the driver takes the max over ranks per
-iteration (:func:`nsa_cp_comm.timing.max_over_ranks`).
+A module of its own because the ranks of a :class:`nsa_cp_comm.ranks.RankPool`
+must import a task by name (a function of ``__main__`` does not pickle to them).
+Every task runs on every rank and times nothing by itself: the checks are the
+matrix's (``nsa_cp_comm.measure`` / ``nsa_cp_comm.checks``) and the timings go
+through :func:`nsa_cp_comm.timing.timed_loop` over the production forms of
+:mod:`nsa_cp_comm.steps` (pre-sized, reused buffers; the padded path's local
+work a phase of its own). The driver folds the ranks' reports with
+:func:`nsa_cp_comm.fold.fold_reports` (slowest rank per iteration).
+
+``fault`` (tests only) breaks the padded implementation inside the rank
+processes for the duration of one task, so a test can prove that the
+benchmark's correctness phase catches a wrong padded path and exits 1, and
+that its ratio gate catches a slow one.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
-from nsa_cp_comm.measure import DTYPES, PointSpec, bitwise_equal, make_shard
-from nsa_cp_comm.moe import max_rel_err, tolerance
+from nsa_cp_comm import impls as impl_registry
+from nsa_cp_comm import steps as steps_module
+from nsa_cp_comm.checks import ImplReport, check_gather, checked_group
+from nsa_cp_comm.measure import CHECK_TIMEOUT_S, check_point, point_on_rank
 from nsa_cp_comm.ranks import rank_device
-from nsa_cp_comm.roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_scatter
-from nsa_cp_comm.timing import CacheFlusher, Clock
+from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
+from nsa_cp_comm.spec import PointSpec, bitwise_equal, make_shard
+from nsa_cp_comm.steps import full_steps
+from nsa_cp_comm.timing import CacheFlusher, Clock, timed_loop
 
-# "control" is the legacy path again: the legacy/control ratio is an A/A
-# measurement of the machine's noise floor, printed next to padded/legacy.
-PATHS = {
-    "legacy": (legacy_gather, legacy_scatter),
-    "padded": (padded_gather, padded_scatter),
-    "control": (legacy_gather, legacy_scatter),
-}
-ORDERS = list(itertools.permutations(PATHS))
+# The implementation timed a second time as the A/A control of the even-plan
+# ratio: two identical paths in the same loop show what the machine's noise
+# alone does to a paired ratio.
+CONTROL_OF = "legacy"
+CONTROL = "control"
+
+# How the padded path can be broken for a test, and what a correct benchmark
+# must then report: a failed check (exit 1) or, for ``slow_local``, a ratio
+# above the gate (exit 1 when the gate is on).
+FAULTS: tuple[str, ...] = ("none", "wrong_offset", "nonzero_pad", "wrong_chunk", "slow_local")
+SLOW_LOCAL_S = 0.25
 
 
-def even_ratio_task(spec: PointSpec) -> dict:
-    """padded vs legacy round trips on an even plan, **interleaved** (each
-    iteration runs every path once, in a rotating order) so that drift on a
-    shared machine hits all alike; with an A/A control (legacy once more).
-    Correctness: the padded buffer has no padding row and both paths give the
-    same bits."""
-    rank, device = dist.get_rank(), rank_device()
+def _gather_wrong_offset(local, plan, group=None, *, check=True):
+    # Every block one row late: a slot computed off by one.
+    return padded_gather(local, plan, group, check=check).roll(1, dims=0)
+
+
+def _gather_nonzero_pad(local, plan, group=None, *, check=True):
+    full = padded_gather(local, plan, group, check=check)
+    m = plan.max_rank_len
+    for r, n in enumerate(plan.per_rank_tokens):
+        full[r * m + n : (r + 1) * m] = 1
+    return full
+
+
+def _scatter_wrong_chunk(full, plan, group=None, *, check=True):
+    # Reduce-scatter as usual, then hand back the neighbour's chunk.
+    rank, cp = dist.get_rank(group), plan.cp_size
+    padded_scatter(full, plan, group, check=check)
+    return full.contiguous().tensor_split(cp)[(rank + 1) % cp][: plan.per_rank_tokens[rank]]
+
+
+@contextlib.contextmanager
+def injected(fault: str) -> Iterator[None]:
+    """Break the padded implementation (or its timed local work) in this
+    process while the block runs; restore it afterwards (the ranks stay warm
+    for the next task)."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault={fault!r} is not one of {', '.join(FAULTS)}")
+    if fault == "none":
+        yield
+        return
+    saved_impl = impl_registry.REGISTRY["padded"]
+    saved_stage = steps_module.padded_stage
+    if fault == "wrong_offset":
+        impl_registry.REGISTRY["padded"] = replace(saved_impl, gather=_gather_wrong_offset)
+    elif fault == "nonzero_pad":
+        impl_registry.REGISTRY["padded"] = replace(saved_impl, gather=_gather_nonzero_pad)
+    elif fault == "wrong_chunk":
+        impl_registry.REGISTRY["padded"] = replace(saved_impl, scatter=_scatter_wrong_chunk)
+    else:  # slow_local: right results, a slow staging copy in the timed loop
+
+        def slow_stage(*args, **kwargs):
+            time.sleep(SLOW_LOCAL_S)
+            return saved_stage(*args, **kwargs)
+
+        steps_module.padded_stage = slow_stage
+    try:
+        yield
+    finally:
+        impl_registry.REGISTRY["padded"] = saved_impl
+        steps_module.padded_stage = saved_stage
+
+
+def _agreed_failures(reports: dict[str, ImplReport], device) -> list[bool]:
+    """Per implementation, whether it failed or did not run on any rank: what
+    one rank skips timing, every rank must skip (or the others wait forever)."""
+    names = list(reports)
+    bad = torch.tensor([float(bool(reports[n].failures or reports[n].status)) for n in names], device=device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return [bool(b) for b in bad.tolist()]
+
+
+def point_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[str, dict[str, Any]]:
+    """The matrix's own point on this rank (checks, then the timed loop)."""
+    with injected(fault):
+        return point_on_rank(spec, backend)
+
+
+def paired_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[str, Any]:
+    """The matrix's checks of every implementation of ``spec``, then one timed
+    loop over all of them plus an A/A control (:data:`CONTROL_OF` timed again
+    under the name :data:`CONTROL`), so the driver can form per-iteration
+    paired ratios. Returns ``{"reports": {impl: ImplReport as dict},
+    "control": {phase: [us]}}``."""
+    device = rank_device()
+    with injected(fault):
+        reports = check_point(spec, backend, device, checked_group(CHECK_TIMEOUT_S))
+        bad = _agreed_failures(reports, device)
+        control: dict[str, list[float]] = {}
+        if not any(bad):
+            plan, rank = spec.plan(), dist.get_rank()
+            steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, None) for n in reports]
+            steps.append(replace(full_steps(impl_registry.get(CONTROL_OF), spec, plan, rank, device, None),
+                                 name=CONTROL))
+            flush = CacheFlusher(device) if spec.flush_l2 else None
+            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+            for name in reports:
+                reports[name].samples = samples[name]
+            control = samples[CONTROL]
+    return {"reports": {n: asdict(r) for n, r in reports.items()}, "control": control}
+
+
+def _light_check(impl, spec: PointSpec, plan, rank: int, device, local: torch.Tensor, group) -> ImplReport:
+    """The gather's layout, rows and zero padding, and the scatter's chunk,
+    byte-exact: the matrix's checks without the reference MoE, whose float64
+    routing of the whole gathered buffer on every rank does not fit 8 ranks of
+    a production-shape point in a small machine's memory."""
+    rep = ImplReport()
+    full = impl.gather(local, plan, group)
+    if not check_gather(impl, full, spec, plan, device, rep):
+        full = torch.zeros((impl.buffer_rows(plan), spec.hidden_size), dtype=local.dtype, device=device)
+    probe = full.clone() if rank == 0 else torch.zeros_like(full)
+    out = impl.scatter(probe, plan, group)
+    if not (isinstance(out, torch.Tensor) and bitwise_equal(out, local)):
+        rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows")
+    rep.correct = not rep.failures
+    return rep
+
+
+def production_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[str, Any]:
+    """A production-shape point: light checks of every implementation of
+    ``spec`` (:func:`_light_check`), then one timed loop over those that
+    passed everywhere. Returns ``{"reports": {impl: ImplReport as dict}}``."""
+    device, rank = rank_device(), dist.get_rank()
     plan = spec.plan()
-    failures: list[str] = []
-    if not plan.is_even:
-        return {"failures": [f"plan {plan.per_rank_tokens} is not even"], "samples": {}}
-    locals_ = [make_shard(spec, plan, rank, device, salt=i) for i in range(2)]
-    lf, pf = legacy_gather(locals_[0], plan), padded_gather(locals_[0], plan)
-    if pf.shape[0] != plan.total_tokens:
-        failures.append(f"rank {rank}: padded buffer has {pf.shape[0]} rows on an even plan of {plan.total_tokens}")
-    elif not bitwise_equal(pf, lf):
-        failures.append(f"rank {rank}: padded and legacy gathers differ")
-    if not bitwise_equal(padded_scatter(pf.clone(), plan), legacy_scatter(lf.clone(), plan)):
-        failures.append(f"rank {rank}: padded and legacy scatters differ")
-    clock = Clock(device)
-    flush = CacheFlusher(device) if spec.flush_l2 else None
-    samples: dict[str, list[float]] = {f"{p}_{ph}": [] for p in PATHS for ph in ("gather", "scatter", "roundtrip")}
-    for it in range(spec.warmup + spec.iters):
-        order = ORDERS[it % len(ORDERS)]
-        x = locals_[it % 2]
-        for name in order:
-            gather, scatter = PATHS[name]
-            if flush:
-                flush()
-            clock.sync()
-            dist.barrier()
-            t0 = clock.mark()
-            full = gather(x, plan)
-            t1 = clock.mark()
-            scatter(full, plan)
-            t2 = clock.mark()
-            clock.sync()
-            if it >= spec.warmup:
-                samples[f"{name}_gather"].append(clock.elapsed_us(t0, t1))
-                samples[f"{name}_scatter"].append(clock.elapsed_us(t1, t2))
-                samples[f"{name}_roundtrip"].append(clock.elapsed_us(t0, t2))
-    return {"failures": failures, "samples": samples}
-
-
-LOCAL_STEPS = ("alloc", "zero_pad", "copy_in", "all_gather", "split", "reduce_scatter", "slice")
-COLLECTIVE_STEPS = ("all_gather", "reduce_scatter")
-
-
-def local_work_task(spec: PointSpec) -> dict:
-    """The padded round trip (``padded_buffer`` + copy + ``padded_gather_`` +
-    ``padded_scatter``) split into its steps, each timed in place: the
-    allocation of the ``[m*cp, H]`` buffer, zeroing this rank's padding rows,
-    the copy of the shard into its slot, the all-gather, the chunk split, the
-    reduce-scatter, the slice. Everything but the two collectives is local
-    work. The steps are the library's, written out (see roundtrip.py); the
-    first (warm-up) iteration is checked against the expected bytes."""
-    rank, device = dist.get_rank(), rank_device()
-    plan = spec.plan()
-    cp, m, n, hidden = plan.cp_size, plan.max_rank_len, plan.per_rank_tokens[rank], spec.hidden_size
-    dtype = DTYPES[spec.dtype]
-    local = make_shard(spec, plan, rank, device)
-    failures: list[str] = []
-    # Correctness of the library's padded path on this plan, once.
-    full = padded_gather(local, plan)
-    peer = (rank + 1) % cp
-    if not bitwise_equal(full[rank * m : rank * m + n], local) or not bitwise_equal(
-        full[peer * m : peer * m + plan.per_rank_tokens[peer]], make_shard(spec, plan, peer, device)
-    ):
-        failures.append(f"rank {rank}: gathered rows differ")
-    for r in range(cp):
-        if bool(full[r * m + plan.per_rank_tokens[r] : (r + 1) * m].ne(0).any()):
-            failures.append(f"rank {rank}: padding rows of rank {r} are not zero")
-    # Every rank holds the same gathered buffer, so the reduce-scatter gives cp * local.
-    out = padded_scatter(full, plan)
-    err = max_rel_err(out, local.to(torch.float32) * cp)
-    if not err <= tolerance(dtype, cp):
-        failures.append(f"rank {rank}: scatter of the gathered rows: max_rel_err {err:.3g}")
-    del full, out
-    clock = Clock(device)
-    flush = CacheFlusher(device) if spec.flush_l2 else None
-    samples: dict[str, list[float]] = {s: [] for s in (*LOCAL_STEPS, "roundtrip")}
-    for it in range(spec.warmup + spec.iters):
-        if flush:
-            flush()
-        clock.sync()
-        dist.barrier()
-        t = [clock.mark()]
-        full = torch.empty((plan.padded_total, hidden), dtype=dtype, device=device)
-        t.append(clock.mark())
-        full[rank * m + n : (rank + 1) * m].zero_()
-        t.append(clock.mark())
-        full[rank * m : rank * m + n].copy_(local)
-        t.append(clock.mark())
-        all_gather_into(full, full[rank * m : (rank + 1) * m])
-        t.append(clock.mark())
-        chunk = full.contiguous().tensor_split(cp)[rank]
-        t.append(clock.mark())
-        reduce_scatter_into(chunk, full)
-        t.append(clock.mark())
-        out = chunk[:n]
-        t.append(clock.mark())
-        clock.sync()
-        del out, chunk, full
-        if it >= spec.warmup:
-            for step, (a, b) in zip(LOCAL_STEPS, zip(t, t[1:])):
-                samples[step].append(clock.elapsed_us(a, b))
-            samples["roundtrip"].append(clock.elapsed_us(t[0], t[-1]))
-    return {"failures": failures, "samples": samples}
+    with injected(fault):
+        group = checked_group(CHECK_TIMEOUT_S)
+        local = make_shard(spec, plan, rank, device)
+        reports = {n: _light_check(impl_registry.get(n), spec, plan, rank, device, local, group) for n in spec.impls}
+        bad = _agreed_failures(reports, device)
+        steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, None)
+                 for n, b in zip(reports, bad) if not b]
+        if steps:
+            flush = CacheFlusher(device) if spec.flush_l2 else None
+            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+            for name, phases in samples.items():
+                reports[name].samples = phases
+    return {"reports": {n: asdict(r) for n, r in reports.items()}}

@@ -3,11 +3,13 @@
 
     python benchmarks/smoke_run_point.py --device cuda [--cp 1,2,4]
 
-For each cp: an even and an uneven plan in FULL mode (padded, legacy,
-sumlen_allreduce, allgatherv) and the uneven one in SCATTERED mode (padded,
-a2a). Backend: NCCL when there is a GPU per rank (cp=1 on one GPU), else gloo
-(with CUDA tensors on ``--device cuda``; NCCL refuses several ranks per GPU).
-Exit code 1 if any implementation failed, errored or timed out.
+For each cp: even, uneven and empty-rank plans in FULL mode (padded, its
+zero-copy form, legacy, sumlen_allreduce, allgatherv) and in SCATTERED mode
+(the communicator's passthrough and the a2a). Backend: NCCL when there is a
+GPU per rank (cp=1 on one GPU), else gloo (with CUDA tensors on ``--device
+cuda``; NCCL refuses several ranks per GPU). Exit code 1 if any
+implementation failed, errored or timed out (``refused``, ``passthrough`` and
+``skipped`` are expected outcomes, not failures).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch  # noqa: E402
 from nsa_cp_comm.measure import PointSpec, run_point  # noqa: E402
 from nsa_cp_comm.ranks import close_pools, get_pool  # noqa: E402
 
-FULL_IMPLS = ("padded", "legacy", "sumlen_allreduce", "allgatherv")
+FULL_IMPLS = ("padded", "padded_zero_copy", "legacy", "sumlen_allreduce", "allgatherv")
+BAD_STATUSES = ("failed", "error", "timeout")
 
 
 def plans(cp: int) -> list[tuple[str, tuple[int, ...], str, int]]:
@@ -66,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"n_r={list(plan.per_rank_tokens)} {mode} ({took:.1f} s)", flush=True)
                     for r in results:
                         rt = r.stats.get("roundtrip", {}).get("p50") if r.stats else None
-                        flag = "" if r.status in ("ok", "skipped") else "   <-- FAILED"
+                        flag = "   <-- FAILED" if r.status in BAD_STATUSES else ""
                         print(f"    {r.impl:17s} {r.status:8s} correct={r.correct} err={r.max_rel_err} "
                               f"rt_p50_us={rt if rt is None else round(rt, 1)} rows={r.rows_moved} "
-                              f"{r.reason[:120]}{flag}", flush=True)
+                              f"{r.failed_check} {r.reason[:120]}{flag}", flush=True)
                         bad += bool(flag)
     finally:
         close_pools()

@@ -1,0 +1,140 @@
+"""The benchmark keeps its promises: it runs, it fails when the padded path is
+wrong or slow, and PERF.md is what the committed JSON says.
+
+The benchmark runs in a subprocess, as a user runs it, on real gloo ranks; a
+broken padded path is injected inside the rank processes through its
+test-only ``--inject-fault`` option. No wall-time assertion: a loaded 2-core
+machine only gets slower, and the subprocess timeouts are generous.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks" / "bench_comm.py"
+# A quick run takes ~15 s on an idle 2-core machine; several times that under load.
+RUN_TIMEOUT_S = 900
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+perf_md = _load("perf_md")
+
+
+def run_bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return proc, data
+
+
+def _log(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def test_bench_quick_runs(tmp_path):
+    proc, data = run_bench(tmp_path)
+    assert proc.returncode == 0, _log(proc)
+    text = proc.stdout
+    for header in ("even plans: padded / legacy round trip", "uneven plans: padded vs alternatives",
+                   "local work at production shape", "paired ratio", "A/A ceiling", "busbw GB/s", "local share",
+                   "in-place rt ms", "correctness: all checks passed", "exit 0"):
+        assert header in text, header
+    assert data["complete"] and data["exit_code"] == 0 and data["failures"] == []
+    assert {"env", "params", "gate", "even", "uneven", "local_work", "sections"} <= set(data)
+    assert {"cpu_model", "nproc", "ram_gib", "torch", "date", "loadavg_start", "loadavg_end", "command"} <= set(
+        data["env"])
+    # Gated only on full runs: a --quick run reports its verdict without gating.
+    assert data["gate"]["on"] is False
+    for e in data["even"]:
+        assert e["verdict"] in ("PASS", "within noise", "FAIL"), e["verdict"]
+        assert e["impls"]["padded"]["even_bitwise_equal"] is True
+        stats = e["impls"]["padded"]["stats"]
+        assert {"local", "gather", "scatter", "collective", "roundtrip"} <= set(stats)
+        assert "local" not in e["impls"]["padded_zero_copy"]["stats"]  # the in-place form stages nothing
+        assert "local" not in e["impls"]["legacy"]["stats"]
+    statuses = {(e["mode"], n): r["status"] for e in data["uneven"] for n, r in e["impls"].items()}
+    assert statuses == {
+        ("FULL", "padded"): "ok", ("FULL", "padded_zero_copy"): "ok", ("FULL", "legacy"): "refused",
+        ("FULL", "sumlen_allreduce"): "ok", ("FULL", "allgatherv"): "skipped",
+        ("SCATTERED", "padded"): "passthrough", ("SCATTERED", "a2a"): "ok",
+    }
+    assert data["local_work"] and all(0 < e["local_share"] < 1 for e in data["local_work"])
+    # The same JSON renders into PERF.md's tables.
+    md = perf_md.render({"perf_cpu.json": data})
+    assert "| zigzag [512]" in md and "refused" in md and "GPU run is still open" in md
+
+
+@pytest.mark.parametrize(
+    ("fault", "section", "check"),
+    [("wrong_offset", "even", "gather_rows"), ("nonzero_pad", "uneven", "padding_zero"),
+     ("wrong_chunk", "local", "scatter_chunk")],
+)
+def test_a_broken_padded_path_exits_1(tmp_path, fault, section, check):
+    proc, data = run_bench(tmp_path, "--sections", section, "--inject-fault", fault)
+    assert proc.returncode == 1, _log(proc)
+    assert "FAILED" in proc.stdout and f"[{check}]" in proc.stdout, _log(proc)
+    assert data["exit_code"] == 1 and any(f"[{check}]" in f for f in data["failures"])
+
+
+@pytest.mark.parametrize(("gate", "code"), [("--gate", 1), (None, 0)])
+def test_a_slow_padded_path_fails_the_gate(tmp_path, gate, code):
+    # A quarter-second sleep in the staging copy: far beyond any A/A noise.
+    args = ["--sections", "even", "--inject-fault", "slow_local"] + ([gate] if gate else [])
+    proc, data = run_bench(tmp_path, *args)
+    assert proc.returncode == code, _log(proc)
+    assert data["failures"] == [] and [e["verdict"] for e in data["even"]] == ["FAIL"]
+    assert "RATIO FAIL" in proc.stdout
+
+
+def test_gate_rule():
+    bench = _load("bench_comm")
+    tight = [0.99, 1.0, 1.0, 1.01]
+    wide = [0.8, 0.95, 1.05, 1.25]
+    assert bench.gate_verdict([1.0, 1.01, 1.02], tight)["verdict"] == "PASS"
+    assert bench.gate_verdict([1.1] * 3, tight)["verdict"] == "FAIL"
+    assert bench.gate_verdict([1.1] * 3, wide)["verdict"] == "within noise"
+    # Noise is symmetric: a control that reads fast widens the ceiling as much as one that reads slow.
+    low = bench.gate_verdict([1.1] * 3, [0.85, 0.85, 0.9, 1.0])
+    assert low["aa_ceiling"] == pytest.approx(1 / 0.85) and low["verdict"] == "within noise"
+
+
+def test_perf_md_is_rendered_from_the_committed_json():
+    runs = perf_md.load()
+    assert "perf_cpu.json" in runs, "benchmarks/data/perf_cpu.json is missing: run the benchmark"
+    text = (REPO / "PERF.md").read_text()
+    assert text == perf_md.render(runs), "PERF.md is stale: run python benchmarks/perf_md.py"
+    for table in ("even", "uneven", "local_work"):
+        assert runs["perf_cpu.json"][table], table
+    if "perf_gpu.json" not in runs:
+        assert "GPU run is still open" in text
+
+
+def test_perf_md_check_sees_drift(tmp_path):
+    stale = tmp_path / "PERF.md"
+    stale.write_text((REPO / "PERF.md").read_text().replace("Performance", "Perf", 1))
+    assert perf_md.main(["--check", "--out", str(stale)]) == 1
+    assert perf_md.main(["--out", str(stale)]) == 0
+    assert perf_md.main(["--check", "--out", str(stale)]) == 0
+
+
+def test_perf_md_renders_a_gpu_run_in_place_of_the_open_note():
+    cpu = perf_md.load()["perf_cpu.json"]
+    gpu = json.loads(json.dumps(cpu))
+    gpu["env"].update(device="cuda", gpu="NVIDIA H200", gpu_count=1, cuda="13.0", nccl="2.27.7")
+    text = perf_md.render({"perf_cpu.json": cpu, "perf_gpu.json": gpu})
+    assert "## GPU figures" in text and "GPU NVIDIA H200 x1" in text and "NCCL 2.27.7" in text
+    assert "GPU run is still open" not in text
