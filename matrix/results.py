@@ -3,16 +3,20 @@
 One row per (point, impl). The file is always valid CSV: each append is one
 ``write(2)`` of whole lines under an exclusive lock, so a sweep killed at any
 moment leaves only whole rows, and parallel sweeps into one directory do not
-interleave.
+interleave. A write that fails (disk full) is undone; a torn last line left
+by anything else is set aside before the next append.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import io
 import os
+import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS_FILE = "results.csv"
@@ -129,6 +133,30 @@ class SchemaError(ValueError):
     """A results file whose header is not this version's schema."""
 
 
+class ResultsPathError(SchemaError):
+    """A results path that cannot hold the results file (a directory, a name
+    too long, no permission); the message is one line."""
+
+
+# Errors of a write that found no room: the disk, the quota, the file size limit.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class ResultsWriteError(OSError):
+    """Appending rows failed (disk full, quota, a short write, an I/O error);
+    the results file holds exactly what it held before. ``str()`` is one line
+    naming the file; ``path`` is the file."""
+
+    def __init__(self, path: Path, cause: OSError | str) -> None:
+        code = cause.errno if isinstance(cause, OSError) else None
+        why = (cause.strerror or str(cause)) if isinstance(cause, OSError) else cause
+        super().__init__(code, f"cannot append to {path}: {why}; the file is as it was before this point")
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def results_path(results_dir: str | os.PathLike[str]) -> Path:
     return Path(results_dir) / RESULTS_FILE
 
@@ -151,12 +179,35 @@ def _render(rows: Iterable[Mapping[str, object]], header: bool) -> str:
     return buf.getvalue()
 
 
+def _path_error(path: Path, exc: OSError) -> ResultsPathError:
+    """The one-line error for a results path that cannot be used as a file."""
+    where = f"results_dir={path.parent}"
+    if isinstance(exc, IsADirectoryError):
+        return ResultsPathError(f"{where}: {path} is a directory, not a results file")
+    if exc.errno == errno.ENAMETOOLONG:
+        return ResultsPathError(f"{where}: a name in the path is too long for the file system")
+    if isinstance(exc, NotADirectoryError):
+        return ResultsPathError(f"{where}: a component of {path.parent} is not a directory")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ResultsPathError(f"{where}: {path} is not writable ({exc.strerror})")
+    return ResultsPathError(f"{where}: cannot open {path} ({exc.strerror or exc})")
+
+
 def read_header(path: Path) -> list[str] | None:
-    """The header of an existing results file, or None when there is none yet."""
-    if not path.exists() or path.stat().st_size == 0:
+    """The header of an existing results file, or None when there is none yet
+    (no file, an empty one, or no whole first line: a torn first write, which
+    the next append sets aside). ResultsPathError (one line) for a path that
+    cannot be read as a file."""
+    try:
+        with path.open("rb") as f:
+            first = f.readline(1 << 20)
+    except FileNotFoundError:
         return None
-    with path.open(newline="") as f:
-        return next(csv.reader(f), None)
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    if not first.endswith(b"\n"):
+        return None
+    return next(csv.reader([first.decode("utf-8", "replace")]), None)
 
 
 def check_schema(path: Path) -> None:
@@ -178,47 +229,215 @@ def check_schema(path: Path) -> None:
     )
 
 
+def torn_path(path: Path) -> Path:
+    """Where an append sets aside a torn last line of ``path``."""
+    return path.with_name(path.name + ".torn")
+
+
+def _open_for_append(path: Path) -> int:
+    """``path`` opened read-write for appending (created with its directory)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise ResultsWriteError(path, exc) from None
+        raise _path_error(path, exc) from None
+
+
+def _last_line_start(fd: int, size: int) -> int:
+    """Offset just past the last newline of the file's first ``size`` bytes (0 if none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - (64 << 10))
+        block = os.pread(fd, end - start, start)
+        i = block.rfind(b"\n")
+        if i >= 0:
+            return start + i + 1
+        end = start
+    return 0
+
+
+def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
+    """Whether an unterminated last line is a complete record that only lacks
+    its newline: the schema's header (as the first line), or a row with every
+    column and balanced quotes."""
+    text = fragment.decode("utf-8", "replace")
+    if text.count('"') % 2:
+        return False
+    records = list(csv.reader([text]))
+    if len(records) != 1:
+        return False
+    return tuple(records[0]) == COLUMNS if first_line else len(records[0]) == len(COLUMNS)
+
+
+def _set_aside(path: Path, fragment: bytes) -> int:
+    """Append ``fragment`` (and a newline) to :func:`torn_path`; return that
+    file's former size, for undoing. ResultsWriteError, with the side file
+    as it was, when that write fails."""
+    side = torn_path(path)
+    try:
+        fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ResultsWriteError(side, exc) from None
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            data = fragment + b"\n"
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            os.fsync(fd)
+        except OSError as exc:
+            _truncate(fd, before)
+            raise ResultsWriteError(side, exc) from None
+        return before
+    finally:
+        os.close(fd)
+
+
+def _truncate(fd: int, size: int) -> None:
+    """Cut the file back to ``size``; nothing to do for what is not a regular file."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class _Tail:
+    """How an append continues a file: rows go at ``keep``, after ``prefix``;
+    ``torn`` was cut off the end and appended to the side file, which was
+    ``side_size`` bytes long before (both for undoing)."""
+
+    keep: int
+    prefix: bytes = b""
+    torn: bytes = b""
+    side_size: int = 0
+
+
+def _mend_tail(fd: int, path: Path, size: int) -> _Tail:
+    """Make the file end at a line boundary before an append.
+
+    An unterminated last line that is a whole record gets its newline;
+    anything else after the last newline (a torn write) is appended to
+    :func:`torn_path` and cut off, so the next row starts a line of its own
+    and the file stays valid CSV."""
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return _Tail(size)
+    start = _last_line_start(fd, size)
+    fragment = os.pread(fd, size - start, start)
+    if _is_whole_row(fragment, first_line=start == 0):
+        return _Tail(size, prefix=b"\n")
+    side_size = _set_aside(path, fragment)
+    os.ftruncate(fd, start)
+    return _Tail(start, torn=fragment, side_size=side_size)
+
+
+def _undo(fd: int, path: Path, tail: _Tail) -> None:
+    """Put the file (and the side file) back as they were before the append."""
+    _truncate(fd, tail.keep)
+    if tail.torn:
+        os.write(fd, tail.torn)  # the space it held was just freed
+        try:
+            side = os.open(torn_path(path), os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            _truncate(side, tail.side_size)
+        finally:
+            os.close(side)
+
+
+def _write_or_undo(fd: int, path: Path, data: bytes, tail: _Tail) -> None:
+    """Append ``data`` in one ``write(2)`` and sync it; on any failure (an
+    error, a short write) put the files back as they were and raise
+    ResultsWriteError."""
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise ResultsWriteError(path, f"short write ({written} of {len(data)} bytes; is the disk full?)")
+        os.fsync(fd)
+    except OSError as exc:
+        _undo(fd, path, tail)
+        raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(path, exc)) from None
+
+
+def _warn_torn(path: Path, torn: bytes) -> None:
+    print(f"warning: {path} ended in a torn line ({len(torn)} bytes); it was moved to {torn_path(path)}",
+          file=sys.stderr, flush=True)
+
+
 def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, object]]) -> Path:
     """Append whole rows to ``<results_dir>/results.csv`` atomically.
 
     The header is written with the first rows. Every row must use only schema
-    columns (a typo raises before anything is written).
+    columns (a typo raises before anything is written). Under an exclusive
+    lock: a file of another schema raises SchemaError, untouched; a torn last
+    line is set aside (:func:`_mend_tail`, one warning line on stderr); the
+    rows go in one ``write(2)``. A failed write (disk full, a short write)
+    raises ResultsWriteError with the file exactly as it was; a path that
+    cannot hold the file raises ResultsPathError.
     """
     path = results_path(results_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
     for row in rows:
         unknown = set(row) - set(COLUMNS)
         if unknown:
             raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_for_append(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        needs_header = os.fstat(fd).st_size == 0
-        if not needs_header:
-            check_schema(path)
-        data = _render(rows, header=needs_header).encode()
+        size = os.fstat(fd).st_size
+        if size:
+            check_schema(path)  # before changing anything
+        tail = _mend_tail(fd, path, size)
+        data = tail.prefix + _render(rows, header=tail.keep == 0).encode()
         # One write(2): a kill lands before or after it, never inside a line.
-        written = os.write(fd, data)
-        if written != len(data):  # pragma: no cover - disk full
-            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
-        os.fsync(fd)
+        _write_or_undo(fd, path, data, tail)
+        if tail.torn:
+            _warn_torn(path, tail.torn)
     finally:
         os.close(fd)
     return path
 
 
-def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
-    """point_ids already in the results file, for ``resume=true``.
+# Statuses that resume runs again: the point did not finish on its ranks.
+RERUN_STATUSES: tuple[str, ...] = ("error", "timeout")
 
-    Any row counts, whatever its status: resume never writes a point twice
-    (rerun a failed point into a fresh results_dir)."""
+
+def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
+    """``{point_id: {impl: status}}`` from the last row of each (point_id, impl)
+    in file order. Bytes that are not UTF-8 are read as U+FFFD; a line the csv
+    module cannot parse raises SchemaError (one line, naming it)."""
+    latest: dict[str, dict[str, str]] = {}
+    try:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.DictReader(f)
+            try:
+                for row in reader:
+                    pid = row.get("point_id")
+                    if pid:
+                        latest.setdefault(pid, {})[row.get("impl") or ""] = row.get("status") or ""
+            except csv.Error as exc:
+                raise SchemaError(
+                    f"results_dir={path.parent}: {path.name} line {reader.line_num + 1} is not CSV ({exc}); "
+                    "use a new results_dir or move the file away"
+                ) from None
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    return latest
+
+
+def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
+    """point_ids ``resume=true`` skips: points whose latest row of every impl
+    (file order) has a status other than error/timeout (:data:`RERUN_STATUSES`).
+    Points that errored or timed out run again, and their new rows follow the
+    old ones (readers take the last row per point and impl)."""
     path = results_path(results_dir)
     if read_header(path) is None:
         return set()
     check_schema(path)
-    done: set[str] = set()
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("point_id"):
-                done.add(row["point_id"])
-    return done
+    return {
+        pid
+        for pid, statuses in latest_statuses(path).items()
+        if all(s and s not in RERUN_STATUSES for s in statuses.values())
+    }

@@ -57,6 +57,10 @@ LIBRARY: tuple[LibCase, ...] = (
     LibCase('PointSpec((1000,), 2, "zigzag", fault="explode")', "fault='explode' is not one of none, crash_rank, hang_rank, raise"),
     LibCase('RankPool(0, workdir="/nonexistent")', "world_size=0 must be a positive int"),
     LibCase('RankPool(2, backend="mpi", workdir="/nonexistent")', "backend='mpi' is not one of gloo, nccl"),
+    LibCase('RankPool(2, workdir="/nonexistent", start_timeout_s=float("nan"))',
+            "start_timeout_s=nan must be a positive finite number of seconds"),
+    LibCase('RankPool(2, workdir="/nonexistent", start_timeout_s=float("inf"))',
+            "start_timeout_s=inf must be a positive finite number of seconds"),
 )
 
 
@@ -77,12 +81,15 @@ ROUNDTRIP: tuple[LibCase, ...] = (
             "needs even shards; per_rank_tokens=[10, 0])"),
     LibCase("legacy_scatter(zeros(10, H), uneven)",
             "output tensor size must be equal to world_size times input tensor size (*per_rank_tokens=[10, 0])"),
-    LibCase("padded_gather(zeros(n + 1, H), uneven)", "local has shape (*, 16), the plan expects [*, H]"),
-    LibCase("padded_gather(zeros(n), uneven)", "local has shape (*,), the plan expects [*, H]"),
-    LibCase("padded_scatter(zeros(10, H), uneven)", "full has shape (10, 16), the plan expects [20, H]"),
+    LibCase("padded_gather(zeros(n + 1, H), uneven)",
+            "padded_gather local: rank 0 has 11 rows, the plan expects 10, rank 1 has 1 rows, the plan expects 0"),
+    LibCase("padded_gather(zeros(n), uneven)",
+            "padded_gather local on rank 0 is not 2-D [rows, H]; no rank entered the collective"),
+    LibCase("padded_scatter(zeros(10, H), uneven)",
+            "padded_scatter full: rank 0 has 10 rows, the plan expects 20, rank 1 has 10 rows, the plan expects 20"),
     LibCase('padded_gather(zeros(1, H), plan_split([9], 3, policy="round_robin"))',
-            "group size 2 != plan.cp_size=3: all ranks must pass the group's plan"),
-    LibCase('CPLayerCommunicator(uneven, "FULL", impl="fast")', "impl='fast' is not one of padded, legacy"),
+            "padded_gather local: group size 2 != plan.cp_size=3: all ranks must pass the group's plan"),
+    LibCase('CPLayerCommunicator(uneven, "FULL", impl="fast")', "impl='fast' is not one of padded, legacy*"),
     LibCase('CPLayerCommunicator(uneven, "PARTIAL")', "mlp_mode='PARTIAL' is not one of SCATTERED, FULL"),
 )
 
@@ -184,17 +191,20 @@ class FaultCase:
     what: str
     where: str
     gives: str
-    test: str  # the test of tests/test_hardening.py that checks this row
+    test: str  # the test that checks this row
+    module: str = "test_hardening"  # the test module (tests/<module>.py) holding it
 
 
+# A failure must be noticed, not waited out: the faults that are not hangs get a
+# timeout far beyond the bound the tests allow (a minute, on a loaded machine).
 POOL_FAULTS = {  # fault -> (timeout_s, status, reason)
-    "raise": (30.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    "crash_rank": (30.0, "error", "rank 1 crashed: exited with code 17"),
+    "raise": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+    "crash_rank": (600.0, "error", "rank 1 crashed: exited with code 17"),
     "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
 }
 TORCHRUN_FAULTS = {
-    "raise": (30.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    "crash_rank": (30.0, "error", "rank 1 crashed: no report: torchrun stopped the point after a rank exited"),
+    "raise": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+    "crash_rank": (600.0, "error", "rank 1 crashed: no report: torchrun stopped the point after a rank exited"),
     "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
 }
 
@@ -220,10 +230,110 @@ FAULTS: tuple[FaultCase, ...] = (
     FaultCase(
         "SIGKILL of `python -m matrix -m ...` mid-sweep",
         "the sweep process",
-        "results.csv holds whole rows only (valid CSV); no rank process survives it (PR_SET_PDEATHSIG); "
+        "results.csv holds whole rows only (valid CSV); no rank process survives it; "
         "the same command with `resume=true` completes the sweep, every point exactly once",
         "test_sigkill_mid_sweep_then_resume_completes_it",
     ),
+    FaultCase(
+        "SIGKILL of a process starting a `RankPool(4)`, 20 times, at random moments of the ranks' start-up",
+        "the process that starts the ranks",
+        "no rank survives it: a rank's first statements (before torch is imported) arm the parent-death "
+        "signal (`PR_SET_PDEATHSIG`), then the rank exits if its parent is no longer the process that "
+        "started it (the parent died before the signal was armed)",
+        "test_sigkill_of_the_starter_at_random_moments_of_rank_start_up_leaves_no_rank",
+        "test_orphans",
+    ),
+    FaultCase(
+        "KeyboardInterrupt (or any exception) while a `RankPool` starts",
+        "the process that starts the ranks",
+        "the ranks started so far are killed and reaped and the rendezvous file removed; a rank its "
+        "starter lost track of exits when its pipe to the starter closes",
+        "test_an_interrupted_start_kills_the_started_ranks_and_removes_the_rendezvous",
+        "test_orphans",
+    ),
+    FaultCase(
+        "rendezvous files (`.rendezvous-HOST-PID-*`) of starters killed with SIGKILL",
+        "a `RankPool` work directory",
+        "removed by the next pool started there (files of live starters and other hosts are kept)",
+        "test_stale_rendezvous_files_of_dead_starters_are_removed",
+        "test_orphans",
+    ),
+    FaultCase(
+        "a rank killed by the kernel's OOM killer",
+        "a `RankPool` task",
+        "status `crashed`, reason `killed by SIGKILL (out of memory)` when the memory cgroup's (else the "
+        "system's) OOM-kill counter rose during the task; `killed by SIGKILL (out of memory?)` where no "
+        "counter is readable",
+        "test_a_rank_killed_by_the_oom_killer_says_so",
+        "test_ranks",
+    ),
+    FaultCase(
+        "a torn last line in results.csv (a write cut short by something else)",
+        "the next append (`matrix.results.append_rows`)",
+        "the torn line is moved to `results.csv.torn` (one warning line on stderr) and the rows start a "
+        "line of their own: the file stays valid CSV; an unterminated whole row just gets its newline",
+        "test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a full disk, or a short write, while appending rows",
+        "`matrix.results.append_rows`",
+        "`ResultsWriteError` (an `OSError`; one line naming the file); the file is exactly as it was",
+        "test_a_short_write_leaves_the_files_exactly_as_they_were",
+        "test_results_file",
+    ),
+    FaultCase(
+        "results.csv is a directory, below a regular file, in an unwritable place, or has a name too long",
+        "`matrix.results` (append, schema check, resume)",
+        "`ResultsPathError` (a `SchemaError`: one line naming `results_dir`)",
+        "test_results_path_that_is_a_directory",
+        "test_results_file",
+    ),
+    FaultCase(
+        "`resume=true` over rows with bytes that are not UTF-8",
+        "`matrix.results.completed_point_ids`",
+        "read as U+FFFD; resume works; a line the csv module cannot parse is one line naming it",
+        "test_resume_reads_a_file_with_bytes_that_are_not_utf8",
+        "test_results_file",
+    ),
+    FaultCase(
+        "`resume=true` after points errored or timed out",
+        "`matrix.results.completed_point_ids`",
+        "a point whose latest row (file order) for some impl is `error` or `timeout` runs again; "
+        "`ok`, `failed`, `refused`, `passthrough` and `skipped` points are kept",
+        "test_resume_reruns_points_whose_latest_rows_errored_or_timed_out",
+        "test_results_file",
+    ),
+)
+
+
+# --- sweeps beyond the machine: refused before anything starts ----------------------------
+
+
+@dataclass(frozen=True)
+class BoundCase:
+    args: tuple[str, ...]  # the sweep's command line (after ``python -m matrix -m``)
+    expect: str  # matrix.budget.check_sweep's one line on BOUND_MACHINE ("" for accepted)
+
+
+# The CI-sized machine the rows are computed for (matrix.budget.Machine fields).
+BOUND_MACHINE = dict(cores=2, memory_bytes=23.4 * (1 << 30), memory_source="available memory", max_ranks=8,
+                     max_ranks_source="4 per core, 2 cores", gpus=0, gpu_bytes=0.0)
+FORCE = "(set force=true to run anyway)"
+BOUNDS: tuple[BoundCase, ...] = (
+    BoundCase(("cp_size=1024", "hidden_size=64"),
+              f"cp_size=1024: 1024 rank processes exceed this machine's limit of 8 (4 per core, 2 cores) {FORCE}"),
+    BoundCase(("hidden_size=65536", "seq_lens=[100000]"),
+              f"hidden_size=65536: 2 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
+    BoundCase(("cp_size=8", "hidden_size=4096", "num_experts=65536", "seq_lens=[100]"),
+              f"num_experts=65536: 8 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
+    BoundCase(("hidden_size=64", "seq_lens=[16000000]"),
+              f"seq_lens=[16000000]: 2 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
+    BoundCase(("+matrix=deepseek_v32",),
+              "cp_size=8 hidden_size=7168 seq_lens=[16384]: the sweep's 8 points would take ~* min on this machine "
+              f"(cpu/gloo at ~0.075 GB/s busbw; this point ~* min), over the 60 min limit {FORCE}"),
+    BoundCase(("+matrix=deepseek_v32", "force=true"), ""),
+    BoundCase(("+matrix=default",), ""),
 )
 
 
@@ -246,6 +356,13 @@ NOTES = """\
   and reaped, the next point starts fresh ranks, and the sweep exits 1 at the
   end. Rows are appended with one `write(2)` under `flock`, so a kill at any
   moment leaves whole rows only.
+- No rank outlives its starter on Linux (the parent-death signal is Linux's;
+  elsewhere a rank notices only when its pipe closes). The signal follows the
+  thread that started the ranks: start pools from a thread that outlives them.
+- The sweep bounds are estimates from stated constants (`matrix/budget.py`),
+  meant to catch a sweep off by an order of magnitude, not to predict run
+  times; `force=true` skips them. With a remote launcher only what no node can
+  hold is refused at submission.
 """
 
 
@@ -258,9 +375,10 @@ def render() -> str:
         "# Reliability",
         "",
         "What a bad input, a failing rank or a killed sweep gives. Every row is a test:",
-        "`tests/test_hardening.py` runs the rows of `tests/reliability_table.py`, and this",
-        "file is generated from them (`python tests/reliability_table.py > RELIABILITY.md`;",
-        "a test fails when it drifts). `*` stands for a machine-specific part.",
+        "`tests/test_hardening.py` (and the modules the fault rows name) run the rows of",
+        "`tests/reliability_table.py`, and this file is generated from them",
+        "(`python tests/reliability_table.py > RELIABILITY.md`; a test fails when it",
+        "drifts). `*` stands for a machine-specific part.",
         "",
         "## Bad input: the library",
         "",
@@ -289,13 +407,28 @@ def render() -> str:
         "## Faults and interruptions",
         "",
         "`fault=` is a test-only key: the last rank raises, exits (`os._exit(17)`) or",
-        "hangs once its peers are inside a collective. Each point ends within",
-        "`timeout_s` plus a few seconds.",
+        "hangs once its peers are inside a collective. A failure is noticed, not waited",
+        "out (the tests allow a minute on a loaded machine, against a 600 s timeout); a",
+        "hang ends at `timeout_s`. Each row names its test.",
         "",
-        "| fault | where | what you get |",
-        "| --- | --- | --- |",
+        "| fault | where | what you get | test |",
+        "| --- | --- | --- | --- |",
     ]
-    out += [f"| {_cell(f.what)} | {_cell(f.where)} | {_cell(f.gives)} |" for f in FAULTS]
+    out += [f"| {_cell(f.what)} | {_cell(f.where)} | {_cell(f.gives)} | `{f.module}` |" for f in FAULTS]
+    out += [
+        "",
+        "## Sweeps beyond the machine",
+        "",
+        "Before anything starts, `matrix.budget.check_sweep` (called by the preflight) puts",
+        "figures on every point (rank processes, memory per rank from the plan and the",
+        "buffers, seconds on this machine's device) and refuses a sweep beyond the machine in",
+        "one line naming the key, the estimate and the limit. For a 2-core, 23.4 GiB machine",
+        "without a GPU (`tests/test_budget.py`):",
+        "",
+        "| ARGS | refused with |",
+        "| --- | --- |",
+    ]
+    out += [f"| `{_cell(' '.join(b.args))}` | {f'`{_cell(b.expect)}`' if b.expect else 'accepted'} |" for b in BOUNDS]
     out += ["", NOTES]
     return "\n".join(out)
 

@@ -19,8 +19,9 @@ import pytest
 import reliability_table as table
 from matrix_cli import REPO, cli_env, run_matrix
 
-MARGIN_S = 15.0  # starting fresh ranks (imports torch) on a loaded 2-core machine, and the kill
-POINT_MARGIN_S = 3.0  # past timeout_s (or the failure grace) for a point whose ranks are up
+# A failure is noticed, not waited out: it ends its point well within this, against
+# a 600 s timeout. Loose on purpose: the suite runs on loaded 2-core machines.
+NOTICED_WITHIN_S = 60.0
 
 
 # --- no test leaves a process behind ---------------------------------------------------
@@ -42,7 +43,7 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def wait_for_no_process(text: str, timeout_s: float = 5.0) -> list[str]:
+def wait_for_no_process(text: str, timeout_s: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while (left := processes_mentioning(text)) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -207,7 +208,7 @@ def read_table(path: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("fault", list(table.POOL_FAULTS))
 def test_injected_fault_costs_one_row(fault, tmp_path):
     from matrix.point import run
-    from nsa_cp_comm.ranks import FAILURE_GRACE_S, get_pool
+    from nsa_cp_comm.ranks import get_pool
 
     timeout_s, status, reason = table.POOL_FAULTS[fault]
     job = tmp_path / "job"
@@ -217,9 +218,11 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     (row,) = run(_point_cfg(tmp_path, fault=fault, timeout_s=timeout_s), job_dir=job)
     took = time.monotonic() - t0
     assert (row["status"], row["reason"]) == (status, reason)
-    bound = (timeout_s if status == "timeout" else FAILURE_GRACE_S) + POINT_MARGIN_S
+    bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
     assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
-    assert wait_for_no_process(str(job), timeout_s=2.0) == []  # killed and reaped
+    if status == "timeout":
+        assert took >= timeout_s, took
+    assert wait_for_no_process(str(job)) == []  # killed and reaped
     # The next point of the sweep runs normally, on fresh ranks.
     (nxt,) = run(_point_cfg(tmp_path, seq_lens=[100]), job_dir=job)
     assert nxt["status"] == "ok" and nxt["correct"] is True, nxt["reason"]
@@ -257,7 +260,7 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
         proc.kill()
         proc.wait()
     assert got > 0, "the sweep wrote no row (or ended) before the kill"
-    assert any("nsa_cp_comm._worker" in p for p in running), running  # its ranks were up
+    assert any("nsa_cp_comm/_worker.py" in p for p in running), running  # its ranks were up
     # Its ranks die with it (PR_SET_PDEATHSIG): nothing of the run survives.
     assert wait_for_no_process(str(res)) == []
     rows = read_table(res / "results.csv")
@@ -267,13 +270,13 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
 
     again = run_matrix(res, *sweep, "resume=true")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"resumed {len(done)}" in again.stdout
+    assert again.stdout.count("already in results, not rerun (resume=true)") == len(done), again.stdout
     rows = read_table(res / "results.csv")
     keys = [(r["point_id"], r["impl"]) for r in rows]
     assert len(keys) == len(set(keys)), "a point written twice"
     assert {p for p, _ in keys} == every, "a point missing"
     assert len(keys) == 2 * len(every)
-    assert {r["status"] for r in rows} == {"ok"}
+    assert {r["status"] for r in rows} <= {"ok", "refused"}  # legacy refuses the uneven plans
 
 
 # --- torchrun: one point on ranks torchrun started --------------------------------------
@@ -296,21 +299,19 @@ def test_torchrun_point_writes_the_rows(tmp_path):
     padded, legacy = rows["padded"], rows["legacy"]
     assert padded["status"] == "ok" and padded["correct"] == "True" and float(padded["roundtrip_p50_us"]) > 0
     assert padded["padded_total"] == "1304" and padded["backend"] == "gloo"
-    assert legacy["status"] == "ok" and legacy["reason"].startswith("output tensor size must be equal")
+    assert legacy["status"] == "refused" and "output tensor size must be equal" in legacy["reason"], legacy["reason"]
     assert "[matrix] cp=2 zigzag seq_lens=[1001, 300]" in run.stdout
 
 
 @pytest.mark.parametrize("fault", list(table.TORCHRUN_FAULTS))
 def test_torchrun_fault_costs_one_row(fault, tmp_path):
-    from matrix.torchrun_point import FAILURE_GRACE_S
-
     timeout_s, status, reason = table.TORCHRUN_FAULTS[fault]
     run = _torchrun(tmp_path, "seq_lens=[64]", "impl=padded", f"fault={fault}", f"timeout_s={timeout_s:g}")
     assert run.returncode == 1, run.stderr[-3000:]
     (row,) = read_table(tmp_path / "res" / "results.csv")
     assert (row["status"], row["reason"]) == (status, reason)
     # Once the ranks are up, a failure is noticed, not waited out; a hang ends at timeout_s.
-    bound = (timeout_s if status == "timeout" else FAILURE_GRACE_S) + POINT_MARGIN_S
+    bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
     assert float(row["wall_s"]) < bound, row["wall_s"]
 
 
@@ -408,7 +409,7 @@ def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
     from matrix.preflight import preflight
 
     argv = ["-m", "hydra/launcher=slurm", "+matrix=deepseek_v32", "backend=nccl", f"results_dir={tmp_path / 'r'}"]
-    assert preflight(argv) == 8
+    assert len(preflight(argv)) == 8
     with pytest.raises(ConfigError, match=r"^num_experts=7: must be a multiple of cp_size=8"):
         preflight([*argv, "num_experts=7"])
     assert not (tmp_path / "r").exists()
@@ -422,6 +423,9 @@ def test_reliability_md_is_generated_from_the_table():
     assert doc == table.render(), "RELIABILITY.md drifted: python tests/reliability_table.py > RELIABILITY.md"
 
 
-def test_every_fault_row_names_a_test_here():
-    names = {name for name in globals() if name.startswith("test_")}
-    assert {f.test for f in table.FAULTS} <= names
+def test_every_fault_row_names_an_existing_test():
+    import importlib
+
+    missing = [f"{f.module}::{f.test}" for f in table.FAULTS
+               if not callable(getattr(importlib.import_module(f.module), f.test, None))]
+    assert missing == []

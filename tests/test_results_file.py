@@ -1,0 +1,251 @@
+"""The results file under hostile conditions: torn lines, full disks, bad
+paths, bytes that are not UTF-8, and what resume reruns."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from matrix import results
+from matrix.results import (
+    COLUMNS,
+    ResultsPathError,
+    ResultsWriteError,
+    SchemaError,
+    append_rows,
+    check_schema,
+    completed_point_ids,
+    read_header,
+    results_path,
+    torn_path,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def row(pid: str, status: str = "ok", impl: str = "padded", reason: str = "") -> dict[str, object]:
+    return {"point_id": pid, "impl": impl, "status": status, "reason": reason, "seq_lens": "[1001,300]"}
+
+
+def strict_rows(path: Path) -> list[dict[str, str]]:
+    """results.csv read strictly: the header, then whole rows of every column."""
+    text = path.read_text()
+    assert text.endswith("\n"), "a torn last line"
+    records = list(csv.reader(io.StringIO(text)))
+    assert tuple(records[0]) == COLUMNS
+    assert all(len(r) == len(COLUMNS) for r in records[1:]), [len(r) for r in records[1:]]
+    return [dict(zip(COLUMNS, r)) for r in records[1:]]
+
+
+# --- torn and unterminated last lines ----------------------------------------------------
+
+
+def test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv(tmp_path, capsys):
+    append_rows(tmp_path, [row("a")])
+    path = results_path(tmp_path)
+    whole = path.read_bytes()
+    # a write cut inside a quoted field: gluing the next row onto it would
+    # swallow that row into the open quote
+    line = results._render([row("b")], header=False).encode()
+    torn = line[: line.index(b'"') + 4]
+    assert torn.count(b'"') == 1
+    path.write_bytes(whole + torn)
+    append_rows(tmp_path, [row("c")])
+    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c"]
+    assert path.read_bytes().startswith(whole)
+    assert torn_path(path).read_bytes() == torn + b"\n"
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"warning: {path} ended in a torn line ({len(torn)} bytes); it was moved to {torn_path(path)}"]
+
+
+def test_append_after_an_unterminated_whole_row_starts_a_new_line(tmp_path, capsys):
+    append_rows(tmp_path, [row("a")])
+    path = results_path(tmp_path)
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # e.g. written by another tool
+    append_rows(tmp_path, [row("b")])
+    assert [r["point_id"] for r in strict_rows(path)] == ["a", "b"]
+    assert not torn_path(path).exists()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("content, header_kept", [
+    (",".join(COLUMNS[:3]), False),  # a torn first write: part of the header
+    (",".join(COLUMNS), True),  # the whole header, no newline
+])
+def test_append_to_a_file_without_a_whole_line(tmp_path, content, header_kept):
+    path = results_path(tmp_path)
+    path.write_text(content)
+    assert read_header(path) is None
+    check_schema(path)  # not another schema: nothing was written yet
+    append_rows(tmp_path, [row("a")])
+    assert [r["point_id"] for r in strict_rows(path)] == ["a"]
+    assert torn_path(path).exists() != header_kept
+
+
+# --- failed writes leave the file as it was ----------------------------------------------
+
+FSIZE_SCRIPT = """
+import resource, signal, sys
+from matrix.results import ResultsWriteError, append_rows
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    append_rows(sys.argv[1], [{"point_id": "big", "impl": "padded", "status": "ok", "reason": "x" * 4000}])
+except ResultsWriteError as exc:
+    print(f"{exc.errno}|{exc}")
+else:
+    print("written")
+"""
+
+
+def _append_under_file_size_limit(results_dir: Path, limit: int) -> str:
+    """append_rows in a process whose files may not grow past ``limit`` bytes:
+    the kernel's short write, then EFBIG, as on a disk that fills mid-write."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    run = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, str(results_dir), str(limit)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip()
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_short_write_leaves_the_files_exactly_as_they_were(tmp_path, torn):
+    append_rows(tmp_path, [row("a")])
+    path = results_path(tmp_path)
+    if torn:
+        path.write_bytes(path.read_bytes() + b'2,1,"[10')
+    before = path.read_bytes()
+    out = _append_under_file_size_limit(tmp_path, len(before) + 100)
+    code, _, msg = out.partition("|")
+    assert code == "None", out
+    written = 100 + (8 if torn else 0)  # the torn line was cut off first
+    assert msg.startswith(f"cannot append to {path}: short write ({written} of "), msg
+    assert msg.endswith(" bytes; is the disk full?); the file is as it was before this point"), msg
+    assert path.read_bytes() == before
+    if torn:
+        assert torn_path(path).read_bytes() == b""  # the set-aside was undone too
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_raises_results_write_error_naming_the_file(tmp_path):
+    (tmp_path / "results.csv").symlink_to("/dev/full")  # every write: ENOSPC
+    with pytest.raises(ResultsWriteError) as info:
+        append_rows(tmp_path, [row("a")])
+    exc = info.value
+    assert isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    assert str(exc) == (f"cannot append to {tmp_path / 'results.csv'}: No space left on device; "
+                        "the file is as it was before this point")
+
+
+def test_an_error_after_setting_a_torn_line_aside_restores_both_files(tmp_path, monkeypatch):
+    append_rows(tmp_path, [row("a")])
+    path = results_path(tmp_path)
+    path.write_bytes(path.read_bytes() + b'2,1,"[10')
+    before = path.read_bytes()
+    real_write = os.write
+    results_fd: list[int] = []
+
+    def failing_write(fd: int, data: bytes) -> int:
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(path) and not results_fd:
+            results_fd.append(fd)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(results.os, "write", failing_write)
+    with pytest.raises(ResultsWriteError, match="No space left on device"):
+        append_rows(tmp_path, [row("b")])
+    assert path.read_bytes() == before
+    assert torn_path(path).read_bytes() == b""
+
+
+# --- paths that cannot hold the file: one line ----------------------------------------------
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc)
+    assert "\n" not in msg
+    return msg
+
+
+def test_results_path_that_is_a_directory(tmp_path):
+    results_path(tmp_path).mkdir()
+    for call in (lambda: append_rows(tmp_path, [row("a")]), lambda: completed_point_ids(tmp_path),
+                 lambda: check_schema(results_path(tmp_path))):
+        with pytest.raises(ResultsPathError) as info:
+            call()
+        assert _one_line(info.value) == f"results_dir={tmp_path}: {results_path(tmp_path)} is a directory, not a results file"
+    assert isinstance(info.value, SchemaError)  # the CLI's one-line class
+
+
+def test_results_path_with_a_name_too_long(tmp_path):
+    long_dir = tmp_path / ("x" * 300)
+    with pytest.raises(ResultsPathError) as info:
+        append_rows(long_dir, [row("a")])
+    assert _one_line(info.value) == f"results_dir={long_dir}: a name in the path is too long for the file system"
+    with pytest.raises(ResultsPathError, match="too long"):
+        completed_point_ids(long_dir)  # resume=true reads it first
+
+
+def test_results_path_below_a_regular_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ResultsPathError, match=r"^results_dir=.*/file/res: a component of .* is not a directory$"):
+        append_rows(tmp_path / "file" / "res", [row("a")])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a mode-0555 directory")
+def test_results_path_in_a_read_only_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    try:
+        with pytest.raises(ResultsPathError, match=r"is not writable \(Permission denied\)$"):
+            append_rows(ro, [row("a")])
+    finally:
+        ro.chmod(0o755)
+
+
+@pytest.mark.skipif(os.access("/proc/sys", os.W_OK), reason="/proc/sys is writable here")
+def test_results_path_where_nothing_can_be_created():
+    with pytest.raises(ResultsPathError) as info:
+        append_rows("/proc/sys/matrix-results", [row("a")])
+    assert _one_line(info.value).startswith("results_dir=/proc/sys/matrix-results: ")
+
+
+# --- resume: what counts as done ------------------------------------------------------------
+
+
+def test_resume_reruns_points_whose_latest_rows_errored_or_timed_out(tmp_path):
+    append_rows(tmp_path, [row("ok1"), row("ok1", impl="legacy", status="refused")])
+    append_rows(tmp_path, [row("err", status="error"), row("err", impl="legacy", status="error")])
+    append_rows(tmp_path, [row("late", status="timeout")])
+    append_rows(tmp_path, [row("fixed", status="timeout")])
+    append_rows(tmp_path, [row("fixed", status="ok")])  # the rerun after a resume
+    append_rows(tmp_path, [row("broke", status="ok")])
+    append_rows(tmp_path, [row("broke", status="error")])  # a later rerun that errored
+    append_rows(tmp_path, [row("kept", status=s, impl=s) for s in ("failed", "skipped", "passthrough")])
+    assert completed_point_ids(tmp_path) == {"ok1", "fixed", "kept"}
+
+
+def test_resume_reads_a_file_with_bytes_that_are_not_utf8(tmp_path):
+    append_rows(tmp_path, [row("a", reason="caf\u00e9")])
+    path = results_path(tmp_path)
+    path.write_bytes(path.read_bytes().replace("caf\u00e9".encode(), b"caf\xe9\xff"))
+    append_rows(tmp_path, [row("b")])
+    assert completed_point_ids(tmp_path) == {"a", "b"}
+
+
+def test_resume_on_a_line_csv_cannot_parse_is_one_line(tmp_path):
+    append_rows(tmp_path, [row("a")])
+    path = results_path(tmp_path)
+    with path.open("a") as f:
+        f.write('"' + "x" * (csv.field_size_limit() + 10) + '"\n')
+    with pytest.raises(SchemaError) as info:
+        completed_point_ids(tmp_path)
+    assert _one_line(info.value).startswith(f"results_dir={tmp_path}: results.csv line 3 is not CSV (")
