@@ -56,7 +56,8 @@ import bench_tasks  # noqa: E402
 import perf_md  # noqa: E402
 from nsa_cp_comm.fold import ImplResult, fold_reports  # noqa: E402
 from nsa_cp_comm.machine import cpu_model, nccl_version  # noqa: E402
-from nsa_cp_comm.ranks import close_pools, get_pool, summarize_failure  # noqa: E402
+from nsa_cp_comm.measure import failed_run  # noqa: E402
+from nsa_cp_comm.ranks import close_pools, get_pool  # noqa: E402
 from nsa_cp_comm.spec import DTYPES, PointSpec  # noqa: E402
 from nsa_cp_comm.timing import fold_phases  # noqa: E402
 
@@ -229,7 +230,8 @@ class Bench:
     # -- plumbing -------------------------------------------------------------
     def spec(self, seq_lens, cp, policy, page, warmup, iters, **kw) -> PointSpec:
         return PointSpec(tuple(seq_lens), cp, policy, page_size=page, hidden_size=self.hidden, dtype=self.dtype,
-                         warmup=warmup, iters=iters, flush_l2=self.args.flush_l2, **kw)
+                         warmup=warmup, iters=iters, flush_l2=self.args.flush_l2,
+                         fault=bench_tasks.SPEC_FAULTS.get(self.args.inject_fault, "none"), **kw)
 
     def run_task(self, task, spec: PointSpec, what: str) -> list[dict] | None:
         """``task(spec, backend, fault)`` on every rank; None (and a failure
@@ -238,8 +240,10 @@ class Bench:
         pool = get_pool(spec.cp_size, backend=backend, device=self.args.device, workdir=self.workdir)
         results = pool.run(task, spec, backend, self.args.inject_fault, timeout_s=self.args.timeout)
         if not all(r.ok for r in results):
-            status, reason = summarize_failure(results)
-            self.failures.append(f"{what}: {status}: {reason}")
+            # The matrix's own rows for a point whose ranks raised, died or hung.
+            for r in failed_run(spec, results):
+                check = f" [{r.failed_check}]" if r.failed_check else ""
+                self.failures.append(f"{what} {r.impl}: {r.status}{check}: {r.reason}")
             return None
         return [r.value for r in results]
 

@@ -45,7 +45,10 @@ CONTROL = "control"
 # How the padded path can be broken for a test, and what a correct benchmark
 # must then report: a failed check (exit 1) or, for ``slow_local``, a ratio
 # above the gate (exit 1 when the gate is on).
-FAULTS: tuple[str, ...] = ("none", "wrong_offset", "nonzero_pad", "wrong_chunk", "slow_local")
+FAULTS: tuple[str, ...] = ("none", "wrong_offset", "nonzero_pad", "wrong_chunk", "slow_local", "raise_rank")
+# Faults of the ranks rather than of the padded path: the matrix's own
+# (``PointSpec.fault``), which the correctness phase fires on the last rank.
+SPEC_FAULTS = {"raise_rank": "raise"}
 SLOW_LOCAL_S = 0.25
 
 
@@ -76,7 +79,7 @@ def injected(fault: str) -> Iterator[None]:
     for the next task)."""
     if fault not in FAULTS:
         raise ValueError(f"fault={fault!r} is not one of {', '.join(FAULTS)}")
-    if fault == "none":
+    if fault == "none" or fault in SPEC_FAULTS:
         yield
         return
     saved_impl = impl_registry.REGISTRY["padded"]
@@ -101,12 +104,14 @@ def injected(fault: str) -> Iterator[None]:
         steps_module.padded_stage = saved_stage
 
 
-def _agreed_failures(reports: dict[str, ImplReport], device) -> list[bool]:
+def _agreed_failures(reports: dict[str, ImplReport], device, group) -> list[bool]:
     """Per implementation, whether it failed or did not run on any rank: what
-    one rank skips timing, every rank must skip (or the others wait forever)."""
+    one rank skips timing, every rank must skip (or the others wait forever).
+    On the correctness group, so that a rank which skipped one of the checks'
+    collectives meets an error here, not a hang."""
     names = list(reports)
     bad = torch.tensor([float(bool(reports[n].failures or reports[n].status)) for n in names], device=device)
-    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX, group=group)
     return [bool(b) for b in bad.tolist()]
 
 
@@ -124,8 +129,9 @@ def paired_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[str,
     "control": {phase: [us]}}``."""
     device = rank_device()
     with injected(fault):
-        reports = check_point(spec, backend, device, checked_group(CHECK_TIMEOUT_S))
-        bad = _agreed_failures(reports, device)
+        group = checked_group(CHECK_TIMEOUT_S)
+        reports = check_point(spec, backend, device, group)
+        bad = _agreed_failures(reports, device, group)
         control: dict[str, list[float]] = {}
         if not any(bad):
             plan, rank = spec.plan(), dist.get_rank()
@@ -165,9 +171,11 @@ def production_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[
     plan = spec.plan()
     with injected(fault):
         group = checked_group(CHECK_TIMEOUT_S)
+        if spec.fault == "raise" and rank == spec.cp_size - 1:
+            raise RuntimeError(f"injected fault on rank {rank}")
         local = make_shard(spec, plan, rank, device)
         reports = {n: _light_check(impl_registry.get(n), spec, plan, rank, device, local, group) for n in spec.impls}
-        bad = _agreed_failures(reports, device)
+        bad = _agreed_failures(reports, device, group)
         steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, None)
                  for n, b in zip(reports, bad) if not b]
         if steps:

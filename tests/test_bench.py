@@ -90,6 +90,13 @@ def test_a_broken_padded_path_exits_1(tmp_path, fault, section, check):
     assert data["exit_code"] == 1 and any(f"[{check}]" in f for f in data["failures"])
 
 
+def test_a_rank_that_raises_exits_1(tmp_path):
+    proc, data = run_bench(tmp_path, "--sections", "even", "--inject-fault", "raise_rank")
+    assert proc.returncode == 1, _log(proc)
+    assert "error: rank 1 error: RuntimeError: injected fault on rank 1" in proc.stdout, _log(proc)
+    assert data["exit_code"] == 1 and data["even"] == []
+
+
 @pytest.mark.parametrize(("gate", "code"), [("--gate", 1), (None, 0)])
 def test_a_slow_padded_path_fails_the_gate(tmp_path, gate, code):
     # A quarter-second sleep in the staging copy: far beyond any A/A noise.
