@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import HealthCheck, find, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
+from hypothesis import HealthCheck, find, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 import nsa_cp_comm.plan as plan_module
 from nsa_cp_comm import (
