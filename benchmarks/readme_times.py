@@ -164,7 +164,7 @@ def render(name: str, data: dict[str, Any]) -> str:
     elif name == "tests":
         t = data["tests"]
         c = t["counts"]
-        counted = ", ".join(f"{c[k]} {k}" for k in ("passed", "skipped", "xfailed", "deselected") if c.get(k))
+        counted = ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed", "deselected") if c.get(k))
         text = (
             f"Measured with `python benchmarks/readme_times.py`: `{t['command']}` "
             f"({counted}) took {t['wall_s']:.0f} s on {_on(t)}; {_load_text(t)}."

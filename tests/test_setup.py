@@ -1,0 +1,213 @@
+"""The set-up as a newcomer meets it: one shared nox environment, installer
+settings that reach uv as they reach pip, presets that run their sweep, pinned
+dependency ranges, and README times that are the committed measurement."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import readme_times  # noqa: E402
+
+README = (REPO / "README.md").read_text()
+NOX = readme_times.noxfile()
+SESSIONS = {"tests", "fuzz", "matrix", "report", "compare", "harness", "bench"}
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- README figures: from the committed measurement --------------------------
+
+
+def test_readme_quotes_exactly_the_committed_times():
+    data = json.loads(readme_times.JSON_PATH.read_text())
+    found = readme_times.blocks(README)
+    assert set(found) == set(readme_times.NAMES)
+    for name in readme_times.NAMES:
+        assert _squash(found[name]) == _squash(readme_times.render(name, data)), (
+            f"README's {name} times differ from {readme_times.JSON_PATH.name}: "
+            "run python benchmarks/readme_times.py --render"
+        )
+
+
+def test_committed_times_say_where_and_when():
+    data = json.loads(readme_times.JSON_PATH.read_text())
+    for name in readme_times.NAMES:
+        part = data[name]
+        assert part["wall_s"] > 0 and part["machine"]["nproc"] >= 1 and part["machine"]["cpu"]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", part["date"])
+        assert part["load_before"] >= 0 and part["load_after"] >= 0
+    assert data["sweep"]["points"] > 0 and data["tests"]["counts"]["passed"] > 0
+
+
+def test_times_are_of_the_commands_nox_runs():
+    data = json.loads(readme_times.JSON_PATH.read_text())
+    assert data["tests"]["command"] == "pytest " + " ".join(NOX.PYTEST_ARGS)
+    assert data["sweep"]["command"] == "python -m matrix " + " ".join(NOX.matrix_overrides([]))
+
+
+def test_render_changes_with_the_figures():
+    data = json.loads(readme_times.JSON_PATH.read_text())
+    slower = json.loads(json.dumps(data))
+    slower["sweep"]["wall_s"] += 100
+    slower["tests"]["wall_s"] += 100
+    for name in readme_times.NAMES:
+        assert readme_times.render(name, data) != readme_times.render(name, slower)
+    assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
+
+
+def test_pytest_closing_line_is_counted():
+    out = "....\n924 passed, 3 skipped, 1 deselected, 2 warnings in 100.23s (0:01:40)\n"
+    assert readme_times.parse_pytest_counts(out) == {"passed": 924, "skipped": 3, "deselected": 1}
+    assert readme_times.parse_pytest_counts("no tests ran in 0.01s") == {}
+
+
+# --- nox: one environment for every session -----------------------------------
+
+
+def test_every_session_runs_in_the_one_shared_environment():
+    import nox.registry
+
+    registered = {name: fn for name, fn in nox.registry.get().items() if name in SESSIONS}
+    assert set(registered) == SESSIONS
+    for name, fn in registered.items():
+        # nox makes no environment of its own for the session...
+        assert fn.venv_backend == "none", name
+        # ...which runs the shared environment's python
+        assert re.search(r"\b_run\(\s*session\b", inspect.getsource(fn.func)), name
+    assert NOX.SHARED_ENV == REPO / ".nox" / "_shared"
+    assert NOX.STAMP.parent == NOX.SHARED_ENV
+
+
+class FakeSession:
+    def __init__(self, posargs=()):
+        self.posargs = list(posargs)
+        self.env = {}
+        self.calls = []
+
+    def run(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(NOX, "shared_python", lambda session: "PY")
+
+    def call(session_name, *posargs):
+        s = FakeSession(posargs)
+        getattr(NOX, session_name)(s)
+        assert len(s.calls) == 1 and s.calls[0][0][0] == "PY"
+        return s.calls[0]
+
+    return call
+
+
+def test_bare_test_run_that_collects_nothing_fails(fake):
+    args, kwargs = fake("tests")
+    assert list(args[1:]) == ["-m", "pytest", *NOX.PYTEST_ARGS]
+    assert kwargs["success_codes"] == [0]
+    _, kwargs = fake("tests", "-k", "plan")
+    assert kwargs["success_codes"] == [0, 5]
+
+
+def test_fuzz_session_runs_the_marked_tests_on_the_long_profile(fake):
+    args, kwargs = fake("fuzz")
+    assert kwargs["env"] == {"HYPOTHESIS_PROFILE": "fuzz"}
+    line = " ".join(args[1:])
+    assert "-m pytest -m fuzz -p no:xdist -x" in line
+    assert kwargs["success_codes"] == [0]
+
+
+@pytest.mark.parametrize(
+    ("posargs", "expected"),
+    [
+        ((), ["-m", "+matrix=default"]),
+        (("+matrix=smoke",), ["-m", "+matrix=smoke"]),
+        (("-m", "+matrix=smoke"), ["-m", "+matrix=smoke"]),
+        (("cp_size=2", "iters=1"), ["-m", "+matrix=default", "cp_size=2", "iters=1"]),
+    ],
+)
+def test_matrix_session_passes_one_multirun_flag(fake, posargs, expected):
+    args, _ = fake("matrix", *posargs)
+    assert list(args[1:]) == ["-m", "matrix", *expected]
+
+
+def test_stamp_sees_every_input():
+    base = ("pyproject", "torch==2.13.0", "", "/usr/bin/python3")
+    ref = NOX.stamp(b"pyproject", *base[1:])
+    assert ref == NOX.stamp(b"pyproject", *base[1:])
+    assert ref != NOX.stamp(b"pyproject2", *base[1:])
+    assert ref != NOX.stamp(b"pyproject", "torch==2.11.0", "", base[3])
+    assert ref != NOX.stamp(b"pyproject", base[1], "file:///idx", base[3])
+    assert ref != NOX.stamp(b"pyproject", base[1], "", "/other/python")
+
+
+def test_pip_settings_reach_uv():
+    lines = [
+        ":env:.find-links='/env/wheels'",
+        "global.find-links='/global/wheels'",
+        "global.extra-index-url='file:///a/simple file:///b/simple'",
+        "global.constraint='/etc/c.txt'",
+        "install.index-url=\"file:///mirror/simple\"",
+        "global.index-url='file:///ignored/simple'",
+        "global.cert='/etc/ssl/ca.pem'",
+    ]
+    settings = NOX.pip_settings(lines, {"PIP_TRUSTED_HOST": "mirror.local"})
+    assert settings["find-links"] == ["/env/wheels"]  # the environment wins, as in pip
+    assert settings["index-url"] == ["file:///mirror/simple"]  # [install] over [global]
+    args = NOX.uv_args(settings)
+    pairs = list(zip(args[::2], args[1::2]))
+    assert ("--find-links", "/env/wheels") in pairs
+    assert ("--extra-index-url", "file:///a/simple") in pairs and ("--extra-index-url", "file:///b/simple") in pairs
+    assert ("--index-url", "file:///mirror/simple") in pairs
+    assert ("--constraint", "/etc/c.txt") in pairs
+    assert ("--allow-insecure-host", "mirror.local") in pairs
+    assert args[-2:] == ["--index-strategy", "unsafe-best-match"]
+    assert "--no-index" in NOX.uv_args(NOX.pip_settings([], {"PIP_NO_INDEX": "1"}))
+
+
+# --- torch: documented, overridable -------------------------------------------
+
+
+def test_torch_settings_are_documented_and_read():
+    setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    noxfile = (REPO / "noxfile.py").read_text()
+    for name in ("NSA_TORCH_SPEC", "NSA_TORCH_INDEX"):
+        assert f"`{name}`" in setup and f'os.environ.get("{name}"' in noxfile
+    assert 'os.environ.get("NSA_TORCH_SPEC", "torch==2.13.0")' in noxfile and "`torch==2.13.0`" in setup
+    # The route without nox installs torch before the project.
+    assert setup.index("pip install torch==") < setup.index("pip install -e '.[test]'")
+
+
+# --- presets and packaging ------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml")))
+def test_a_preset_with_a_sweep_runs_it_without_dash_m(preset):
+    cfg = yaml.safe_load((REPO / "conf" / "matrix" / f"{preset}.yaml").read_text())
+    if cfg.get("hydra", {}).get("sweeper", {}).get("params"):
+        assert cfg["hydra"].get("mode") == "MULTIRUN", preset
+
+
+def test_every_dependency_is_a_range():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    deps = project["project"]["dependencies"] + [
+        d for extra in project["project"]["optional-dependencies"].values() for d in extra
+    ]
+    for dep in deps:
+        assert re.search(r">=[\d.]+,\s*<[\d.]+", dep), dep
+    names = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0] for d in deps}
+    assert {"torch", "numpy", "tabulate", "hypothesis"} <= names
+    assert any(m.startswith("fuzz:") for m in project["tool"]["pytest"]["ini_options"]["markers"])
