@@ -1,31 +1,53 @@
 """Input handling and rendering shared by ``matrix.report`` and ``matrix.compare``.
 
 Both tools take a results argument (a results directory or a CSV file), load it
-into a DataFrame of strings, and report bad input as one line with exit code 2.
-Nothing here writes files.
+into a DataFrame of strings, keep one row per point (the last in file order),
+and report bad input as one line with exit code 2. Nothing here writes files.
+
+Everything runs column-wise (no per-row Python loops over the table), so a
+200k-row results file loads and dedupes in about a second.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from matrix.results import CONFIG_COLUMNS, COLUMNS, RESULTS_FILE, TIMING_COLUMNS, results_path
+from matrix.results import (
+    BAD_STATUSES,
+    CONFIG_COLUMNS,
+    COLUMNS,
+    GOOD_STATUSES,
+    RESULTS_FILE,
+    STATUS_VALUES,
+    TIMING_COLUMNS,
+    results_path,
+)
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
 # slightly older schema still reports.
 REQUIRED_COLUMNS: tuple[str, ...] = CONFIG_COLUMNS + ("status",)
 
+# Verdict classes of the status column: GOOD rows did what the point asks
+# (measured, refused an uneven plan as it must, or had nothing to move); BAD
+# rows fail a sweep; skipped is neither (the point did not run).
+GOOD: tuple[str, ...] = GOOD_STATUSES
+BAD: tuple[str, ...] = BAD_STATUSES
+NEUTRAL: tuple[str, ...] = ("skipped",)
+STATUSES: tuple[str, ...] = STATUS_VALUES
+
 NUMERIC_COLUMNS: tuple[str, ...] = TIMING_COLUMNS + (
     "cp_size",
     "page_size",
+    "effective_page_size",
     "hidden_size",
     "num_experts",
     "topk",
@@ -43,8 +65,13 @@ NUMERIC_COLUMNS: tuple[str, ...] = TIMING_COLUMNS + (
 
 BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "claim_holds")
 
-# Hidden column naming the file a row came from (several results.csv below a dir).
+# Hidden columns: the file a row came from, and its canonical point key.
 SOURCE = "_source"
+POINT_KEY = "_point"
+
+# A column that came with the refused/passthrough statuses: a file without it
+# was written before them, and its rows say `ok` for both (see _upgrade_statuses).
+_STATUS_ERA_COLUMN = "effective_id"
 
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
@@ -56,12 +83,21 @@ class InputError(Exception):
 
 @dataclass(frozen=True)
 class Run:
-    """One results argument, resolved and loaded (all cells as strings)."""
+    """One results argument, resolved and loaded (cells as strings).
+
+    ``raw`` holds every row as read, with ``POINT_KEY`` (an integer naming the
+    row's point within this run); ``config`` the canonical text of its
+    configuration columns (same index); ``latest`` one row per point: the last
+    in file order, i.e. the newest append (a resumed rerun, a repro written into
+    the same file)."""
 
     arg: str  # the argument's name, e.g. "RESULTS" or "BASE"
     value: str  # as the user gave it
     files: tuple[Path, ...]
     raw: pd.DataFrame
+    config: pd.DataFrame
+    latest: pd.DataFrame
+    upgraded: dict[str, int] = field(default_factory=dict)  # old-schema rows re-read, by new status
 
     @property
     def home(self) -> Path:
@@ -71,12 +107,42 @@ class Run:
             return self.files[0].parent
         return Path(self.value)
 
+    @property
+    def latest_config(self) -> pd.DataFrame:
+        return self.config.loc[self.latest.index]
+
+    @property
+    def duplicates(self) -> int:
+        """Rows dropped because a later row of the same point superseded them."""
+        return len(self.raw) - len(self.latest)
+
+    def duplicate_note(self) -> str:
+        """One sentence on duplicate rows, or "" when every point has one row."""
+        if not self.duplicates:
+            return ""
+        keys = self.raw[POINT_KEY]
+        points = keys[keys.duplicated(keep=False)].nunique()
+        return (
+            f"{self.duplicates} duplicate row(s) of {points} point(s) dropped: "
+            "the last row in file order of each point (the latest run) is used"
+        )
+
     def notes(self) -> list[str]:
-        """Lines telling the user which files were read, when that was not obvious."""
-        if len(self.files) == 1:
-            return []
-        listed = ", ".join(str(f) for f in self.files)
-        return [f"note: {self.arg}={self.value}: concatenated {len(self.files)} {RESULTS_FILE} files: {listed}"]
+        """Lines telling the user what was read and how, when that was not obvious."""
+        lines = []
+        if len(self.files) > 1:
+            listed = ", ".join(str(f) for f in self.files)
+            lines.append(
+                f"note: {self.arg}={self.value}: concatenated {len(self.files)} {RESULTS_FILE} files: {listed}"
+            )
+        if self.duplicates:
+            lines.append(f"note: {self.arg}={self.value}: {self.duplicate_note()}")
+        if self.upgraded:
+            parts = ", ".join(f"{n} ok row(s) as {s}" for s, n in sorted(self.upgraded.items()))
+            lines.append(
+                f"note: {self.arg}={self.value}: written before the refused/passthrough statuses; read {parts}"
+            )
+        return lines
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -106,38 +172,111 @@ def resolve_csvs(arg: str, value: str) -> list[Path]:
     return found
 
 
-def _read_one(arg: str, value: str, path: Path) -> pd.DataFrame:
+def _upgrade_statuses(frame: pd.DataFrame) -> dict[str, int]:
+    """Re-read ``ok`` rows of a file written before refused/passthrough existed.
+
+    Such files say ``ok`` for a legacy row that refused an uneven plan (no
+    timings) and for padded/legacy in SCATTERED mode (a timed no-op). Both are
+    recognised from the configuration and the plan, never from the reason text,
+    and get today's status, so old baselines report and compare like new runs."""
+    frame["status"] = frame["status"].astype(object)  # categories would refuse the new values
+    ok = frame["status"].str.strip().eq("ok")
+    untimed = frame["roundtrip_p50_us"].str.strip().eq("")
+    refused = ok & frame["impl"].eq("legacy") & frame["is_even"].str.strip().str.lower().eq("false") & untimed
+    passthrough = ok & frame["mlp_mode"].str.strip().eq("SCATTERED") & frame["impl"].isin(["padded", "legacy"])
+    frame.loc[refused, "status"] = "refused"
+    frame.loc[passthrough, "status"] = "passthrough"
+    # a pass-through moved nothing: its microseconds of copying are not a measurement
+    frame.loc[passthrough, [c for c in TIMING_COLUMNS if c in frame.columns]] = ""
+    return {k: int(v) for k, v in (("refused", refused.sum()), ("passthrough", passthrough.sum())) if v}
+
+
+def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple[pd.DataFrame, dict[str, int]]:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
     try:
         # Strings throughout: the writer's exact text is what `compare` joins on,
         # and empty cells stay "" instead of becoming NaN in half the columns.
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        # Only the columns a tool uses are read: a 200k-row file has 15M cells.
+        frame = pd.read_csv(path, dtype=_DTYPES, keep_default_na=False, usecols=lambda c: c in wanted)
     except pd.errors.EmptyDataError:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS})
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS if c in wanted}), {}
     except (OSError, ValueError) as exc:  # ParserError and UnicodeDecodeError are ValueErrors
         raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
+    for col in frame.columns:
+        categories = getattr(frame[col].dtype, "categories", None)
+        if categories is not None and not pd.api.types.is_string_dtype(categories.dtype):
+            # read_csv types the categories (True, 2, 1.0); the tools work on text
+            frame[col] = frame[col].cat.rename_categories([str(v) for v in categories])
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
         raise InputError(
             f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})"
         )
+    old_statuses = _STATUS_ERA_COLUMN not in frame.columns
     for col in COLUMNS:
-        if col not in frame.columns:
+        if col in wanted and col not in frame.columns:
             frame[col] = ""
+    upgraded = _upgrade_statuses(frame) if old_statuses and len(frame) else {}
     frame[SOURCE] = str(path)
-    return frame
+    return frame, upgraded
 
 
-def load_run(arg: str, value: str) -> Run:
-    """Resolve and read a results argument; raise InputError on anything unusable."""
+def canonical_series(series: pd.Series) -> pd.Series:
+    """:func:`canonical` of every cell, computed once per distinct value."""
+    codes, uniques = pd.factorize(series, use_na_sentinel=False)
+    table = np.array([canonical(u) for u in uniques], dtype=object)
+    return pd.Series(table[codes], index=series.index, dtype=object)
+
+
+def point_codes(config: pd.DataFrame) -> np.ndarray:
+    """An integer per row, equal for rows whose every column is equal (exact:
+    the columns' codes are combined one at a time and renumbered, no hashing)."""
+    code = np.zeros(len(config), dtype=np.int64)
+    for col in config.columns:
+        part, uniques = pd.factorize(config[col], use_na_sentinel=False)
+        code, _ = pd.factorize(code * max(len(uniques), 1) + part)
+    return code.astype(np.int64)
+
+
+# Text columns with few distinct values are read as categories: a 200k-row
+# file then holds each distinct string once instead of once per cell (a tenth
+# of the memory), and factorising them is nearly free. Everything else is text.
+_CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
+    "timeout_s", "results_dir", "resume", "fault", "policy", "effective_page_size", "is_even", "claim_holds",
+    "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "torch_version",
+    "nccl_version", "device_name", "host", "git_sha", "overrides",
+}
+_DTYPES = collections.defaultdict(lambda: str, {c: "category" for c in _CATEGORIES})
+
+# Columns every load reads: the key, the verdict, and what _upgrade_statuses needs.
+BASE_COLUMNS: frozenset[str] = frozenset(
+    REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", _STATUS_ERA_COLUMN)
+)
+
+
+def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
+    """Resolve and read a results argument; raise InputError on anything unusable.
+
+    ``columns``: the schema columns the caller uses (default: all); only those
+    (and the key and status columns) are read, the others are absent."""
+    wanted = frozenset(COLUMNS) if columns is None else BASE_COLUMNS | frozenset(columns)
     files = resolve_csvs(arg, value)
-    frames = [_read_one(arg, value, f) for f in files]
+    read = [_read_one(arg, value, f, wanted) for f in files]
+    frames = [f for f, _ in read]
     raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if raw.empty:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
         raise InputError(f"{arg}={value}: no rows{where} (empty run)")
-    return Run(arg=arg, value=value, files=tuple(files), raw=raw.reset_index(drop=True))
+    upgraded: dict[str, int] = {}
+    for _, counts in read:
+        for status, n in counts.items():
+            upgraded[status] = upgraded.get(status, 0) + n
+    raw = raw.reset_index(drop=True)
+    config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
+    raw[POINT_KEY] = point_codes(config)
+    latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
+    return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest, upgraded=upgraded)
 
 
 def parse_bool(series: pd.Series) -> pd.Series:
@@ -149,10 +288,15 @@ def parse_bool(series: pd.Series) -> pd.Series:
     return out
 
 
-def typed(raw: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``raw`` with numeric and boolean columns converted (bad cells -> NA)."""
+def typed(raw: pd.DataFrame, numeric: Iterable[str] = NUMERIC_COLUMNS) -> pd.DataFrame:
+    """A copy of ``raw`` with the ``numeric`` and boolean columns converted (bad
+    cells -> NA) and ``status`` stripped."""
     frame = raw.copy()
-    for col in NUMERIC_COLUMNS:
+    frame["status"] = frame["status"].str.strip()  # once per category, before they go
+    for col in frame.columns:
+        if isinstance(frame[col].dtype, pd.CategoricalDtype):  # plain values for groupby/crosstab
+            frame[col] = frame[col].astype(object)
+    for col in numeric:
         if col in frame.columns:
             frame[col] = pd.to_numeric(frame[col], errors="coerce")
     for col in BOOL_COLUMNS:
@@ -177,7 +321,7 @@ def canonical(value: object) -> str:
     return repr(f)
 
 
-# --- markdown tables (pandas' to_markdown needs tabulate, which is not a dependency)
+# --- markdown tables (tabulate through DataFrame.to_markdown; cells pre-formatted)
 
 
 def is_missing(value: object) -> bool:
@@ -211,33 +355,22 @@ def fmt(value: object) -> str:
     return one_line(value, 160)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Number) and not isinstance(value, (bool, np.bool_)) and not is_missing(value)
-
-
-def md_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A GitHub markdown table, padded so it also reads well in a terminal.
-
-    Columns whose non-empty cells are all numbers are right-aligned."""
-    rows = [list(r) for r in rows]
-    numeric = [
-        any(_is_number(r[i]) for r in rows) and all(_is_number(r[i]) or is_missing(r[i]) for r in rows)
-        for i in range(len(columns))
-    ]
-    cells = [[fmt(v).replace("|", "\\|") for v in r] for r in rows]
-    head = [str(c).replace("|", "\\|") for c in columns]
-    widths = [max([3, len(head[i])] + [len(r[i]) for r in cells]) for i in range(len(columns))]
-
-    def line(values: Sequence[str]) -> str:
-        padded = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = "| " + " | ".join(("-" * (w - 1) + ":") if num else "-" * w for w, num in zip(widths, numeric)) + " |"
-    return "\n".join([line(head), rule] + [line(r) for r in cells])
+def _numeric(col: pd.Series) -> bool:
+    """Whether a column reads as numbers (right-aligned): non-bool numbers and gaps only."""
+    if pd.api.types.is_bool_dtype(col.dtype):
+        return False
+    if pd.api.types.is_numeric_dtype(col.dtype):
+        return True
+    values = [v for v in col if not is_missing(v)]
+    return bool(values) and all(isinstance(v, numbers.Number) and not isinstance(v, (bool, np.bool_)) for v in values)
 
 
 def frame_md(frame: pd.DataFrame, index: bool = False) -> str:
-    """``frame`` as a markdown table (optionally with its index as leading columns)."""
+    """``frame`` as a GitHub markdown table (optionally with its index as leading
+    columns). Cells go through :func:`fmt`; numeric columns are right-aligned."""
     if index:
         frame = frame.reset_index()
-    return md_table([str(c) for c in frame.columns], frame.itertuples(index=False, name=None))
+    align = ["right" if _numeric(frame[c]) else "left" for c in frame.columns]
+    names = [str(c) for c in frame.columns]
+    text = pd.DataFrame({n: [fmt(v).replace("|", "\\|") for v in frame[c]] for n, c in zip(names, frame.columns)})
+    return text.to_markdown(index=False, disable_numparse=True, colalign=align)

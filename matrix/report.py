@@ -1,13 +1,22 @@
-"""Summarise a results table into ``report.md`` and three PNG plots.
+"""Summarise a results table into ``report.md``, ``report_appendix.md`` and three PNG plots.
 
     python -m matrix.report RESULTS [--out DIR]
 
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
-files below it, concatenated) or a CSV file. The report is written next to the
+files below it, concatenated) or a CSV file. The files are written next to the
 CSV (or into the directory given, when several were concatenated), or into
-``--out``; the headline tables are printed. Sections, in order: correctness
-(incorrect points first), the claim check, latency, bandwidth and padding, the
-environment and the exact sweep overrides.
+``--out``; report.md is also printed.
+
+report.md is what a reviewer reads in a minute, in this order: the verdicts
+(points per status and impl, each status explained; incorrect and failing
+points), the claim check, latency (with padded/legacy ratios on even points and
+which of them are noise), bandwidth and padding, the environment, the plots.
+Every long list (each failing point, each per-point ratio, each plan, the
+sweep's overrides, duplicate rows) is in report_appendix.md, linked at the end.
+
+One row per point is used: when a file holds several (a resumed rerun, a repro
+appended to the same file), the last in file order, and the report says so.
+Rows are classified by their ``status`` column only.
 
 Bad input is one ``error:`` line on stderr and exit code 2, with nothing written.
 """
@@ -15,32 +24,71 @@ Bad input is one ``error:`` line on stderr and exit code 2, with nothing written
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from matrix._review import InputError, Run, fmt, frame_md, load_run, one_line, typed
-from matrix.results import CONFIG_COLUMNS, STATUS_VALUES
+from matrix import plots
+from matrix._review import (
+    BAD,
+    POINT_KEY,
+    STATUSES,
+    InputError,
+    Run,
+    fmt,
+    frame_md,
+    load_run,
+    one_line,
+    point_codes,
+    typed,
+)
+from matrix.results import CONFIG_COLUMNS
 
 REPORT_FILE = "report.md"
-LATENCY_PNG = "roundtrip_latency.png"
-PADDING_PNG = "padding_frac.png"
-BUSBW_PNG = "busbw.png"
+APPENDIX_FILE = "report_appendix.md"
+LATENCY_PNG = plots.LATENCY_PNG
+PADDING_PNG = plots.PADDING_PNG
+BUSBW_PNG = plots.BUSBW_PNG
 
-# What a legacy all_gather_into_tensor raises on an uneven plan; a legacy row
-# that reproduced it is the expected outcome, not a failure.
-LEGACY_UNEVEN_ERROR = "output tensor size must be equal to world_size times input tensor size"
+# One sentence per status, in the order of the verdict table.
+STATUS_MEANING: dict[str, str] = {
+    "ok": "ran, passed its checks against the reference, and was timed.",
+    "failed": "ran, but a check failed (`failed_check` names the first).",
+    "error": "a rank raised, crashed or could not start; nothing was checked.",
+    "timeout": "a rank hung past `timeout_s` and the point was stopped.",
+    "skipped": "not run: a contradiction, or the same effective configuration already ran (the reason names it).",
+    "refused": "the legacy path on an uneven plan: every rank refused before any collective, as it must (no timings).",
+    "passthrough": "SCATTERED mode: the communicator moves nothing; rows checked untouched, nothing timed.",
+}
 
-FAILED_STATUSES = ("failed", "error", "timeout")
-ENV_FIELDS = ("torch_version", "nccl_version", "host", "device_name", "backend", "device", "git_sha")
+ENV_FIELDS = ("torch_version", "nccl_version", "host", "device_name", "backend", "device", "git_sha", "impl_origin")
 POINT = ["impl", "policy", "cp_size", "page_size", "seq_lens", "mlp_mode"]
 PLAN_KEY = ["policy", "cp_size", "page_size", "seq_lens", "align"]
-STDOUT_ROWS = 20  # long tables are cut on the terminal; report.md has them whole
+PAIR = "_pair"  # a point's key without impl: padded and legacy rows of one point share it
+HEAD_ROWS = 8  # long tables in report.md stop here; the appendix has them whole
+APPENDIX_ROWS = 2000  # and the appendix stops here (a 200k-row run is for tools, not eyes)
+SPREAD = "roundtrip_iqr_us"
+# What the report reads of a results file (and which of it is numeric); the
+# other timing columns are skipped, which halves the load of a big file.
+NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err",
+           "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
+           "bytes_useful", "wall_s")
+READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
+        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro")
 
-Section = Callable[[pd.DataFrame, "int | None"], str]
+
+@dataclass
+class Part:
+    """A section's lines for report.md and for the appendix."""
+
+    main: list[str] = field(default_factory=list)
+    appendix: list[str] = field(default_factory=list)
+
+
+Section = Callable[[pd.DataFrame], Part]
 
 
 # --- helpers
@@ -51,16 +99,9 @@ def _is(series: pd.Series, value: bool) -> pd.Series:
     return series.eq(value).fillna(False).astype(bool)
 
 
-def _ok(df: pd.DataFrame) -> pd.Series:
-    return df["status"].str.strip().eq("ok")
-
-
-def _moves_rows(df: pd.DataFrame) -> pd.Series:
-    """ok rows whose timings are communication: not the SCATTERED-mode
-    pass-through of padded/legacy (microseconds of nothing, which would
-    drown the medians)."""
-    passthrough = df["mlp_mode"].astype(str).eq("SCATTERED") & df["impl"].isin(["padded", "legacy"])
-    return _ok(df) & ~passthrough
+def timed(df: pd.DataFrame, metric: str = "roundtrip_p50_us") -> pd.Series:
+    """Rows with a measurement: status ok and a value of ``metric``."""
+    return df["status"].eq("ok") & df[metric].notna()
 
 
 def _mixed(df: pd.DataFrame) -> list[str]:
@@ -68,84 +109,101 @@ def _mixed(df: pd.DataFrame) -> list[str]:
     return [c for c in ("backend", "device") if df[c].nunique() > 1]
 
 
-def _table(frame: pd.DataFrame, limit: int | None, index: bool = False) -> str:
-    if frame.empty:
-        return "_(none)_"
-    if limit is not None and len(frame) > limit:
-        more = len(frame) - limit
-        return frame_md(frame.head(limit), index=index) + f"\n\n... {more} more row(s) in {REPORT_FILE}"
-    return frame_md(frame, index=index)
-
-
 def _label(value: object) -> str:
     text = fmt(value)
     return text if text else "(empty)"
 
 
-# --- sections (each renders markdown; ``limit`` cuts long tables for stdout)
+def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS) -> list[str]:
+    """A table cut at ``rows``, saying where the rest is."""
+    if frame.empty:
+        return ["_(none)_"]
+    out = [frame_md(frame.head(rows), index=index)]
+    if len(frame) > rows:
+        out += ["", f"... {len(frame) - rows} more {what}: all in the [appendix]({APPENDIX_FILE})"]
+    return out
+
+
+def _whole(frame: pd.DataFrame, index: bool = False) -> list[str]:
+    """A table for the appendix (cut at APPENDIX_ROWS, saying so)."""
+    if frame.empty:
+        return ["_(none)_"]
+    out = [frame_md(frame.head(APPENDIX_ROWS), index=index)]
+    if len(frame) > APPENDIX_ROWS:
+        out += ["", f"... {len(frame) - APPENDIX_ROWS} more rows not listed: see the results CSV"]
+    return out
 
 
 def _incorrect(df: pd.DataFrame) -> pd.DataFrame:
     return df[_is(df["correct"], False) | _is(df["even_bitwise_equal"], False)]
 
 
-def _correctness(df: pd.DataFrame, limit: int | None) -> str:
-    out: list[str] = []
-    status = df["status"].str.strip()
-    bad = _incorrect(df)
-    if len(bad):
-        out += [
-            f"### !!! INCORRECT RESULTS: {len(bad)} point(s) !!!",
-            "",
-            "`correct` is False (output differs from the reference) or `even_bitwise_equal` "
-            "is False (an even plan where padded and legacy are not bitwise equal):",
-            "",
-            _table(bad[POINT + ["backend", "device", "status", "correct", "even_bitwise_equal", "max_rel_err",
-                                "reason"]], limit),
-            "",
-        ]
-        repros = [r for r in bad["repro"] if r.strip()]
-        if repros and limit is None:
-            out += ["Reproduce with:", "", "```", *repros, "```", ""]
-    else:
-        out += ["No incorrect results: no point has `correct` False or a failed even-plan bitwise check.", ""]
+def _failing(df: pd.DataFrame) -> pd.DataFrame:
+    """failed/error/timeout rows, and rows whose status the schema does not know."""
+    return df[df["status"].isin(BAD) | ~df["status"].isin(STATUSES)]
 
-    order = list(STATUS_VALUES) + sorted(set(status) - set(STATUS_VALUES))
-    counts = pd.crosstab(df["impl"].map(_label), status.map(_label)).reindex(
-        columns=[_label(s) for s in order], fill_value=0
-    )
-    counts.loc["all"] = counts.sum()
-    counts["total"] = counts.sum(axis=1)
-    counts.index.name, counts.columns.name = "impl", None
-    out += ["### Points by status", "", _table(counts, None, index=True), ""]
+
+# --- sections
+
+
+def verdicts(df: pd.DataFrame) -> Part:
+    part = Part()
+    status = df["status"]
+    order = list(STATUSES) + sorted(set(status) - set(STATUSES))
+    counts = pd.crosstab(status, df["impl"]).reindex(index=order, fill_value=0)
+    counts = counts.rename(index=_label, columns=_label)
+    counts["all"] = counts.sum(axis=1)
+    counts.index.name, counts.columns.name = "status", None
+    counts["meaning"] = [STATUS_MEANING.get(s, "not a status of the schema; counted as failing.") for s in order]
+    part.main += [f"Points per status and impl ({len(df)} points; a point is one configuration and impl):", ""]
+    part.main += [frame_md(counts, index=True), ""]
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
     if len(unchecked):
-        out += [f"**warning:** {len(unchecked)} ok row(s) carry no correctness verdict (`correct` is empty).", ""]
+        part.main += [f"**warning:** {len(unchecked)} ok point(s) carry no correctness verdict (`correct` is empty).",
+                      ""]
 
-    expected = df[
-        df["impl"].eq("legacy")
-        & _is(df["is_even"], False)
-        & status.eq("ok")
-        & df["reason"].str.contains(LEGACY_UNEVEN_ERROR, regex=False)
-    ]
-    if len(expected):
-        out += [
-            f"{len(expected)} legacy row(s) on uneven plans reproduced the expected error "
-            f'"{LEGACY_UNEVEN_ERROR}" (expected, not a failure; no timings).',
+    bad = _incorrect(df)
+    cols = POINT + ["status", "correct", "even_bitwise_equal", "failed_check", "max_rel_err"]
+    if len(bad):
+        part.main += [
+            f"### !!! INCORRECT RESULTS: {len(bad)} point(s) !!!",
+            "",
+            "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
+            "(an even plan where the padded algorithm's bytes differ from legacy's):",
+            "",
+            *_head(bad[cols], "incorrect points"),
             "",
         ]
+        part.appendix += ["## Incorrect points", "", *_whole(bad[cols + ["reason"]]), ""]
+        repros = [r for r in bad["repro"].head(APPENDIX_ROWS) if r.strip()]
+        if repros:
+            part.appendix += ["Reproduce with:", "", "```", *repros, "```", ""]
+    else:
+        part.main += ["No incorrect results: no point has `correct` False or a failed even-plan bitwise check.", ""]
 
-    failing = df[status.isin(FAILED_STATUSES) | ~status.isin(STATUS_VALUES)]
-    out += [f"### Failed, error and timeout points ({len(failing)})", ""]
-    out += [_table(failing[["status"] + POINT + ["backend", "device", "reason"]], limit), ""]
+    failing = _failing(df)
+    if failing.empty:
+        part.main += ["No failed, error or timeout point.", ""]
+    else:
+        part.main += [f"### Failed, error and timeout points: {len(failing)}", ""]
+        why = failing["failed_check"].where(failing["failed_check"].str.strip().ne(""), failing["reason"])
+        groups = (
+            failing.assign(why=why.map(lambda r: one_line(r, 90) or "(no reason)"))
+            .groupby(["status", "impl", "why"]).size().rename("points").reset_index()
+            .sort_values("points", ascending=False, kind="stable")
+        )
+        part.main += ["By status, impl and first failed check (or reason):", "", *_head(groups, "groups", rows=5), ""]
+        detail = failing[["status"] + POINT + ["backend", "device", "failed_check", "reason", "repro"]]
+        part.appendix += ["## Failed, error and timeout points", "", *_whole(detail), ""]
 
     skipped = df[status.eq("skipped")]
     if len(skipped):
-        reasons = skipped["reason"].map(lambda r: one_line(r, 120) or "(no reason)").value_counts()
+        reasons = skipped["reason"].map(lambda r: one_line(r, 100) or "(no reason)").value_counts()
         frame = reasons.rename_axis("reason").reset_index(name="points")
-        out += [f"### Skipped points ({len(skipped)}) by reason", "", _table(frame, limit), ""]
-    return "\n".join(out).rstrip()
+        part.main += [f"### Skipped points: {len(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
+        part.appendix += ["## Skipped points", "", *_whole(skipped[POINT + ["reason"]]), ""]
+    return part
 
 
 def _plans(df: pd.DataFrame) -> pd.DataFrame:
@@ -154,16 +212,19 @@ def _plans(df: pd.DataFrame) -> pd.DataFrame:
     return plans.assign(padding_rows=plans["padded_total"] - plans["total_tokens"])
 
 
-def _claim(df: pd.DataFrame, limit: int | None) -> str:
-    plans = _plans(df)
-    out = [
+def claim(df: pd.DataFrame) -> Part:
+    part = Part(main=[
         "Claim: the padded gather buffer `max_rank_len * cp` equals `ceil_align(sum(seq_lens), cp)`, "
-        "i.e. the existing cp alignment already sizes it. Where it fails, the buffer carries "
-        "`padded_total - total_tokens` rows of padding.",
+        "the size the existing cp alignment already gives the batch. Where it holds, every rank's shard "
+        "has the same length and padding costs nothing; where it fails, each gather and reduce-scatter "
+        "moves `padded_total - total_tokens` extra rows and the legacy path, which sizes its buffer as if "
+        "it held, must refuse the plan.",
         "",
-    ]
+    ])
+    plans = _plans(df)
     if plans.empty:
-        return "\n".join(out + ["_(no row has a claim verdict)_"])
+        part.main.append("_(no row has a claim verdict)_")
+        return part
     summary = plans.groupby("policy").agg(
         plans=("claim_holds", "size"),
         holds=("claim_holds", lambda s: int(_is(s, True).sum())),
@@ -173,257 +234,275 @@ def _claim(df: pd.DataFrame, limit: int | None) -> str:
         ["padding_frac", "policy", "cp_size", "page_size"], ascending=[False, True, True, True]
     )
     summary["max_padding_frac_when_failing"] = fails.groupby("policy")["padding_frac"].max()
-    out += ["### Plans by policy", "", _table(summary, None, index=True), ""]
-    out += [f"### Plans where the claim fails ({len(fails)})", ""]
+    part.main += [frame_md(summary, index=True), ""]
     cols = ["policy", "cp_size", "page_size", "seq_lens", "total_tokens", "max_rank_len", "padded_total",
             "padding_rows", "padding_frac"]
-    out.append(_table(fails[cols], limit))
-    return "\n".join(out)
+    if len(fails):
+        part.main += [f"Plans where the claim fails: {len(fails)}; the most padded:", "",
+                      *_head(fails[cols], "plans", rows=3)]
+        part.appendix += [f"## Plans where the claim fails ({len(fails)})", "", *_whole(fails[cols]), ""]
+    return part
 
 
-def _latency(df: pd.DataFrame, limit: int | None) -> str:
-    timed = df[_moves_rows(df) & df["roundtrip_p50_us"].notna()]
-    if timed.empty:
-        return "_(no ok row has a round-trip time)_"
-    mixed = _mixed(timed)
-    pivot = (
-        timed.assign(policy=timed["policy"].map(_label))
+def ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """padded and legacy round-trip p50 of each even point where both were timed,
+    their ratio, the spread (mean roundtrip_iqr_us of the two rows, NaN when
+    neither has one) and ``noise``: the difference is within the spread."""
+    rows = df[timed(df) & _is(df["is_even"], True)]
+    keep = [PAIR, "roundtrip_p50_us", SPREAD]
+    padded = rows.loc[rows["impl"].eq("padded"), keep]
+    legacy = rows.loc[rows["impl"].eq("legacy"), keep]
+    info = rows.loc[rows["impl"].eq("padded"), [PAIR, *_mixed(df), "cp_size", "policy", "page_size", "seq_lens"]]
+    pairs = padded.merge(legacy, on=PAIR, suffixes=("_padded", "_legacy")).merge(info, on=PAIR)
+    pairs = pairs.rename(columns={"roundtrip_p50_us_padded": "padded", "roundtrip_p50_us_legacy": "legacy"})
+    pairs["ratio"] = pairs["padded"] / pairs["legacy"]
+    pairs["spread"] = pairs[[f"{SPREAD}_padded", f"{SPREAD}_legacy"]].mean(axis=1)
+    pairs["noise"] = pairs["spread"].notna() & ((pairs["padded"] - pairs["legacy"]).abs() <= pairs["spread"])
+    return pairs
+
+
+def latency(df: pd.DataFrame) -> Part:
+    part = Part()
+    rows = df[timed(df)]
+    if rows.empty:
+        part.main.append("_(no ok point has a round-trip time)_")
+        return part
+    mixed = _mixed(rows)
+    by_impl = rows.groupby(mixed + ["cp_size", "impl"])["roundtrip_p50_us"].median().unstack("impl")
+    by_impl.columns.name = None
+    part.main += [
+        f"Round-trip (gather + reduce-scatter) p50 in us by impl, median over the {len(rows)} timed ok points "
+        "(all policies and batches; by policy in the appendix):",
+        "",
+        frame_md(by_impl, index=True),
+        "",
+    ]
+    by_policy = (
+        rows.assign(policy=rows["policy"].map(_label))
         .groupby(mixed + ["cp_size", "impl", "policy"])["roundtrip_p50_us"]
         .median()
         .unstack("policy")
     )
-    pivot.columns.name = None
-    out = [
-        f"### Round-trip p50 (us): median over points, cp size x policy ({len(timed)} timed ok rows)",
-        "",
-        _table(pivot, limit, index=True),
-        "",
-    ]
+    by_policy.columns.name = None
+    part.appendix += ["## Round-trip p50 (us) by cp size, impl and policy (median over points)", "",
+                      *_whole(by_policy, index=True), ""]
+    local = rows[rows["impl"].eq("padded") & rows["local_p50_us"].notna()]
+    if len(local):
+        share = (local["local_p50_us"] / local["roundtrip_p50_us"]).median()
+        part.main += [
+            f"The padded path's local work (zeroing pad rows, copying the shard into its slot) is a median "
+            f"{share:.0%} of its round trip ({len(local)} points; `local_p50_us` / `roundtrip_p50_us`).",
+            "",
+        ]
 
-    even = timed[_is(timed["is_even"], True) & timed["impl"].isin(["padded", "legacy"])]
-    key = [c for c in CONFIG_COLUMNS if c != "impl"] + ["policy"]
-    pairs = even.groupby(key + ["impl"], dropna=False)["roundtrip_p50_us"].median().unstack("impl")
-    out += ["### Padded vs legacy on even points (round-trip p50, us; ratio = padded / legacy)", ""]
-    if not {"padded", "legacy"} <= set(pairs.columns) or pairs[["padded", "legacy"]].dropna().empty:
-        return "\n".join(out + ["_(no even point has both padded and legacy timings)_"])
-    pairs = pairs[["padded", "legacy"]].dropna().reset_index()
-    pairs["ratio"] = pairs["padded"] / pairs["legacy"]
-    summary = pairs.groupby(mixed + ["cp_size", "policy"]).agg(
+    pairs = ratios(df)
+    part.main += ["### Padded vs legacy on even points (ratio = padded / legacy round-trip p50)", ""]
+    if pairs.empty:
+        part.main.append("_(no even point has both padded and legacy timings)_")
+        return part
+    aggregates = dict(
         points=("ratio", "size"),
         padded_us=("padded", "median"),
         legacy_us=("legacy", "median"),
         ratio_median=("ratio", "median"),
         ratio_min=("ratio", "min"),
         ratio_max=("ratio", "max"),
+        within_noise=("noise", "sum"),
     )
-    out += [_table(summary, None, index=True), ""]
-    if limit is None:  # the per-point list is for the file, not the terminal
-        shown = ["cp_size", "policy", "page_size", "seq_lens"]
-        shown += [c for c in key if c not in shown and pairs[c].nunique(dropna=False) > 1]
-        out += ["Per point:", "", _table(pairs[shown + ["padded", "legacy", "ratio"]], None)]
-    return "\n".join(out).rstrip()
-
-
-def _bandwidth(df: pd.DataFrame, limit: int | None) -> str:
-    timed = df[_moves_rows(df) & (df["busbw_padded_GBps"].notna() | df["busbw_useful_GBps"].notna())]
-    out: list[str] = []
-    if timed.empty:
-        out += ["_(no ok row has a bus bandwidth)_", ""]
+    part.main += [frame_md(pairs.groupby(_mixed(df) + ["cp_size"]).agg(**aggregates), index=True), ""]
+    part.appendix += ["## Padded vs legacy on even points by cp size and policy", "",
+                      *_whole(pairs.groupby(_mixed(df) + ["cp_size", "policy"]).agg(**aggregates), index=True), ""]
+    with_spread = pairs["spread"].notna()
+    noise = int(pairs["noise"].sum())
+    if with_spread.any():
+        part.main.append(
+            f"A ratio is noise when |padded - legacy| is within the spread (mean `{SPREAD}` of the two rows): "
+            f"{noise} of {int(with_spread.sum())} ratios are ({'all' if noise == with_spread.sum() else 'see'} "
+            "`within_noise`); read those as no difference, not as a speed-up or a slow-down."
+        )
+        if not with_spread.all():
+            part.main.append(f"{int((~with_spread).sum())} pair(s) carry no spread: noise cannot be told apart there.")
     else:
-        bw = timed.groupby(_mixed(timed) + ["impl", "cp_size", "page_size"]).agg(
+        part.main.append(
+            f"No row carries a spread (`{SPREAD}`): ratios near 1 cannot be told apart from noise "
+            "(CPU runs with few iterations vary by tens of percent)."
+        )
+    shown = pairs[[*_mixed(df), "cp_size", "policy", "page_size", "seq_lens", "padded", "legacy", "ratio", "spread",
+                   "noise"]]
+    part.main += ["", f"Per-point ratios: [appendix]({APPENDIX_FILE})."]
+    part.appendix += ["## Padded vs legacy per even point", "", *_whole(shown), ""]
+    return part
+
+
+def _layout(plans: pd.DataFrame) -> pd.Series:
+    """A plan's split layout as one label: the policy, and the page size where it matters."""
+    paged = plans["policy"].eq("zigzag_page")
+    return plans["policy"].map(_label).where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
+
+
+def bandwidth(df: pd.DataFrame) -> Part:
+    part = Part()
+    # cp=1 moves nothing: its bus bandwidth is 0 by definition, not a measurement
+    rows = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1)]
+    if rows.empty:
+        part.main += ["_(no ok point with cp > 1 has a bus bandwidth)_", ""]
+    else:
+        mixed = _mixed(rows)
+        bw = rows.groupby(mixed + ["cp_size", "impl"])["busbw_padded_GBps"].median().unstack("impl")
+        bw.columns.name = None
+        padded = rows[rows["impl"].eq("padded")].groupby(mixed + ["cp_size"])
+        if len(bw) and "padded" in bw.columns:
+            bw["padded: useful bytes"] = padded["busbw_useful_GBps"].median()
+            bw["padded: padding_frac"] = padded["padding_frac"].median()
+        part.main += ["Bus bandwidth in GB/s by impl, median over the timed points with cp > 1 (the bytes each "
+                      "impl moves; for padded also counting only the tokens' bytes):", "",
+                      frame_md(bw, index=True), ""]
+        full = rows.groupby(mixed + ["cp_size", "impl", "page_size"]).agg(
             points=("busbw_padded_GBps", "size"),
             busbw_padded_GBps=("busbw_padded_GBps", "median"),
             busbw_useful_GBps=("busbw_useful_GBps", "median"),
             padding_frac=("padding_frac", "median"),
         )
-        out += ["### Bus bandwidth (GB/s, median over points): padded vs useful bytes", "",
-                _table(bw, limit, index=True), ""]
+        part.appendix += ["## Bus bandwidth (GB/s) by cp size, impl and page size (median over points)", "",
+                          *_whole(full, index=True), ""]
     plans = df[df["padding_frac"].notna()].drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
-        pad = plans.groupby(["policy", "cp_size", "page_size"])["padding_frac"].mean().unstack("page_size")
-        pad.columns = [f"page {fmt(c)}" for c in pad.columns]
-        out += ["### Mean padding_frac over plans, by policy and cp size (columns: page size)", "",
-                _table(pad, limit, index=True)]
-    return "\n".join(out).rstrip()
+        pad = plans.assign(layout=_layout(plans)).pivot_table(
+            index="cp_size", columns="layout", values="padding_frac", aggfunc="mean"
+        )
+        pad.columns.name = None
+        part.main += ["Mean padding fraction `1 - total_tokens / padded_total` over the batches, by cp size "
+                      "and layout:", "", frame_md(pad, index=True)]
+    return part
 
 
-def _environment(df: pd.DataFrame, limit: int | None) -> str:
-    rows = []
+def environment(df: pd.DataFrame) -> Part:
+    """One line per field would be a screen; the fields run on in one paragraph."""
+    fields = []
     for col in ENV_FIELDS:
-        counts = df[col].str.strip().replace("", pd.NA).dropna().value_counts()
+        counts = df[col].value_counts()
+        counts = counts.groupby(counts.index.str.strip()).sum().drop("", errors="ignore").sort_values(ascending=False)
         if len(counts) <= 1:
-            rows.append((col, ", ".join(counts.index) or "(empty)"))
+            value = f"`{counts.index[0]}`" if len(counts) else "(empty)"
         else:
-            rows.append((col, ", ".join(f"{v} ({n} rows)" for v, n in counts.items())))
-    stamps = sorted(t for t in df["timestamp"] if t.strip())
-    if stamps:
-        rows.append(("timestamp", f"{stamps[0]} .. {stamps[-1]}"))
+            value = ", ".join(f"`{v}` ({n} points)" for v, n in counts.head(4).items())
+            value += f", ... {len(counts) - 4} more" if len(counts) > 4 else ""
+        fields.append(f"{col} {value}")
+    stamps = df["timestamp"].str.strip()
+    stamps = stamps[stamps.ne("")]
+    if len(stamps):
+        fields.append(f"timestamps {stamps.min()} .. {stamps.max()}")
     if df["wall_s"].notna().any():
-        rows.append(("wall_s (sum)", fmt(df["wall_s"].sum())))
-    out = ["| field | value(s) |", "| --- | --- |"] + [f"| {k} | {v.replace('|', chr(92) + '|')} |" for k, v in rows]
+        fields.append(f"{fmt(df['wall_s'].sum())} s of point wall time")
     overrides = df["overrides"].value_counts(sort=False)
-    out += ["", f"### Sweep overrides ({len(overrides)} distinct; rows, then the override string)", "", "```"]
-    out += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.items()]
-    out.append("```")
-    return "\n".join(out)
+    part = Part(main=["; ".join(fields) + ".", "",
+                      f"Sweep overrides: {len(overrides)} distinct, in the [appendix]({APPENDIX_FILE})."])
+    part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```"]
+    part.appendix += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()]
+    part.appendix += ["```", ""]
+    return part
 
 
 SECTIONS: tuple[tuple[str, Section], ...] = (
-    ("Correctness", _correctness),
-    ("Claim check", _claim),
-    ("Latency", _latency),
-    ("Bandwidth and padding", _bandwidth),
-    ("Environment", _environment),
-)
-
-
-# --- plots (rendered in memory with Agg, so a failure writes nothing)
-
-
-def _figure(title: str):  # -> matplotlib Figure; imported lazily, bad input stays fast
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    FigureCanvasAgg(fig)  # explicit Agg canvas: no display, no pyplot global state
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
-
-
-def _png(fig, ax, empty: bool, what: str) -> bytes:
-    if empty:
-        ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center", transform=ax.transAxes)
-    elif ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small", ncol=2)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
-
-
-def _log_if_wide(ax, values: pd.Series, axis: str, base: int = 10) -> None:
-    values = values.dropna()
-    if len(values) and values.min() > 0 and values.max() / values.min() >= 10:
-        (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
-
-
-MARKERS = "os^Dvx*P"
-STYLES = ("-", "--", ":", "-.")
-
-
-def _plot_latency(df: pd.DataFrame) -> bytes:
-    fig, ax = _figure("Round-trip (gather + reduce-scatter) p50 vs tokens, per CP size")
-    ax.set_xlabel("tokens in the batch (total_tokens)")
-    ax.set_ylabel("round-trip latency p50 (µs)")
-    d = df[_moves_rows(df) & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()]
-    mixed = _mixed(d) if len(d) else []
-    g = d.groupby(mixed + ["cp_size", "impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    cps, impls = sorted(g["cp_size"].unique()), sorted(g["impl"].unique())
-    for (keys, s) in g.groupby(mixed + ["cp_size", "impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        cp, impl = keys[-2], keys[-1]
-        i, j = cps.index(cp), impls.index(impl)
-        s = s.sort_values("total_tokens")
-        label = " ".join([*map(str, keys[:-2]), f"cp={fmt(cp)}", impl])
-        ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=f"C{i % 10}", linestyle=STYLES[j % 4],
-                marker=MARKERS[j % len(MARKERS)], label=label)
-    _log_if_wide(ax, g["total_tokens"], "x")
-    _log_if_wide(ax, g["roundtrip_p50_us"], "y")
-    return _png(fig, ax, g.empty, "timed ok rows")
-
-
-def _plot_padding(df: pd.DataFrame) -> bytes:
-    fig, ax = _figure("Padding fraction of the gather buffer vs page size (mean over lengths)")
-    ax.set_xlabel("page size (tokens)")
-    ax.set_ylabel("padding fraction 1 − T / (m·cp)  (0–1)")
-    plans = df[df["padding_frac"].notna() & df["page_size"].notna()].drop_duplicates(subset=PLAN_KEY)
-    g = plans.groupby(["policy", "cp_size", "page_size"])["padding_frac"].mean().reset_index()
-    cps, policies = sorted(g["cp_size"].unique()), sorted(g["policy"].unique())
-    for (policy, cp), s in g.groupby(["policy", "cp_size"]):
-        i, j = cps.index(cp), policies.index(policy)
-        s = s.sort_values("page_size")
-        ax.plot(s["page_size"], s["padding_frac"], color=f"C{i % 10}", linestyle=STYLES[j % 4],
-                marker=MARKERS[j % len(MARKERS)], label=f"{policy} cp={fmt(cp)}")
-    _log_if_wide(ax, g["page_size"], "x", base=2)
-    ax.set_ylim(bottom=0)
-    return _png(fig, ax, g.empty, "plans with a padding fraction")
-
-
-def _plot_busbw(df: pd.DataFrame) -> bytes:
-    fig, ax = _figure("Bus bandwidth vs gathered bytes (filled: padded, hollow: useful)")
-    ax.set_xlabel("gathered buffer size (bytes; padded for filled, useful for hollow markers)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    d = df[_moves_rows(df) & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna()]
-    cps, impls = sorted(d["cp_size"].unique()), sorted(d["impl"].unique())
-    for (cp, impl), s in d.groupby(["cp_size", "impl"]):
-        i, j = cps.index(cp), impls.index(impl)
-        color, marker = f"C{i % 10}", MARKERS[j % len(MARKERS)]
-        ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=22,
-                   label=f"cp={fmt(cp)} {impl}")
-        u = s[s["busbw_useful_GBps"].notna() & s["bytes_useful"].notna()]
-        if marker == "x":  # unfilled marker: hollow would be invisible, use a lighter tone
-            ax.scatter(u["bytes_useful"], u["busbw_useful_GBps"], color=color, marker=marker, s=22, alpha=0.4)
-        else:
-            ax.scatter(u["bytes_useful"], u["busbw_useful_GBps"], facecolors="none", edgecolors=color,
-                       marker=marker, s=22)
-    _log_if_wide(ax, pd.concat([d["bytes_padded"], d["bytes_useful"]]), "x")
-    return _png(fig, ax, d.empty, "timed ok rows with bandwidth")
-
-
-PLOTS: tuple[tuple[str, Callable[[pd.DataFrame], bytes]], ...] = (
-    (LATENCY_PNG, _plot_latency),
-    (PADDING_PNG, _plot_padding),
-    (BUSBW_PNG, _plot_busbw),
+    ("Verdicts", verdicts),
+    ("Claim check", claim),
+    ("Latency", latency),
+    ("Bandwidth and padding", bandwidth),
+    ("Environment", environment),
 )
 
 
 # --- assembly
 
 
-def render(run: Run, df: pd.DataFrame, limit: int | None = None) -> str:
-    """The report as markdown; ``limit`` cuts long tables (for the terminal)."""
+def duplicates(run: Run) -> list[str]:
+    """Appendix lines listing each point that has several rows, and which is used."""
+    keys = run.raw[POINT_KEY]
+    dup = run.raw[keys.duplicated(keep=False)]
+    if dup.empty:
+        return []
+    first = dup[POINT_KEY].drop_duplicates().head(APPENDIX_ROWS)
+    dup = dup[dup[POINT_KEY].isin(first)]
+    dup = dup.assign(status=dup["status"].str.strip().astype(object))
+    grouped = dup.groupby(POINT_KEY, sort=False).agg(
+        rows=("status", "size"), statuses=("status", " -> ".join),
+        **{c: (c, "last") for c in POINT},
+    )
+    grouped["used"] = "the last"
+    more = keys[keys.duplicated(keep=False)].nunique() - len(grouped)
+    tail = ["", f"... {more} more points with duplicates not listed"] if more > 0 else []
+    return ["## Points with duplicate rows (statuses in file order; the last row is used)", "",
+            frame_md(grouped[POINT + ["rows", "statuses", "used"]]), *tail, ""]
+
+
+def prepare(run: Run) -> pd.DataFrame:
+    """The run's latest row per point, typed, with the padded/legacy pairing key."""
+    pair_cols = [c for c in CONFIG_COLUMNS if c != "impl"]
+    df = typed(run.latest, NUMBERS).reset_index(drop=True)
+    df[PAIR] = point_codes(run.latest_config[pair_cols])
+    return df
+
+
+def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
+    """(report.md, report_appendix.md) as markdown."""
     if len(run.files) == 1:
-        source = f"Source: `{run.files[0]}` ({len(df)} rows)"
+        source = f"Source: `{run.files[0]}` ({len(run.raw)} rows, {len(df)} points)."
     else:
-        source = f"Source: {len(run.files)} files under `{run.value}` ({len(df)} rows): " + ", ".join(
-            f"`{f}`" for f in run.files
-        )
-    lines = ["# nsa-cp-comm matrix report", "", source, ""]
-    bad = len(_incorrect(df))
+        source = f"Source: {len(run.files)} files under `{run.value}` ({len(run.raw)} rows, {len(df)} points)."
+    lines = ["# nsa-cp-comm matrix report", "", source]
+    if run.duplicates:
+        lines.append(f"Duplicates: {run.duplicate_note()} ([appendix]({APPENDIX_FILE})).")
+    if run.upgraded:
+        parts = ", ".join(f"{n} ok row(s) read as {s}" for s, n in sorted(run.upgraded.items()))
+        lines.append(f"Written before the refused/passthrough statuses: {parts}.")
+    lines.append("")
+    bad, failing = len(_incorrect(df)), len(_failing(df))
     if bad:
-        lines += [f"> **!!! {bad} INCORRECT RESULT(S): see Correctness below !!!**", ""]
+        lines += [f"> **!!! {bad} INCORRECT RESULT(S): see Verdicts below !!!**", ""]
+    elif failing:
+        lines += [f"> **{failing} failed, error or timeout point(s): see Verdicts below.**", ""]
+    appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
+    appendix += duplicates(run)
     for title, section in SECTIONS:
-        lines += [f"## {title}", "", section(df, limit), ""]
-    if limit is None:
-        lines += ["## Plots", ""] + [f"![{name}]({name})" for name, _ in PLOTS] + [""]
-    return "\n".join(lines)
+        part = section(df)
+        while part.main and not part.main[-1]:
+            part.main.pop()
+        lines += [f"## {title}", "", *part.main, ""]
+        appendix += part.appendix
+    lines += ["## Plots", "", *(f"![{name}]({name})" for name in plots.NAMES), ""]
+    lines += [f"Long lists (each failing point, per-point ratios, plans, overrides, duplicates): "
+              f"[{APPENDIX_FILE}]({APPENDIX_FILE})", ""]
+    if len(run.files) > 1:
+        appendix += ["## Files read", "", *(f"- `{f}`" for f in run.files), ""]
+    return "\n".join(lines), "\n".join(appendix)
 
 
 def build(run: Run) -> tuple[str, str, dict[str, bytes]]:
-    """(report.md text, stdout text, PNG bytes by file name), all in memory."""
-    df = typed(run.raw)
-    return render(run, df), render(run, df, STDOUT_ROWS), {name: plot(df) for name, plot in PLOTS}
+    """(report.md text, appendix text, PNG bytes by file name), all in memory."""
+    df = prepare(run)
+    markdown, appendix = render(run, df)
+    return markdown, appendix, plots.render_all(df)
 
 
-def write(out: Path, markdown: str, plots: dict[str, bytes]) -> list[Path]:
+def write(out: Path, markdown: str, appendix: str, pngs: dict[str, bytes]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, data in plots.items():
+    for name, data in pngs.items():
         (out / name).write_bytes(data)
         written.append(out / name)
+    (out / APPENDIX_FILE).write_text(appendix, encoding="utf-8")
     (out / REPORT_FILE).write_text(markdown, encoding="utf-8")
-    return [out / REPORT_FILE, *written]
+    return [out / REPORT_FILE, out / APPENDIX_FILE, *written]
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m matrix.report",
-        description="Summarise a results table: correctness, claim check, latency, bandwidth, environment.",
+        description="Summarise a results table: verdicts, claim check, latency, bandwidth, environment.",
     )
     parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")
     parser.add_argument(
-        "--out", metavar="DIR", help="directory for report.md and the PNGs (default: next to the CSV)"
+        "--out", metavar="DIR", help="directory for report.md, its appendix and the PNGs (default: next to the CSV)"
     )
     return parser
 
@@ -437,11 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             raise InputError(f"--out={args.out}: exists and is not a directory")
-        run = load_run("RESULTS", args.results)
+        run = load_run("RESULTS", args.results, READ)
         out = Path(args.out) if args.out is not None else run.home
-        markdown, brief, plots = build(run)
+        markdown, appendix, pngs = build(run)
         try:
-            written = write(out, markdown, plots)
+            written = write(out, markdown, appendix, pngs)
         except OSError as exc:
             where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
             raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
@@ -450,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in run.notes():
         print(note)
-    print(brief)
+    print(markdown)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

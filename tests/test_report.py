@@ -1,16 +1,29 @@
-"""`python -m matrix.report`: sections, plots, input resolution and bad input."""
+"""`python -m matrix.report`: verdicts first, the claim explained, noise said,
+duplicates said, long lists in the appendix, plots that show what they claim,
+bad input as one line."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from matrix import report
-from matrix.results import COLUMNS, RESULTS_FILE, append_rows
+from matrix import _review, plots, report
+from matrix.results import COLUMNS, RESULTS_FILE, STATUS_VALUES, append_rows
 
-LEGACY_ERROR = "output tensor size must be equal to world_size times input tensor size"
+REPO = Path(__file__).resolve().parents[1]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
+TORCH_TEXT = "output tensor size must be equal to world_size times input tensor size"
+
+
+def bench_review():
+    """benchmarks/bench_review.py as a module (its synthesiser makes whole sweeps)."""
+    spec = importlib.util.spec_from_file_location("bench_review", REPO / "benchmarks" / "bench_review.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def make_row(
@@ -23,6 +36,7 @@ def make_row(
     status: str = "ok",
     correct: bool | None = True,
     padded_total: int | None = None,
+    iqr: float | None = None,
     **extra: object,
 ) -> dict[str, object]:
     """One schema row; plan numbers are given, not computed (keeps the test independent of the planner)."""
@@ -34,21 +48,24 @@ def make_row(
         split=policy, align=cp, moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo",
         device="cpu", hidden_size=256, dtype="float32", num_experts=4, topk=2, warmup=1, iters=5, seed=0,
         flush_l2=False, timeout_s=60, results_dir="r", resume=False, fault="",
-        policy=policy, total_tokens=total, max_rank_len=padded // cp, padded_total=padded,
-        padding_frac=1.0 - total / padded, is_even=even, claim_holds=even,
-        status=status, reason="", correct=correct, max_rel_err=0.0,
+        policy=policy, effective_page_size=page, effective_id=f"{impl}{cp}{page}{seq_lens}", total_tokens=total,
+        max_rank_len=padded // cp, padded_total=padded, padding_frac=1.0 - total / padded, is_even=even,
+        claim_holds=even, status=status, reason="", correct=correct, max_rel_err=0.0,
         even_bitwise_equal=(True if even and impl == "padded" and status == "ok" else None),
-        torch_version="2.13.0", nccl_version="", device_name="cpu", host="box1", git_sha="abc1234",
-        timestamp="2025-01-01T00:00:00", wall_s=1.5, point_id=f"{impl}-{policy}-{cp}-{page}-{seq_lens}",
+        impl_origin="nsa_cp_comm 0.1.0", torch_version="2.13.0", nccl_version="", device_name="cpu", host="box1",
+        git_sha="abc1234", timestamp="2025-01-01T00:00:00", wall_s=1.5,
+        point_id=f"{impl}-{policy}-{cp}-{page}-{seq_lens}",
         overrides="cp_size=2,4 policy=zigzag,round_robin", repro=f"python -m matrix impl={impl} cp_size={cp}",
     )
-    if p50 is not None:
+    if p50 is not None and status == "ok":
         bp = padded * 256 * 4
+        bus = (cp - 1) / cp
         row.update(
             roundtrip_p10_us=p50 * 0.9, roundtrip_p50_us=p50, roundtrip_p90_us=p50 * 1.1, roundtrip_p99_us=p50 * 1.2,
-            roundtrip_mean_us=p50, gather_p50_us=p50 / 2, scatter_p50_us=p50 / 2, rows_moved=padded,
+            roundtrip_mean_us=p50, roundtrip_iqr_us=iqr, gather_p50_us=p50 / 2, scatter_p50_us=p50 / 2,
+            local_p50_us=p50 * 0.1 if impl == "padded" else None, rows_moved=padded,
             bytes_padded=bp, bytes_useful=total * 256 * 4,
-            busbw_padded_GBps=bp / p50 / 1e3, busbw_useful_GBps=total * 1024 / p50 / 1e3,
+            busbw_padded_GBps=bp / p50 / 1e3 * bus, busbw_useful_GBps=total * 1024 / p50 / 1e3 * bus,
         )
     row.update(extra)
     assert set(row) <= set(COLUMNS)
@@ -63,18 +80,20 @@ def mixed_rows() -> list[dict[str, object]]:
                 lens = (n, n)
                 rows.append(make_row("padded", policy, cp, seq_lens=lens, p50=pad_us * cp / 2))
                 rows.append(make_row("legacy", policy, cp, seq_lens=lens, p50=leg_us * cp / 2))
-    # uneven, claim-failing zigzag_page plan; legacy reproduces the expected error
+    # uneven, claim-failing zigzag_page plan: legacy refuses it
     uneven = dict(policy="zigzag_page", cp=4, page=64, seq_lens=(1001, 300), padded_total=1536)
     rows.append(make_row("padded", p50=300.0, **uneven))
-    rows.append(make_row("legacy", p50=None, reason=f"RuntimeError: {LEGACY_ERROR}", **uneven))
-    # the incorrect points
+    rows.append(make_row("legacy", status="refused", reason=f"refused: {TORCH_TEXT}", **uneven))
+    # SCATTERED: the communicator passes rows through
+    rows.append(make_row("padded", status="passthrough", mlp_mode="SCATTERED", moe_a2a_backend="deepep"))
+    # the incorrect and failing points
     rows.append(make_row("allgatherv", "zigzag", 2, seq_lens=(777, 333), status="failed", correct=False,
-                         max_rel_err=0.5, reason="max_rel_err 0.5 > tol"))
+                         max_rel_err=0.5, failed_check="reference_moe", reason="max_rel_err 0.5 > tol"))
     rows.append(make_row("padded", "round_robin", 4, seq_lens=(999, 1), even_bitwise_equal=False))
-    rows.append(make_row("a2a", "zigzag", 2, p50=None, status="error", correct=None, reason="ValueError: boom"))
-    rows.append(make_row("a2a", "zigzag", 4, p50=None, status="timeout", correct=None, reason="timed out after 60 s"))
-    rows.append(make_row("sumlen_allreduce", "zigzag", 8, p50=None, status="skipped", correct=None,
-                         reason="cp_size=8 > world size 4"))
+    rows.append(make_row("a2a", "zigzag", 2, status="error", correct=None, reason="ValueError: boom"))
+    rows.append(make_row("a2a", "zigzag", 4, status="timeout", correct=None, reason="timed out after 60 s"))
+    rows.append(make_row("sumlen_allreduce", "zigzag", 8, status="skipped", correct=None,
+                         reason="same effective configuration as point 3"))
     return rows
 
 
@@ -84,72 +103,316 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def test_report_writes_markdown_and_pngs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def md_of(path: Path) -> tuple[str, str]:
+    return (path / "report.md").read_text(), (path / "report_appendix.md").read_text()
+
+
+def section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    nxt = md.find("\n## ", start + 3)
+    return md[start:] if nxt < 0 else md[start:nxt]
+
+
+def table_row(text: str, first_cell: str) -> list[str]:
+    """The cells of the first markdown table row of ``text`` whose first cell is ``first_cell``."""
+    rows = ([c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines() if ln.startswith("|"))
+    return next(r for r in rows if r[0] == first_cell)
+
+
+# --- files and order
+
+
+def test_report_writes_markdown_appendix_and_pngs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
-    md = (run_dir / "report.md").read_text()
+    md, appendix = md_of(run_dir)
     for name in PNGS:
         data = (run_dir / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 1000
     out = capsys.readouterr().out
-    assert "wrote " in out and "report.md" in out
-    # section order: correctness first, environment last
-    titles = ("## Correctness", "## Claim check", "## Latency", "## Bandwidth", "## Environment")
+    assert "wrote " in out and "report.md" in out and "report_appendix.md" in out
+    assert md in out  # report.md is what the terminal shows
+    titles = ("## Verdicts", "## Claim check", "## Latency", "## Bandwidth and padding", "## Environment", "## Plots")
     heads = [md.index(h) for h in titles]
     assert heads == sorted(heads)
-    for text in (md, out):
-        assert "!!! INCORRECT RESULTS: 2 point(s) !!!" in text
-        assert "[777,333]" in text and "[999,1]" in text
+    assert md.rstrip().splitlines()[-1].endswith("[report_appendix.md](report_appendix.md)")
+    assert appendix.startswith("# nsa-cp-comm matrix report: appendix") and "](report.md)" in appendix
 
 
-def test_correctness_section_is_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verdicts_count_every_status_and_explain_each(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
-    md = (run_dir / "report.md").read_text()
-    banner = md.index("INCORRECT RESULT(S)")
-    loud = md.index("### !!! INCORRECT RESULTS")
-    assert banner < md.index("## Correctness") < loud < md.index("### Points by status") < md.index("### Failed")
-    failed = md[md.index("### Failed, error and timeout points (3)"):md.index("## Claim check")]
-    assert "ValueError: boom" in failed and "timed out after 60 s" in failed and "max_rel_err 0.5" in failed
-    # the legacy error on the uneven plan is expected, not a failure
-    assert "1 legacy row(s) on uneven plans reproduced the expected error" in md
-    assert LEGACY_ERROR not in failed
-    assert "cp_size=8 > world size 4" in md  # skipped reason
-    assert "python -m matrix impl=allgatherv cp_size=2" in md  # repro of the incorrect point
+    md, _ = md_of(run_dir)
+    verdicts = section(md, "Verdicts")
+    header = table_row(verdicts, "status")
+    assert header[:1] == ["status"] and header[-2:] == ["all", "meaning"]
+    impls = header[1:-2]
+    assert impls == sorted(["a2a", "allgatherv", "legacy", "padded", "sumlen_allreduce"])
+    expected = {"ok": 18, "failed": 1, "error": 1, "timeout": 1, "skipped": 1, "refused": 1, "passthrough": 1}
+    for status in STATUS_VALUES:
+        cells = table_row(verdicts, status)
+        assert int(cells[-2]) == expected[status], cells
+        assert cells[-1] == report.STATUS_MEANING[status]  # one sentence each, in the table
+    assert table_row(verdicts, "refused")[1 + impls.index("legacy")] == "1"
+    assert table_row(verdicts, "passthrough")[1 + impls.index("padded")] == "1"
 
 
-def test_clean_run_says_no_incorrect_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # torch's text in a reason changes nothing: the error stays an error, the ok stays ok
+    rows = [make_row("legacy", status="error", correct=None, reason=f"RuntimeError: {TORCH_TEXT}"),
+            make_row("legacy", cp=4, reason=f"note: {TORCH_TEXT}")]
+    append_rows(tmp_path, rows)
+    assert report.main([str(tmp_path)]) == 0
+    md, _ = md_of(tmp_path)
+    verdicts = section(md, "Verdicts")
+    assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
+    assert table_row(verdicts, "refused")[-2] == "0"
+    assert "1 failed, error or timeout point(s)" in md
+
+
+def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(run_dir)]) == 0
+    md, appendix = md_of(run_dir)
+    banner = md.index("2 INCORRECT RESULT(S)")
+    loud = md.index("### !!! INCORRECT RESULTS: 2 point(s) !!!")
+    assert banner < md.index("## Verdicts") < loud < md.index("## Claim check")
+    assert "[777,333]" in md and "[999,1]" in md
+    assert "python -m matrix impl=allgatherv cp_size=2" in appendix  # repro of the incorrect point
+
+
+def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(run_dir)]) == 0
+    md, appendix = md_of(run_dir)
+    failing = section(md, "Verdicts")[section(md, "Verdicts").index("### Failed"):]
+    assert "### Failed, error and timeout points: 3" in failing
+    assert "reference_moe" in failing and "ValueError: boom" in failing and "timed out after 60 s" in failing
+    detail = appendix[appendix.index("## Failed, error and timeout points"):]
+    assert "max_rel_err 0.5" in detail and "python -m matrix impl=a2a cp_size=4" in detail
+    assert "same effective configuration as point 3" in md  # skipped reason
+
+
+def test_clean_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     append_rows(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
     assert report.main([str(tmp_path / RESULTS_FILE)]) == 0
-    md = (tmp_path / "report.md").read_text()
-    assert "No incorrect results" in md and "INCORRECT" not in md
+    md, _ = md_of(tmp_path)
+    assert "No incorrect results" in md and "No failed, error or timeout point." in md and "INCORRECT" not in md
 
 
-def test_claim_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# --- claim, latency, bandwidth, environment
+
+
+def test_claim_is_explained_and_checked(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
-    md = (run_dir / "report.md").read_text()
-    claim = md[md.index("## Claim check"):md.index("## Latency")]
-    assert "### Plans where the claim fails (1)" in claim
+    md, appendix = md_of(run_dir)
+    claim = section(md, "Claim check")
+    assert "`max_rank_len * cp` equals `ceil_align(sum(seq_lens), cp)`" in claim
+    assert "extra rows" in claim and "must refuse" in claim  # why it matters
+    assert "Plans where the claim fails: 1" in claim
     # zigzag_page cp=4 page=64 [1001,300]: 1536 padded - 1301 tokens = 235 rows of padding
-    fail_row = next(line for line in claim.splitlines() if "[1001,300]" in line)
-    assert [c.strip() for c in fail_row.strip("| ").split("|")] == [
+    assert table_row(claim, "zigzag_page")[:4] == ["zigzag_page", "1", "0", "1"]
+    full = appendix[appendix.index("## Plans where the claim fails"):]
+    assert table_row(full, "zigzag_page") == [
         "zigzag_page", "4", "64", "[1001,300]", "1301", "384", "1536", "235", "0.153"
     ]
-    latency = md[md.index("## Latency"):md.index("## Bandwidth")]
+
+
+def test_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(run_dir)]) == 0
+    md, appendix = md_of(run_dir)
+    latency = section(md, "Latency")
     assert "ratio = padded / legacy" in latency
-    assert "1.10" in latency  # every even pair is padded = 1.1 x legacy
-    assert "round_robin" in latency and "zigzag" in latency
-    bandwidth = md[md.index("## Bandwidth"):md.index("## Environment")]
-    assert "busbw_padded_GBps" in bandwidth and "busbw_useful_GBps" in bandwidth and "page 64" in bandwidth
-    env = md[md.index("## Environment"):]
-    assert "2.13.0" in env and "box1" in env and "abc1234" in env
-    assert "cp_size=2,4 policy=zigzag,round_robin" in env
+    assert table_row(latency, "2")[1:] == ["150", "165"]  # by impl: legacy, padded
+    ratios = latency[latency.index("### Padded vs legacy"):]
+    assert table_row(ratios, "2")[4] == "1.10"  # every even pair is padded = 1.1 x legacy
+    assert "local work" in latency and "10%" in latency
+    assert "No row carries a spread" in latency
+    assert "round_robin" in appendix[appendix.index("## Round-trip p50 (us) by cp size, impl and policy"):]
+    bandwidth = section(md, "Bandwidth and padding")
+    assert "padded: useful bytes" in bandwidth and "zigzag_page p64" in bandwidth
+    env = section(md, "Environment")
+    assert "2.13.0" in env and "box1" in env and "abc1234" in env and "nsa_cp_comm 0.1.0" in env
+    assert "cp_size=2,4 policy=zigzag,round_robin" in appendix and "cp_size=2,4 policy" not in md
+
+
+def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [
+        # difference 5 us, spread 20 us: noise
+        make_row("padded", seq_lens=(512, 512), p50=105.0, iqr=20.0),
+        make_row("legacy", seq_lens=(512, 512), p50=100.0, iqr=20.0),
+        # difference 50 us, spread 10 us: a real difference
+        make_row("padded", seq_lens=(1024, 1024), p50=250.0, iqr=10.0),
+        make_row("legacy", seq_lens=(1024, 1024), p50=200.0, iqr=10.0),
+    ]
+    append_rows(tmp_path, rows)
+    assert report.main([str(tmp_path)]) == 0
+    md, appendix = md_of(tmp_path)
+    latency = section(md, "Latency")
+    assert "1 of 2 ratios are" in latency and "noise" in latency
+    assert table_row(latency[latency.index("### Padded vs legacy"):], "2")[-1] == "1"  # within_noise
+    per_point = appendix[appendix.index("## Padded vs legacy per even point"):]
+    assert table_row(per_point, "2").count("True") == 1
+    noisy = next(ln for ln in per_point.splitlines() if "[512,512]" in ln)
+    real = next(ln for ln in per_point.splitlines() if "[1024,1024]" in ln)
+    assert noisy.rstrip(" |").endswith("True") and real.rstrip(" |").endswith("False")
+
+
+# --- duplicates and older files
+
+
+def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    append_rows(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
+    append_rows(tmp_path, [make_row()])  # the rerun of the error point
+    assert report.main([str(tmp_path)]) == 0
+    md, appendix = md_of(tmp_path)
+    assert "(3 rows, 2 points)" in md
+    assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
+            "(the latest run) is used") in md
+    verdicts = section(md, "Verdicts")
+    assert table_row(verdicts, "ok")[-2] == "2" and table_row(verdicts, "error")[-2] == "0"
+    assert "error -> ok" in appendix and "the last" in appendix
+    assert "duplicate row(s) of 1 point(s)" in capsys.readouterr().out
+
+
+def test_file_from_before_refused_and_passthrough(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old_columns = [c for c in COLUMNS if c not in ("effective_id", "effective_page_size", "roundtrip_iqr_us",
+                                                   "failed_check", "impl_origin")]
+    rows = [
+        make_row("padded", p50=100.0),
+        make_row("legacy", seq_lens=(1001, 300), padded_total=1302, p50=None, reason=TORCH_TEXT),  # refused, then ok
+        make_row("legacy", mlp_mode="SCATTERED", moe_a2a_backend="deepep", p50=0.5),  # a pass-through, then ok
+    ]
+    rows[1]["is_even"], rows[2]["roundtrip_p50_us"] = False, 0.5
+    pd.DataFrame(rows).reindex(columns=old_columns).to_csv(tmp_path / RESULTS_FILE, index=False)
+    assert report.main([str(tmp_path)]) == 0
+    md, _ = md_of(tmp_path)
+    verdicts = section(md, "Verdicts")
+    assert [table_row(verdicts, s)[-2] for s in ("ok", "refused", "passthrough")] == ["1", "1", "1"]
+    assert ("Written before the refused/passthrough statuses: 1 ok row(s) read as passthrough, "
+            "1 ok row(s) read as refused") in md
+
+
+# --- length: the default sweep on two screens
+
+
+def test_default_sweep_report_fits_two_screens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = bench_review()
+    sweep = bench.synthesise(400, dup_frac=0, error_frac=0)  # 160 points x 2-3 impls, as +matrix=default
+    sweep.loc[sweep.index[:7], "status"] = ["error", "error", "failed", "timeout", "error", "failed", "error"]
+    sweep.loc[sweep.index[:7], "reason"] = [f"reason {i}" for i in range(7)]
+    bench.write(sweep, tmp_path)
+    assert report.main([str(tmp_path)]) == 0
+    md, appendix = md_of(tmp_path)
+    lines = md.rstrip().splitlines()
+    assert lines[-1].endswith("(report_appendix.md)") and len(lines) <= 120, len(lines)
+    for moved in ("## Sweep overrides", "## Padded vs legacy per even point", "## Plans where the claim fails",
+                  "## Failed, error and timeout points"):
+        assert moved in appendix.splitlines() or any(ln.startswith(moved + " (") for ln in appendix.splitlines())
+        assert not any(line.startswith(moved) for line in lines)
+    assert "more groups: all in the [appendix]" in md
+
+
+# --- plots
+
+
+def _frame(path: Path) -> pd.DataFrame:
+    return report.prepare(_review.load_run("RESULTS", str(path), report.READ))
+
+
+def _legend(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].get_legend().get_texts() if t.get_text()]  # blanks pad columns
+
+
+def plot_rows() -> list[dict[str, object]]:
+    rows = []
+    for cp in (1, 2, 4):
+        for impl, pad in (("padded", 1.1), ("legacy", 1.0)):
+            for n in (512, 2048):
+                rows.append(make_row(impl, cp=cp, seq_lens=(n, n), p50=pad * n * cp / 10))
+    uneven = dict(policy="zigzag_page", cp=4, page=64, seq_lens=(1001, 300), padded_total=1536)
+    rows.append(make_row("padded", p50=400.0, **uneven))
+    rows.append(make_row("legacy", status="refused", **uneven))
+    # passthrough rows with stray timings: never plotted
+    rows.append(make_row("padded", cp=2, seq_lens=(7, 7), status="passthrough", mlp_mode="SCATTERED",
+                         roundtrip_p50_us=0.01, busbw_padded_GBps=999.0, bytes_padded=10))
+    rows.append(make_row("padded", "round_robin", cp=2, seq_lens=(512, 512), p50=100.0))
+    return rows
+
+
+def test_latency_plot_series_once_timed_rows_only(tmp_path: Path) -> None:
+    append_rows(tmp_path, plot_rows())
+    fig = plots.latency(_frame(tmp_path))
+    lines = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata())]
+    assert len(lines) == 3 * 2  # one per cp size and impl, whatever the policies
+    assert min(min(ln.get_ydata()) for ln in lines) > 1  # the passthrough's 0.01 us is not there
+    assert _legend(fig) == ["cp=1", "cp=2", "cp=4", "legacy", "padded"]
+
+
+def test_busbw_plot_no_cp1_hollow_only_with_padding_legend_complete(tmp_path: Path) -> None:
+    append_rows(tmp_path, plot_rows())
+    fig = plots.busbw(_frame(tmp_path))
+    ax = fig.axes[0]
+    filled = [c for c in ax.collections if c.get_facecolors().size]
+    hollow = [c for c in ax.collections if not c.get_facecolors().size]
+    assert len(filled) == 2 * 2  # (cp 2, 4) x (padded, legacy): cp=1 moves nothing
+    assert len(hollow) == 1 and len(hollow[0].get_offsets()) == 1  # only the padded plan has padding
+    ys = [y for c in ax.collections for _, y in c.get_offsets()]
+    assert min(ys) > 0 and max(ys) < 999  # no cp=1 zero, no passthrough value
+    legend = _legend(fig)
+    assert legend[:4] == ["cp=2", "cp=4", "legacy", "padded"]
+    assert "filled: padded bytes" in legend and "hollow: useful bytes\n(plans with padding)" in legend
+
+
+def test_padding_plot_separates_and_annotates_zero_series(tmp_path: Path) -> None:
+    append_rows(tmp_path, plot_rows())
+    fig = plots.padding(_frame(tmp_path))
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert "padding 0 at every cp size for: round_robin, zigzag" in texts
+    assert sum(t.strip() == "0" for t in texts) >= 3  # each zero bar labelled
+    assert _legend(fig) == ["round_robin", "zigzag", "zigzag_page p64", "max over batches"]
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert len(bars) == 1 and abs(bars[0].get_height() - 235 / 1536) < 1e-9
+
+
+def test_plots_of_a_run_with_nothing_timed_say_so(tmp_path: Path) -> None:
+    append_rows(tmp_path, [make_row(status="error", correct=None)])
+    df = _frame(tmp_path)
+    for plot in (plots.latency, plots.busbw):
+        assert any(t.get_text().startswith("no ") for t in plot(df).axes[0].texts)
+
+
+# --- big input, input resolution, bad input
+
+
+def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = bench_review()
+    bench.write(bench.synthesise(20_000, dup_frac=0.01), tmp_path)
+
+    def forbidden(*_a: object, **_k: object) -> None:
+        raise AssertionError("row-wise iteration over the results")
+
+    monkeypatch.setattr(pd.DataFrame, "iterrows", forbidden)
+    monkeypatch.setattr(pd.DataFrame, "itertuples", forbidden)
+    calls = {"fmt": 0}
+    real = _review.fmt
+
+    def counted(value: object) -> str:
+        calls["fmt"] += 1
+        return real(value)
+
+    monkeypatch.setattr(_review, "fmt", counted)
+    assert report.main([str(tmp_path)]) == 0
+    md, appendix = md_of(tmp_path)
+    assert len(md.splitlines()) <= 120 and "200 duplicate row(s) of 200 point(s)" in md
+    assert calls["fmt"] < 100_000, calls  # table cells, capped lists: not every cell of 20k rows
 
 
 def test_out_dir_and_nested_lookup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     append_rows(tmp_path / "sweep" / "multirun" / "0", [make_row()])
     out = tmp_path / "elsewhere"
     assert report.main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
-    assert (out / "report.md").is_file() and all((out / p).stat().st_size > 0 for p in PNGS)
-    assert not list((tmp_path / "sweep").rglob("report.md"))
+    assert (out / "report.md").is_file() and (out / "report_appendix.md").is_file()
+    assert all((out / p).stat().st_size > 0 for p in PNGS)
+    assert not list((tmp_path / "sweep").rglob("report*.md"))
 
 
 def test_several_nested_csvs_are_concatenated_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,8 +422,8 @@ def test_several_nested_csvs_are_concatenated_and_named(tmp_path: Path, capsys: 
     out = capsys.readouterr().out
     assert "concatenated 2 results.csv files" in out
     assert str(tmp_path / "a" / RESULTS_FILE) in out and str(tmp_path / "b" / RESULTS_FILE) in out
-    md = (tmp_path / "report.md").read_text()
-    assert "2 files under" in md and "(2 rows)" in md
+    md, appendix = md_of(tmp_path)
+    assert "2 files under" in md and "(2 rows, 2 points)" in md and "## Files read" in appendix
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
@@ -169,6 +432,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "header_only" / RESULTS_FILE).write_text(",".join(COLUMNS) + "\n")
     (tmp_path / "zero.csv").write_text("")
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "torn.csv").write_text(",".join(COLUMNS) + '\n"unterminated\n')
     (tmp_path / "nothing").mkdir()
     (tmp_path / "notdir").write_text("x")
     append_rows(tmp_path / "good", [make_row()])
@@ -176,6 +440,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     return {
         "missing": ([f"{t}/nope"], f"RESULTS={t}/nope: no such file or directory"),
         "no_columns": ([f"{t}/other.csv"], f"RESULTS={t}/other.csv: not a results table"),
+        "torn": ([f"{t}/torn.csv"], f"RESULTS={t}/torn.csv: cannot read as CSV"),
         "header_only": ([f"{t}/header_only"], f"RESULTS={t}/header_only: no rows (empty run)"),
         "zero_bytes": ([f"{t}/zero.csv"], f"RESULTS={t}/zero.csv: no rows (empty run)"),
         "no_results_below": ([f"{t}/nothing"], f"RESULTS={t}/nothing: no results.csv in or below"),
@@ -184,7 +449,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
 
 
 @pytest.mark.parametrize(
-    "case", ["missing", "no_columns", "header_only", "zero_bytes", "no_results_below", "out_is_file"]
+    "case", ["missing", "no_columns", "torn", "header_only", "zero_bytes", "no_results_below", "out_is_file"]
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
     argv, expected = _bad_inputs(tmp_path)[case]

@@ -1,0 +1,220 @@
+"""The report's three plots, rendered in memory as PNG bytes (matplotlib, Agg).
+
+Input: the report's typed frame, one row per point. Contracts every plot keeps:
+- timing plots use only rows with status ``ok`` and a value (refused,
+  passthrough, skipped and failing rows carry no measurement);
+- each series is drawn once (one line or marker set per cp size and impl);
+- the legend names colours, markers and fills as drawn, through proxy artists;
+- bandwidth leaves out cp=1, where nothing moves;
+- series that would coincide (e.g. zero padding) are kept apart or annotated.
+A plot with nothing to draw says so in its frame instead of failing.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from matrix._review import fmt
+
+LATENCY_PNG = "roundtrip_latency.png"
+PADDING_PNG = "padding_frac.png"
+BUSBW_PNG = "busbw.png"
+
+# Filled-capable markers only: the bandwidth plot draws each one hollow too.
+MARKERS = "osD^vP*h"
+STYLES = ("-", "--", ":", "-.")
+
+
+def _figure(title: str):  # -> (Figure, Axes); matplotlib imported lazily, bad input stays fast
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)  # explicit Agg canvas: no display, no pyplot global state
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _finish(fig, ax, empty: str | None, groups: list[list] | None = None, title: str | None = None):
+    """The figure, with its legend, or a note saying that nothing was drawn.
+
+    The legend sits outside the axes, right of them, so it never hides a point;
+    its ``groups`` (colours, markers, fills) are stacked with a gap between."""
+    if empty:
+        ax.text(0.5, 0.5, f"no {empty} in this run", ha="center", va="center", transform=ax.transAxes)
+    elif groups:
+        from matplotlib.lines import Line2D
+
+        gap = Line2D([], [], linestyle="none", label="")
+        handles = [h for i, g in enumerate(groups) for h in ([gap] if i else []) + g]
+        ax.legend(handles=handles, fontsize="small", title=title, title_fontsize="small", loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _log_if_wide(ax, values: pd.Series, axis: str, base: int = 10) -> None:
+    values = values.dropna()
+    if len(values) and values.min() > 0 and values.max() / values.min() >= 10:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
+
+
+def _mixed(df: pd.DataFrame) -> list[str]:
+    return [c for c in ("backend", "device") if df[c].nunique() > 1]
+
+
+def _keys(df: pd.DataFrame, columns: list[str]) -> list[tuple]:
+    """The distinct value tuples of ``columns``, sorted."""
+    return sorted(map(tuple, df[columns].drop_duplicates().to_numpy().tolist()))
+
+
+def _colour_title(keys: list[str]) -> str:
+    return ", ".join("cp size" if k == "cp_size" else k for k in keys)
+
+
+def _group_label(keys: tuple, names: list[str]) -> str:
+    return " ".join(f"{n}={fmt(k)}" if n == "cp_size" else str(k) for n, k in zip(names, keys)).replace("cp_size", "cp")
+
+
+def _proxies(colors: dict[str, str], markers: dict[str, str], styles: dict[str, str] | None = None) -> list[list]:
+    """Legend entries: one coloured line per colour key, one dark marker (and
+    line style) per marker key, so N + M entries explain N x M series."""
+    from matplotlib.lines import Line2D
+
+    by_colour = [Line2D([], [], color=c, linewidth=3, label=k) for k, c in colors.items()]
+    by_marker = [Line2D([], [], color="0.2", marker=m, linestyle=(styles or {}).get(k, "none"), label=k)
+                 for k, m in markers.items()]
+    return [by_colour, by_marker]
+
+
+def latency(df: pd.DataFrame):  # -> Figure
+    fig, ax = _figure("Round-trip (gather + reduce-scatter) p50 vs tokens: median per cp size and impl")
+    ax.set_xlabel("tokens in the batch (total_tokens)")
+    ax.set_ylabel("round-trip latency p50 (µs)")
+    d = df[df["status"].eq("ok") & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()]
+    if d.empty:
+        return _finish(fig, ax, "timed ok points")
+    colour_keys = _mixed(d) + ["cp_size"]
+    g = d.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    groups = _keys(g, colour_keys)
+    impls = sorted(g["impl"].unique())
+    colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
+    markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
+    styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(impls)}
+    for keys, s in g.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        label, impl = _group_label(keys[:-1], colour_keys), keys[-1]
+        s = s.sort_values("total_tokens")
+        ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=colors[label], linestyle=styles[impl],
+                marker=markers[impl], markersize=6)
+    _log_if_wide(ax, g["total_tokens"], "x")
+    _log_if_wide(ax, g["roundtrip_p50_us"], "y")
+    return _finish(fig, ax, None, _proxies(colors, markers, styles),
+                   title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
+
+
+def _layout(plans: pd.DataFrame) -> pd.Series:
+    paged = plans["policy"].eq("zigzag_page")
+    return plans["policy"].astype(str).where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
+
+
+def padding(df: pd.DataFrame):  # -> Figure
+    fig, ax = _figure("Padding fraction of the gather buffer per cp size and layout")
+    ax.set_xlabel("cp size")
+    ax.set_ylabel("padding fraction 1 − T / (m·cp)   (bar: mean over batches, tick: max)")
+    plans = df[df["padding_frac"].notna() & df["cp_size"].notna()].drop_duplicates(
+        subset=["policy", "cp_size", "page_size", "seq_lens", "align"]
+    )
+    if plans.empty:
+        return _finish(fig, ax, "plans with a padding fraction")
+    plans = plans.assign(layout=_layout(plans))
+    g = plans.groupby(["cp_size", "layout"])["padding_frac"].agg(["mean", "max"]).reset_index()
+    cps, layouts = sorted(g["cp_size"].unique()), sorted(g["layout"].unique())
+    top = float(g["max"].max()) or 0.05  # all zero: any visible scale
+    width = 0.8 / len(layouts)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = []
+    for j, layout in enumerate(layouts):
+        s = g[g["layout"].eq(layout)]
+        x = np.array([cps.index(c) for c in s["cp_size"]]) + (j - (len(layouts) - 1) / 2) * width
+        color = f"C{j % 10}"
+        ax.bar(x, s["mean"], width=width * 0.9, color=color)
+        ax.plot(x, s["max"], linestyle="none", marker="_", markersize=12, color="0.1")
+        # a bar too short to see is labelled with its value, so no layout silently vanishes
+        for xi, mean, peak in zip(x, s["mean"], s["max"]):
+            if mean < 0.02 * top:  # above the max tick, so the two do not cross
+                ax.text(xi, peak, f" {fmt(mean)}", ha="center", va="bottom", rotation=90, fontsize=7, color=color)
+        handles.append(Patch(color=color, label=layout))
+    zero = g.groupby("layout")["max"].max()
+    zero = [k for k, v in zero.items() if v == 0]
+    if zero:
+        ax.text(0.01, 0.98, "padding 0 at every cp size for: " + ", ".join(zero), transform=ax.transAxes,
+                va="top", fontsize="small")
+    handles.append(Line2D([], [], linestyle="none", marker="_", markersize=12, color="0.1", label="max over batches"))
+    ax.set_xticks(range(len(cps)), [fmt(c) for c in cps])
+    ax.set_ylim(0, top * 1.15)
+    return _finish(fig, ax, None, [handles[:-1], handles[-1:]], title="layout")
+
+
+def busbw(df: pd.DataFrame):  # -> Figure
+    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1 (filled: padded bytes, hollow: useful bytes)")
+    ax.set_xlabel("gathered bytes (padded buffer for filled markers, the tokens' bytes for hollow ones)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
+    d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)]
+    if d.empty:
+        return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
+    colour_keys = _mixed(d) + ["cp_size"]
+    groups = _keys(d, colour_keys)
+    impls = sorted(d["impl"].unique())
+    colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
+    markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
+    padded = d.groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
+    # hollow markers only where padding exists: elsewhere they would sit on the filled ones
+    u = d[d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])]
+    useful = u.groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median().reset_index()
+    for keys, s in padded.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30)
+    for keys, s in useful.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
+                   s=30, linewidths=1.2)
+    from matplotlib.patches import Patch
+
+    # fill is shown by patches, a shape no impl uses, so it cannot be read as an impl
+    fills = [
+        Patch(facecolor="0.4", edgecolor="0.2", label="filled: padded bytes"),
+        Patch(facecolor="none", edgecolor="0.2", label="hollow: useful bytes\n(plans with padding)"),
+    ]
+    _log_if_wide(ax, pd.concat([padded["bytes_padded"], useful["bytes_useful"]]), "x")
+    return _finish(fig, ax, None, [*_proxies(colors, markers), fills],
+                   title=f"colour: {_colour_title(colour_keys)}\nmarker: impl\nfill: bytes counted")
+
+
+PLOTS: tuple[tuple[str, Callable[[pd.DataFrame], object]], ...] = (
+    (LATENCY_PNG, latency),
+    (PADDING_PNG, padding),
+    (BUSBW_PNG, busbw),
+)
+NAMES: tuple[str, ...] = tuple(name for name, _ in PLOTS)
+
+
+def render_all(df: pd.DataFrame) -> dict[str, bytes]:
+    """PNG bytes by file name, for every plot."""
+    return {name: png(plot(df)) for name, plot in PLOTS}
