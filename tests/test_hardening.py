@@ -309,7 +309,7 @@ def test_torchrun_fault_costs_one_row(fault, tmp_path):
     run = _torchrun(tmp_path, "seq_lens=[64]", "impl=padded", f"fault={fault}", f"timeout_s={timeout_s:g}")
     assert run.returncode == 1, run.stderr[-3000:]
     (row,) = read_table(tmp_path / "res" / "results.csv")
-    assert (row["status"], row["reason"]) == (status, reason)
+    assert row["status"] == status and table.matches(row["reason"], reason), (row["status"], row["reason"])
     # Once the ranks are up, a failure is noticed, not waited out; a hang ends at timeout_s.
     bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
     assert float(row["wall_s"]) < bound, row["wall_s"]

@@ -355,7 +355,7 @@ class RankPool:
         self.world_size = world_size
         self.backend = backend
         self.device = device
-        self.closed = False
+        self.closed = True  # until there is something to close
         self._next_task = 0
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen] = []
@@ -363,6 +363,7 @@ class RankPool:
         workdir.mkdir(parents=True, exist_ok=True)
         remove_stale_stores(workdir)
         self._store_path = workdir / store_name()
+        self.closed = False
         try:
             self._start(start_timeout_s)
         except BaseException:
