@@ -217,13 +217,14 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 180
     while not (res / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)  # the first point is done: the second is running on warm ranks
+        time.sleep(0.1)
+    time.sleep(2.0)  # the first point is done: the second (seconds of iterations) is running on warm ranks
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 2 and "interrupted, no row written" in lines[0], lines
+    assert len(lines) == 2 and "interrupted, no row written" in lines[0] and "[2000]" in lines[0], lines
     hint = lines[1].split("finish the sweep with: ", 1)[1]
     assert shlex.split(hint)[:3] == ["python", "-m", "matrix"] and shlex.split(hint)[-1] == "resume=true"
     again = subprocess.run([sys.executable, *shlex.split(hint)[1:]], cwd=REPO, env=cli_env(), capture_output=True,

@@ -48,7 +48,18 @@ def _drop_script_dir() -> None:
         del sys.path[0]
 
 
+def ignore_interrupts() -> None:
+    """A terminal's Ctrl-C reaches every process of its group: the ranks leave
+    the interrupt to their starter, which reports it in one line and kills
+    them (or dies, and the death signal ends them); a rank's own
+    KeyboardInterrupt would only print a traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
+    ignore_interrupts()
     die_with_starter(int(sys.argv[1]))
     _drop_script_dir()
     from nsa_cp_comm.ranks import worker_main
