@@ -90,13 +90,13 @@ def dry_run(points: list[Point]) -> str:
             f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
             f"impls={','.join(res.impls)}{note}"
         )
-    try:
-        from .budget import sweep_estimate
+    from .budget import sweep_estimate
 
+    if points and points[0].runs_here:
         seconds, detail = sweep_estimate([p.cfg for p in points])
         lines.append(f"estimate: {len(points)} points, about {seconds / 60:.1f} min on this machine ({detail})")
-    except ImportError:  # pragma: no cover - while matrix.budget is being written
-        lines.append(f"{len(points)} points")
+    else:
+        lines.append(f"{len(points)} points, run by a remote launcher")
     return "\n".join(lines)
 
 
@@ -111,12 +111,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         validate_overrides([a for a in argv if "=" in a and not a.startswith("-")])
-        points = preflight(argv)  # every point of the sweep, before Hydra writes anything
+        # every point of the sweep, before Hydra writes anything
+        points = preflight(argv, budget=not dry)
     except (ConfigError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if dry:
         print(dry_run(points))
+        from .budget import check_sweep
+
+        try:
+            check_sweep([p.cfg for p in points], runs_here=bool(points) and points[0].runs_here)
+        except ConfigError as exc:
+            print(f"error: the sweep would be refused: {exc}", file=sys.stderr)
+            return 2
         return 0
     argv = _pin_results_dir(argv, points)
     _ACTIVE["argv"] = argv

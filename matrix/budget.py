@@ -8,8 +8,8 @@ far longer than anyone means to wait (the GPU preset started on a CPU-only
 machine); ``force=true`` skips these checks. :func:`sweep_estimate` is the
 dry run's figure.
 
-The figures are estimates from stated constants (below; the CPU ones measured
-on a 2-core machine, PERF.md), meant to catch a sweep that is off by an order
+The figures are estimates from stated constants (below; order-of-magnitude
+figures of a 2-core CPU machine), meant to catch a sweep that is off by an order
 of magnitude (a mistyped ``cp_size``, a production shape on a laptop), not to
 predict run times. Memory is counted from the buffers a point allocates
 (nsa_cp_comm.checks and nsa_cp_comm.steps): the shard, the gathered buffer,
@@ -66,7 +66,7 @@ class Throughput:
 
 
 THROUGHPUT: dict[tuple[str, str], Throughput] = {
-    # gloo on CPU: PERF.md measured 0.13-0.31 GB/s busbw with 2-4 ranks on 2 cores.
+    # gloo on CPU: tenths of a GB/s busbw with 2-4 ranks on 2 cores (PERF.md's CPU table).
     ("cpu", "gloo"): Throughput(0.3e9, 5e-4, 5e9, 1e8, 3.0),
     # gloo on CUDA tensors stages through host memory.
     ("cuda", "gloo"): Throughput(1e9, 1e-3, 5e11, 1e10, 5.0),

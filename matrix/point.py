@@ -288,7 +288,16 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
     if cfg["resume"] and point_id(cfg) in completed_point_ids(results_dir):
         return None
     t0 = time.perf_counter()
-    results = _results_for(cfg, res, job_dir)
+    try:
+        # On a remote launcher's node this is the first look at the machine the
+        # point runs on (locally, preflight already checked the whole sweep).
+        from .budget import check_sweep
+
+        check_sweep([cfg], runs_here=True)
+    except ConfigError as exc:
+        results = [ImplResult(name, "error", reason=f"this machine cannot run the point: {exc}") for name in res.impls]
+    else:
+        results = _results_for(cfg, res, job_dir)
     rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     append_rows(results_dir, rows)
     return rows

@@ -165,10 +165,10 @@ class Point:
     resolved: Any = None  # matrix.point.Resolved where the point runs here
 
 
-def preflight(argv: list[str]) -> list[Point]:
+def preflight(argv: list[str], *, budget: bool = True) -> list[Point]:
     """Check every point of the command line; raise ConfigError or SchemaError
-    (one line) for the first bad one, or for a sweep beyond this machine
-    (matrix.budget). Returns the points, resolved where they run here."""
+    (one line) for the first bad one, or (``budget``) for a sweep beyond this
+    machine (matrix.budget). Returns the points, resolved where they run here."""
     from .point import resolve  # imports torch: after the cheap checks
 
     found: list[Point] = []
@@ -179,11 +179,8 @@ def preflight(argv: list[str]) -> list[Point]:
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])
             check_schema(results_path(cfg["results_dir"]))
-    if found:
-        try:
-            from .budget import check_sweep
-        except ImportError:  # pragma: no cover - while matrix.budget is being written
-            check_sweep = None
-        if check_sweep is not None:
-            check_sweep([p.cfg for p in found], runs_here=found[0].runs_here)
+    if found and budget:
+        from .budget import check_sweep
+
+        check_sweep([p.cfg for p in found], runs_here=found[0].runs_here)
     return found

@@ -231,3 +231,55 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "matrix summary: 3 points, 6 rows: ok 6" in again.stdout
+
+
+def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypatch):
+    from matrix import __main__ as cli
+
+    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(AssertionError("the Hydra app started")))
+    res = tmp_path / "res"
+    assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={res}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    listed = [ln for ln in out if ln.strip()[:1].isdigit()]
+    assert len(listed) == 16, out
+    assert any("gloo/cpu zigzag_page page=64 FULL impls=padded,legacy" in ln for ln in listed)
+    assert any("SCATTERED impls=padded,legacy,a2a" in ln for ln in listed)
+    assert out[-1].startswith("estimate: 16 points, about ")
+    assert not res.exists()
+    # A no-effect page size is listed with its effective value, then deduped.
+    assert cli.main(["-m", "--dry-run", "cp_size=2", "page_size=1,64", "seq_lens=[100]",
+                     f"results_dir={res}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "zigzag page=1" in out[0] and "skipped" not in out[0]
+    assert "same effective configuration as point 0" in out[1], out
+
+
+def test_dry_run_of_a_sweep_beyond_the_machine_lists_it_then_refuses(tmp_path, capsys, monkeypatch):
+    from matrix import __main__ as cli
+    from matrix import budget
+
+    monkeypatch.setattr(budget, "MAX_SWEEP_S", 0.0)  # any sweep is "too long" here
+    assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={tmp_path / 'res'}"]) == 2
+    out, err = capsys.readouterr()
+    assert "estimate: 16 points" in out
+    assert err.startswith("error: the sweep would be refused: ") and "force=true" in err
+    assert len(err.strip().splitlines()) == 1
+    # Without --dry-run the same sweep is refused before anything starts.
+    assert cli.main(["+matrix=smoke", f"results_dir={tmp_path / 'res'}"]) == 2
+    assert not (tmp_path / "res").exists()
+
+
+def test_a_job_checks_the_machine_it_runs_on(tmp_path, monkeypatch):
+    """A remote launcher's job: preflight could not see its node; a point its
+    node cannot hold is an error row naming why, and the sweep goes on."""
+    from matrix import budget, point
+    from matrix.config import ConfigError, MatrixConfig
+
+    def refuse(cfgs, *, runs_here, machine=None):
+        raise ConfigError("cp_size=2: 2 ranks x ~9 GiB exceed this machine's 4 GiB available memory")
+
+    monkeypatch.setattr(budget, "check_sweep", refuse)
+    cfg = {**vars(MatrixConfig()), "cp_size": 2, "hidden_size": 32, "seq_lens": [64], "results_dir": str(tmp_path)}
+    rows = point.run(cfg, job_dir=tmp_path)
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert rows[0]["reason"].startswith("this machine cannot run the point: cp_size=2: 2 ranks")
