@@ -279,7 +279,7 @@ def matrix_overrides(posargs: list[str]) -> list[str]:
     if not any(o.startswith(("+matrix=", "matrix=")) for o in overrides):
         overrides = ["+matrix=default", *overrides]
     # The presets set hydra.mode=MULTIRUN themselves; -m on top is harmless to
-    # Hydra and makes the CLI's pre-run check cover every point of the sweep.
+    # Hydra and still sweeps a preset of the user's own that does not set it.
     # Once only: a user's own -m is kept as given.
     if not any(o in ("-m", "--multirun") for o in overrides):
         overrides = ["-m", *overrides]
