@@ -40,3 +40,20 @@ def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeou
     cmd = [sys.executable, "-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results_dir}", *overrides]
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
+
+
+def live_processes(text: str) -> dict[int, str]:
+    """``{pid: command line}`` of live (non-zombie) processes, other than this
+    one, whose command line contains ``text``."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmd and state != "Z":
+            found[int(entry)] = cmd.strip()
+    return found

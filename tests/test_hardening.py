@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import reliability_table as table
-from matrix_cli import REPO, cli_env, run_matrix
+from matrix_cli import REPO, cli_env, live_processes, run_matrix
 
 # A failure is noticed, not waited out: it ends its point well within this, against
 # a 600 s timeout. Loose on purpose: the suite runs on loaded 2-core machines.
@@ -29,18 +29,7 @@ NOTICED_WITHIN_S = 60.0
 
 def processes_mentioning(text: str) -> list[str]:
     """Live (non-zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in cmd and state != "Z":
-            found.append(f"{entry}: {cmd.strip()}")
-    return found
+    return [f"{pid}: {cmd}" for pid, cmd in live_processes(text).items()]
 
 
 def wait_for_no_process(text: str, timeout_s: float = 30.0) -> list[str]:

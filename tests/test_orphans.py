@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix_cli import live_processes
 from nsa_cp_comm import RankPool
 from nsa_cp_comm._worker import ORPHAN_EXIT
 from nsa_cp_comm.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
@@ -42,18 +43,7 @@ time.sleep(600)
 
 def live_processes_mentioning(text: str) -> list[int]:
     """Pids of live (non-zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(entry))
-    return found
+    return list(live_processes(text))
 
 
 def wait_until_gone(text: str, timeout_s: float) -> list[int]:
