@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               f"list the points of a sweep with {DRY_RUN_FLAG}", file=sys.stderr)
         return 2
     try:
-        validate_overrides([a for a in argv if "=" in a and not a.startswith("-")])
+        validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
         points = preflight(argv, budget=not dry)
     except (ConfigError, SchemaError) as exc:

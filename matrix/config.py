@@ -158,16 +158,26 @@ def validate_value(key: str, value: Any) -> None:
         check_writable(value)
 
 
-def check_writable(results_dir: str) -> None:
-    """results_dir must be creatable and writable: found now, not after a sweep."""
-    path = Path(results_dir)
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and (not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK)):
-        raise _fail("results_dir", results_dir, f"{probe} is not a writable directory")
+def check_writable(path_value: str, key: str = "results_dir") -> None:
+    """A directory the run will create and write must be creatable and
+    writable: found now, in one line, not as a traceback after a sweep."""
+    path = Path(path_value)
+    try:
+        too_long = [part for part in path.parts if len(part.encode(errors="replace")) > 255]
+        if too_long:
+            raise _fail(key, path_value, f"a name in the path is {len(too_long[0])} characters, over the 255 a file system allows")
+        probe = path
+        while not probe.exists():
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+        ok = probe.exists() and probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+        if probe.exists() and ok and probe != path and Path("/proc") in (probe, *probe.parents):
+            ok = False  # /proc and /sys say writable, and refuse every mkdir
+    except OSError as exc:
+        raise _fail(key, path_value, f"cannot be used: {exc.strerror or exc}") from None
+    if probe.exists() and not ok:
+        raise _fail(key, path_value, f"{probe} is not a writable directory")
 
 
 def validate_overrides(overrides: list[str]) -> None:
@@ -181,9 +191,17 @@ def validate_overrides(overrides: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot parse overrides: {first}") from None
+        hint = ""
+        if any(not a.isascii() or " " in a.split("=", 1)[-1] for a in overrides):
+            hint = " (quote a value with spaces or non-ASCII characters: key='value')"
+        raise ConfigError(f"cannot parse overrides: {first}{hint}") from None
     for ov in parsed:
         key = ov.key_or_group
+        if ov.is_delete() and key in KEYS:
+            raise ConfigError(f"~{key}: a key of the schema cannot be deleted; set it instead ({key}=VALUE)")
+        if key in ("hydra.sweep.dir", "hydra.run.dir") and not ov.is_sweep_override():
+            check_writable(str(ov.value()), key)
+            continue
         if key.startswith("hydra") or key in GROUPS or ov.is_delete():
             continue
         if key not in KEYS:

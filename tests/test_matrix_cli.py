@@ -177,6 +177,12 @@ BAD_OVERRIDES = [
     ("backend=mpi", "backend=mpi"),
     ("cp_sise=2", "cp_sise"),
     ("cp_size=1,2,0", "cp_size=0"),  # one bad value in a sweep fails the sweep before it starts
+    ("cp_size=1180591620717411303424", "must be an integer in [1, 1024]"),  # not a fork bomb
+    ("seed=4611686018427387904", "seed=4611686018427387904"),
+    ("~cp_size", "~cp_size: a key of the schema cannot be deleted"),
+    ("results_dir=/tmp/ünïcôde", "quote a value with spaces or non-ASCII characters"),
+    ("hydra.sweep.dir=/proc/nsa-cp-comm", "hydra.sweep.dir=/proc/nsa-cp-comm: /proc is not a writable directory"),
+    ("results_dir=/tmp/" + "a" * 300, "over the 255 a file system allows"),
 ]
 
 
@@ -184,7 +190,8 @@ BAD_OVERRIDES = [
 def test_bad_key_or_value_fails_fast_in_one_line(tmp_path, capsys, override, named):
     from matrix.__main__ import main
 
-    assert main(["-m", f"results_dir={tmp_path / 'res'}", override]) == 2
+    args = [override] if override.startswith("results_dir=") else [f"results_dir={tmp_path / 'res'}", override]
+    assert main(["-m", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0], err
     assert not (tmp_path / "res").exists()
