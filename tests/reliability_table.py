@@ -1,4 +1,4 @@
-"""The bad inputs, faults and interruptions the hardening tests try (issue 6).
+"""The bad inputs, faults and interruptions the hardening tests try.
 
 One table, two uses: tests/test_hardening.py runs every row, and RELIABILITY.md
 is rendered from the same rows, so the document cannot drift:

@@ -1,4 +1,4 @@
-"""Issue 6: a bad value, a dead rank, a hung collective or a killed sweep costs
+"""A bad value, a dead rank, a hung collective or a killed sweep costs
 one row, never the run or its data. The cases come from tests/reliability_table.py,
 which RELIABILITY.md is rendered from."""
 
