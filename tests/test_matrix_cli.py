@@ -290,3 +290,15 @@ def test_a_job_checks_the_machine_it_runs_on(tmp_path, monkeypatch):
     rows = point.run(cfg, job_dir=tmp_path)
     assert [r["status"] for r in rows] == ["error", "error"]
     assert rows[0]["reason"].startswith("this machine cannot run the point: cp_size=2: 2 ranks")
+
+
+def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):
+    """Jobs run by another launcher (submitit, as on SLURM; here its local
+    flavour) never report to this process: the summary is read back from the
+    results, and a failing point still makes the sweep exit 1."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    run = run_matrix(tmp_path / "res", "hydra/launcher=submitit_local", "cp_size=1", "seq_lens=[64]",
+                     "hidden_size=32", "iters=1", "warmup=0", "impl=padded", "fault=none,raise", timeout=600)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "matrix summary: 2 points, 2 rows: ok 1, failed 0, error 1, timeout 0" in run.stdout
+    assert "[matrix]" not in run.stdout  # the jobs' own lines stay in their logs
