@@ -36,6 +36,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -432,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(bench, s)()
     finally:
         close_pools()
+        shutil.rmtree(bench.workdir, ignore_errors=True)  # the ranks' rendezvous files
     fails = [e for key in ("even",) for e in bench.data[key] if e.get("verdict") == "FAIL"]
     verdicts = [e.get("verdict", "") for e in bench.data["even"]]
     summary = ", ".join(f"{v} {verdicts.count(v)}" for v in dict.fromkeys(verdicts)) or "no even-plan rows"

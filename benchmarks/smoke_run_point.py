@@ -15,6 +15,7 @@ implementation failed, errored or timed out (``refused``, ``passthrough`` and
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                         bad += bool(flag)
     finally:
         close_pools()
+        shutil.rmtree(workdir, ignore_errors=True)  # the ranks' rendezvous files
     print(f"smoke: {'all ok' if not bad else f'{bad} FAILED'}")
     return 1 if bad else 0
 
