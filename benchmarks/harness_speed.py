@@ -15,6 +15,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,10 +57,14 @@ def main() -> int:
     print(f"host: {platform.node()}, {os.cpu_count()} cores, python {platform.python_version()}")
     print(f"{'mode':<6} {'points':>6} {'wall_s':>8} {'points/min':>11}")
     rates = {}
-    for mode in ("cold", "warm"):
-        n, wall = run(mode, base / mode, extra)
-        rates[mode] = n / wall * 60
-        print(f"{mode:<6} {n:>6} {wall:>8.1f} {rates[mode]:>11.1f}")
+    try:
+        for mode in ("cold", "warm"):
+            n, wall = run(mode, base / mode, extra)
+            rates[mode] = n / wall * 60
+            print(f"{mode:<6} {n:>6} {wall:>8.1f} {rates[mode]:>11.1f}")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
     print(f"warm/cold speed-up: {rates['warm'] / rates['cold']:.2f}x")
     return 0
 
