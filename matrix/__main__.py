@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the sweep would be refused: {exc}", file=sys.stderr)
             return 2
         return 0
+    from . import point as point_module
+
+    point_module.SWEEP_CHECKED_HERE = bool(points) and points[0].runs_here
     argv = _pin_results_dir(argv, points)
     _ACTIVE["argv"] = argv
     sys.argv = [sys.argv[0], *argv]

@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume")
+# Set by the CLI once preflight checked the sweep against this machine.
+SWEEP_CHECKED_HERE = False
 
 
 @dataclass(frozen=True)
@@ -290,10 +292,12 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
     t0 = time.perf_counter()
     try:
         # On a remote launcher's node this is the first look at the machine the
-        # point runs on (locally, preflight already checked the whole sweep).
-        from .budget import check_sweep
+        # point runs on. In the process that ran preflight the whole sweep was
+        # checked before any rank held memory: not again, mid-sweep.
+        if not SWEEP_CHECKED_HERE:
+            from .budget import check_sweep
 
-        check_sweep([cfg], runs_here=True)
+            check_sweep([cfg], runs_here=True)
     except ConfigError as exc:
         results = [ImplResult(name, "error", reason=f"this machine cannot run the point: {exc}") for name in res.impls]
     else:
