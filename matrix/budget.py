@@ -306,7 +306,7 @@ def estimate(cfg: Mapping[str, Any], machine: Machine | None = None) -> Estimate
     policy = "zigzag_page" if cfg.get("shared_kv") else cfg.get("split", "zigzag")
     page = cfg.get("page_size", 1) if policy == "zigzag_page" else 1
     plan = plan_split(list(cfg["seq_lens"]), cp, policy=policy, page_size=page, align=cfg.get("align"))
-    m, P, T = plan.max_rank_len, plan.padded_total, plan.total_tokens
+    m, P = plan.max_rank_len, plan.padded_total
     experts = cfg.get("num_experts") or 2 * cp
     topk = min(cfg.get("topk", 2), experts)
     mode, kinds = _kinds(cfg, plan)

