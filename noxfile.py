@@ -300,7 +300,7 @@ def report(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def compare(session: nox.Session) -> None:
-    """`nox -s compare -- BASE NEW [--metric M] [--fail-above 5%]`: the regression gate."""
+    """`nox -s compare -- BASE NEW [--metric M] [--fail-above 5%] [--allow-missing] [--all]`: the regression gate."""
     _run(session, "-m", "matrix.compare", *session.posargs)
 
 
