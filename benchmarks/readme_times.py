@@ -149,7 +149,8 @@ def _on(part: dict[str, Any]) -> str:
 
 
 def _load_text(part: dict[str, Any]) -> str:
-    return f"1-minute load average {part['load_before']:.1f} before, {part['load_after']:.1f} after"
+    return (f"1-minute load average {part['load_before']:.1f} before the run, "
+            f"{part['load_after']:.1f} at its end (its own load included)")
 
 
 def render(name: str, data: dict[str, Any]) -> str:

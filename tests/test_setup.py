@@ -49,6 +49,8 @@ def test_committed_times_say_where_and_when():
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", part["date"])
         assert part["load_before"] >= 0 and part["load_after"] >= 0
     assert data["sweep"]["points"] > 0 and data["tests"]["counts"]["passed"] > 0
+    # The quoted suite time is of a passing suite.
+    assert not data["tests"]["counts"].get("failed") and not data["tests"]["counts"].get("error")
 
 
 def test_times_are_of_the_commands_nox_runs():
