@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent
 SHARED_ENV = ROOT / ".nox" / "_shared"
 STAMP = SHARED_ENV / "nsa-env-stamp.json"
 # Bump when the build recipe below changes in a way the stamp cannot see.
-RECIPE = "1"
+RECIPE = "2"
 
 TORCH_SPEC = os.environ.get("NSA_TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX = os.environ.get("NSA_TORCH_INDEX", "").strip()
@@ -183,10 +183,14 @@ def _build_with_uv(session: nox.Session, uv: str, fresh: bool) -> None:
     env = {}
     if settings.get("cert") and "SSL_CERT_FILE" not in os.environ:
         env["SSL_CERT_FILE"] = settings["cert"][0]
+    # Bytecode at install, as pip does: uv leaves it to the first import, and
+    # where PYTHONDONTWRITEBYTECODE is set (CI images) every rank process would
+    # compile torch from source at each start (slower, and a higher peak RSS).
+    install = [uv, "pip", "install", "--python", py, *extra, "--compile-bytecode"]
     # torch first, alone: the project's `torch>=2.4` must find it installed
     # rather than resolve a build of its own.
-    session.run(uv, "pip", "install", "--python", py, *extra, *_torch_args(), external=True, env=env)
-    session.run(uv, "pip", "install", "--python", py, *extra, "-e", f"{ROOT}{EXTRAS}", external=True, env=env)
+    session.run(*install, *_torch_args(), external=True, env=env)
+    session.run(*install, "-e", f"{ROOT}{EXTRAS}", external=True, env=env)
 
 
 def _build_with_pip(session: nox.Session, fresh: bool) -> None:
@@ -218,10 +222,10 @@ def shared_python(session: nox.Session) -> str:
         if old.get("stamp") == want and py.exists():
             session.log(f"shared environment {SHARED_ENV.relative_to(ROOT)} is up to date")
         else:
-            # Same interpreter: install over what is there (pip and uv skip
-            # what is already satisfied). Another interpreter, or a build that
-            # never finished (no stamp): start clean.
-            fresh = not py.exists() or old.get("interpreter") != interpreter
+            # Same interpreter and recipe: install over what is there (pip and
+            # uv skip what is already satisfied). Another interpreter or
+            # recipe, or a build that never finished (no stamp): start clean.
+            fresh = not py.exists() or old.get("interpreter") != interpreter or old.get("recipe") != RECIPE
             STAMP.unlink(missing_ok=True)
             if fresh and SHARED_ENV.exists():
                 shutil.rmtree(SHARED_ENV)
@@ -238,7 +242,7 @@ def shared_python(session: nox.Session) -> str:
                 # uv makes environments without pip: one it built cannot be
                 # updated in place by pip.
                 _build_with_pip(session, fresh or old.get("built_by") != "pip")
-            record = {"stamp": want, "interpreter": interpreter, "torch_spec": TORCH_SPEC,
+            record = {"stamp": want, "recipe": RECIPE, "interpreter": interpreter, "torch_spec": TORCH_SPEC,
                       "torch_index": TORCH_INDEX, "built_by": built_by}
             STAMP.write_text(json.dumps(record, indent=1) + "\n")
     session.env["VIRTUAL_ENV"] = str(SHARED_ENV)
