@@ -31,9 +31,11 @@ from .config import ConfigError, override_value
 MB = 1e6
 GIB = float(1 << 30)
 
-# Memory of a rank before a point's buffers (interpreter + torch + gloo: an
-# idle rank's VmRSS is ~227 MB; after a point's checks ~270 MB).
-RANK_BASE_BYTES = 300 * MB
+# Memory of a rank before a point's buffers (interpreter + torch + gloo): an
+# idle rank's anonymous memory is ~150 MB, plus torch's shared libraries
+# mapped in, 75-135 MB (more in a freshly installed environment, whose files
+# were just written); after a point's checks ~100 MB more.
+RANK_BASE_BYTES = 370 * MB
 # A CUDA rank also holds the CUDA runtime on the host, and a context on its GPU.
 CUDA_RANK_HOST_BYTES = 600 * MB
 CUDA_CONTEXT_BYTES = 500 * MB
