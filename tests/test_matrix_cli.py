@@ -302,3 +302,23 @@ def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert "matrix summary: 2 points, 2 rows: ok 1, failed 0, error 1, timeout 0" in run.stdout
     assert "[matrix]" not in run.stdout  # the jobs' own lines stay in their logs
+
+
+def test_repro_quotes_every_value_so_it_round_trips():
+    """shlex, then Hydra's own parser, give back every value of the point."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from matrix.config import MatrixConfig
+    from matrix.point import repro_command
+
+    cfg = {**vars(MatrixConfig()), "seq_lens": [1001, 300], "impl": "tests.broken_impls:wrong_order",
+           "align": None, "results_dir": "/tmp/a,b'c d", "fault": "raise", "timeout_s": 12.5}
+    argv = shlex.split(repro_command(cfg))
+    assert argv[:3] == ["python", "-m", "matrix"]
+    parsed = {ov.key_or_group: ov.value() for ov in OverridesParser.create().parse_overrides(argv[3:])}
+    assert "results_dir" not in parsed and "resume" not in parsed  # a repro runs into a fresh directory
+    for key, value in parsed.items():
+        assert value == cfg[key], (key, value, cfg[key])
+    assert parsed["impl"] == "tests.broken_impls:wrong_order" and parsed["fault"] == "raise"
