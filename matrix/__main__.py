@@ -142,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if not points:  # --help, --cfg and other Hydra flags: Hydra's own output
         return 0
-    counts, files = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
+    try:
+        counts, files = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
+    except SchemaError as exc:  # the results file was damaged during the sweep
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     single = len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
     print(summary.render(counts, files, single=single), flush=True)
     return summary.exit_code(counts)

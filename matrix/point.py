@@ -7,7 +7,6 @@ with that status, and the sweep goes on.
 
 from __future__ import annotations
 
-import csv
 import functools
 import hashlib
 import json
@@ -29,7 +28,15 @@ from nsa_cp_comm.plan import CPPlan
 from nsa_cp_comm.spec import PointSpec
 
 from .config import KEYS, ConfigError, override_value, validate
-from .results import COLUMNS, CONFIG_COLUMNS, append_rows, check_schema, completed_point_ids, results_path
+from .results import (
+    COLUMNS,
+    CONFIG_COLUMNS,
+    append_rows,
+    check_schema,
+    completed_point_ids,
+    latest_rows,
+    results_path,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
@@ -141,13 +148,12 @@ def effective_id(res: Resolved) -> str:
 
 def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[str, str] | None:
     """A row of another point in ``results_dir`` that measured the same
-    effective configuration, if any (the first in file order)."""
-    path = results_path(results_dir)
-    if not path.is_file():
-        return None
-    with path.open(newline="", encoding="utf-8", errors="replace") as f:
-        for row in csv.DictReader(f):
-            if row.get("effective_id") == eid and row.get("point_id") != pid and row.get("status") != "skipped":
+    effective configuration, if any (the first such point in file order)."""
+    for other, rows in latest_rows(results_path(results_dir)).items():
+        if other == pid:
+            continue
+        for row in rows.values():
+            if row.get("effective_id") == eid and row.get("status") != "skipped":
                 return row
     return None
 
@@ -243,19 +249,25 @@ def build_rows(
     return rows
 
 
+def every_impl(res: Resolved, status: str, reason: str) -> list[ImplResult]:
+    """One result per implementation of the point, all with ``status``: a point
+    that did not get as far as its checks."""
+    return [ImplResult(name, status, reason=reason) for name in res.impls]
+
+
 def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] | None:
     """``skipped`` results when the point does not run (its mlp_mode contradicts
     its backend, or another point in the same results measured the same
     effective configuration), else None."""
     if res.skip:
-        return [ImplResult(name, "skipped", reason=res.skip) for name in res.impls]
+        return every_impl(res, "skipped", res.skip)
     earlier = earlier_same_effective(cfg["results_dir"], effective_id(res), point_id(cfg))
     if earlier is not None:
         why = (
             f"same effective configuration as point {earlier.get('point_id')} "
             f"({earlier.get('overrides') or 'no overrides'}), which ran: policy={res.policy}, page_size={res.page_size}"
         )
-        return [ImplResult(name, "skipped", reason=why) for name in res.impls]
+        return every_impl(res, "skipped", why)
     return None
 
 
@@ -269,12 +281,12 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     try:
         pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-        return [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
+        return every_impl(res, "error", one_line_error(exc))
     try:
         return run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         pool.close(graceful=False)
-        return [ImplResult(name, "error", reason=one_line_error(exc)) for name in res.impls]
+        return every_impl(res, "error", one_line_error(exc))
 
 
 def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:
@@ -299,7 +311,7 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
 
             check_sweep([cfg], runs_here=True)
     except ConfigError as exc:
-        results = [ImplResult(name, "error", reason=f"this machine cannot run the point: {exc}") for name in res.impls]
+        results = every_impl(res, "error", f"this machine cannot run the point: {exc}")
     else:
         results = _results_for(cfg, res, job_dir)
     rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)

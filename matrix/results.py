@@ -404,11 +404,14 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
 RERUN_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
-def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
-    """``{point_id: {impl: status}}`` from the last row of each (point_id, impl)
-    in file order. Bytes that are not UTF-8 are read as U+FFFD; a line the csv
-    module cannot parse raises SchemaError (one line, naming it)."""
-    latest: dict[str, dict[str, str]] = {}
+def latest_rows(path: Path) -> dict[str, dict[str, dict[str, str]]]:
+    """``{point_id: {impl: row}}``: the last row of each (point_id, impl) in file
+    order, the row every reader uses (resume, the summary, dedupe); ``{}`` when
+    there is no file yet. Bytes that are not UTF-8 are read as U+FFFD; a line
+    the csv module cannot parse raises SchemaError (one line, naming it)."""
+    if read_header(path) is None:
+        return {}
+    latest: dict[str, dict[str, dict[str, str]]] = {}
     try:
         with path.open(newline="", encoding="utf-8", errors="replace") as f:
             reader = csv.DictReader(f)
@@ -416,7 +419,7 @@ def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
                 for row in reader:
                     pid = row.get("point_id")
                     if pid:
-                        latest.setdefault(pid, {})[row.get("impl") or ""] = row.get("status") or ""
+                        latest.setdefault(pid, {})[row.get("impl") or ""] = row
             except csv.Error as exc:
                 raise SchemaError(
                     f"results_dir={path.parent}: {path.name} line {reader.line_num + 1} is not CSV ({exc}); "
@@ -425,6 +428,13 @@ def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
     except OSError as exc:
         raise _path_error(path, exc) from None
     return latest
+
+
+def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
+    """``{point_id: {impl: status}}`` of :func:`latest_rows`."""
+    return {
+        pid: {impl: row.get("status") or "" for impl, row in rows.items()} for pid, rows in latest_rows(path).items()
+    }
 
 
 def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:

@@ -9,13 +9,11 @@ error, timeout or missing, else 0.
 
 from __future__ import annotations
 
-import csv
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from .results import BAD_STATUSES, STATUS_VALUES, results_path
+from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
 
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
 
@@ -53,20 +51,6 @@ def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> s
     return f"{head(cfg)}: " + " | ".join(describe(r) for r in rows)
 
 
-def latest_rows(results_dir: str | Path, point_ids: set[str]) -> dict[str, list[dict[str, str]]]:
-    """The latest rows (last in file order, one per impl) of each of ``point_ids``."""
-    path = results_path(results_dir)
-    found: dict[str, dict[str, dict[str, str]]] = {}
-    if not path.is_file():
-        return {}
-    with path.open(newline="", encoding="utf-8", errors="replace") as f:
-        for row in csv.DictReader(f):
-            pid = row.get("point_id") or ""
-            if pid in point_ids:
-                found.setdefault(pid, {})[row.get("impl") or ""] = row
-    return {pid: list(rows.values()) for pid, rows in found.items()}
-
-
 def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[str], list[str]]:
     """``points``: (config, point_id). Counts of the points' latest rows by
     status (``points`` and ``missing``: points, and points without a row),
@@ -77,8 +61,9 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[
         by_dir.setdefault(str(cfg["results_dir"]), set()).add(pid)
     rows: dict[tuple[str, str], list[dict[str, str]]] = {}
     for d, pids in by_dir.items():
-        for pid, rs in latest_rows(d, pids).items():
-            rows[(d, pid)] = rs
+        for pid, by_impl in latest_rows(results_path(d)).items():
+            if pid in pids:
+                rows[(d, pid)] = list(by_impl.values())
     counts: Counter[str] = Counter()
     for cfg, pid in pts:
         counts["points"] += 1
