@@ -44,16 +44,25 @@ def _inject(spec: PointSpec, rank: int) -> None:
     raise RuntimeError(f"injected fault on rank {rank}")
 
 
-def check_point(spec: PointSpec, backend: str, device: torch.device, group) -> dict[str, ImplReport]:
-    """The correctness phase on this rank: every implementation's checks."""
+def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
+    """The point's reference MoE: built once per point (its weights are the
+    largest thing a rank generates), the same on every rank."""
+    return ReferenceMoE(
+        spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed, dtype=DTYPES[spec.dtype],
+        device=device,
+    )
+
+
+def check_point(
+    spec: PointSpec, backend: str, device: torch.device, group, moe: ReferenceMoE | None = None
+) -> dict[str, ImplReport]:
+    """The correctness phase on this rank: every implementation's checks
+    (``moe``: the point's :func:`reference_moe`, built here when not given)."""
     rank = dist.get_rank()
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
     local = make_shard(spec, plan, rank, device)
-    moe = ReferenceMoE(
-        spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed, dtype=DTYPES[spec.dtype],
-        device=device,
-    )
+    moe = moe or reference_moe(spec, device)
     _inject(spec, rank)
     reports: dict[str, ImplReport] = {}
     for name in spec.impls:
@@ -84,7 +93,8 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     same branches and issue the same collectives."""
     device = rank_device()
     group = checked_group(CHECK_TIMEOUT_S)
-    reports = check_point(spec, backend, device, group)
+    moe = reference_moe(spec, device)
+    reports = check_point(spec, backend, device, group, moe)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
@@ -96,15 +106,12 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     plan = spec.plan()
     rank = dist.get_rank()
     steps = []
-    moe = None
     for name, bad in zip(names, failed.tolist()):
         rep = reports[name]
         if rep.status or bad:
             continue
         impl = impl_registry.get(name)
         if impl.mode == "SCATTERED":
-            moe = moe or ReferenceMoE(spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed,
-                                      dtype=DTYPES[spec.dtype], device=device)
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, None))
         else:
             steps.append(full_steps(impl, spec, plan, rank, device, None))
