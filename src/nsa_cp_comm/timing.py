@@ -20,6 +20,7 @@ A round trip is two such collectives (all-gather, then reduce-scatter), so its
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ class Clock:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(self.device))
             return ev
-        return _perf_counter()
+        return time.perf_counter()
 
     def sync(self) -> None:
         if self.cuda:
@@ -61,12 +62,6 @@ class Clock:
         if self.cuda:
             return float(start.elapsed_time(end)) * 1e3  # type: ignore[attr-defined]
         return (end - start) * 1e6  # type: ignore[operator]
-
-
-def _perf_counter() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 class CacheFlusher:
