@@ -80,7 +80,6 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
     flags = [a for a in argv if a.startswith("-")]
     if any(f not in MULTIRUN_FLAGS for f in flags):
         return
-    multirun = bool(flags) or preset_multirun(argv)
     parser = OverridesParser.create()
     with _hydra_errors("cannot parse overrides"):
         parsed = parser.parse_overrides([a for a in argv if not a.startswith("-")])
@@ -88,10 +87,6 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
     task_ovs = [ov for ov in parsed if not ov.is_hydra_override()]
     if any(ov.is_sweep_override() for ov in hydra_ovs):
         return  # Hydra refuses these itself, in its own words
-    if not multirun:
-        swept = next((ov for ov in task_ovs if ov.is_sweep_override()), None)
-        if swept is not None:
-            raise ConfigError(f"{swept.input_line}: a sweep needs -m (--multirun)")
     hydra_lines = [ov.input_line for ov in hydra_ovs]
 
     register()
@@ -99,6 +94,12 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
         fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
         with _hydra_errors("cannot compose the config"):
             primary = compose("config", overrides=fixed, return_hydra_config=True)
+        # A sweep: -m, or a preset that sets Hydra's own hydra.mode: MULTIRUN.
+        multirun = bool(flags) or str(OmegaConf.select(primary, "hydra.mode", default="")).endswith("MULTIRUN")
+        if not multirun:
+            swept = next((ov for ov in task_ovs if ov.is_sweep_override()), None)
+            if swept is not None:
+                raise ConfigError(f"{swept.input_line}: a sweep needs -m (--multirun)")
         target = OmegaConf.select(primary, "hydra.launcher._target_", default="")
         runs_here = target in LOCAL_LAUNCHERS
         params = OmegaConf.select(primary, "hydra.sweeper.params", default=None) or {}
@@ -137,23 +138,6 @@ def expand(overrides: list[Any]) -> list[list[str]]:
         else:
             by_key[key] = [f"{key}={ov.get_value_element_as_str()}"]
     return [list(combo) for combo in itertools.product(*by_key.values())]
-
-
-def preset_multirun(argv: list[str]) -> bool:
-    """Whether the command line's config asks for a sweep itself (a preset
-    that sets Hydra's ``hydra.mode: MULTIRUN``)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
-        fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
-        register()
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="matrix"):
-            primary = compose("config", overrides=fixed, return_hydra_config=True)
-    except Exception:  # noqa: BLE001 - points() reports the parse/compose error in its own words
-        return False
-    return str(OmegaConf.select(primary, "hydra.mode", default="")).endswith("MULTIRUN")
 
 
 @dataclass(frozen=True)

@@ -344,7 +344,7 @@ NOTES = """\
 - Bad values of the command line are refused before Hydra starts: `value` rows by
   `matrix.config.validate_overrides` (each value of each key, sweeps included),
   `point` rows by `matrix.preflight` (every point of the sweep composed as Hydra
-  will, then `validate_point`, the machine checks and the results file's
+  will, then `matrix.config.validate`, the machine checks and the results file's
   schema). Nothing is written: no results directory, no Hydra job directory.
   With a remote launcher (`hydra/launcher=slurm`) the machine checks run in the
   job, on the node that runs the point.
