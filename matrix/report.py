@@ -114,24 +114,24 @@ def _label(value: object) -> str:
     return text if text else "(empty)"
 
 
-def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS) -> list[str]:
-    """A table cut at ``rows``, saying where the rest is."""
+def _cut(frame: pd.DataFrame, rows: int, rest: str, index: bool) -> list[str]:
+    """A table cut at ``rows``; ``rest`` says where the other rows are."""
     if frame.empty:
         return ["_(none)_"]
     out = [frame_md(frame.head(rows), index=index)]
     if len(frame) > rows:
-        out += ["", f"... {len(frame) - rows} more {what}: all in the [appendix]({APPENDIX_FILE})"]
+        out += ["", f"... {len(frame) - rows} {rest}"]
     return out
+
+
+def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS) -> list[str]:
+    """A table cut at ``rows``, saying where the rest is."""
+    return _cut(frame, rows, f"more {what}: all in the [appendix]({APPENDIX_FILE})", index)
 
 
 def _whole(frame: pd.DataFrame, index: bool = False) -> list[str]:
     """A table for the appendix (cut at APPENDIX_ROWS, saying so)."""
-    if frame.empty:
-        return ["_(none)_"]
-    out = [frame_md(frame.head(APPENDIX_ROWS), index=index)]
-    if len(frame) > APPENDIX_ROWS:
-        out += ["", f"... {len(frame) - APPENDIX_ROWS} more rows not listed: see the results CSV"]
-    return out
+    return _cut(frame, APPENDIX_ROWS, "more rows not listed: see the results CSV", index)
 
 
 def _incorrect(df: pd.DataFrame) -> pd.DataFrame:

@@ -56,3 +56,29 @@ def rank_pool(tmp_path_factory):
 def pool_workdir(tmp_path):
     """Rendezvous directory of a test's own, short-lived pool."""
     return tmp_path
+
+
+@pytest.fixture
+def column_wise(monkeypatch):
+    """``column_wise(module, name)``: from now on in the test, row-wise
+    iteration over any DataFrame raises, and the calls of ``module.name`` (a
+    per-cell helper) are counted in the returned dict under ``name``."""
+    import pandas as pd
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("row-wise iteration over the results")
+
+    def start(module, name: str) -> dict[str, int]:
+        monkeypatch.setattr(pd.DataFrame, "iterrows", forbidden)
+        monkeypatch.setattr(pd.DataFrame, "itertuples", forbidden)
+        calls = {name: 0}
+        real = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+        return calls
+
+    return start

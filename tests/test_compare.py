@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from matrix import _review, compare
@@ -327,28 +326,14 @@ def test_big_run_lists_only_marked_points(tmp_path: Path, capsys: pytest.Capture
     assert len(marks(out)) == compare.LIST_LIMIT + 50 + 1
 
 
-def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str], column_wise) -> None:
     """No per-row Python: row iteration is forbidden, and per-cell helpers run
     once per distinct value (or per listed row), not once per row."""
     bench = bench_review()
     big = bench.synthesise(20_000, dup_frac=0.01)
     base = bench.write(big, tmp_path / "b")
     new = bench.write(bench.slower(big), tmp_path / "n")
-
-    def forbidden(*_a: object, **_k: object) -> None:
-        raise AssertionError("row-wise iteration over the results")
-
-    monkeypatch.setattr(pd.DataFrame, "iterrows", forbidden)
-    monkeypatch.setattr(pd.DataFrame, "itertuples", forbidden)
-    calls = {"canonical": 0}
-    real = _review.canonical
-
-    def counted(value: object) -> str:
-        calls["canonical"] += 1
-        return real(value)
-
-    monkeypatch.setattr(_review, "canonical", counted)
+    calls = column_wise(_review, "canonical")
     code, out, _ = run([str(base), str(new)], capsys)
     assert code == 1 and int(counts(out)["regressed"]) > 0
     assert "200 duplicate row(s) of 200 point(s) dropped" in out

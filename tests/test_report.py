@@ -382,24 +382,10 @@ def test_plots_of_a_run_with_nothing_timed_say_so(tmp_path: Path) -> None:
 # --- big input, input resolution, bad input
 
 
-def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str], column_wise) -> None:
     bench = bench_review()
     bench.write(bench.synthesise(20_000, dup_frac=0.01), tmp_path)
-
-    def forbidden(*_a: object, **_k: object) -> None:
-        raise AssertionError("row-wise iteration over the results")
-
-    monkeypatch.setattr(pd.DataFrame, "iterrows", forbidden)
-    monkeypatch.setattr(pd.DataFrame, "itertuples", forbidden)
-    calls = {"fmt": 0}
-    real = _review.fmt
-
-    def counted(value: object) -> str:
-        calls["fmt"] += 1
-        return real(value)
-
-    monkeypatch.setattr(_review, "fmt", counted)
+    calls = column_wise(_review, "fmt")
     assert report.main([str(tmp_path)]) == 0
     md, appendix = md_of(tmp_path)
     assert len(md.splitlines()) <= 120 and "200 duplicate row(s) of 200 point(s)" in md
