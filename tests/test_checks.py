@@ -90,3 +90,11 @@ def test_scattered_verdicts_fail_when_broken(rank_pool):
     assert moved.status == "failed" and moved.failed_check == "passthrough"
     dropped = run(rank_pool, "dispatch_drops_a_row", impls=("a2a",), mode="SCATTERED")["a2a"]
     assert dropped.status == "failed" and dropped.failed_check == "dispatch_rows", dropped.reason
+
+
+def test_an_implementation_that_writes_into_its_input_fails_alone(rank_pool):
+    """Each implementation gets its own copy of the rank's rows: one that
+    writes into its input fails input_mutated, and the next is unaffected."""
+    res = run(rank_pool, "mutates_input", where=EVEN)
+    assert res["padded"].status == "failed" and res["padded"].failed_check == "input_mutated"
+    assert res["legacy"].status == "ok", res["legacy"].reason

@@ -91,9 +91,12 @@ def checked_group(timeout_s: float) -> dist.ProcessGroup:
 
 
 def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
-                 rep: ImplReport) -> bool:
+                 rep: ImplReport, shards: list[torch.Tensor] | None = None) -> bool:
     """Gathered buffer: size, every rank's rows at its offset, zero padding.
-    Returns whether the buffer is usable for the later checks."""
+    ``shards``: every rank's rows (generated here when not given). Returns
+    whether the buffer is usable for the later checks."""
+    if shards is None:
+        shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     want = (impl.buffer_rows(plan), spec.hidden_size)
     if not isinstance(full, torch.Tensor) or tuple(full.shape) != want:
         shape = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
@@ -102,7 +105,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
         n, s = plan.per_rank_tokens[r], starts[r]
-        if not bitwise_equal(full[s : s + n], make_shard(spec, plan, r, device)):
+        if not bitwise_equal(full[s : s + n], shards[r]):
             rep.fail("gather_rows", f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard")
     if impl.layout == "rank_major_padded":
         m = plan.max_rank_len
@@ -155,13 +158,14 @@ def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
     return rep
 
 
-def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Tensor) -> ImplReport:
+def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Tensor,
+                      shards: list[torch.Tensor]) -> ImplReport:
     """SCATTERED mode: the CP communicator hands the MoE its own rows untouched."""
     rep = ImplReport(status="passthrough", reason="SCATTERED: the communicator moves no rows (no collective, no timing)")
     comm = CPLayerCommunicator(plan, ScatterMode.SCATTERED)
     moe_in = comm.prepare_mlp(local)
     out = comm.postprocess(moe_in)
-    if not (moe_in is local and out is local and bitwise_equal(out, make_shard(spec, plan, rank, device))):
+    if not (moe_in is local and out is local and bitwise_equal(out, shards[rank])):
         rep.fail("passthrough", "SCATTERED mode changed the rows")
         rep.status = ""
     rep.correct = not rep.failures
@@ -169,8 +173,10 @@ def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: t
 
 
 def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-               local: torch.Tensor, moe: ReferenceMoE, group) -> ImplReport:
-    """Every FULL-mode check of one implementation on this rank."""
+               local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
+    """Every FULL-mode check of one implementation on this rank (``local``:
+    this implementation's own copy of the rank's rows; ``shards``: every
+    rank's rows, for comparison)."""
     if impl.needs_even and not plan.is_even:
         return check_refusal(impl, spec, plan, rank, device, local, group)
     rep = ImplReport()
@@ -178,7 +184,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     full = impl.gather(local, plan, group)
     if not bitwise_equal(local, before):
         rep.fail("input_mutated", "the gather modified its input rows")
-    usable = check_gather(impl, full, spec, plan, device, rep)
+    usable = check_gather(impl, full, spec, plan, device, rep, shards)
     if not usable:
         # The later checks would read out of bounds; every rank still issues the
         # same collectives as its peers: the scatters run on a buffer of the right size.
@@ -204,7 +210,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
 
 
 def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-                   local: torch.Tensor, moe: ReferenceMoE, group) -> ImplReport:
+                   local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
     """Dispatch -> this rank's experts with the routing weights -> combine; the
     dispatched rows must be exactly the rows routed here, and the combined
     ``[n_r, H]`` must match the single-process reference MoE."""
@@ -218,7 +224,6 @@ def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
     rep.rows_sent = int(getattr(handle, "rows_sent", 0) or 0)
     if not bitwise_equal(local, before):
         rep.fail("input_mutated", "the dispatch modified its input rows")
-    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     if not (isinstance(x_recv, torch.Tensor) and bitwise_equal(x_recv, a2a_expected_recv(shards, moe, rank))):
         rep.fail("dispatch_rows", f"dispatched rows differ from the rows routed to rank {rank}")
     out = impl.combine(a2a_experts(moe, x_recv, handle, experts), handle, group)

@@ -61,12 +61,15 @@ def check_point(
     rank = dist.get_rank()
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
-    local = make_shard(spec, plan, rank, device)
+    # Every rank's rows, generated once; each implementation gets its own copy
+    # of this rank's, so one that writes into its input cannot fail the next.
+    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     moe = moe or reference_moe(spec, device)
     _inject(spec, rank)
     reports: dict[str, ImplReport] = {}
     for name in spec.impls:
         impl = impl_registry.get(name)
+        local = shards[rank].clone()
         reason = impl_registry.skip_reason(impl, backend)
         if reason:
             reports[name] = ImplReport(status="skipped", reason=reason)
@@ -77,11 +80,11 @@ def check_point(
                     reason=f"impl={name} is a MoE all-to-all (SCATTERED mode, moe_a2a_backend=deepep), not {mode.value}",
                 )
             else:
-                reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group)
+                reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
         elif mode is ScatterMode.SCATTERED:
-            reports[name] = check_passthrough(spec, plan, rank, device, local)
+            reports[name] = check_passthrough(spec, plan, rank, device, local, shards)
         else:
-            reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group)
+            reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
     return reports
 
 
