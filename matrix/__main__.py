@@ -9,8 +9,10 @@ exit 1 when a point failed, errored, timed out or wrote no row, else 0.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+from datetime import datetime
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -65,6 +67,16 @@ def _pin_results_dir(argv: list[str], points: list[Point]) -> list[str]:
     return [*argv, f"results_dir={override_value(dirs.pop())}"]
 
 
+_NOW = re.compile(r"\$\{now:([^}]*)\}")
+
+
+def freeze_now(argv: list[str], start: datetime) -> list[str]:
+    """``${now:FORMAT}`` in the command line, written out at the sweep's start:
+    Hydra resolves it anew in every job, so a sweep running past a second
+    boundary would otherwise spread over several folders."""
+    return [_NOW.sub(lambda m: start.strftime(m.group(1)), a) for a in argv]
+
+
 def dry_run(points: list[Point]) -> str:
     """The sweep as it would run: one line per point, and the estimate."""
     from .point import effective_id
@@ -109,10 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {shows[0]} shows one composed config and cannot be combined with -m; "
               f"list the points of a sweep with {DRY_RUN_FLAG}", file=sys.stderr)
         return 2
+    # One instant names the sweep's results folder, in preflight, in every job,
+    # in the summary and in the resume hint.
+    start = datetime.now()
+    argv = freeze_now(argv, start)
     try:
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
-        points = preflight(argv, budget=not dry)
+        points = preflight(argv, budget=not dry, start=start)
     except (ConfigError, SchemaError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -149,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     single = len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
     print(summary.render(counts, files, single=single), flush=True)
+    why = summary.nothing_checked_line(counts)
+    if why:
+        print(why, file=sys.stderr, flush=True)
     return summary.exit_code(counts)
 
 

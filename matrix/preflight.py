@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from datetime import datetime
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,11 +70,23 @@ def _is_plain(ov: Any) -> bool:
     return ov.package is None and ov.key_or_group in KEYS and not ov.is_delete()
 
 
-def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
+def sweep_clock(start: datetime | None = None) -> None:
+    """Make ``${now:...}`` resolve to one instant for every point composed from
+    here on: the sweep's start. Hydra's own resolver reads the clock anew for
+    every config it resolves, so the points of one sweep straddling a second
+    would name different results folders."""
+    frozen = start or datetime.now()
+    OmegaConf.register_new_resolver("now", lambda pattern: frozen.strftime(pattern), use_cache=False, replace=True)
+
+
+def points(argv: list[str], *, start: datetime | None = None) -> Iterator[tuple[dict[str, Any], bool]]:
     """``(config, runs_here)`` of every point ``python -m matrix ARGV`` would run,
     composed without running anything; ``runs_here``: the launcher is local.
-    Raises ConfigError for a command line Hydra cannot compose. Yields nothing
-    for flags it does not model (``--help``, ``--cfg``, ``-cn``...): Hydra's."""
+    ``${now:...}`` resolves to ``start`` (default: the first call's time) in
+    every point. Raises ConfigError for a command line Hydra cannot compose.
+    Yields nothing for flags it does not model (``--help``, ``--cfg``,
+    ``-cn``...): Hydra's."""
+    start = start or datetime.now()
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -91,6 +104,7 @@ def points(argv: list[str]) -> Iterator[tuple[dict[str, Any], bool]]:
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="matrix"):
+        sweep_clock(start)  # after Hydra registered its own resolvers
         fixed = [ov.input_line for ov in parsed if not ov.is_sweep_override()]
         with _hydra_errors("cannot compose the config"):
             primary = compose("config", overrides=fixed, return_hydra_config=True)
@@ -149,15 +163,16 @@ class Point:
     resolved: Any = None  # matrix.point.Resolved where the point runs here
 
 
-def preflight(argv: list[str], *, budget: bool = True) -> list[Point]:
+def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = None) -> list[Point]:
     """Check every point of the command line; raise ConfigError or SchemaError
     (one line) for the first bad one, or (``budget``) for a sweep beyond this
-    machine (matrix.budget). Returns the points, resolved where they run here."""
+    machine (matrix.budget). Returns the points, resolved where they run here,
+    with ``${now:...}`` taken at ``start`` (default: now) in all of them."""
     from .point import resolve  # imports torch: after the cheap checks
 
     found: list[Point] = []
     schemas: set[str] = set()
-    for cfg, runs_here in points(argv):
+    for cfg, runs_here in points(argv, start=start):
         validate(cfg)
         found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else None))
         if cfg["results_dir"] not in schemas:

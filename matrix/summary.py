@@ -89,8 +89,32 @@ def render(counts: Counter[str], files: list[str], *, single: bool = False) -> s
     return line + (f"\nresults: {', '.join(files)}" if files else "")
 
 
+# What the sweep's exit status says (pytest's codes where they mean the same).
+EXIT_OK, EXIT_BAD, EXIT_NOTHING_CHECKED = 0, 1, 5
+
+
+def checked_rows(counts: Counter[str]) -> int:
+    """Rows that checked something: every status but ``skipped``."""
+    return sum(counts[s] for s in STATUS_VALUES if s != "skipped")
+
+
 def exit_code(counts: Counter[str]) -> int:
-    return 1 if any(counts[s] for s in (*BAD_STATUSES, "missing")) else 0
+    """1 when a point is failed, error, timeout or wrote no row; else 5 when no
+    row checked anything (every row skipped: a sweep that proves nothing
+    must not pass); else 0."""
+    if any(counts[s] for s in (*BAD_STATUSES, "missing")):
+        return EXIT_BAD
+    if counts["points"] and not checked_rows(counts):
+        return EXIT_NOTHING_CHECKED
+    return EXIT_OK
+
+
+def nothing_checked_line(counts: Counter[str]) -> str:
+    """The one line that explains exit 5, or ''."""
+    if exit_code(counts) != EXIT_NOTHING_CHECKED:
+        return ""
+    return (f"error: nothing was checked: all {counts['skipped']} rows are skipped (each row's reason says why, "
+            f"e.g. an mlp_mode that contradicts moe_a2a_backend, or an implementation this backend lacks); exit 5")
 
 
 assert set(ORDER) >= set(STATUS_VALUES)

@@ -1,0 +1,77 @@
+"""The sweep's folder and exit status: what a user acts on first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta
+
+from matrix.__main__ import freeze_now
+from matrix.preflight import points
+
+from matrix_cli import REPO, cli_env, run_matrix
+
+SMALL = ("hidden_size=32", "dtype=float32", "warmup=0", "iters=2")
+
+# A clock that moves one second at every reading: each point, each job and the
+# summary would see another second without a sweep-wide timestamp.
+TICKING = textwrap.dedent("""
+    import datetime as _dt, runpy
+    class _Ticking(_dt.datetime):
+        _t = _dt.datetime(2026, 1, 2, 3, 4, 5)
+        @classmethod
+        def now(cls, tz=None):
+            cls._t += _dt.timedelta(seconds=1)
+            return cls._t if tz is None else cls._t.replace(tzinfo=tz)
+    _dt.datetime = _Ticking  # before Hydra or the matrix import it
+    runpy.run_module("matrix", run_name="__main__", alter_sys=True)
+""")
+
+def test_preflight_resolves_every_point_to_one_results_folder(monkeypatch):
+    class Ticking(datetime):
+        t = datetime(2026, 1, 2, 3, 4, 5)
+
+        @classmethod
+        def now(cls, tz=None):
+            cls.t += timedelta(seconds=1)
+            return cls.t
+
+    import hydra.core.utils
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", Ticking)
+    monkeypatch.setattr("matrix.preflight.datetime", Ticking)
+    dirs = {cfg["results_dir"] for cfg, _ in points(["-m", "cp_size=1,2,4", "seq_lens=[8],[9]"])}
+    assert len(dirs) == 1, dirs
+
+
+def test_now_on_the_command_line_is_written_out_once():
+    start = datetime(2026, 1, 2, 3, 4, 5)
+    assert freeze_now(["results_dir=r/${now:%H%M%S}-x", "cp_size=2"], start) == ["results_dir=r/030405-x", "cp_size=2"]
+
+
+def test_a_sweep_straddling_seconds_writes_one_folder_and_exits_0(tmp_path):
+    """No results_dir given: the default, timestamped one, with a clock that
+    ticks at every reading."""
+    cmd = [sys.executable, "-c", TICKING, "-m", "cp_size=1", "seq_lens=[8],[9],[10]", *SMALL]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    folders = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(folders) == 1, folders
+    assert "missing" not in proc.stdout.split("matrix summary:")[1].splitlines()[0] or " missing 0" in proc.stdout
+    assert f"results/{folders[0]}/results.csv" in proc.stdout
+
+
+def test_a_sweep_that_checks_nothing_exits_5_with_one_line(tmp_path):
+    run = run_matrix(tmp_path / "res", "cp_size=1", "seq_lens=[8]", "mlp_mode=SCATTERED", *SMALL)
+    assert run.returncode == 5, run.stdout + run.stderr
+    why = [ln for ln in run.stderr.splitlines() if ln.startswith("error: nothing was checked")]
+    assert len(why) == 1 and "skipped" in why[0]
+    assert {r["status"] for r in run.rows()} == {"skipped"}
+
+
+def test_a_sweep_with_a_checked_row_exits_0(tmp_path):
+    # The same point with the mode its backend implies: checked, so exit 0.
+    run = run_matrix(tmp_path / "res", "cp_size=1", "seq_lens=[8]", "mlp_mode=FULL", *SMALL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "nothing was checked" not in run.stderr
