@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent
 SHARED_ENV = ROOT / ".nox" / "_shared"
 STAMP = SHARED_ENV / "nsa-env-stamp.json"
 # Bump when the build recipe below changes in a way the stamp cannot see.
-RECIPE = "2"
+RECIPE = "3"
 
 TORCH_SPEC = os.environ.get("NSA_TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX = os.environ.get("NSA_TORCH_INDEX", "").strip()
@@ -190,7 +190,9 @@ def _build_with_uv(session: nox.Session, uv: str, fresh: bool) -> None:
     # torch first, alone: the project's `torch>=2.4` must find it installed
     # rather than resolve a build of its own.
     session.run(*install, *_torch_args(), external=True, env=env)
-    session.run(*install, "-e", f"{ROOT}{EXTRAS}", external=True, env=env)
+    # pip too, as venv gives it: the README's `pip install` must reach this
+    # environment once it is activated, not another Python.
+    session.run(*install, "-e", f"{ROOT}{EXTRAS}", "pip", external=True, env=env)
 
 
 def _build_with_pip(session: nox.Session, fresh: bool) -> None:

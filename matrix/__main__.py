@@ -114,6 +114,11 @@ def dry_run(points: list[Point]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    from .help import HELP_FLAGS, text as help_text
+
+    if any(a in HELP_FLAGS for a in argv):
+        print(help_text())
+        return 0
     dry = DRY_RUN_FLAG in argv
     argv = [a for a in argv if a != DRY_RUN_FLAG]
     shows = [a for a in argv if a in SHOW_FLAGS]

@@ -1,6 +1,6 @@
 """Compare two results tables point by point and gate on what got worse.
 
-    python -m matrix.compare BASE NEW [--metric roundtrip_p50_us] [--fail-above 5%]
+    python -m matrix.compare BASE NEW [--metric roundtrip_vs_control] [--fail-above 15%]
                                       [--allow-missing] [--all]
 
 BASE and NEW are results directories or CSV files (resolved as by
@@ -14,14 +14,25 @@ Exit status 1 when any gate trips, else 0; 2 on bad input (one line):
   status the schema does not know); ``skipped`` is neutral either side;
 - correctness lost: ``correct`` True in BASE and not True in NEW (unless NEW
   skipped the point);
-- regressed: both rows are timed (status ok and a ``--metric`` value) and the
-  metric got worse (a rise for times, a drop for ``*_GBps``) by more than
-  ``--fail-above`` of BASE **and** by more than the rows' spread. The spread is
-  the mean ``roundtrip_iqr_us`` of the two rows for ``roundtrip_*_us`` metrics;
-  for other times and bandwidths that spread relative to ``roundtrip_p50_us``,
-  applied to BASE's value; sizes have none. Rows without a spread gate on the
-  threshold alone. A change beyond the threshold but within the spread is marked
+- regressed: both rows are timed and the metric got worse (a rise for times
+  and ratios, a drop for ``*_GBps``) by more than ``--fail-above`` **and**
+  significantly: the per-iteration samples beside each run
+  (``samples.jsonl``, matrix.samples) differ by a one-sided Mann-Whitney U
+  test at false discovery rate 1% over the points compared
+  (matrix.significance). Where either run has no samples (a file written
+  before they were kept; metrics other than round trips), the old rule
+  applies: worse by more than the rows' spread (``roundtrip_iqr_us``).
+  A change beyond the threshold that the samples do not support is marked
   ``within noise`` and does not gate.
+
+The default metric, ``roundtrip_vs_control``, is each iteration's round trip
+over the A/A control's round trip timed in the same iteration (a bare
+all-gather + reduce-scatter of the padded buffer), the median over
+iterations: it moves with the implementation's code, hardly with the
+machine's load. Absolute times (``--metric roundtrip_p50_us``) move with load
+too; compare on them when both runs had the machine to themselves. compare
+states the noise it measured between the two runs and says when the threshold
+is finer than that.
 Refused, passthrough and skipped rows carry no timings and never gate on the metric.
 """
 
@@ -46,10 +57,19 @@ from matrix._review import (
     point_codes,
 )
 from matrix.results import CONFIG_COLUMNS, TIMING_COLUMNS
+from matrix.samples import SAMPLES_FILE, Samples, read_samples
+from matrix.significance import ALPHA, adjusted, p_greater, smallest_p
 
-DEFAULT_METRIC = "roundtrip_p50_us"
-DEFAULT_THRESHOLD = "5%"
-METRICS: tuple[str, ...] = TIMING_COLUMNS
+# The paired, load-independent metric: per iteration, the round trip over the
+# A/A control's round trip in the same iteration; read from the samples.
+PAIRED = "roundtrip_vs_control"
+ABSOLUTE_FALLBACK = "roundtrip_p50_us"
+DEFAULT_METRIC = PAIRED
+# Measured by benchmarks/compare_power.py on a 2-core machine (README): the
+# paired metric's run-to-run drift stays under this, and a 2x slower path is
+# far beyond it.
+DEFAULT_THRESHOLD = "15%"
+METRICS: tuple[str, ...] = (PAIRED, *TIMING_COLUMNS)
 SPREAD = "roundtrip_iqr_us"
 # Timings from different machines or stacks are not comparable; say so, don't refuse.
 ENV_COLUMNS = ("host", "torch_version", "nccl_version", "device", "device_name")
@@ -59,6 +79,11 @@ LIST_LIMIT = 200
 
 # The gates, as the summary line names them.
 GATES = ("missing", "status-worse", "correctness-lost", "regressed")
+
+
+def sampled(metric: str) -> bool:
+    """Metrics whose per-iteration samples are kept: the paired ratio and the round trip's times."""
+    return metric == PAIRED or (metric.startswith("roundtrip_") and metric.endswith("_us") and metric != SPREAD)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -92,12 +117,37 @@ def parse_threshold(text: str) -> float:
     return value
 
 
-def keyed(run: Run, metric: str) -> pd.DataFrame:
+def run_samples(run: Run) -> Samples:
+    """The samples beside each of the run's results files, merged."""
+    merged = Samples()
+    for f in run.files:
+        one = read_samples(f.parent / SAMPLES_FILE)
+        merged.found |= one.found
+        merged.skipped_lines += one.skipped_lines
+        merged.by_key.update(one.by_key)
+    return merged
+
+
+def _samples_of(run: Run, samples: Samples, metric: str) -> list[np.ndarray | None]:
+    lat = run.latest
+    pids = lat["point_id"].astype(str).tolist() if "point_id" in lat else [""] * len(lat)
+    impls = lat["impl"].astype(str).tolist()
+    get = samples.paired if metric == PAIRED else samples.roundtrip
+    return [get(pid, impl) if sampled(metric) else None for pid, impl in zip(pids, impls)]
+
+
+def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame:
     """One row per point (the run's latest rows): its canonical config, the
-    metric, status, correctness and the round trip's spread and median."""
+    metric, status, correctness, the round trip's spread and median, and the
+    point's samples of the metric (``samples`` column, None where absent)."""
     lat = run.latest
     frame = run.latest_config.copy()
-    frame["value"] = pd.to_numeric(lat[metric], errors="coerce")
+    per_point = _samples_of(run, samples or Samples(), metric)
+    if metric == PAIRED:
+        frame["value"] = [float(np.median(x)) if x is not None else np.nan for x in per_point]
+    else:
+        frame["value"] = pd.to_numeric(lat[metric], errors="coerce").to_numpy()
+    frame["samples"] = per_point
     frame["status"] = lat["status"].str.strip().astype(object)
     frame["correct"] = parse_bool(lat["correct"])
     frame["iqr"] = pd.to_numeric(lat[SPREAD], errors="coerce")
@@ -107,7 +157,8 @@ def keyed(run: Run, metric: str) -> pd.DataFrame:
 
 def columns_read(metric: str) -> tuple[str, ...]:
     """The schema columns compare reads (the rest of a file is skipped)."""
-    return (*CONFIG_COLUMNS, "status", "correct", metric, SPREAD, "roundtrip_p50_us", *ENV_COLUMNS)
+    value = () if metric == PAIRED else (metric,)
+    return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", *ENV_COLUMNS)
 
 
 def _env_warnings(base: Run, new: Run) -> list[str]:
@@ -149,7 +200,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     codes = point_codes(config)
     base = base.assign(key=codes[: len(base)])
     new = new.assign(key=codes[len(base):])
-    values = ["key", "value", "status", "correct", "iqr", "p50"]
+    values = ["key", "value", "status", "correct", "iqr", "p50", "samples"]
     j = base[values].merge(new[values], on="key", how="outer", suffixes=("_base", "_new"), indicator=True)
     config = config.assign(key=codes).drop_duplicates("key")
     j = j.merge(config, on="key", how="left")
@@ -169,16 +220,92 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     spread = _spread(j, metric).where(timed)
     beyond_threshold = worse_by.abs() > threshold * b.abs()
     beyond_spread = spread.isna() | (worse_by.abs() > spread)
+    # Points with samples on both sides gate on the test, the others on the spread.
+    tested = timed & j["samples_base"].map(lambda x: x is not None) & j["samples_new"].map(lambda x: x is not None)
+    p_worse, p_better = _pvalues(j, tested, higher_is_better(metric))
+    significant_worse = pd.Series(p_worse < ALPHA, index=j.index)
+    significant_better = pd.Series(p_better < ALPHA, index=j.index)
+    supported_worse = (tested & significant_worse) | (~tested & beyond_spread)
+    supported_better = (tested & significant_better) | (~tested & beyond_spread)
     j["timed"] = timed
-    j["spread"] = spread
-    j["regressed"] = timed & (worse_by > 0) & beyond_threshold & beyond_spread
-    j["improved"] = timed & (worse_by < 0) & beyond_threshold & beyond_spread
-    j["within_noise"] = timed & beyond_threshold & ~beyond_spread
+    j["tested"] = tested
+    j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
+    j["spread"] = spread.where(~tested)
+    j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
+    j["improved"] = timed & (worse_by < 0) & beyond_threshold & supported_better
+    j["within_noise"] = timed & beyond_threshold & ~j["regressed"] & ~j["improved"]
     with np.errstate(divide="ignore", invalid="ignore"):
         # a zero base (possible only for sizes) gives +-inf for any change, 0 for none
         change = np.where(b.eq(0) & n.eq(0), 0.0, (n - b) / b * 100)
     j["change_pct"] = pd.Series(change, index=j.index).where(timed | (both & b.notna() & n.notna()))
     return _sorted(j)
+
+
+def _pvalues(j: pd.DataFrame, tested: pd.Series, higher_better: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Adjusted p-values (NaN where not tested) that the metric got worse, and
+    that it got better, per joined point; each family adjusted on its own."""
+    worse = np.full(len(j), np.nan)
+    better = np.full(len(j), np.nan)
+    for i in np.flatnonzero(tested.to_numpy()):
+        base, new = j["samples_base"].iat[i], j["samples_new"].iat[i]
+        up, down = p_greater(base, new), p_greater(new, base)
+        worse[i], better[i] = (down, up) if higher_better else (up, down)
+    return adjusted(worse), adjusted(better)
+
+
+def noise(j: pd.DataFrame, metric: str) -> dict[str, float]:
+    """What the two runs can resolve, measured on them: ``within``, the median
+    point's relative spread of its samples (IQR over median, both runs);
+    ``between``, the median and 90th percentile of the absolute change of the
+    metric over the timed points the gate found unchanged: the drift of the
+    runs themselves. NaN where not known."""
+    out = {"within": math.nan, "between_p50": math.nan, "between_p90": math.nan, "points": 0}
+    # points the gate found unchanged: the drift of the runs themselves (all
+    # timed points when every one changed)
+    timed = j[j["timed"] & ~j["regressed"] & ~j["improved"]]
+    if timed.empty:
+        timed = j[j["timed"]]
+    if timed.empty:
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = (timed["value_new"] / timed["value_base"] - 1).abs().replace([np.inf], np.nan).dropna()
+    if len(change):
+        out["between_p50"] = float(change.median())
+        out["between_p90"] = float(change.quantile(0.9))
+        out["points"] = len(change)
+    rel = []
+    for col in ("samples_base", "samples_new"):
+        for x in timed[col]:
+            if x is not None and len(x) >= 2 and np.median(x) > 0:
+                q1, q3 = np.percentile(x, [25, 75])
+                rel.append((q3 - q1) / np.median(x))
+    if rel:
+        out["within"] = float(np.median(rel))
+    return out
+
+
+def noise_lines(j: pd.DataFrame, metric: str, threshold: float) -> list[str]:
+    """The noise compare measured, and a warning when the threshold is finer."""
+    nz = noise(j, metric)
+    if not nz["points"]:
+        return []
+    pct = lambda v: "n/a" if math.isnan(v) else f"{v * 100:.1f}%"  # noqa: E731
+    lines = [f"noise measured: between the runs the median unchanged point moved {pct(nz['between_p50'])} "
+             f"(90th percentile {pct(nz['between_p90'])}, {nz['points']} points); within a run a point's "
+             f"samples spread {pct(nz['within'])} (median IQR/median)"]
+    if threshold < nz["between_p50"] * 2:
+        lines.append(f"warning: --fail-above={threshold * 100:g}% is finer than these runs resolve (twice the median "
+                     f"drift between them is {pct(2 * nz['between_p50'])}): differences that small are not told "
+                     "apart from the machine's drift; use the paired metric (default), quieter runs, more iters, "
+                     "or a larger threshold")
+    tested = j[j["tested"]]
+    if len(tested):
+        fewest = min(min(len(a), len(b)) for a, b in zip(tested["samples_base"], tested["samples_new"]))
+        if smallest_p(fewest) >= ALPHA:
+            lines.append(f"warning: a point has only {fewest} samples a side: no difference can be significant "
+                         f"at {ALPHA:g} with so few (the smallest p-value is {smallest_p(fewest):.2g}); run with "
+                         "more iters")
+    return lines
 
 
 def _sorted(j: pd.DataFrame) -> pd.DataFrame:
@@ -235,6 +362,7 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool) -> pd.Series:
     cb = j["correct_base"].astype(object).map(fmt).replace("", "-")
     cn = j["correct_new"].astype(object).map(fmt).replace("", "-")
     spread = j["spread"].map(fmt)
+    pval = j["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
     no_timing = j["_merge"].eq("both") & ~j["timed"]
     parts = [
         when(j["missing"], "MISSING in NEW (allowed)" if allow_missing else "MISSING in NEW"),
@@ -242,9 +370,11 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool) -> pd.Series:
         when(j["status_worse"], "STATUS WORSE " + sb + "->" + sn),
         when(j["status_changed"] & ~j["status_worse"], "status " + sb + "->" + sn),
         when(j["correctness_lost"], "CORRECTNESS LOST (correct " + cb + "->" + cn + ")"),
-        when(j["regressed"] & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
-        when(j["regressed"] & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
-        when(j["within_noise"], "within noise (beyond " + pct + " but not the spread " + spread + ")"),
+        when(j["regressed"] & j["tested"], "REGRESSED (beyond " + pct + ", significant: p=" + pval + ")"),
+        when(j["regressed"] & ~j["tested"] & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
+        when(j["regressed"] & ~j["tested"] & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
+        when(j["within_noise"] & j["tested"], "within noise (beyond " + pct + " but not significant: p=" + pval + ")"),
+        when(j["within_noise"] & ~j["tested"], "within noise (beyond " + pct + " but not the spread " + spread + ")"),
         when(j["improved"], "improved"),
         when(no_timing, "no timing"),
     ]
@@ -304,11 +434,16 @@ def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, col
     return out
 
 
-def rule_line(metric: str, threshold: float) -> str:
+def rule_line(metric: str, threshold: float, tested: int = 0) -> str:
     direction = "higher" if higher_is_better(metric) else "lower"
     pct = f"{threshold * 100:g}%"
-    head = (f"metric: {metric} ({direction} is better); a point regresses when both rows are timed "
+    what = (f"{metric} (per iteration: round trip / the A/A control's round trip in the same iteration; median)"
+            if metric == PAIRED else metric)
+    head = (f"metric: {what} ({direction} is better); a point regresses when both rows are timed "
             f"and it is worse by more than {pct}")
+    if tested:
+        return (head + f" AND significantly (one-sided Mann-Whitney U on the per-iteration samples, "
+                f"false discovery rate {ALPHA * 100:g}% over {tested} points); points without samples: the spread")
     rule = spread_rule(metric)
     if rule == "absolute":
         return (head + f" AND by more than its spread (mean {SPREAD} of the two rows);"
@@ -356,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.metric not in METRICS:
             raise InputError(f"--metric={args.metric}: unknown metric; one of {', '.join(METRICS)}")
         threshold = parse_threshold(args.fail_above)
-        wanted = columns_read(args.metric)
+        metric = args.metric
+        wanted = columns_read(metric) + ((ABSOLUTE_FALLBACK,) if metric == PAIRED else ())
         base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -364,10 +500,19 @@ def main(argv: list[str] | None = None) -> int:
 
     for warning in _env_warnings(base, new):
         print(warning, file=sys.stderr)
-    j = compare(keyed(base, args.metric), keyed(new, args.metric), args.metric, threshold)
+    sb, sn = run_samples(base), run_samples(new)
+    notes = [f"note: {run.arg}={run.value}: {smp.skipped_lines} unreadable line(s) of {SAMPLES_FILE} skipped"
+             for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
+    if metric == PAIRED and not (sb.found and sn.found):
+        lacking = [r.arg for r, smp in ((base, sb), (new, sn)) if not smp.found]
+        notes.append(f"note: {' and '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no {SAMPLES_FILE} (written before samples were kept): comparing "
+                     f"{ABSOLUTE_FALLBACK}, absolute times, which move with the machine's load")
+        metric = ABSOLUTE_FALLBACK
+    j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold)
     gate = gating(j, args.allow_missing)
 
-    lines = [*base.notes(), *new.notes(), rule_line(args.metric, threshold)]
+    lines = [*base.notes(), *new.notes(), *notes, rule_line(metric, threshold, int(j["tested"].sum())),
+             *noise_lines(j, metric, threshold)]
     common, cols = common_config(j), varying(j)
     lines += [common] if common else []
     if len(j) <= LIST_LIMIT or args.list_all:

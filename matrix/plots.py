@@ -2,7 +2,8 @@
 
 Input: the report's typed frame, one row per point. Contracts every plot keeps:
 - timing plots use only rows with status ``ok`` and a value (refused,
-  passthrough, skipped and failing rows carry no measurement);
+  passthrough, skipped and failing rows carry no measurement), of the round
+  trip (the MoE all-to-all at SCATTERED points is another operation);
 - each series is drawn once (one line or marker set per cp size and impl);
 - the legend names colours, markers and fills as drawn, through proxy artists;
 - bandwidth leaves out cp=1, where nothing moves;
@@ -102,7 +103,9 @@ def latency(df: pd.DataFrame):  # -> Figure
     fig, ax = _figure("Round-trip (gather + reduce-scatter) p50 vs tokens: median per cp size and impl")
     ax.set_xlabel("tokens in the batch (total_tokens)")
     ax.set_ylabel("round-trip latency p50 (µs)")
-    d = df[df["status"].eq("ok") & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()]
+    # round trips only: the MoE all-to-all (SCATTERED) is another operation, tabled apart
+    d = df[df["status"].eq("ok") & df["roundtrip_p50_us"].notna() & df["total_tokens"].notna()
+           & df["mlp_mode"].ne("SCATTERED")]
     if d.empty:
         return _finish(fig, ax, "timed ok points")
     colour_keys = _mixed(d) + ["cp_size"]
@@ -174,7 +177,8 @@ def busbw(df: pd.DataFrame):  # -> Figure
     ax.set_xlabel("gathered bytes (padded buffer for filled markers, the tokens' bytes for hollow ones)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
-    d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)]
+    d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)
+           & df["mlp_mode"].ne("SCATTERED")]
     if d.empty:
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
     colour_keys = _mixed(d) + ["cp_size"]

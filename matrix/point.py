@@ -28,6 +28,7 @@ from nsa_cp_comm.plan import CPPlan
 from nsa_cp_comm.spec import PointSpec
 
 from .config import KEYS, ConfigError, override_value, validate
+from .samples import append_samples
 from .results import (
     COLUMNS,
     CONFIG_COLUMNS,
@@ -315,5 +316,12 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
     else:
         results = _results_for(cfg, res, job_dir)
     rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
-    append_rows(results_dir, rows)
+    write_point(results_dir, rows, results)
     return rows
+
+
+def write_point(results_dir: str | Path, rows: list[dict[str, Any]], results: list[ImplResult]) -> None:
+    """A point's raw samples, then its rows: a kill between them leaves samples
+    that no row reads, never a row whose samples compare would miss."""
+    append_samples(results_dir, rows, [r.samples for r in results])
+    append_rows(results_dir, rows)

@@ -104,6 +104,40 @@ def timed(df: pd.DataFrame, metric: str = "roundtrip_p50_us") -> pd.Series:
     return df["status"].eq("ok") & df[metric].notna()
 
 
+def round_trip(df: pd.DataFrame) -> pd.Series:
+    """Rows of the communicator's round trip (all-gather + reduce-scatter, FULL
+    mode); the MoE all-to-all (``a2a``, SCATTERED mode) is another operation."""
+    return df["mlp_mode"].ne("SCATTERED")
+
+
+def even_ratio(pairs: pd.DataFrame) -> dict[str, float]:
+    """padded/legacy over even points with cp > 1 (at cp=1 nothing moves and
+    padded's extra copy is all there is; explained apart): median and quartiles."""
+    r = pairs.loc[pairs["cp_size"].gt(1), "ratio"].dropna()
+    if r.empty:
+        return {"n": 0}
+    return {"n": len(r), "median": float(r.median()), "q1": float(r.quantile(0.25)), "q3": float(r.quantile(0.75))}
+
+
+def verdict_line(df: pd.DataFrame) -> str:
+    """The report's first line: what a reviewer acts on."""
+    points = int(df[PAIR].nunique())
+    bad, failing = len(_incorrect(df)), len(_failing(df))
+    checked = int(df["status"].ne("skipped").sum())
+    state = "FAIL" if bad or failing else ("NOTHING CHECKED" if not checked else "PASS")
+    parts = [f"{points} points, {len(df)} rows (a row: one point and one impl)"]
+    parts.append(f"**!!! {bad} INCORRECT RESULT(S) !!!**" if bad else "correct everywhere checked")
+    parts.append(f"**{failing} failed, error or timeout point(s)**" if failing
+                 else "none failed, errored or timed out")
+    er = even_ratio(ratios(df))
+    if er["n"]:
+        parts.append(f"padded/legacy round trip on even plans (cp > 1): median {er['median']:.2f} "
+                     f"(quartiles {er['q1']:.2f}-{er['q3']:.2f} over {er['n']} points)")
+    else:
+        parts.append("no even plan with cp > 1 has both padded and legacy timed")
+    return f"**Verdict: {state}**: " + "; ".join(parts) + "."
+
+
 def _mixed(df: pd.DataFrame) -> list[str]:
     """backend/device when the rows mix several, so tables keep them apart."""
     return [c for c in ("backend", "device") if df[c].nunique() > 1]
@@ -155,7 +189,8 @@ def verdicts(df: pd.DataFrame) -> Part:
     counts["all"] = counts.sum(axis=1)
     counts.index.name, counts.columns.name = "status", None
     counts["meaning"] = [STATUS_MEANING.get(s, "not a status of the schema; counted as failing.") for s in order]
-    part.main += [f"Points per status and impl ({len(df)} points; a point is one configuration and impl):", ""]
+    part.main += [f"Rows per status and impl ({len(df)} rows of {df[PAIR].nunique()} points; a row is one point "
+                  "and one impl):", ""]
     part.main += [frame_md(counts, index=True), ""]
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
@@ -250,12 +285,14 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     neither has one) and ``noise``: the difference is within the spread."""
     rows = df[timed(df) & _is(df["is_even"], True)]
     keep = [PAIR, "roundtrip_p50_us", SPREAD]
-    padded = rows.loc[rows["impl"].eq("padded"), keep]
+    padded = rows.loc[rows["impl"].eq("padded"), [*keep, "local_p50_us"]]
     legacy = rows.loc[rows["impl"].eq("legacy"), keep]
     info = rows.loc[rows["impl"].eq("padded"), [PAIR, *_mixed(df), "cp_size", "policy", "page_size", "seq_lens"]]
     pairs = padded.merge(legacy, on=PAIR, suffixes=("_padded", "_legacy")).merge(info, on=PAIR)
     pairs = pairs.rename(columns={"roundtrip_p50_us_padded": "padded", "roundtrip_p50_us_legacy": "legacy"})
     pairs["ratio"] = pairs["padded"] / pairs["legacy"]
+    # the padded path's round trip without its local phase, over legacy's
+    pairs["ratio_without_local"] = (pairs["padded"] - pairs["local_p50_us"].fillna(0.0)) / pairs["legacy"]
     pairs["spread"] = pairs[[f"{SPREAD}_padded", f"{SPREAD}_legacy"]].mean(axis=1)
     pairs["noise"] = pairs["spread"].notna() & ((pairs["padded"] - pairs["legacy"]).abs() <= pairs["spread"])
     return pairs
@@ -263,7 +300,8 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 def latency(df: pd.DataFrame) -> Part:
     part = Part()
-    rows = df[timed(df)]
+    rows = df[timed(df) & round_trip(df)]
+    part.main += a2a_lines(df)
     if rows.empty:
         part.main.append("_(no ok point has a round-trip time)_")
         return part
@@ -300,6 +338,16 @@ def latency(df: pd.DataFrame) -> Part:
     if pairs.empty:
         part.main.append("_(no even point has both padded and legacy timings)_")
         return part
+    one = pairs[pairs["cp_size"].eq(1)]
+    if len(one):
+        part.main += [
+            f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
+            f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
+            f"straight from the shard. That copy is the padded path's extra cost there: ratio "
+            f"{one['ratio'].median():.2f} with it, {one['ratio_without_local'].median():.2f} without "
+            f"(median over {len(one)} points). The verdict's ratio counts cp > 1 only.",
+            "",
+        ]
     aggregates = dict(
         points=("ratio", "size"),
         padded_us=("padded", "median"),
@@ -329,9 +377,23 @@ def latency(df: pd.DataFrame) -> Part:
         )
     shown = pairs[[*_mixed(df), "cp_size", "policy", "page_size", "seq_lens", "padded", "legacy", "ratio", "spread",
                    "noise"]]
-    part.main += ["", f"Per-point ratios: [appendix]({APPENDIX_FILE})."]
+    part.main[-1] += f" Per-point ratios: [appendix]({APPENDIX_FILE})."
     part.appendix += ["## Padded vs legacy per even point", "", *_whole(shown), ""]
     return part
+
+
+def a2a_lines(df: pd.DataFrame) -> list[str]:
+    """The MoE all-to-all apart from the round trips: it is another operation
+    (dispatch + combine of routed tokens at SCATTERED points), not a way to
+    gather and scatter."""
+    rows = df[timed(df) & ~round_trip(df)]
+    if rows.empty:
+        return []
+    med = rows.groupby(_mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
+    listed = ", ".join(f"{' '.join(map(fmt, k)) if isinstance(k, tuple) else fmt(k)}: {v:.0f} us"
+                       for k, v in med.items())
+    return [f"MoE all-to-all at SCATTERED points, another operation than the round trips below and not "
+            f"comparable with them (dispatch + combine p50, median over points; by impl and cp size): {listed}.", ""]
 
 
 def _layout(plans: pd.DataFrame) -> pd.Series:
@@ -343,7 +405,7 @@ def _layout(plans: pd.DataFrame) -> pd.Series:
 def bandwidth(df: pd.DataFrame) -> Part:
     part = Part()
     # cp=1 moves nothing: its bus bandwidth is 0 by definition, not a measurement
-    rows = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1)]
+    rows = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1) & round_trip(df)]
     if rows.empty:
         part.main += ["_(no ok point with cp > 1 has a bus bandwidth)_", ""]
     else:
@@ -376,6 +438,24 @@ def bandwidth(df: pd.DataFrame) -> Part:
     return part
 
 
+def wall_times(df: pd.DataFrame) -> list[str]:
+    """The sweep's wall time: from the first point's start (its end timestamp
+    less its ``wall_s``) to the last point's end; and the time inside points,
+    each point once (``wall_s`` repeats on every impl row of a point)."""
+    per_point = df.drop_duplicates(PAIR)
+    walls = per_point["wall_s"]
+    out = []
+    ends = pd.to_datetime(per_point["timestamp"].str.strip(), errors="coerce", utc=True, format="ISO8601")
+    ok = ends.notna() & walls.notna()
+    if ok.any():
+        starts = ends[ok] - pd.to_timedelta(walls[ok], unit="s")
+        span = (ends[ok].max() - starts.min()).total_seconds()
+        out.append(f"sweep wall time {span:.0f} s (first point's start to last point's end)")
+    if walls.notna().any():
+        out.append(f"{walls.sum():.0f} s inside {int(walls.notna().sum())} points (each point once)")
+    return out
+
+
 def environment(df: pd.DataFrame) -> Part:
     """One line per field would be a screen; the fields run on in one paragraph."""
     fields = []
@@ -392,11 +472,10 @@ def environment(df: pd.DataFrame) -> Part:
     stamps = stamps[stamps.ne("")]
     if len(stamps):
         fields.append(f"timestamps {stamps.min()} .. {stamps.max()}")
-    if df["wall_s"].notna().any():
-        fields.append(f"{fmt(df['wall_s'].sum())} s of point wall time")
+    fields += wall_times(df)
     overrides = df["overrides"].value_counts(sort=False)
-    part = Part(main=["; ".join(fields) + ".", "",
-                      f"Sweep overrides: {len(overrides)} distinct, in the [appendix]({APPENDIX_FILE})."])
+    fields.append(f"sweep overrides: {len(overrides)} distinct, in the [appendix]({APPENDIX_FILE})")
+    part = Part(main=["; ".join(fields) + "."])
     part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```"]
     part.appendix += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()]
     part.appendix += ["```", ""]
@@ -410,6 +489,39 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
     ("Bandwidth and padding", bandwidth),
     ("Environment", environment),
 )
+
+
+def plot_takeaways(df: pd.DataFrame) -> dict[str, str]:
+    """One line per plot: what to read off it, from the same rows it draws."""
+    out: dict[str, str] = {}
+    er = even_ratio(ratios(df))
+    uneven = df[timed(df) & round_trip(df) & df["impl"].eq("padded") & _is(df["is_even"], False)]
+    text = (f"Takeaway: on even plans (cp > 1) padded's round trip is a median {er['median']:.2f}x legacy's "
+            f"({er['n']} points)" if er["n"] else "Takeaway: no even plan with cp > 1 has both impls timed")
+    text += (f"; on {len(uneven)} uneven points only the padded path runs (legacy refuses them)." if len(uneven)
+             else ".")
+    out[plots.LATENCY_PNG] = text
+    plans = _plans(df)
+    if plans.empty or not plans["padding_frac"].gt(0).any():
+        out[plots.PADDING_PNG] = "Takeaway: no plan pads: every rank's shard has the same length."
+    else:
+        worst = plans.sort_values("padding_frac", ascending=False, kind="stable").iloc[0]
+        zero = plans.groupby(_layout(plans))["padding_frac"].max()
+        zero = sorted(k for k, v in zero.items() if v == 0)
+        out[plots.PADDING_PNG] = (
+            f"Takeaway: the most padded plan is {_layout(worst.to_frame().T).iloc[0]} at cp={fmt(worst['cp_size'])} "
+            f"with seq_lens {worst['seq_lens']}: {worst['padding_frac']:.0%} of the gather buffer is padding"
+            + (f"; never padded: {', '.join(zero)}." if zero else "."))
+    bw = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1) & round_trip(df) & df["impl"].eq("padded")
+            & df["busbw_useful_GBps"].notna() & df["padding_frac"].gt(0)]
+    if bw.empty:
+        out[plots.BUSBW_PNG] = "Takeaway: no padded point with cp > 1 and padding has a bandwidth."
+    else:
+        lost = 1 - (bw["busbw_useful_GBps"] / bw["busbw_padded_GBps"]).median()
+        out[plots.BUSBW_PNG] = (
+            f"Takeaway: where the padded path pads ({len(bw)} points, cp > 1), a median {lost:.0%} of the bus "
+            f"bandwidth it achieves carries padding rather than tokens (hollow markers below filled ones).")
+    return out
 
 
 # --- assembly
@@ -445,22 +557,18 @@ def prepare(run: Run) -> pd.DataFrame:
 
 def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
     """(report.md, report_appendix.md) as markdown."""
+    counted = f"{len(run.raw)} rows read; the latest of each point and impl: {len(df)} rows of {df[PAIR].nunique()} points"
     if len(run.files) == 1:
-        source = f"Source: `{run.files[0]}` ({len(run.raw)} rows, {len(df)} points)."
+        source = f"Source: `{run.files[0]}` ({counted})."
     else:
-        source = f"Source: {len(run.files)} files under `{run.value}` ({len(run.raw)} rows, {len(df)} points)."
-    lines = ["# nsa-cp-comm matrix report", "", source]
+        source = f"Source: {len(run.files)} files under `{run.value}` ({counted})."
+    lines = ["# nsa-cp-comm matrix report", "", verdict_line(df), "", source]
     if run.duplicates:
         lines.append(f"Duplicates: {run.duplicate_note()} ([appendix]({APPENDIX_FILE})).")
     if run.upgraded:
         parts = ", ".join(f"{n} ok row(s) read as {s}" for s, n in sorted(run.upgraded.items()))
         lines.append(f"Written before the refused/passthrough statuses: {parts}.")
     lines.append("")
-    bad, failing = len(_incorrect(df)), len(_failing(df))
-    if bad:
-        lines += [f"> **!!! {bad} INCORRECT RESULT(S): see Verdicts below !!!**", ""]
-    elif failing:
-        lines += [f"> **{failing} failed, error or timeout point(s): see Verdicts below.**", ""]
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     appendix += duplicates(run)
     for title, section in SECTIONS:
@@ -469,7 +577,9 @@ def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
             part.main.pop()
         lines += [f"## {title}", "", *part.main, ""]
         appendix += part.appendix
-    lines += ["## Plots", "", *(f"![{name}]({name})" for name in plots.NAMES), ""]
+    lines += ["## Plots", ""]
+    for name, takeaway in plot_takeaways(df).items():
+        lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
     lines += [f"Long lists (each failing point, per-point ratios, plans, overrides, duplicates): "
               f"[{APPENDIX_FILE}]({APPENDIX_FILE})", ""]
     if len(run.files) > 1:

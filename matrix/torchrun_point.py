@@ -220,7 +220,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     from nsa_cp_comm.measure import failed_run
     from nsa_cp_comm.ranks import set_rank_device
 
-    from .point import build_rows, point_id, skipped_results
+    from .point import build_rows, point_id, skipped_results, write_point
     from .results import BAD_STATUSES, append_rows, check_schema, completed_point_ids, results_path
     from .summary import live_line
 
@@ -283,7 +283,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     else:  # the rank pool's failure policy: the first rank that failed by itself names it
         results = failed_run(spec, ranks)
     rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
-    append_rows(cfg["results_dir"], rows)
+    write_point(cfg["results_dir"], rows, results)
     print(live_line(cfg, rows), flush=True)
     code = 1 if any(r["status"] in BAD_STATUSES for r in rows) else 0
     if code == 0:

@@ -78,6 +78,9 @@ def base(tmp_path: Path) -> str:
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """compare's CLI; these cases gate at 5% unless they name a threshold."""
+    if not any(a.startswith("--fail-above") for a in argv):
+        argv = [*argv, "--fail-above=5%"]
     code = compare.main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err

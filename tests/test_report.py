@@ -171,7 +171,8 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
-    banner = md.index("2 INCORRECT RESULT(S)")
+    banner = md.index("**Verdict: FAIL**")
+    assert "2 INCORRECT RESULT(S)" in md.splitlines()[2]
     loud = md.index("### !!! INCORRECT RESULTS: 2 point(s) !!!")
     assert banner < md.index("## Verdicts") < loud < md.index("## Claim check")
     assert "[777,333]" in md and "[999,1]" in md
@@ -262,7 +263,9 @@ def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: py
     append_rows(tmp_path, [make_row()])  # the rerun of the error point
     assert report.main([str(tmp_path)]) == 0
     md, appendix = md_of(tmp_path)
-    assert "(3 rows, 2 points)" in md
+    # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
+    assert "(3 rows read; the latest of each point and impl: 2 rows of 1 points)" in md
+    assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 points, 2 rows")
     assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
             "(the latest run) is used") in md
     verdicts = section(md, "Verdicts")
@@ -409,7 +412,7 @@ def test_several_nested_csvs_are_concatenated_and_named(tmp_path: Path, capsys: 
     assert "concatenated 2 results.csv files" in out
     assert str(tmp_path / "a" / RESULTS_FILE) in out and str(tmp_path / "b" / RESULTS_FILE) in out
     md, appendix = md_of(tmp_path)
-    assert "2 files under" in md and "(2 rows, 2 points)" in md and "## Files read" in appendix
+    assert "2 files under" in md and "(2 rows read; the latest of each point and impl: 2 rows of 2 points)" in md and "## Files read" in appendix
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:

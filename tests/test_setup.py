@@ -16,6 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import compare_power  # noqa: E402
 import readme_times  # noqa: E402
 
 README = (REPO / "README.md").read_text()
@@ -67,6 +68,28 @@ def test_render_changes_with_the_figures():
     for name in readme_times.NAMES:
         assert readme_times.render(name, data) != readme_times.render(name, slower)
     assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
+
+
+def test_readme_quotes_exactly_the_committed_gate_figures():
+    data = json.loads(compare_power.JSON_PATH.read_text())
+    block = compare_power.BLOCK.search(README)
+    assert block, "README has no <!-- compare_power --> block"
+    assert _squash(block.group(2)) == _squash(compare_power.render(data)), (
+        "README's gate figures differ from compare_power.json: run python benchmarks/compare_power.py --render")
+
+
+def test_gate_figures_are_of_the_documented_defaults_and_can_read_as_failing():
+    """The figures are of compare's current defaults; a false alarm or a miss
+    would show in the text (the render is not a constant)."""
+    from matrix import compare
+
+    data = json.loads(compare_power.JSON_PATH.read_text())
+    assert data["defaults"] == {"metric": compare.DEFAULT_METRIC, "threshold": compare.DEFAULT_THRESHOLD}
+    assert data["false_alarms"] == sum(t["aa"]["exit"] != 0 for t in data["trials"])
+    worse = json.loads(json.dumps(data))
+    worse["false_alarms"] += 1
+    worse["detected"] -= 1
+    assert compare_power.render(worse) != compare_power.render(data)
 
 
 def test_pytest_closing_line_is_counted():

@@ -13,6 +13,7 @@ from typing import Any
 from . import impls as impl_registry
 from .plan import CPPlan
 from .spec import DTYPES, PointSpec
+from .steps import CONTROL
 from .timing import fold_phases, roundtrip_bandwidth, summarize
 
 
@@ -36,6 +37,9 @@ class ImplResult:
     algbw_useful_GBps: float | None = None
     busbw_useful_GBps: float | None = None
     origin: str = ""
+    # Per timed iteration (slowest rank): ``roundtrip`` and ``control``, the A/A
+    # control's round trip in the same iterations (us). Empty when not timed.
+    samples: dict[str, list[float]] = field(default_factory=dict)
 
 
 def origin_of(name: str) -> str:
@@ -48,6 +52,8 @@ def origin_of(name: str) -> str:
 def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[str, Any]]]) -> list[ImplResult]:
     """Combine every rank's reports (``asdict`` of checks.ImplReport) per implementation."""
     itemsize = DTYPES[spec.dtype].itemsize
+    control = per_rank[0].get(CONTROL)
+    control_rt = fold_phases([r[CONTROL]["samples"] for r in per_rank])["roundtrip"] if control else []
     results = []
     for name in spec.impls:
         reps = [r[name] for r in per_rank]
@@ -82,6 +88,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         if status == "ok" and reps[0]["samples"]:
             folded = fold_phases([rep["samples"] for rep in reps])
             res.stats = {phase: summarize(xs) for phase, xs in folded.items()}
+            res.samples = {"roundtrip": folded["roundtrip"], "control": control_rt}
             _bandwidth(res, reps, spec, plan, itemsize)
         results.append(res)
     return results

@@ -24,7 +24,7 @@ from .modes import ScatterMode
 from .moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
 from .spec import DTYPES, FAULTS, PointSpec, bitwise_equal, make_shard, shard_seed  # noqa: F401 - re-exported
-from .steps import dispatch_steps, full_steps
+from .steps import CONTROL, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
 
 # The correctness group's own timeout: a collective one rank skipped fails
@@ -118,12 +118,15 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, None))
         else:
             steps.append(full_steps(impl, spec, plan, rank, device, None))
+    out: dict[str, dict[str, Any]] = {}
     if steps:
+        steps.append(control_steps(spec, plan, rank, device))
         flush = CacheFlusher(device) if spec.flush_l2 else None
         samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+        out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
             reports[name].samples = phases
-    return {name: asdict(rep) for name, rep in reports.items()}
+    return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 
 # The correctness group's consistency check, as each rank reports itself.

@@ -117,3 +117,24 @@ def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
         impl.combine(state["recv"], state["handle"], group)
 
     return Steps(impl.name, [("gather", dispatch), ("scatter", combine)], n_sets=n_sets)
+
+
+# The control's name in the timed loop: never an implementation's (a leading
+# underscore is not a valid registry name).
+CONTROL = "_control"
+
+
+def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device) -> Steps:
+    """The A/A control timed in the same loop as the implementations: a bare
+    all-gather into the padded ``[max*cp, H]`` buffer and a reduce-scatter of
+    it, torch's calls with nothing of this project's around them. An
+    implementation's time over the control's in the same iteration moves with
+    the implementation's code, hardly with the machine's load, which both share."""
+    dtype = DTYPES[spec.dtype]
+    m = plan.max_rank_len
+    full = torch.zeros((plan.padded_total, spec.hidden_size), dtype=dtype, device=device)
+    block = full[rank * m : (rank + 1) * m]
+    scratch = torch.zeros_like(full)
+    chunk = scratch.tensor_split(plan.cp_size)[rank]
+    return Steps(CONTROL, [("gather", lambda i: all_gather_into(full, block, None)),
+                           ("scatter", lambda i: reduce_scatter_into(chunk, scratch, None))])

@@ -1,4 +1,5 @@
-"""The sweep's folder and exit status: what a user acts on first."""
+"""The main job as a user meets it first: one results folder per sweep, an exit
+status that means something, and the app's own --help."""
 
 from __future__ import annotations
 
@@ -75,3 +76,22 @@ def test_a_sweep_with_a_checked_row_exits_0(tmp_path):
     run = run_matrix(tmp_path / "res", "cp_size=1", "seq_lens=[8]", "mlp_mode=FULL", *SMALL)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "nothing was checked" not in run.stderr
+
+
+def test_help_is_the_apps_own(tmp_path):
+    """Every key with its meaning and range, the presets with the + form, the
+    layouts; exit 0 and nothing written."""
+    from matrix.config import KEYS
+    from matrix.help import MEANING
+
+    assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/help.py"
+    proc = subprocess.run([sys.executable, "-m", "matrix", "--help"], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and not list(tmp_path.iterdir())
+    for key in KEYS:
+        assert f"\n  {key} " in proc.stdout, key
+    for preset in (REPO / "conf" / "matrix").glob("*.yaml"):
+        assert f"+matrix={preset.stem}" in proc.stdout
+    for layout in (REPO / "conf" / "layout").glob("*.yaml"):
+        assert f"+layout={layout.stem}" in proc.stdout
+    assert "int in [1, 1024]" in proc.stdout  # cp_size's range, from the validation tables

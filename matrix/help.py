@@ -1,0 +1,120 @@
+"""``python -m matrix --help``: the app's own help, generated from the schema.
+
+Every key with its default, its range or choices and what it means; the
+presets and layouts found in conf/ with the first line of their comment; the
+``+matrix=NAME`` form. Built from :class:`matrix.config.MatrixConfig` and the
+validation tables, so it cannot disagree with what the app accepts. Hydra's
+own help stays at ``--hydra-help``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from .config import (
+    BOOLS,
+    CHOICES,
+    INT_RANGES,
+    OPTIONAL_INTS,
+    SEQ_LEN_MAX,
+    TIMEOUT_MAX_S,
+    TOTAL_TOKENS_MAX,
+    MatrixConfig,
+    override_value,
+)
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+HELP_FLAGS = ("--help", "-h")
+
+# What each key means: one line each (ranges and choices come from validation).
+MEANING: dict[str, str] = {
+    "cp_size": "CP ranks (one process each)",
+    "page_size": "KV page size of the page-aligned split (shared_kv=true only)",
+    "seq_lens": "request extend lengths of the batch, e.g. '[1001,300]' (each in [1, "
+                f"{SEQ_LEN_MAX}], at most {TOTAL_TOKENS_MAX} in all)",
+    "shared_kv": "true: page-aligned split zigzag_page; false: the split below",
+    "split": "split policy when shared_kv=false",
+    "align": "pad the batch to a multiple of this (a multiple of cp_size); null: cp_size",
+    "moe_a2a_backend": "none: all-gather MoE path (FULL); deepep: all-to-all path (SCATTERED)",
+    "mlp_mode": "auto derives it from moe_a2a_backend; a contradicting explicit mode gives a skipped row",
+    "impl": "both (padded, legacy, + a2a at SCATTERED points), all, one registered name, or "
+            "package.module:attribute",
+    "backend": "auto: NCCL with one GPU per rank where cp_size GPUs exist, else gloo",
+    "device": "auto follows backend",
+    "hidden_size": "hidden size H of the rows gathered",
+    "dtype": "dtype of the hidden states",
+    "num_experts": "experts of the reference MoE (a multiple of cp_size); null: two per rank",
+    "topk": "experts per token (at most num_experts)",
+    "warmup": "untimed iterations before the timed ones",
+    "iters": "timed iterations (compare needs 8 or more to tell a change from noise)",
+    "seed": "data seed; each rank's rows come from (seed, rank)",
+    "flush_l2": "evict caches between iterations",
+    "timeout_s": "per point, once its ranks are up",
+    "results_dir": "where results.csv and samples.jsonl go; ${now:...} is taken once per sweep",
+    "resume": "rerun only points without a row or whose rows are error/timeout",
+    "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
+    "fault": "tests only: crash_rank | hang_rank | raise on the last rank",
+}
+
+
+def _allowed(key: str) -> str:
+    if key in CHOICES:
+        return " | ".join(CHOICES[key])
+    if key in INT_RANGES:
+        lo, hi = INT_RANGES[key]
+        return f"int in [{lo}, {hi}]" + (" or null" if key in OPTIONAL_INTS else "")
+    if key in BOOLS:
+        return "true | false"
+    if key == "timeout_s":
+        return f"seconds in (0, {TIMEOUT_MAX_S:g}]"
+    return ""
+
+
+def _comment(path: Path) -> str:
+    """The first comment line of a conf file that is not Hydra's package line."""
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if text.startswith("#") and "@package" not in text:
+            return text.lstrip("# ").strip()
+    return ""
+
+
+def _group(name: str) -> list[str]:
+    return [f"  +{name}={p.stem:<16} {_comment(p)}" for p in sorted((CONF_DIR / name).glob("*.yaml"))]
+
+
+def text() -> str:
+    defaults = MatrixConfig()
+    width = max(len(f.name) for f in fields(MatrixConfig))
+    keys = []
+    for f in fields(MatrixConfig):
+        default = override_value(getattr(defaults, f.name))
+        allowed = _allowed(f.name)
+        keys.append(f"  {f.name:<{width}}  {MEANING.get(f.name, '')}")
+        keys.append(f"  {'':<{width}}  default {default}" + (f"; {allowed}" if allowed else ""))
+    return "\n".join([
+        "python -m matrix: check and time CP communicators on real torch.distributed ranks (a Hydra app)",
+        "",
+        "usage:",
+        "  python -m matrix [key=value ...]                    one point",
+        "  python -m matrix -m key=a,b [key=value ...]         a sweep: every combination of the swept keys",
+        "  python -m matrix +matrix=NAME [key=value ...]       a preset sweep (note the +: presets are added)",
+        "  python -m matrix ... --dry-run                      list the points and the estimate; start nothing",
+        "",
+        "Every value is checked before anything starts: one line naming the key and value, exit 2.",
+        "Exit status: 0 every point wrote its rows and none is failed/error/timeout; 1 otherwise;",
+        "5 nothing was checked (every row skipped); 2 bad input; 130 interrupted (the resume command is printed).",
+        "",
+        "keys:",
+        *keys,
+        "",
+        "presets (sweeps; run without -m):",
+        *_group("matrix"),
+        "",
+        "layouts (split settings; sweep several with -m +layout=a,b):",
+        *_group("layout"),
+        "",
+        "review: python -m matrix.report RESULTS_DIR; python -m matrix.compare BASE_DIR NEW_DIR",
+        "Hydra's own help: python -m matrix --hydra-help",
+    ])

@@ -1,0 +1,130 @@
+"""Raw per-iteration timings beside the results: ``<results_dir>/samples.jsonl``.
+
+A row of ``results.csv`` keeps percentiles; compare needs the samples behind
+them to tell a difference from noise. One JSON line per timed (point, impl):
+
+    {"v": 1, "point_id": ..., "impl": ..., "timestamp": ...,
+     "roundtrip_us": [...], "control_us": [...]}
+
+``roundtrip_us`` is the implementation's round trip per timed iteration (the
+slowest rank's), ``control_us`` the A/A control's round trip in the same
+iterations (nsa_cp_comm.steps.control_steps), so ``roundtrip / control`` per
+iteration is a paired ratio that the machine's load moves far less than either
+time. Lines are appended whole under a lock, as rows are; the last line of a
+(point_id, impl) in file order is the one read, as for rows. A line that is
+not such an object is skipped and counted, never fatal: the samples refine
+the gate, the rows are the record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SAMPLES_FILE = "samples.jsonl"
+VERSION = 1
+
+
+def samples_path(results_dir: str | os.PathLike[str]) -> Path:
+    return Path(results_dir) / SAMPLES_FILE
+
+
+def _us(xs: Sequence[float]) -> list[float]:
+    return [round(float(x), 3) for x in xs]
+
+
+def lines_for(rows: Sequence[Mapping[str, object]], samples: Sequence[Mapping[str, Sequence[float]]]) -> str:
+    """The sidecar lines of one point: ``rows`` and ``samples`` in the same
+    order (one per implementation); rows without samples write nothing."""
+    out = []
+    for row, s in zip(rows, samples):
+        if not s.get("roundtrip"):
+            continue
+        out.append(json.dumps({
+            "v": VERSION, "point_id": row["point_id"], "impl": row["impl"], "timestamp": row["timestamp"],
+            "roundtrip_us": _us(s["roundtrip"]), "control_us": _us(s.get("control") or []),
+        }, separators=(",", ":")) + "\n")
+    return "".join(out)
+
+
+def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, object]],
+                   samples: Sequence[Mapping[str, Sequence[float]]]) -> None:
+    """Append one point's sample lines in one ``write(2)`` under an exclusive lock.
+    Raises OSError as the results append does (the caller reports it)."""
+    data = lines_for(rows, samples).encode()
+    if not data:
+        return
+    path = samples_path(results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # A torn line left by a kill mid-write would glue onto ours: start afresh.
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Samples:
+    """A run's samples: ``{(point_id, impl): {"roundtrip": array, "control": array}}``."""
+
+    by_key: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict)
+    skipped_lines: int = 0
+    found: bool = False
+
+    def paired(self, point_id: str, impl: str) -> np.ndarray | None:
+        """Per-iteration roundtrip / control, or None where either is absent."""
+        s = self.by_key.get((point_id, impl))
+        if s is None or not len(s["control"]) or len(s["control"]) != len(s["roundtrip"]):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = s["roundtrip"] / s["control"]
+        r = r[np.isfinite(r) & (r > 0)]
+        return r if len(r) else None
+
+    def roundtrip(self, point_id: str, impl: str) -> np.ndarray | None:
+        s = self.by_key.get((point_id, impl))
+        return s["roundtrip"] if s is not None and len(s["roundtrip"]) else None
+
+
+def _valid(values: object) -> np.ndarray | None:
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    arr = np.asarray(values, dtype=float)
+    return arr if all(math.isfinite(v) and v >= 0 for v in arr) else None
+
+
+def read_samples(path: Path) -> Samples:
+    """The samples of ``path`` (a ``samples.jsonl``); empty when there is none."""
+    out = Samples()
+    try:
+        f = path.open("rb")
+    except OSError:
+        return out
+    out.found = True
+    with f:
+        for line in f:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                out.skipped_lines += bool(line.strip())
+                continue
+            rt = _valid(obj.get("roundtrip_us")) if isinstance(obj, dict) else None
+            ctl = _valid(obj.get("control_us", [])) if isinstance(obj, dict) else None
+            pid, impl = (obj.get("point_id"), obj.get("impl")) if isinstance(obj, dict) else (None, None)
+            if rt is None or ctl is None or not isinstance(pid, str) or not isinstance(impl, str):
+                out.skipped_lines += 1
+                continue
+            out.by_key[(pid, impl)] = {"roundtrip": rt, "control": ctl}
+    return out

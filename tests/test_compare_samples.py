@@ -1,0 +1,148 @@
+"""compare's gate on per-iteration samples: a regression is significant and
+beyond the threshold; a load that slows the control alike is no regression;
+each verdict flips when the thing it checks is broken."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from matrix import compare
+from matrix.samples import SAMPLES_FILE, append_samples, read_samples
+from matrix.significance import adjusted, p_greater, smallest_p
+
+from test_compare import make_row, marks, summary, write_run
+
+RNG = np.random.default_rng(7)
+
+
+def _noisy(median: float, n: int = 16, spread: float = 0.05) -> list[float]:
+    return list(median * (1 + spread * RNG.standard_normal(n)))
+
+
+def write_sampled(path: Path, runs: dict[str, tuple[list[float], list[float]]]) -> str:
+    """A results folder with one padded row per point id and its samples
+    ``{point_id: (roundtrip_us, control_us)}``."""
+    rows = [make_row("padded", cp=2, seq_lens=f"[{512 + i}]", p50=float(np.median(rt)), point_id=pid,
+                     timestamp="2026-01-01T00:00:00+00:00")
+            for i, (pid, (rt, _)) in enumerate(runs.items())]
+    write_run(path, rows)
+    append_samples(path, rows, [{"roundtrip": rt, "control": ctl} for rt, ctl in runs.values()])
+    return str(path)
+
+
+def gate(base: str, new: str, capsys, *extra: str) -> tuple[int, str]:
+    code = compare.main([base, new, *extra])
+    return code, capsys.readouterr().out
+
+
+def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path: Path, capsys):
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "regressed=1" in summary(out)
+    assert any(m.startswith("REGRESSED (beyond 15%, significant: p=") for m in marks(out))
+    assert "roundtrip_vs_control" in out and "Mann-Whitney" in out
+
+
+def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path: Path, capsys):
+    """Every absolute time doubled (a busy machine), the paired ratio unchanged."""
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(200))})
+    code, out = gate(base, new, capsys)
+    assert code == 0, out
+    absolute, out_abs = gate(base, new, capsys, "--metric", "roundtrip_p50_us")
+    assert absolute == 1 and "REGRESSED" in out_abs  # what the absolute metric would have said
+
+
+def test_beyond_the_threshold_but_not_significant_is_noise(tmp_path: Path, capsys):
+    """Medians 30% apart over samples that overlap: no evidence."""
+    spread = [50, 300, 80, 250, 100, 400, 60, 200]
+    base = write_sampled(tmp_path / "b", {"p1": (spread, [100.0] * 8)})
+    new = write_sampled(tmp_path / "n", {"p1": ([x * 1.3 for x in spread[::-1]], [100.0] * 8)})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and "within-noise=1" in summary(out)
+    assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
+
+
+def test_significant_but_within_the_threshold_passes(tmp_path: Path, capsys):
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100, spread=0.001), [100.0] * 16)})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(105, spread=0.001), [100.0] * 16)})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and "regressed=0" in summary(out)
+    tighter, _ = gate(base, new, capsys, "--fail-above", "2%")
+    assert tighter == 1  # the same samples gate once the threshold is below the change
+
+
+def test_runs_without_samples_fall_back_to_absolute_times_and_say_so(tmp_path: Path, capsys):
+    base = write_run(tmp_path / "b", [make_row(p50=100.0, point_id="p1")])
+    new = write_run(tmp_path / "n", [make_row(p50=300.0, point_id="p1")])
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "have no samples.jsonl" in out and "roundtrip_p50_us" in out
+
+
+def test_the_noise_measured_is_stated_and_a_too_fine_threshold_warned(tmp_path: Path, capsys):
+    # every point moved 10% one way or the other, within samples too broad to tell
+    runs_b = {f"p{i}": (_noisy(100, spread=0.4), _noisy(100, spread=0.01)) for i in range(6)}
+    runs_n = {f"p{i}": (_noisy(100 * (1 + 0.1 * (-1) ** i), spread=0.4), _noisy(100, spread=0.01)) for i in range(6)}
+    base, new = write_sampled(tmp_path / "b", runs_b), write_sampled(tmp_path / "n", runs_n)
+    _, out = gate(base, new, capsys, "--fail-above", "1%")
+    assert "noise measured: between the runs the median unchanged point moved" in out
+    assert "warning: --fail-above=1% is finer than these runs resolve" in out
+
+
+def test_too_few_iterations_are_named(tmp_path: Path, capsys):
+    base = write_sampled(tmp_path / "b", {"p1": ([100.0, 101, 99], [100.0] * 3)})
+    new = write_sampled(tmp_path / "n", {"p1": ([300.0, 301, 299], [100.0] * 3)})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and "only 3 samples a side" in out
+
+
+def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path: Path, capsys):
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
+    with (tmp_path / "b" / SAMPLES_FILE).open("a") as f:
+        f.write('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\nnot json\n')
+    smp = read_samples(tmp_path / "b" / SAMPLES_FILE)
+    assert smp.skipped_lines == 2 and smp.paired("p1", "padded") is not None
+    _, out = gate(base, base, capsys)
+    assert "2 unreadable line(s) of samples.jsonl skipped" in out
+
+
+# --- the test itself
+
+
+def test_exact_p_values_match_enumeration():
+    base, new = [1.0, 4.0, 6.0], [2.0, 3.0, 5.0, 7.0]
+    values = base + new
+    observed = sum(n > b for n in new for b in base)
+    count = total = 0
+    for idx in itertools.combinations(range(7), 4):  # every relabelling of the 7 values
+        ys = [values[i] for i in idx]
+        xs = [values[i] for i in range(7) if i not in idx]
+        count += sum(y > x for y in ys for x in xs) >= observed
+        total += 1
+    assert p_greater(base, new) == pytest.approx(count / total)
+    assert smallest_p(8) == pytest.approx(p_greater(list(range(8)), list(range(8, 16))))
+
+
+def test_p_values_are_calibrated_when_nothing_changed():
+    rng = np.random.default_rng(1)
+    ps = np.array([p_greater(rng.normal(size=10), rng.normal(size=10)) for _ in range(2000)])
+    assert (ps < 0.05).mean() <= 0.06 and (ps < 0.01).mean() <= 0.015
+
+
+def test_false_discovery_adjustment():
+    adj = adjusted([0.01, 0.04, float("nan"), 0.03])
+    assert np.isnan(adj[2]) and list(np.round(adj[[0, 1, 3]], 6)) == [0.03, 0.04, 0.04]
+
+
+def test_samples_sidecar_round_trips(tmp_path: Path):
+    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}, {"point_id": "a", "impl": "legacy", "timestamp": "t"}]
+    append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}, {}])
+    lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["roundtrip_us"] == [1.0, 2.0]
+    assert list(read_samples(tmp_path / SAMPLES_FILE).paired("a", "padded")) == [0.5, 1.0]

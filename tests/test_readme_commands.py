@@ -1,0 +1,140 @@
+"""Every command in the README's ``bash`` blocks is accounted for: run here as
+written (in a fresh directory, with the shared environment on PATH as
+``source .nox/_shared/bin/activate`` puts it), or named with the reason it
+cannot run in a test. A command added to the README without a line here fails
+:func:`test_every_readme_command_is_accounted_for`, so the README cannot drift."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from matrix_cli import REPO
+
+README = (REPO / "README.md").read_text()
+ENV_BIN = Path(sys.executable).parent
+
+# Run as written, in order, one chain per test (each in a fresh directory).
+CHAINS: dict[str, tuple[str, ...]] = {
+    "help_and_one_point": (
+        "python -m matrix --help",
+        "python -m matrix +matrix=smoke --dry-run",
+        "python -m matrix cp_size=2 'seq_lens=[1001,300]' hidden_size=256",
+    ),
+    "review": (
+        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=12 results_dir=results/base",
+        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=12 results_dir=results/new",
+        "python -m matrix.report results/new",
+        "python -m matrix.compare results/base results/new",
+    ),
+    "example": ("python example.py",),
+    "engine_comm": (
+        "pip install --no-deps -e examples/engine_comm",
+        "python -m matrix -m impl=engine_comm,padded cp_size=2,3 'seq_lens=[1001,300],[1000],[1,1]' hidden_size=512 "
+        "results_dir=results/engine",
+        "python -m matrix -m impl=engine_comm.adapter:impl,padded cp_size=2 hidden_size=512 results_dir=results/engine",
+        "python -m matrix.report results/engine",
+    ),
+}
+# Run with --dry-run appended: a whole sweep is too long for the suite; its
+# points still compose and pass preflight exactly as written.
+DRY: tuple[str, ...] = (
+    "python -m matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
+    "python -m matrix +matrix=smoke results_dir=results/mine resume=true",
+)
+# Not run here, and why.
+ELSEWHERE: dict[str, str] = {
+    "nox -s matrix": "the main job: run from a fresh clone before every stop (its exit code is the check)",
+    "nox -s tests": "this suite itself (.ci/run)",
+    "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
+    "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix -m hydra/launcher=slurm +matrix=deepseek_v32 results_dir=/shared/nsa-cp/v32 "
+    "hydra.launcher.partition=PARTITION hydra.launcher.account=ACCOUNT": "needs a SLURM cluster",
+    "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id cp16 "
+    "-m matrix.torchrun_point cp_size=16 +layout=zigzag 'seq_lens=[16384]' hidden_size=7168 dtype=bfloat16 "
+    "results_dir=/shared/nsa-cp/cp16": "needs two nodes",
+    'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
+    'srun --ntasks-per-node 1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
+    '--rdzv-endpoint "$HEAD:29500" --rdzv-id "$SLURM_JOB_ID" -m matrix.torchrun_point cp_size=16 +layout=zigzag '
+    "'seq_lens=[16384]' results_dir=/shared/nsa-cp/cp16": "needs a SLURM allocation",
+}
+
+
+def readme_commands(text: str = README) -> list[str]:
+    """The commands of the ``bash`` blocks: continuation lines joined, comments
+    and surrounding blanks dropped, inner runs of spaces as one."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for cmd in re.sub(r"\\\n\s*", " ", block).splitlines():
+            cmd = _strip_comment(cmd).strip()
+            if cmd:
+                out.append(re.sub(r"\s+", " ", cmd))
+    return out
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without a trailing ``# ...`` outside quotes."""
+    quote = ""
+    for i, c in enumerate(line):
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def test_every_readme_command_is_accounted_for():
+    known = {c for chain in CHAINS.values() for c in chain} | set(DRY) | set(ELSEWHERE)
+    found = readme_commands()
+    assert found, "no bash block found in the README"
+    assert not set(found) - known, f"README commands no test accounts for: {sorted(set(found) - known)}"
+    assert not known - set(found), f"accounted for, but gone from the README: {sorted(known - set(found))}"
+
+
+def _shell(cmd: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(ENV_BIN), env.get("PATH", "")])  # what activation does
+    env["VIRTUAL_ENV"] = str(ENV_BIN.parent)
+    env.pop("PYTHONPATH", None)  # the environment's own install, as a user has it
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _fresh(tmp_path: Path) -> Path:
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
+    (tmp_path / "example.py").write_text(code)
+    return tmp_path
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
+    cwd = _fresh(tmp_path)
+    for cmd in CHAINS[chain]:
+        proc = _shell(cmd, cwd)
+        assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+    if chain == "help_and_one_point":  # the default, timestamped results folder: one
+        assert len(list((cwd / "results").iterdir())) == 1
+
+
+@pytest.mark.parametrize("cmd", DRY)
+def test_readme_sweeps_compose_as_written(cmd: str, tmp_path: Path):
+    proc = _shell(cmd + " --dry-run", _fresh(tmp_path))
+    assert proc.returncode == 0 and "estimate:" in proc.stdout, proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+def test_the_shared_environment_has_what_activation_promises():
+    """python, pip and this project, in the interpreter the suite runs in (the
+    shared environment under nox): the README's pip installs land here."""
+    pip = ENV_BIN / "pip"
+    if (REPO / ".nox" / "_shared") not in ENV_BIN.parents:
+        pytest.skip("requires the shared environment nox builds (the suite runs outside it)")
+    assert (ENV_BIN / "activate").exists() and pip.exists()
+    proc = subprocess.run([str(pip), "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and str(ENV_BIN.parent) in proc.stdout
