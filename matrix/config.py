@@ -42,7 +42,7 @@ class MatrixConfig:
     align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
     moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
     mlp_mode: str = "auto"  # auto | FULL | SCATTERED
-    impl: str = "both"  # padded | legacy | both | all | a registered name | package.module:attribute
+    impl: str = "both"  # padded | legacy | both | all | designs | a registered name | package.module:attribute
     backend: str = "auto"  # auto | gloo | nccl
     device: str = "auto"  # auto | cpu | cuda
     hidden_size: int = 7168
@@ -62,7 +62,7 @@ class MatrixConfig:
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
 
-IMPL_KEYWORDS: tuple[str, ...] = ("both", "all")
+IMPL_KEYWORDS: tuple[str, ...] = ("both", "all", "designs")
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("zigzag", "round_robin"),

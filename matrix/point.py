@@ -74,10 +74,13 @@ def _gpus() -> int:
 def impls_for(impl: str, mode: str) -> tuple[str, ...]:
     """The implementations ``impl`` names at a point of ``mode``: ``both`` is the
     fix and the old path, plus the MoE all-to-all at SCATTERED points (where
-    the communicator passes rows through); ``all`` adds every registered one."""
+    the communicator passes rows through); ``designs`` is the fix beside
+    pad-at-split; ``all`` adds every registered one."""
     scattered = mode == ScatterMode.SCATTERED.value
     if impl == "both":
         return ("padded", "legacy", "a2a") if scattered else ("padded", "legacy")
+    if impl == "designs":  # the serving engine's two answers to uneven shards, on the same plan
+        return ("padded", "pad_at_split", "a2a") if scattered else ("padded", "pad_at_split")
     if impl == "all":
         own = impl_registry.all_of_mode(mode)
         return (*[n for n in ("padded", "legacy") if n not in own], *own) if scattered else own
@@ -235,6 +238,8 @@ def build_rows(
             rows_moved=r.rows_moved,
             bytes_padded=r.bytes_padded,
             bytes_useful=r.bytes_useful,
+            attn_pad_rows=r.attn_pad_rows,
+            moe_pad_rows=r.moe_pad_rows,
             algbw_padded_GBps=r.algbw_padded_GBps,
             busbw_padded_GBps=r.busbw_padded_GBps,
             algbw_useful_GBps=r.algbw_useful_GBps,
