@@ -41,7 +41,7 @@ from .results import (
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
-REPRO_OMITS = ("results_dir", "resume")
+REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
 # Set by the CLI once preflight checked the sweep against this machine.
 SWEEP_CHECKED_HERE = False
 
@@ -190,6 +190,13 @@ def environment() -> dict[str, str]:
     return {"torch_version": torch.__version__, "nccl_version": nccl_version(), "host": platform.node(), "git_sha": sha}
 
 
+def workload_name(value: Any) -> str:
+    """A row's ``workload`` cell: the workload's name (its mapping carries it)."""
+    if isinstance(value, Mapping):
+        return str(value.get("name", ""))
+    return "" if value is None else str(value)
+
+
 def build_rows(
     cfg: Mapping[str, Any], res: Resolved, results: list[ImplResult], overrides: str, wall_s: float
 ) -> list[dict[str, Any]]:
@@ -198,6 +205,7 @@ def build_rows(
     plan = spec.plan()
     base: dict[str, Any] = {k: cfg[k] for k in KEYS if k != "force"}
     base.update(
+        workload=workload_name(cfg.get("workload")),
         seq_lens=override_value(cfg["seq_lens"]),
         align=res.align,
         mlp_mode=res.mode,

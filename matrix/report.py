@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from matrix import designs, nccl_tests, plots
+from matrix import designs, nccl_tests, plots, workload
 from matrix._review import (
     BAD,
     POINT_KEY,
@@ -77,7 +77,7 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
-        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro")
+        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro", "workload")
 
 
 @dataclass
@@ -473,6 +473,9 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     compared = designs.section(df, PAIR)
     if compared:
         lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
+    spread = workload.report_lines(df)
+    if spread:
+        lines += ["## Workloads: over each workload's batches", "", *spread, ""]
     if model is not None:
         lines += ["## Collectives predicted from nccl-tests (a model)", "", *designs.model_section(df, model), ""]
     lines += ["## Plots", "", *(f"![{name}]({name})" for name in plots.NAMES), ""]

@@ -34,12 +34,13 @@ WORKLOAD_DIR = REPO / "conf" / "workload"
 SEQ_LEN_MAX = 1 << 24  # as the matrix's own bound on one request
 BUDGET_MAX = 1 << 26
 BATCHES_MAX = 2_000_000
+MATRIX_BATCHES_MAX = 64  # a matrix point per batch, on real ranks
 TRACE_ROWS_MAX = 10_000_000
 SIGMA_MAX = 4.0
 
 FIELDS: dict[str, tuple[str, ...]] = {
-    "lognormal": ("kind", "mean", "sigma", "budget", "max_len", "batches", "seed"),
-    "trace": ("kind", "path", "budget", "batches", "seed"),
+    "lognormal": ("name", "kind", "mean", "sigma", "budget", "max_len", "batches", "seed"),
+    "trace": ("name", "kind", "path", "budget", "batches", "seed"),
 }
 
 
@@ -251,3 +252,63 @@ def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
         raise WorkloadError(f"workload.path={path}: batch {batch_ids[int(bounds[b])]!r} holds {int(totals[b])} "
                             f"tokens, over the budget {budget}")
     return arr, sizes
+
+
+def expand_argv(argv: list[str]) -> list[str]:
+    """``python -m matrix`` arguments with ``workload=NAME`` turned into a sweep
+    of ``seq_lens`` over the workload's K batches (distinct, in drawing order),
+    run as a multirun; ``workload=NAME`` stays, so every row records it.
+    Raises matrix.config.ConfigError (one line) on bad input."""
+    from matrix.config import ConfigError
+
+    given = [a for a in argv if a.startswith("workload=")]
+    if not given or given[-1] in ("workload=null", "workload="):
+        return list(argv)
+    name = given[-1].split("=", 1)[1]
+    if "," in name:
+        raise ConfigError(f"{given[-1]}: one workload per command line (its batches are the sweep)")
+    if any(a.startswith(("seq_lens=", "+seq_lens=")) for a in argv):
+        raise ConfigError(f"{given[-1]}: the workload sets seq_lens (its batches); drop seq_lens=")
+    try:
+        batches = draw(load(name, batches_max=MATRIX_BATCHES_MAX))
+    except WorkloadError as exc:
+        raise ConfigError(str(exc)) from None
+    values = list(dict.fromkeys("[" + ",".join(map(str, batches.batch(i))) + "]" for i in range(len(batches))))
+    out = [*argv, "seq_lens=" + ",".join(values)]
+    return out if any(a in ("-m", "--multirun") for a in argv) else ["-m", *out]
+
+
+def report_lines(df) -> list[str]:
+    """The report's workload section: per workload, cp, layout and impl, the
+    spread over its batches (ok rows) of padding fraction, gathered bytes and
+    round-trip time. Empty when no row names a workload."""
+    import pandas as pd
+
+    from matrix._review import frame_md
+
+    if "workload" not in df.columns:
+        return []
+    w = df[df["workload"].fillna("").astype(str).str.strip().ne("") & df["status"].eq("ok")]
+    if w.empty:
+        return []
+    # the design's own padding: the share of its gathered bytes that is padding
+    w = w.assign(pad=1 - w["bytes_useful"] / w["bytes_padded"])
+    w = w.assign(layout=w["policy"].astype(str).where(
+        w["policy"].ne("zigzag_page"), "zigzag_page/" + w["page_size"].astype("Int64").astype(str)))
+    g = w.groupby(["workload", "cp_size", "layout", "impl"], observed=True)
+
+    def q(col, p):
+        return g[col].quantile(p)
+
+    t = pd.DataFrame({
+        "batches": g.size(),
+        "padding p50": q("pad", 0.5).map(lambda v: f"{100 * v:.2f}%"),
+        "padding p99": q("pad", 0.99).map(lambda v: f"{100 * v:.2f}%"),
+        "gather MB p50": (q("bytes_padded", 0.5) / 1e6).round(3),
+        "gather MB p99": (q("bytes_padded", 0.99) / 1e6).round(3),
+        "roundtrip us p50": q("roundtrip_p50_us", 0.5).round(1),
+        "roundtrip us p99": q("roundtrip_p50_us", 0.99).round(1),
+    }).reset_index()
+    return ["Each batch of a workload is a point; per workload, cp, layout and impl, over its batches (`ok` "
+            "rows): the padding fraction of the gathered buffer (`1 - bytes_useful/bytes_padded`), the bytes gathered per layer and the round "
+            "trip's median time, at their p50 and p99.", "", frame_md(t)]

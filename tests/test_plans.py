@@ -206,3 +206,66 @@ def test_readme_plans_speed_matches_its_json():
         "README's plans_speed block differs from its JSON: run python benchmarks/plans_speed.py --render")
     assert data["batches"] >= 100_000 and max(data["cp"]) >= 128
     assert plans_speed.PLOT_PATH.is_file()
+
+
+# -- workload= in the matrix -------------------------------------------------------
+
+def test_workload_expands_into_a_sweep_of_its_batches():
+    from matrix.workload import expand_argv
+
+    w = load("lognormal")
+    b = draw(w)
+    out = expand_argv(["workload=lognormal", "cp_size=2"])
+    assert out[0] == "-m" and "workload=lognormal" in out
+    sweep = [a for a in out if a.startswith("seq_lens=")]
+    assert len(sweep) == 1
+    assert sweep[0] == "seq_lens=" + ",".join("[" + ",".join(map(str, b.batch(i))) + "]" for i in range(len(b)))
+    assert expand_argv(["cp_size=2"]) == ["cp_size=2"]
+    assert expand_argv(["-m", "workload=null"]) == ["-m", "workload=null"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["workload=nope"], "workload=nope: no such workload"),
+    (["workload=lognormal", "seq_lens=[5]"], "drop seq_lens="),
+    (["workload=lognormal,trace"], "one workload per command line"),
+])
+def test_workload_bad_input_is_one_line_exit_2(args, needle):
+    from matrix_cli import REPO as ROOT, cli_env
+
+    p = subprocess.run([sys.executable, "-m", "matrix", *args, "--dry-run"], cwd=ROOT, env=cli_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_workload_batches_are_bounded(tmp_path):
+    from matrix.workload import MATRIX_BATCHES_MAX
+
+    p = tmp_path / "big.yaml"
+    p.write_text("name: big\nkind: lognormal\nmean: 100\nsigma: 1\nbudget: 1000\nbatches: 65\n")
+    with pytest.raises(WorkloadError, match=rf"workload.batches=65: must be an integer in \[1, {MATRIX_BATCHES_MAX}\]"):
+        load(str(p), batches_max=MATRIX_BATCHES_MAX)
+
+
+def test_workload_dry_run_lists_one_point_per_batch():
+    from matrix_cli import REPO as ROOT, cli_env
+
+    p = subprocess.run([sys.executable, "-m", "matrix", "workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"],
+                       cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    b = draw(load("trace"))
+    distinct = {tuple(b.batch(i)) for i in range(len(b))}
+    assert f"estimate: {len(distinct)} points" in p.stdout
+
+
+def test_workload_report_section_aggregates_over_batches():
+    import pandas as pd
+
+    from matrix.workload import report_lines
+
+    rows = [dict(workload="lognormal", status="ok", cp_size=2, policy="zigzag", page_size=1, impl="padded",
+                 bytes_useful=900, bytes_padded=1000 if i < 9 else 2000, roundtrip_p50_us=float(i))
+            for i in range(10)]
+    text = "\n".join(report_lines(pd.DataFrame(rows)))
+    assert "| lognormal  |         2 | zigzag   | padded |        10 | 10.00%" in text
+    assert "| 50.95%" in text  # p99 (interpolated) pulled toward the one batch that pads to 2000 bytes
+    assert report_lines(pd.DataFrame([dict(rows[0], workload="")])) == []
