@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{meta['batches']} batches x cp {meta['cp']} x {', '.join(meta['policies'])}: "
           f"drawn in {meta['draw_s']:.2f} s, planned in {meta['plans_s']:.2f} s")
     if meta["model"]:
-        print(f"predicted times are a model: {meta['model']}")
+        print(f"predicted collective times: {meta['model']}")
     print(table(rows))
     return 0
 
