@@ -23,6 +23,7 @@ from .config import ConfigError, register, validate_overrides
 from .point import point_id, run as run_point
 from .preflight import MULTIRUN_FLAGS, Point, preflight
 from .results import SchemaError
+from .workload import expand_argv
 
 register()
 DRY_RUN_FLAG = "--dry-run"
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     start = datetime.now()
     argv = freeze_now(argv, start)
     try:
+        argv = expand_argv(argv)  # workload=NAME: a sweep over its batches' seq_lens
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
         points = preflight(argv, budget=not dry, start=start)

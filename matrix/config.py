@@ -42,7 +42,7 @@ class MatrixConfig:
     align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
     moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
     mlp_mode: str = "auto"  # auto | FULL | SCATTERED
-    impl: str = "both"  # padded | legacy | both | all | a registered name | package.module:attribute
+    impl: str = "both"  # padded | legacy | both | all | designs | a registered name | package.module:attribute
     backend: str = "auto"  # auto | gloo | nccl
     device: str = "auto"  # auto | cpu | cuda
     hidden_size: int = 7168
@@ -58,11 +58,14 @@ class MatrixConfig:
     resume: bool = False
     force: bool = False  # run even where preflight estimates the sweep exceeds this machine
     fault: str = "none"  # tests only: crash_rank | hang_rank | raise
+    # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
+    # batches (matrix.workload.expand_argv); recorded in each row, not in the point's identity
+    workload: Optional[Any] = None
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
 
-IMPL_KEYWORDS: tuple[str, ...] = ("both", "all")
+IMPL_KEYWORDS: tuple[str, ...] = ("both", "all", "designs")
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "split": ("zigzag", "round_robin"),
@@ -93,7 +96,7 @@ TIMEOUT_MAX_S = 7 * 24 * 3600.0
 BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
 # Config groups and Hydra's own keys that may appear on the command line.
-GROUPS = ("matrix", "layout")
+GROUPS = ("matrix", "layout", "workload")
 
 
 def _is_int(v: object) -> bool:
@@ -138,6 +141,8 @@ def validate_value(key: str, value: Any) -> None:
             raise _fail(key, value, f"must be an integer in [{lo}, {hi}]{null}")
     elif key == "impl":
         _check_impl(value)
+    elif key == "workload":
+        _check_workload(value)
     elif key in BOOLS:
         if not isinstance(value, bool):
             raise _fail(key, value, "must be true or false")
@@ -217,6 +222,22 @@ def validate_overrides(overrides: list[str]) -> None:
             values = [value]
         for v in values:
             validate_value(key, v)
+
+
+def _check_workload(value: object) -> None:
+    if value is None:
+        return
+    from matrix.workload import MATRIX_BATCHES_MAX, WorkloadError, from_mapping, load
+
+    try:
+        if isinstance(value, Mapping):  # the composed group: conf/workload/NAME.yaml's mapping
+            from_mapping(value, batches_max=MATRIX_BATCHES_MAX)
+        elif isinstance(value, str) and value:
+            load(value, batches_max=MATRIX_BATCHES_MAX)
+        else:
+            raise _fail("workload", value, "must be the name of a workload in conf/workload or null")
+    except WorkloadError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_impl(value: object) -> None:

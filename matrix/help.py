@@ -38,8 +38,8 @@ MEANING: dict[str, str] = {
     "align": "pad the batch to a multiple of this (a multiple of cp_size); null: cp_size",
     "moe_a2a_backend": "none: all-gather MoE path (FULL); deepep: all-to-all path (SCATTERED)",
     "mlp_mode": "auto derives it from moe_a2a_backend; a contradicting explicit mode gives a skipped row",
-    "impl": "both (padded, legacy, + a2a at SCATTERED points), all, one registered name, or "
-            "package.module:attribute",
+    "impl": "both (padded, legacy, + a2a at SCATTERED points), designs (padded, pad_at_split), all, "
+            "one registered name, or package.module:attribute",
     "backend": "auto: NCCL with one GPU per rank where cp_size GPUs exist, else gloo",
     "device": "auto follows backend",
     "hidden_size": "hidden size H of the rows gathered",
@@ -55,6 +55,7 @@ MEANING: dict[str, str] = {
     "resume": "rerun only points without a row or whose rows are error/timeout",
     "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
     "fault": "tests only: crash_rank | hang_rank | raise on the last rank",
+    "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
 }
 
 
@@ -81,7 +82,8 @@ def _comment(path: Path) -> str:
 
 
 def _group(name: str) -> list[str]:
-    return [f"  +{name}={p.stem:<16} {_comment(p)}" for p in sorted((CONF_DIR / name).glob("*.yaml"))]
+    plus = "" if name == "workload" else "+"  # workload is in the defaults list: set, not added
+    return [f"  {plus}{name}={p.stem:<16} {_comment(p)}" for p in sorted((CONF_DIR / name).glob("*.yaml"))]
 
 
 def text() -> str:
@@ -114,6 +116,9 @@ def text() -> str:
         "",
         "layouts (split settings; sweep several with -m +layout=a,b):",
         *_group("layout"),
+        "",
+        "workloads (request lengths drawn or read; each batch a point):",
+        *_group("workload"),
         "",
         "review: python -m matrix.report RESULTS_DIR; python -m matrix.compare BASE_DIR NEW_DIR",
         "Hydra's own help: python -m matrix --hydra-help",

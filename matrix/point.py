@@ -42,7 +42,7 @@ from .results import (
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
-REPRO_OMITS = ("results_dir", "resume")
+REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
 # Set by the CLI once preflight checked the sweep against this machine.
 SWEEP_CHECKED_HERE = False
 
@@ -75,10 +75,13 @@ def _gpus() -> int:
 def impls_for(impl: str, mode: str) -> tuple[str, ...]:
     """The implementations ``impl`` names at a point of ``mode``: ``both`` is the
     fix and the old path, plus the MoE all-to-all at SCATTERED points (where
-    the communicator passes rows through); ``all`` adds every registered one."""
+    the communicator passes rows through); ``designs`` is the fix beside
+    pad-at-split; ``all`` adds every registered one."""
     scattered = mode == ScatterMode.SCATTERED.value
     if impl == "both":
         return ("padded", "legacy", "a2a") if scattered else ("padded", "legacy")
+    if impl == "designs":  # the serving engine's two answers to uneven shards, on the same plan
+        return ("padded", "pad_at_split", "a2a") if scattered else ("padded", "pad_at_split")
     if impl == "all":
         own = impl_registry.all_of_mode(mode)
         return (*[n for n in ("padded", "legacy") if n not in own], *own) if scattered else own
@@ -188,6 +191,13 @@ def environment() -> dict[str, str]:
     return {"torch_version": torch.__version__, "nccl_version": nccl_version(), "host": platform.node(), "git_sha": sha}
 
 
+def workload_name(value: Any) -> str:
+    """A row's ``workload`` cell: the workload's name (its mapping carries it)."""
+    if isinstance(value, Mapping):
+        return str(value.get("name", ""))
+    return "" if value is None else str(value)
+
+
 def build_rows(
     cfg: Mapping[str, Any], res: Resolved, results: list[ImplResult], overrides: str, wall_s: float
 ) -> list[dict[str, Any]]:
@@ -196,6 +206,7 @@ def build_rows(
     plan = spec.plan()
     base: dict[str, Any] = {k: cfg[k] for k in KEYS if k != "force"}
     base.update(
+        workload=workload_name(cfg.get("workload")),
         seq_lens=override_value(cfg["seq_lens"]),
         align=res.align,
         mlp_mode=res.mode,
@@ -236,6 +247,8 @@ def build_rows(
             rows_moved=r.rows_moved,
             bytes_padded=r.bytes_padded,
             bytes_useful=r.bytes_useful,
+            attn_pad_rows=r.attn_pad_rows,
+            moe_pad_rows=r.moe_pad_rows,
             algbw_padded_GBps=r.algbw_padded_GBps,
             busbw_padded_GBps=r.busbw_padded_GBps,
             algbw_useful_GBps=r.algbw_useful_GBps,

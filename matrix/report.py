@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from matrix import plots
+from matrix import designs, nccl_tests, plots, workload
 from matrix._review import (
     BAD,
     POINT_KEY,
@@ -75,9 +75,9 @@ SPREAD = "roundtrip_iqr_us"
 # other timing columns are skipped, which halves the load of a big file.
 NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err",
            "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
-           "bytes_useful", "wall_s")
+           "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
-        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro")
+        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro", "workload")
 
 
 @dataclass
@@ -555,7 +555,7 @@ def prepare(run: Run) -> pd.DataFrame:
     return df
 
 
-def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
+def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     """(report.md, report_appendix.md) as markdown."""
     counted = f"{len(run.raw)} rows read; the latest of each point and impl: {len(df)} rows of {df[PAIR].nunique()} points"
     if len(run.files) == 1:
@@ -577,6 +577,15 @@ def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
             part.main.pop()
         lines += [f"## {title}", "", *part.main, ""]
         appendix += part.appendix
+    # Only where the run has them: pad_at_split rows, an nccl-tests model.
+    compared = designs.section(df, PAIR)
+    if compared:
+        lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
+    spread = workload.report_lines(df)
+    if spread:
+        lines += ["## Workloads: over each workload's batches", "", *spread, ""]
+    if model is not None:
+        lines += ["## Collectives predicted from nccl-tests (a model)", "", *designs.model_section(df, model), ""]
     lines += ["## Plots", ""]
     for name, takeaway in plot_takeaways(df).items():
         lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
@@ -587,10 +596,11 @@ def render(run: Run, df: pd.DataFrame) -> tuple[str, str]:
     return "\n".join(lines), "\n".join(appendix)
 
 
-def build(run: Run) -> tuple[str, str, dict[str, bytes]]:
-    """(report.md text, appendix text, PNG bytes by file name), all in memory."""
+def build(run: Run, model=None) -> tuple[str, str, dict[str, bytes]]:
+    """(report.md text, appendix text, PNG bytes by file name), all in memory.
+    ``model``: a matrix.nccl_tests.Model, for the predicted-beside-measured section."""
     df = prepare(run)
-    markdown, appendix = render(run, df)
+    markdown, appendix = render(run, df, model)
     return markdown, appendix, plots.render_all(df)
 
 
@@ -614,6 +624,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", metavar="DIR", help="directory for report.md, its appendix and the PNGs (default: next to the CSV)"
     )
+    parser.add_argument(
+        "--nccl-tests", metavar="JSON", action="append", default=[],
+        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted collective "
+        "times beside the measured ones, as a model",
+    )
     return parser
 
 
@@ -626,9 +641,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             raise InputError(f"--out={args.out}: exists and is not a directory")
+        model = None
+        if args.nccl_tests:
+            try:
+                model = nccl_tests.load_model(args.nccl_tests)
+            except nccl_tests.NcclTestsError as exc:
+                raise InputError(str(exc)) from None
         run = load_run("RESULTS", args.results, READ)
         out = Path(args.out) if args.out is not None else run.home
-        markdown, appendix, pngs = build(run)
+        markdown, appendix, pngs = build(run, model)
         try:
             written = write(out, markdown, appendix, pngs)
         except OSError as exc:

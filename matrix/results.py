@@ -46,7 +46,7 @@ CONFIG_COLUMNS: tuple[str, ...] = (
 )
 
 # Keys of the schema that steer the run rather than the measurement.
-RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "fault")
+RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "fault", "workload")
 
 PLAN_COLUMNS: tuple[str, ...] = (
     "policy",
@@ -104,6 +104,10 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "rows_moved",
     "bytes_padded",
     "bytes_useful",
+    # padding rows per layer: in one rank's attention input (max over ranks), in
+    # the gathered buffer every rank's MoE runs on
+    "attn_pad_rows",
+    "moe_pad_rows",
     "algbw_padded_GBps",
     "busbw_padded_GBps",
     "algbw_useful_GBps",

@@ -33,6 +33,7 @@ CHAINS: dict[str, tuple[str, ...]] = {
         "python -m matrix.compare results/base results/new",
     ),
     "example": ("python example.py",),
+    "plans": ("python -m matrix.plans --workload lognormal --batches 100000 --cp 8,16,32,64,128 --out plans/",),
     "engine_comm": (
         "pip install --no-deps -e examples/engine_comm",
         "python -m matrix -m impl=engine_comm,padded cp_size=2,3 'seq_lens=[1001,300],[1000],[1,1]' hidden_size=512 "
@@ -46,6 +47,8 @@ CHAINS: dict[str, tuple[str, ...]] = {
 DRY: tuple[str, ...] = (
     "python -m matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
     "python -m matrix +matrix=smoke results_dir=results/mine resume=true",
+    "python -m matrix +matrix=designs results_dir=results/designs",
+    "python -m matrix -m workload=trace impl=designs cp_size=2,4 hidden_size=256",
 )
 # Not run here, and why.
 ELSEWHERE: dict[str, str] = {
@@ -53,6 +56,9 @@ ELSEWHERE: dict[str, str] = {
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
     "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix.report results/designs --nccl-tests benchmarks/data/nccl_tests_sample_all_gather.json "
+    "--nccl-tests benchmarks/data/nccl_tests_sample_reduce_scatter.json":
+    "needs the designs preset's results (minutes); tests/test_pad_at_split.py runs the report with these files",
     "python -m matrix -m hydra/launcher=slurm +matrix=deepseek_v32 results_dir=/shared/nsa-cp/v32 "
     "hydra.launcher.partition=PARTITION hydra.launcher.account=ACCOUNT": "needs a SLURM cluster",
     "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id cp16 "
@@ -107,7 +113,8 @@ def _shell(cmd: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 
 
 def _fresh(tmp_path: Path) -> Path:
-    (tmp_path / "examples").symlink_to(REPO / "examples")
+    for folder in ("examples", "benchmarks"):
+        (tmp_path / folder).symlink_to(REPO / folder)
     code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
     (tmp_path / "example.py").write_text(code)
     return tmp_path

@@ -108,7 +108,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
         if not bitwise_equal(full[s : s + n], shards[r]):
             rep.fail("gather_rows", f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard")
     if impl.layout == "rank_major_padded":
-        m = plan.max_rank_len
+        m = impl.stride(plan)
         for r in range(plan.cp_size):
             pad = full[r * m + plan.per_rank_tokens[r] : (r + 1) * m]
             if pad.numel() and bool(pad.ne(0).any()):

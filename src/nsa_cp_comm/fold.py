@@ -32,6 +32,8 @@ class ImplResult:
     rows_moved: int | None = None
     bytes_padded: int | None = None
     bytes_useful: int | None = None
+    attn_pad_rows: int | None = None
+    moe_pad_rows: int | None = None
     algbw_padded_GBps: float | None = None
     busbw_padded_GBps: float | None = None
     algbw_useful_GBps: float | None = None
@@ -115,6 +117,8 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     res.rows_moved = rows
     res.bytes_padded = rows * spec.hidden_size * itemsize
     res.bytes_useful = useful
+    res.moe_pad_rows = rows - plan.total_tokens if impl.layout == "rank_major_padded" else 0
+    res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
     if cp > 1:  # with one rank nothing moves: no bandwidth
         res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
         res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful, coll_us, cp)

@@ -37,6 +37,7 @@ from .alternatives import (
     sumlen_gather,
     sumlen_scatter,
 )
+from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
 from .plan import CPPlan
 from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_gather_zero_copy, padded_scatter
 
@@ -75,6 +76,11 @@ class RoundTripImpl:
     legacy_bits_on_even: bool = True
     doc: str = ""
     origin: str = ""
+    # rank_major_padded only: rows per rank's block (default: plan.max_rank_len).
+    row_stride: Callable[[CPPlan], int] | None = None
+    # The rows are padded to the stride at the split, before attention, which
+    # then processes the padding rows too.
+    pads_split: bool = False
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -85,14 +91,18 @@ class RoundTripImpl:
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
 
+    def stride(self, plan: CPPlan) -> int:
+        """Rows of each rank's block in the padded layout (its rows, then zeros)."""
+        return self.row_stride(plan) if self.row_stride is not None else plan.max_rank_len
+
     def starts(self, plan: CPPlan) -> list[int]:
         """First row of each rank's rows in the gathered buffer."""
         if self.layout == "rank_major_padded":
-            return [r * plan.max_rank_len for r in range(plan.cp_size)]
+            return [r * self.stride(plan) for r in range(plan.cp_size)]
         return [plan.rank_offset(r) for r in range(plan.cp_size)]
 
     def buffer_rows(self, plan: CPPlan) -> int:
-        return plan.padded_total if self.layout == "rank_major_padded" else plan.total_tokens
+        return self.stride(plan) * plan.cp_size if self.layout == "rank_major_padded" else plan.total_tokens
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,17 @@ register(
         "padded_zero_copy", padded_gather_zero_copy, padded_scatter, "rank_major_padded",
         doc="the fix's zero-copy form: rows are produced in their slot of a reused buffer (padded_buffer + "
         "padded_gather_); timed without the slot copy, like nccl-tests' in-place column",
+    )
+)
+
+register(
+    RoundTripImpl(
+        "pad_at_split", pad_at_split_gather, pad_at_split_scatter, "rank_major_padded", row_stride=physical_len,
+        pads_split=True,
+        # [P*cp, H] with P = ceil_align(m, align) is not legacy's [T, H] buffer on even plans
+        legacy_bits_on_even=False,
+        doc="the serving engine's rule: every rank padded at the split to P = ceil_align(max n_r, 2*cp zigzag "
+        "| cp), attention and MoE process the zero rows, every collective even",
     )
 )
 

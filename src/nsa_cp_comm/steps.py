@@ -4,7 +4,8 @@ Serving code gathers into a pre-sized buffer that it reuses, so the padded and
 legacy implementations are timed that way: buffers are allocated once per
 point, outside the timed phases, and the padded path's local work (copy the
 shard into its slot, zero its padding rows) is its own ``local`` phase, apart
-from the ``gather`` and ``scatter`` collectives. ``padded_zero_copy`` has no
+from the ``gather`` and ``scatter`` collectives. ``padded_zero_copy`` and
+``pad_at_split`` (rows padded once at the split, before attention) have no
 local phase: its rows are produced in their slot (the copy happens untimed in
 ``reset``, standing in for the producer), like nccl-tests' in-place column.
 Other implementations (the alternatives, outside ones) are timed as their
@@ -63,9 +64,12 @@ def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     def reduce_scatter(i: int) -> None:
         reduce_scatter_into(chunk, scratch, group)
 
-    m, n = plan.max_rank_len, plan.per_rank_tokens[rank]
-    if impl.name in ("padded", "padded_zero_copy"):
-        full = torch.zeros((plan.padded_total, spec.hidden_size), dtype=dtype, device=device)
+    m, n = impl.stride(plan), plan.per_rank_tokens[rank]
+    if impl.name in ("padded", "padded_zero_copy", "pad_at_split"):
+        # pad_at_split: the rows were padded at the split, before attention, so
+        # each layer gathers its [P, H] block as it is (no local phase), like
+        # the zero-copy form with P in place of max_rank_len.
+        full = torch.zeros((rows, spec.hidden_size), dtype=dtype, device=device)
         block = full[rank * m : (rank + 1) * m]
 
         def gather(i: int) -> None:

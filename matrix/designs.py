@@ -1,0 +1,116 @@
+"""The report's design comparison (padded vs pad_at_split) and its nccl-tests model section.
+
+Both read the report's typed frame, one row per point and impl. A design pair
+is the ``padded`` and ``pad_at_split`` rows of one point (same plan, same
+ranks, same run), both ``ok``. "Cheaper" is judged three ways, each from the
+rows alone: bytes each layer's gather moves (``bytes_padded``), padding rows
+computed per layer (attention: ``attn_pad_rows``; MoE: ``moe_pad_rows``), and
+round-trip time, where a difference within the rows' spread
+(``roundtrip_iqr_us``) is a tie.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from matrix._review import frame_md
+
+A, B = "padded", "pad_at_split"
+PAIR_KEEP = ["cp_size", "policy", "page_size", "seq_lens", "bytes_padded", "attn_pad_rows", "moe_pad_rows",
+             "roundtrip_p50_us", "roundtrip_iqr_us", "collective_p50_us"]
+
+
+def pairs(df: pd.DataFrame, pair_key: str) -> pd.DataFrame:
+    """One row per point with both designs ``ok``: ``X_a`` (padded) beside ``X_b`` (pad_at_split)."""
+    ok = df[df["status"].eq("ok")]
+    a = ok[ok["impl"].eq(A)].set_index(pair_key)
+    b = ok[ok["impl"].eq(B)].set_index(pair_key)
+    common = a.index.intersection(b.index)
+    cols = [c for c in PAIR_KEEP if c in df.columns]
+    out = pd.concat([a.loc[common, cols[:4]], a.loc[common, cols[4:]].add_suffix("_a"),
+                     b.loc[common, cols[4:]].add_suffix("_b")], axis=1)
+    return out.reset_index(drop=True)
+
+
+def _layout(p: pd.DataFrame) -> pd.Series:
+    return p["policy"].astype(str).where(p["policy"].ne("zigzag_page"),
+                                          "zigzag_page/" + p["page_size"].astype("Int64").astype(str))
+
+
+def section(df: pd.DataFrame, pair_key: str) -> list[str]:
+    """Markdown lines answering "which design is cheaper, where, by how much"."""
+    if "impl" not in df or not df["impl"].eq(B).any():
+        return []
+    p = pairs(df, pair_key)
+    lines = ["`padded` pads each shard to `m = max n_r` inside the gather only; `pad_at_split` pads every "
+             "rank to `P = ceil_align(m, 2*cp zigzag | cp)` at the split, so attention and the MoE process "
+             "the padding rows too. Per point: both `ok` on the same plan and ranks.", ""]
+    if p.empty:
+        return lines + ["No point has both designs `ok`: nothing to compare (see Verdicts)."]
+    p = p.assign(layout=_layout(p))
+    spread = np.fmax(p["roundtrip_iqr_us_a"].fillna(0), p["roundtrip_iqr_us_b"].fillna(0))
+    diff = p["roundtrip_p50_us_b"] - p["roundtrip_p50_us_a"]
+    p["time"] = np.where(diff.abs() <= spread, "tie", np.where(diff < 0, B, A))
+    p["bytes"] = np.where(p["bytes_padded_b"] > p["bytes_padded_a"], A,
+                          np.where(p["bytes_padded_b"] < p["bytes_padded_a"], B, "tie"))
+    p["extra_bytes"] = p["bytes_padded_b"] / p["bytes_padded_a"] - 1
+    p["extra_moe"] = p["moe_pad_rows_b"] - p["moe_pad_rows_a"]
+    p["time_ratio"] = p["roundtrip_p50_us_b"] / p["roundtrip_p50_us_a"]
+    g = p.groupby(["cp_size", "layout"], observed=True)
+    summary = pd.DataFrame({
+        "points": g.size(),
+        "fewer bytes": g["bytes"].agg(lambda s: _tally(s)),
+        "pad_at_split extra bytes (max)": g["extra_bytes"].max().map(lambda v: f"{100 * v:+.2f}%"),
+        "pad_at_split extra MoE pad rows (max)": g["extra_moe"].max().astype("Int64"),
+        "attn pad rows, pad_at_split (max)": g["attn_pad_rows_b"].max().astype("Int64"),
+        "faster (beyond spread)": g["time"].agg(lambda s: _tally(s)),
+        "time pad_at_split/padded (median)": g["time_ratio"].median().map(lambda v: f"{v:.3f}"),
+    }).reset_index()
+    n = len(p)
+    fewer_a, fewer_b = int((p["bytes"] == A).sum()), int((p["bytes"] == B).sum())
+    fast_a, fast_b = int((p["time"] == A).sum()), int((p["time"] == B).sum())
+    worst = p.loc[p["extra_bytes"].idxmax()]
+    answer = (
+        f"**Which is cheaper, where:** over {n} point(s), `padded` moves fewer bytes on {fewer_a}, "
+        f"`pad_at_split` on {fewer_b}, the same on {n - fewer_a - fewer_b} (`P >= m`, so never fewer for "
+        f"`pad_at_split`); the largest difference is {100 * worst['extra_bytes']:+.2f}% at cp={worst['cp_size']} "
+        f"{worst['layout']} {worst['seq_lens']}. `pad_at_split` also computes up to "
+        f"{int(p['attn_pad_rows_b'].max())} padding rows in each rank's attention per layer, `padded` none. "
+        f"In time, `padded` is faster beyond the spread on {fast_a}, `pad_at_split` on {fast_b}, a tie on "
+        f"{n - fast_a - fast_b} (median ratio pad_at_split/padded {p['time_ratio'].median():.3f}; on CPU/gloo "
+        f"the time is this machine's, not a GPU's: the bytes and rows carry over, the times do not)."
+    )
+    lines += [answer, "", "By cp size and layout:", "", frame_md(summary)]
+    return lines
+
+
+def _tally(s: pd.Series) -> str:
+    c = s.value_counts()
+    return ", ".join(f"{k} {int(c[k])}" for k in (A, B, "tie") if k in c)
+
+
+def model_section(df: pd.DataFrame, model) -> list[str]:
+    """Predicted (nccl-tests model) beside measured collective time, per timed round-trip row."""
+    lines = [f"**This is {model.describe()}.**", ""]
+    need = {"collective_p50_us", "bytes_padded", "cp_size"}
+    if not need <= set(df.columns):
+        return lines + ["This results file has no collective times or bytes to compare."]
+    t = df[df["status"].eq("ok") & df["bytes_padded"].notna() & df["collective_p50_us"].notna()
+           & df["cp_size"].gt(1) & ~df["impl"].eq("a2a")]
+    if t.empty:
+        return lines + ["No timed round trip with cp > 1 in this run."]
+    pred = np.concatenate([model.predict(np.array([b]), int(c)) for b, c in zip(t["bytes_padded"], t["cp_size"])])
+    out = pd.DataFrame({
+        "impl": t["impl"].values, "cp_size": t["cp_size"].values, "policy": t["policy"].values,
+        "seq_lens": t["seq_lens"].values, "bytes": t["bytes_padded"].astype("Int64").values,
+        "measured collective p50 (us)": t["collective_p50_us"].round(1).values,
+        "model (us)": np.round(pred, 1), "measured/model": np.round(t["collective_p50_us"].values / pred, 2),
+    })
+    by_impl = out.groupby("impl")["model (us)"].median().round(1)
+    lines += ["Predicted gather + reduce-scatter time at each row's buffer bytes beside the measured collective "
+              "time (`collective_p50_us`):", "", frame_md(out.head(12))]
+    if len(out) > 12:
+        lines += ["", f"({len(out) - 12} more rows not shown)"]
+    lines += ["", "Median modelled time per design: " + ", ".join(f"`{k}` {v} us" for k, v in by_impl.items())]
+    return lines

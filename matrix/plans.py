@@ -1,0 +1,288 @@
+"""Plans at scale, without ranks: what each design pads and moves, for many batches at large cp.
+
+``python -m matrix.plans`` draws batches from a workload (conf/workload/), splits
+every batch at every cp size with numpy (the same split as the library's
+``plan_split``, vectorised over batches: a property test holds them equal) and
+reports, per cp and design, the rows each rank's attention and MoE process and
+the bytes every layer's gather moves:
+
+- ``legacy_even``: the lower bound, the batch split evenly (``T/cp`` rows per
+  rank, no padding): what the old path moves when a split happens to be even;
+- ``padded``: the padded communicator, every shard padded to ``m = max_r n_r``
+  inside the gather (``m*cp`` rows; attention sees no padding);
+- ``pad_at_split``: the serving engine's rule, every rank padded at the split
+  to ``P = ceil_align(m, align)`` (``2*cp`` for zigzag splits, ``cp``
+  otherwise; ``P*cp`` rows; attention and the MoE process the padding).
+
+Overhead is a design's gathered rows over ``T`` minus one. The plot draws its
+mean and p99 against cp per design. With ``--nccl-tests`` JSON files, each
+design's predicted collective time per layer is added (a model: nccl-tests'
+figures interpolated at the design's bytes, matrix.nccl_tests).
+
+Bad input: one line naming the option and value, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from matrix.workload import Batches, WorkloadError, draw, load
+from nsa_cp_comm.pad_at_split import split_align
+from nsa_cp_comm.plan import POLICIES
+
+DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
+CP_MAX = 1024
+CHUNK = 8192  # batches per vectorised step: bounds memory at cp=128 to tens of MB
+PLOT = "plans_overhead.png"
+ITEMSIZE = {"bfloat16": 2, "float32": 4}
+
+
+def _ceil_align(a: np.ndarray, b: int) -> np.ndarray:
+    return -(-a // b) * b
+
+
+def _block_counts(rem: np.ndarray, batch: np.ndarray, nb: int, n: int, cp: int) -> np.ndarray:
+    """Per batch and rank ``k``: how many requests' blocks ``k`` and ``n-1-k``
+    get the extra unit of an even split with remainder ``rem`` (block ``i``
+    gets one more when ``i < rem``). ``[nb, cp]``."""
+    hist = np.bincount(batch * (n + 1) + rem, minlength=nb * (n + 1)).reshape(nb, n + 1)
+    ge = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # ge[:, j] = #{rem >= j}
+    return ge[:, 1 : cp + 1] + ge[:, cp + 1 : n + 1][:, ::-1]
+
+
+def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
+                    align: int | None = None) -> np.ndarray:
+    """``[B, cp]``: every batch's tokens per rank, as ``plan_split(batch, cp,
+    policy=..., page_size=..., align=...).per_rank_tokens``."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")
+    align = cp if align is None else align
+    nb = len(batches)
+    starts = batches.starts()
+    sums = np.add.reduceat(batches.lens, starts)
+    total = _ceil_align(sums, align)
+    if policy == "round_robin":
+        return np.repeat((total // cp)[:, None], cp, axis=1)
+    padded = batches.lens.copy()
+    padded[starts + batches.sizes - 1] += total - sums  # the last request takes the batch's padding
+    batch = np.repeat(np.arange(nb, dtype=np.int64), batches.sizes)
+    n = 2 * cp
+    if policy == "zigzag":
+        q, rem = np.divmod(padded, n)
+        base = 2 * np.bincount(batch, weights=q, minlength=nb).astype(np.int64)
+        return base[:, None] + _block_counts(rem, batch, nb, n, cp)
+    # zigzag_page: whole pages per block (an even split of the pages); the block
+    # holding the last page is short by the page's unused tail, the ones after it empty
+    pages = -(-padded // page_size)
+    qp, remp = np.divmod(pages, n)
+    base = 2 * np.bincount(batch, weights=qp, minlength=nb).astype(np.int64)
+    out = (base[:, None] + _block_counts(remp, batch, nb, n, cp)) * page_size
+    deficit = pages * page_size - padded
+    last = np.where(qp > 0, n - 1, remp - 1)
+    owner = np.minimum(last, n - 1 - last)
+    out -= np.bincount(batch * cp + owner, weights=deficit, minlength=nb * cp).astype(np.int64).reshape(nb, cp)
+    return out
+
+
+def _subset(batches: Batches, lo: int, hi: int) -> Batches:
+    starts = batches.starts()
+    a = int(starts[lo])
+    b = int(starts[hi - 1] + batches.sizes[hi - 1])
+    return Batches(batches.lens[a:b], batches.sizes[lo:hi])
+
+
+def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align: int | None = None) -> dict:
+    """Per batch (arrays of length B): ``total`` T, ``max`` m, ``min`` min_r n_r,
+    ``physical`` P, and per design the gathered rows, attention padding rows
+    (one rank's, max over ranks) and MoE padding rows (every rank's MoE)."""
+    parts = []
+    for lo in range(0, len(batches), CHUNK):
+        n = per_rank_tokens(_subset(batches, lo, min(lo + CHUNK, len(batches))), cp, policy, page_size, align)
+        parts.append(np.stack([n.sum(axis=1), n.max(axis=1), n.min(axis=1)], axis=1))
+    tot, mx, mn = np.concatenate(parts).T
+    phys = _ceil_align(mx, split_align(policy, cp))
+    zero = np.zeros_like(tot)
+    return {
+        "total": tot, "max": mx, "min": mn, "physical": phys,
+        "rows": {"legacy_even": tot, "padded": mx * cp, "pad_at_split": phys * cp},
+        "attn_pad": {"legacy_even": zero, "padded": zero, "pad_at_split": phys - mn},
+        "moe_pad": {"legacy_even": zero, "padded": mx * cp - tot, "pad_at_split": phys * cp - tot},
+    }
+
+
+def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, model=None) -> list[dict]:
+    """One row per design: overhead, padding rows and bytes, p50 / p99 / mean over the batches."""
+    rows = []
+    tot = stats["total"]
+    for d in DESIGNS:
+        r = stats["rows"][d]
+        over = r / tot - 1.0
+        gbytes = r * hidden * itemsize
+        row = {
+            "cp_size": cp, "policy": policy, "design": d, "batches": len(tot),
+            "overhead_mean": float(over.mean()), "overhead_p50": float(np.percentile(over, 50)),
+            "overhead_p99": float(np.percentile(over, 99)), "overhead_max": float(over.max()),
+            "attn_pad_rows_p50": float(np.percentile(stats["attn_pad"][d], 50)),
+            "attn_pad_rows_p99": float(np.percentile(stats["attn_pad"][d], 99)),
+            "moe_pad_rows_p50": float(np.percentile(stats["moe_pad"][d], 50)),
+            "moe_pad_rows_p99": float(np.percentile(stats["moe_pad"][d], 99)),
+            "gather_MB_mean": float(gbytes.mean() / 1e6),
+            "gather_MB_p99": float(np.percentile(gbytes, 99) / 1e6),
+        }
+        if model is not None:
+            t = model.predict(gbytes, cp)
+            if t is not None:
+                row["predicted_collective_us_p50"] = float(np.percentile(t, 50))
+                row["predicted_collective_us_p99"] = float(np.percentile(t, 99))
+        rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict], title: str):
+    from matrix.plots import _figure
+
+    fig, ax = _figure(title)
+    colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
+    policies = sorted({r["policy"] for r in rows})
+    styles = dict(zip(policies, ("-", "--", ":")))
+    for pol in policies:
+        for d in DESIGNS:
+            s = sorted((r for r in rows if r["policy"] == pol and r["design"] == d), key=lambda r: r["cp_size"])
+            cps = [r["cp_size"] for r in s]
+            ax.plot(cps, [100 * r["overhead_mean"] for r in s], styles[pol], color=colours[d], marker="o",
+                    label=f"{d}, {pol}: mean")
+            ax.plot(cps, [100 * r["overhead_p99"] for r in s], styles[pol], color=colours[d], marker="^",
+                    alpha=0.5, label=f"{d}, {pol}: p99")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cp size")
+    ax.set_ylabel("gathered rows over tokens - 1 (%)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["cp_size", "policy", "design", "overhead_mean", "overhead_p99", "attn_pad_rows_p99",
+            "moe_pad_rows_p99", "gather_MB_mean"]
+    if any("predicted_collective_us_p50" in r for r in rows):
+        cols += ["predicted_collective_us_p50", "predicted_collective_us_p99"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{100 * v:.2f}%" if c.startswith("overhead") else f"{v:.4g}" if isinstance(v, float) else str(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _ints(name: str, text: str, lo: int, hi: int) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(_usage(f"{name}={text}: must be a comma-separated list of integers")) from None
+    bad = [v for v in vals if not lo <= v <= hi]
+    if bad or not vals:
+        raise SystemExit(_usage(f"{name}={text}: every value must be in [{lo}, {hi}]"))
+    return vals
+
+
+def _usage(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m matrix.plans", description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="lognormal", help="conf/workload/NAME.yaml or a .yaml path")
+    ap.add_argument("--batches", type=int, default=100_000, help="batches to draw (the workload's K)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--cp", default="8,16,32,64,128", help="cp sizes, comma-separated")
+    ap.add_argument("--policy", default="zigzag_page,zigzag", help="split policies, comma-separated")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--hidden-size", type=int, default=7168)
+    ap.add_argument("--dtype", default="bfloat16", choices=tuple(ITEMSIZE))
+    ap.add_argument("--nccl-tests", action="append", default=[], metavar="JSON",
+                    help="nccl-tests -J output (all_gather_perf / reduce_scatter_perf); repeatable")
+    ap.add_argument("--out", type=Path, default=None, help="write plans.json and the plot here")
+    ap.add_argument("--no-plot", action="store_true")
+
+    def error(message: str) -> None:  # argparse's own errors: one line, exit 2
+        raise SystemExit(_usage(message))
+
+    ap.error = error  # type: ignore[method-assign]
+    return ap.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
+    args = parse(argv)
+    cps = _ints("--cp", args.cp, 1, CP_MAX)
+    policies = [p.strip() for p in args.policy.split(",")]
+    for p in policies:
+        if p not in POLICIES:
+            raise SystemExit(_usage(f"--policy={p}: must be one of {', '.join(POLICIES)}"))
+    for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16)):
+        if not 1 <= v <= hi:
+            raise SystemExit(_usage(f"{name}={v}: must be an integer in [1, {hi}]"))
+    overrides = {"batches": args.batches}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    try:
+        w = load(args.workload, overrides)
+    except WorkloadError as exc:
+        raise SystemExit(_usage(str(exc))) from None
+    model = None
+    if args.nccl_tests:
+        from matrix.nccl_tests import NcclTestsError, load_model
+
+        try:
+            model = load_model(args.nccl_tests)
+        except NcclTestsError as exc:
+            raise SystemExit(_usage(str(exc))) from None
+    t0 = time.perf_counter()
+    batches = draw(w)
+    t_draw = time.perf_counter() - t0
+    rows = []
+    for pol in policies:
+        for cp in cps:
+            st = plan_stats(batches, cp, pol, page_size=args.page_size)
+            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model))
+    t_plans = time.perf_counter() - t0 - t_draw
+    meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
+            "cp": cps, "policies": policies, "page_size": args.page_size, "hidden_size": args.hidden_size,
+            "dtype": args.dtype, "draw_s": round(t_draw, 3), "plans_s": round(t_plans, 3),
+            "model": model.describe() if model is not None else None}
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        tmp = args.out / "plans.json.tmp"
+        tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        tmp.replace(args.out / "plans.json")
+        if not args.no_plot:
+            from matrix.plots import png
+
+            fig = plot(rows, f"Gathered rows over tokens per design and cp\n{w.describe()}")
+            (args.out / PLOT).write_bytes(png(fig))
+    return rows, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        rows, meta = run(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    print(f"workload: {meta['workload']} ({meta['requests']} requests)")
+    print(f"{meta['batches']} batches x cp {meta['cp']} x {', '.join(meta['policies'])}: "
+          f"drawn in {meta['draw_s']:.2f} s, planned in {meta['plans_s']:.2f} s")
+    if meta["model"]:
+        print(f"predicted collective times: {meta['model']}")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Pad at the split: the serving engine's other answer to uneven shards.
+
+Instead of padding around the MoE (the padded communicator: every shard to
+``m = max_r n_r`` inside the gather), the engine gives every rank the same
+*physical* length before attention::
+
+    P = ceil_align(max_r n_r, align)    align = 2*cp for zigzag splits, cp otherwise
+
+Each rank's ``n_r`` rows are followed by ``P - n_r`` zero rows from the split
+on; attention and the MoE process them as rows, and every CP collective is an
+even one on ``[P, H]`` chunks. The gathered buffer is rank-major ``[P*cp, H]``
+with rank ``r``'s rows at ``r*P`` and zeros after them; the scatter returns
+this rank's ``n_r`` real rows. ``P >= m`` always, so this design never moves
+fewer bytes than the padded communicator; what it saves is the per-layer local
+work (the rows already sit in a padded tensor) and every uneven shape.
+
+The round trip here has the :class:`~nsa_cp_comm.impls.RoundTripImpl`
+contract, so the matrix checks and times it like every implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .agree import agree
+from .collectives import all_gather_into, group_rank, reduce_scatter_into
+from .plan import CPPlan, ceil_align
+from .roundtrip import _rank
+
+ZIGZAG_POLICIES: tuple[str, ...] = ("zigzag", "zigzag_page")
+
+
+def split_align(policy: str, cp_size: int) -> int:
+    """The engine's alignment of the physical length: ``2*cp`` for the zigzag
+    strategies (a request is cut into ``2*cp`` blocks), ``cp`` otherwise."""
+    return 2 * cp_size if policy in ZIGZAG_POLICIES else cp_size
+
+
+def physical_len(plan: CPPlan) -> int:
+    """``P``: the rows every rank holds after the split is padded (``>= max_rank_len``)."""
+    return ceil_align(plan.max_rank_len, split_align(plan.policy, plan.cp_size))
+
+
+def padding_rows(plan: CPPlan) -> dict[str, int]:
+    """The padding rows each design's attention and MoE process per layer.
+
+    ``attn_*``: rows of padding in one rank's attention input (max over ranks);
+    ``moe``: padding rows in the gathered buffer every rank's MoE runs on."""
+    p, m, t = physical_len(plan), plan.max_rank_len, plan.total_tokens
+    return {
+        "padded_attn": 0,
+        "padded_moe": m * plan.cp_size - t,
+        "pad_at_split_attn": p - min(plan.per_rank_tokens),
+        "pad_at_split_moe": p * plan.cp_size - t,
+    }
+
+
+def _agree(what: str, tensor: object, plan: CPPlan, rows_of, group, check: bool) -> int:
+    if check:
+        want = rows_of(plan, group_rank(group)) if isinstance(plan, CPPlan) and group_rank(group) < plan.cp_size else -2
+        agree(what, tensor, plan, want, group)
+    rank = _rank(plan, group)
+    want = rows_of(plan, rank)
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"{what} has shape {shape}, the plan expects [{want}, H]")
+    return rank
+
+
+def pad_local(local: torch.Tensor, plan: CPPlan, rank: int) -> torch.Tensor:
+    """This rank's rows as the split leaves them: ``[P, H]``, zero rows after ``n_r``
+    (what the engine's attention and MoE see)."""
+    out = torch.zeros((physical_len(plan), local.shape[1]), dtype=local.dtype, device=local.device)
+    out[: plan.per_rank_tokens[rank]].copy_(local)
+    return out
+
+
+def pad_at_split_gather(
+    local: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
+    """``[n_r, H]`` per rank -> ``[P*cp, H]``: the rows padded to ``P`` at the
+    split (here: copied into a fresh padded tensor, standing in for the split),
+    then one even all-gather."""
+    rank = _agree("pad_at_split_gather local", local, plan, lambda p, r: p.per_rank_tokens[r], group, check)
+    block = pad_local(local, plan, rank)
+    full = torch.empty((physical_len(plan) * plan.cp_size, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, block, group)
+    return full
+
+
+def pad_at_split_scatter(
+    full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
+) -> torch.Tensor:
+    """Sum ``[P*cp, H]`` partials over ranks (one even reduce-scatter, in place)
+    and return this rank's ``n_r`` real rows (a view: padding dropped)."""
+    rank = _agree("pad_at_split_scatter full", full, plan, lambda p, r: physical_len(p) * p.cp_size, group, check)
+    full = full.contiguous()
+    chunk = full.tensor_split(plan.cp_size)[rank]
+    reduce_scatter_into(chunk, full, group)
+    return chunk[: plan.per_rank_tokens[rank]]

@@ -1,0 +1,100 @@
+"""pad_at_split, the serving engine's pad-at-the-split design, through every check.
+
+Healthy, it passes every check the matrix runs on the plans that break other
+implementations (uneven page-aligned splits, empty ranks, three ranks); each
+deliberate break flips the verdict to the check that catches it. Through the
+CLI, ``impl=designs`` gives both designs' rows for one point, with the bytes
+and padding rows the vectorised plans (matrix.plans) compute for that batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pad_at_split_tasks
+from matrix import plans
+from matrix.workload import Batches
+from matrix_cli import run_matrix
+from nsa_cp_comm import impls
+from nsa_cp_comm.fold import fold_reports
+from nsa_cp_comm.pad_at_split import padding_rows, physical_len
+from nsa_cp_comm.spec import PointSpec
+
+UNEVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag_page", page_size=64)  # n = (488, 512), P = 512
+EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500), P = 500
+EMPTY = dict(seq_lens=(5,), cp_size=4, policy="zigzag_page", page_size=64)  # ranks without rows
+THREE = dict(seq_lens=(1001, 300), cp_size=3, policy="zigzag")  # even n = 434, P = 438 > m
+ROUND = dict(seq_lens=(10,), cp_size=4, policy="round_robin")  # n = 3, P = 4
+
+
+def run(rank_pool, mutation, where, topk=2):
+    spec = PointSpec(**where, impls=("padded", "pad_at_split"), hidden_size=32, dtype="bfloat16", warmup=0,
+                     iters=1, topk=topk)
+    results = rank_pool(spec.cp_size).run(pad_at_split_tasks.point_with_mutation, spec, "gloo", mutation,
+                                          timeout_s=120)
+    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
+    return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}, spec
+
+
+@pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND], ids=["uneven", "even", "empty", "three", "rr"])
+def test_pad_at_split_passes_every_check(rank_pool, where):
+    res, spec = run(rank_pool, "none", where)
+    r = res["pad_at_split"]
+    assert r.status == "ok" and r.correct and r.failed_check == "", r.reason
+    plan = spec.plan()
+    p = physical_len(plan)
+    assert r.rows_moved == p * plan.cp_size == impls.get("pad_at_split").buffer_rows(plan)
+    assert r.bytes_padded == p * plan.cp_size * 32 * 2
+    pad = padding_rows(plan)
+    assert (r.attn_pad_rows, r.moe_pad_rows) == (pad["pad_at_split_attn"], pad["pad_at_split_moe"])
+    assert (res["padded"].attn_pad_rows, res["padded"].moe_pad_rows) == (0, pad["padded_moe"])
+    assert r.stats["roundtrip"]["p50"] > 0 and "local" not in r.stats  # padded at the split: no per-layer local work
+
+
+@pytest.mark.parametrize(
+    "mutation,where,check",
+    [
+        ("dirty_padding", UNEVEN, "padding_zero"),
+        ("dirty_padding", THREE, "padding_zero"),
+        ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
+        ("keeps_padding", UNEVEN, "scatter_chunk"),
+        ("mutates_input", EVEN, "input_mutated"),
+    ],
+)
+def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
+    res, _ = run(rank_pool, mutation, where)
+    r = res["pad_at_split"]
+    assert r.status == "failed" and r.correct is False and r.failed_check == check, r.reason
+    assert not r.stats  # a failed implementation is never timed
+    assert res["padded"].status == "ok", res["padded"].reason  # the other design is unaffected
+
+
+def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
+    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch."""
+    lens = [1001, 300, 77]
+    run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "shared_kv=true", "page_size=16",
+                      f"seq_lens=[{','.join(map(str, lens))}]", "hidden_size=32", "dtype=float32", "iters=1",
+                      "warmup=0", multirun=False)
+    assert run_.returncode == 0, run_.stderr[-2000:]
+    rows = {r["impl"]: r for r in run_.rows()}
+    assert set(rows) == {"padded", "pad_at_split"} and all(r["status"] == "ok" for r in rows.values())
+    st = plans.plan_stats(Batches(np.array(lens), np.array([3])), 3, "zigzag_page", 16)
+    for impl in ("padded", "pad_at_split"):
+        assert int(rows[impl]["bytes_padded"]) == st["rows"][impl][0] * 32 * 4
+        assert int(rows[impl]["moe_pad_rows"]) == st["moe_pad"][impl][0]
+        assert int(rows[impl]["attn_pad_rows"]) == st["attn_pad"][impl][0]
+    # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
+    from matrix import report
+
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+    assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
+                        "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
+                        "--nccl-tests", str(data / "nccl_tests_sample_reduce_scatter.json")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Designs: padded vs pad_at_split" in md and "**Which is cheaper, where:** over 1 point(s)" in md
+    assert "## Collectives predicted from nccl-tests (a model)" in md and "a model, not a measurement" in md
+    assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
+    assert "nccl-tests" not in (tmp_path / "rep2" / "report.md").read_text()
