@@ -19,6 +19,9 @@ FULL mode, every implementation that runs:
   implementations that claim it (the padded family).
 - ``refusal``: an implementation that needs even plans, given an uneven one,
   raised on every rank before issuing any collective (status ``refused``).
+- ``group``: no collective on the default group, and no rows picked with the
+  global rank where the CP group's is meant (the CP group is never the
+  default group in world order, :mod:`.cpgroup`).
 
 SCATTERED mode: the CP communicator passes rows through untouched
 (``passthrough``); an a2a implementation is checked on its dispatched rows
