@@ -34,8 +34,9 @@ from .timing import CacheFlusher, Clock, timed_loop
 CHECK_TIMEOUT_S = 60.0
 
 
-def _inject(spec: PointSpec, rank: int) -> None:
-    if spec.fault == "none" or rank != spec.cp_size - 1:
+def _inject(spec: PointSpec) -> None:
+    # The world's last rank: never rank 0, which writes a torchrun point's rows.
+    if spec.fault == "none" or dist.get_rank() != dist.get_world_size() - 1:
         return
     time.sleep(0.2)  # let the healthy ranks enter the collective first
     if spec.fault == "crash_rank":
@@ -43,7 +44,7 @@ def _inject(spec: PointSpec, rank: int) -> None:
     if spec.fault == "hang_rank":
         while True:
             time.sleep(3600)
-    raise RuntimeError(f"injected fault on rank {rank}")
+    raise RuntimeError(f"injected fault on rank {dist.get_rank()}")
 
 
 def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
@@ -67,7 +68,7 @@ def check_point(
     # of this rank's, so one that writes into its input cannot fail the next.
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     moe = moe or reference_moe(spec, device)
-    _inject(spec, rank)
+    _inject(spec)
     reports: dict[str, ImplReport] = {}
     for name in spec.impls:
         impl = impl_registry.get(name)
@@ -215,11 +216,12 @@ def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
     """Rows for a point whose ranks raised, died or hung. Ranks that answered
     while others timed out skipped a collective their peers wait in; ranks
     the correctness group found in different collectives skipped one too."""
-    # Ranks named as the CP group numbers them (the fingerprints do too).
+    # The failure itself names processes (world ranks); the diagnoses name
+    # ranks as the CP group numbers them, as its fingerprints do.
+    status, reason = summarize_failure(results)
     ours = {r.rank: group_rank_of(r.rank, spec.cp_size, spec.bystanders) for r in results}
     cp_results = sorted((replace(r, rank=ours[r.rank]) for r in results if ours[r.rank] is not None),
                         key=lambda r: r.rank)
-    status, reason = summarize_failure(cp_results)
     check = ""
     done = [r.rank for r in cp_results if r.ok]
     stuck = [r.rank for r in cp_results if r.status == "timeout"]
