@@ -29,6 +29,7 @@ import torch.distributed as dist
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm import steps as steps_module
 from nsa_cp_comm.checks import ImplReport, check_gather, checked_group
+from nsa_cp_comm.cpgroup import cp_group
 from nsa_cp_comm.measure import CHECK_TIMEOUT_S, check_point, point_on_rank
 from nsa_cp_comm.ranks import rank_device
 from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
@@ -130,16 +131,18 @@ def paired_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[str,
     device = rank_device()
     with injected(fault):
         group = checked_group(CHECK_TIMEOUT_S)
+        plain = cp_group(spec.cp_size, checked=False)
         reports = check_point(spec, backend, device, group)
         bad = _agreed_failures(reports, device, group)
         control: dict[str, list[float]] = {}
         if not any(bad):
-            plan, rank = spec.plan(), dist.get_rank()
-            steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, None) for n in reports]
-            steps.append(replace(full_steps(impl_registry.get(CONTROL_OF), spec, plan, rank, device, None),
+            plan, rank = spec.plan(), dist.get_rank(plain)
+            steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, plain) for n in reports]
+            steps.append(replace(full_steps(impl_registry.get(CONTROL_OF), spec, plan, rank, device, plain),
                                  name=CONTROL))
             flush = CacheFlusher(device) if spec.flush_l2 else None
-            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
+                                 flush=flush)
             for name in reports:
                 reports[name].samples = samples[name]
             control = samples[CONTROL]
@@ -167,20 +170,23 @@ def production_task(spec: PointSpec, backend: str, fault: str = "none") -> dict[
     """A production-shape point: light checks of every implementation of
     ``spec`` (:func:`_light_check`), then one timed loop over those that
     passed everywhere. Returns ``{"reports": {impl: ImplReport as dict}}``."""
-    device, rank = rank_device(), dist.get_rank()
+    device = rank_device()
     plan = spec.plan()
     with injected(fault):
         group = checked_group(CHECK_TIMEOUT_S)
+        plain = cp_group(spec.cp_size, checked=False)
+        rank = dist.get_rank(group)
         if spec.fault == "raise" and rank == spec.cp_size - 1:
             raise RuntimeError(f"injected fault on rank {rank}")
         local = make_shard(spec, plan, rank, device)
         reports = {n: _light_check(impl_registry.get(n), spec, plan, rank, device, local, group) for n in spec.impls}
         bad = _agreed_failures(reports, device, group)
-        steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, None)
+        steps = [full_steps(impl_registry.get(n), spec, plan, rank, device, plain)
                  for n, b in zip(reports, bad) if not b]
         if steps:
             flush = CacheFlusher(device) if spec.flush_l2 else None
-            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+            samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
+                                 flush=flush)
             for name, phases in samples.items():
                 reports[name].samples = phases
     return {"reports": {n: asdict(r) for n, r in reports.items()}}

@@ -409,9 +409,11 @@ FORCE_HINT = "(set force=true to run anyway)"
 def _check_point(cfg: Mapping[str, Any], machine: Machine) -> Estimate:
     """Raise ConfigError when one point exceeds the machine; else its estimate."""
     cp = cfg["cp_size"]
-    if cp > machine.max_ranks:
+    ranks = cp + cfg.get("bystanders", 0)
+    if ranks > machine.max_ranks:
+        extra = f" bystanders={cfg['bystanders']}" if ranks > cp else ""
         raise ConfigError(
-            f"cp_size={cp}: {cp} rank processes exceed this machine's limit of {machine.max_ranks} "
+            f"cp_size={cp}{extra}: {ranks} rank processes exceed this machine's limit of {machine.max_ranks} "
             f"({machine.max_ranks_source}) {FORCE_HINT}")
     e = estimate(cfg, machine)
     if e.ranks * e.rank_bytes > machine.memory_bytes:

@@ -45,6 +45,7 @@ class MatrixConfig:
     impl: str = "both"  # padded | legacy | both | all | designs | a registered name | package.module:attribute
     backend: str = "auto"  # auto | gloo | nccl
     device: str = "auto"  # auto | cpu | cuda
+    bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
     hidden_size: int = 7168
     dtype: str = "bfloat16"
     num_experts: Optional[int] = None  # null: two experts per rank
@@ -80,6 +81,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # machine can represent or start (machine-dependent bounds: matrix.budget).
 INT_RANGES: dict[str, tuple[int, int]] = {
     "cp_size": (1, 1024),
+    "bystanders": (0, 1024),
     "page_size": (1, 1 << 20),
     "hidden_size": (1, 1 << 16),
     "topk": (1, 1024),

@@ -42,6 +42,7 @@ MEANING: dict[str, str] = {
             "one registered name, or package.module:attribute",
     "backend": "auto: NCCL with one GPU per rank where cp_size GPUs exist, else gloo",
     "device": "auto follows backend",
+    "bystanders": "world ranks outside the CP group (CP inside TP/DP); the CP group is in reverse world order",
     "hidden_size": "hidden size H of the rows gathered",
     "dtype": "dtype of the hidden states",
     "num_experts": "experts of the reference MoE (a multiple of cp_size); null: two per rank",

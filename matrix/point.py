@@ -97,15 +97,17 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     if gpus is None:
         gpus = _gpus()
     device, backend = cfg["device"], cfg["backend"]
-    if backend == "nccl" and gpus < cp:
-        raise ConfigError(f"backend=nccl with cp_size={cp} needs {cp} GPUs, this machine has {gpus}")
+    world = cp + cfg.get("bystanders", 0)  # every rank of the world holds a GPU
+    if backend == "nccl" and gpus < world:
+        extra = f" bystanders={world - cp}" if world > cp else ""
+        raise ConfigError(f"backend=nccl with cp_size={cp}{extra} needs {world} GPUs, this machine has {gpus}")
     if device == "cuda" and gpus == 0:
         raise ConfigError("device=cuda but no CUDA device is available")
     if device == "auto":
-        device = "cuda" if backend == "nccl" or (backend == "auto" and gpus >= cp) else "cpu"
+        device = "cuda" if backend == "nccl" or (backend == "auto" and gpus >= world) else "cpu"
     if backend == "auto":
         # NCCL needs one GPU per rank; several ranks on one GPU go through gloo.
-        backend = "nccl" if device == "cuda" and gpus >= cp else "gloo"
+        backend = "nccl" if device == "cuda" and gpus >= world else "gloo"
 
     policy = "zigzag_page" if cfg["shared_kv"] else cfg["split"]
     derived = mlp_mode(cfg["moe_a2a_backend"]).value
@@ -121,7 +123,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"],
+            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"], bystanders=cfg["bystanders"],
         )
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None
@@ -133,6 +135,8 @@ def point_id(cfg: Mapping[str, Any]) -> str:
     key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
     if cfg.get("fault", "none") != "none":  # an injected fault makes another point
         key["fault"] = cfg["fault"]
+    if cfg.get("bystanders", 0):  # so does a world larger than the CP group
+        key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -147,6 +151,8 @@ def effective_id(res: Resolved) -> str:
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
         "fault": spec.fault,
     }
+    if spec.bystanders:
+        key["bystanders"] = spec.bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -167,7 +173,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     every value quoted for Hydra and the shell) into a fresh results_dir."""
     parts = ["python", "-m", "matrix"]
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("fault", "force") and cfg[k] in ("none", False)):
+        if k in REPRO_OMITS or (k in ("fault", "force", "bystanders") and cfg[k] in ("none", False, 0)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)
@@ -293,7 +299,7 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
+        pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     try:

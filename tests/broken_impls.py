@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed import distributed_c10d as c10d
 
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
 from nsa_cp_comm.impls import RoundTripImpl
@@ -131,6 +133,122 @@ def _shortcut_scatter(full, plan, group):
 
 
 even_shortcut = RoundTripImpl("even_shortcut", _gather, _shortcut_scatter, doc="even plans summed in float64")
+
+
+# --- refusal: an even-only path that refuses after a collective ---------------
+def _refuse(plan):
+    if not plan.is_even:
+        raise ValueError(f"output tensor size must be equal to world_size times input tensor size ({plan.per_rank_tokens})")
+
+
+def _c10d_check_then_refuse(local, plan, group):
+    # Mistake: "agree on the row count first", through distributed_c10d
+    # (not torch.distributed's own name), and only then refuse.
+    n = torch.tensor([float(local.shape[0])], device=local.device)
+    c10d.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
+    _refuse(plan)
+    return _gather(local, plan, group)
+
+
+def _c10d_refusing_scatter(full, plan, group):
+    _refuse(plan)
+    return _scatter(full, plan, group)
+
+
+refuses_late_c10d = RoundTripImpl(
+    "refuses_late_c10d", _c10d_check_then_refuse, _c10d_refusing_scatter, needs_even=True,
+    doc="refuses an uneven plan after an all-reduce through distributed_c10d",
+)
+
+
+def _functional_check_then_refuse(local, plan, group):
+    # The same mistake through the functional collectives (as compiled code issues them).
+    n = torch.tensor([float(local.shape[0])], device=local.device)
+    funcol.all_reduce(n, "max", group).wait()
+    _refuse(plan)
+    return _gather(local, plan, group)
+
+
+refuses_late_functional = RoundTripImpl(
+    "refuses_late_functional", _functional_check_then_refuse, _c10d_refusing_scatter, needs_even=True,
+    doc="refuses an uneven plan after a functional all-reduce",
+)
+
+
+# --- group: the default group or the global rank -------------------------------
+def _default_group_gather(local, plan, group):
+    # Mistake: the group argument ignored; every collective on the default
+    # group, whose rank order is not the CP group's.
+    return _gather(local, plan, None)
+
+
+def _default_group_scatter(full, plan, group):
+    return _scatter(full, plan, None)
+
+
+default_group = RoundTripImpl(
+    "default_group", _default_group_gather, _default_group_scatter, doc="talks on the default group"
+)
+
+
+def _global_rank_scatter(full, plan, group):
+    # Mistake: collectives on the CP group, but "my rows" counted with
+    # dist.get_rank(), the global rank, where dist.get_rank(group) is meant.
+    rank, m = dist.get_rank(), plan.max_rank_len
+    out = torch.empty((m, full.shape[1]), dtype=full.dtype, device=full.device)
+    reduce_scatter_into(out, full.contiguous(), group)
+    return out[: plan.per_rank_tokens[rank]]
+
+
+global_rank = RoundTripImpl("global_rank", _gather, _global_rank_scatter, doc="slices its rows by the global rank")
+
+
+# --- collective_shapes: the same collective, other shapes ----------------------
+def _raw_gather(local, plan, group):
+    # The serving engine's communicator before the fix: every rank all-gathers
+    # its own rows into the [T, H] buffer, as if the shards were equal.
+    full = torch.empty((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, local.contiguous(), group)
+    return full
+
+
+def _split_scatter(full, plan, group):
+    # ... and reduce-scatters tensor_split chunks of it, returning this rank's.
+    rank = dist.get_rank(group)
+    full = full.contiguous()
+    chunk = full.tensor_split(plan.cp_size)[rank]
+    out = torch.empty_like(chunk)
+    reduce_scatter_into(out, full, group)
+    return out
+
+
+raw_allgather = RoundTripImpl(
+    "raw_allgather", _raw_gather, _split_scatter, layout="rank_major_packed",
+    doc="the unfixed serving communicator: raw all-gather of unequal shards into [T, H]",
+)
+
+
+def _own_rows_scatter(full, plan, group):
+    # Mistake: the reduce-scatter sized from this rank's own row count
+    # (n_r rows out of n_r * cp), which differs between ranks of an uneven plan.
+    n = plan.per_rank_tokens[dist.get_rank(group)]
+    out = torch.empty((n, full.shape[1]), dtype=full.dtype, device=full.device)
+    reduce_scatter_into(out, full[: n * plan.cp_size].contiguous(), group)
+    return out
+
+
+own_rows_scatter = RoundTripImpl(
+    "own_rows_scatter", _gather, _own_rows_scatter, doc="reduce-scatter sized from the local row count"
+)
+
+
+# --- scatter_chunk, named for its dtype ------------------------------------------
+def _float64_scatter(full, plan, group):
+    # Mistake: "sum in double for accuracy" and the result left in double.
+    return _scatter(full.double(), plan, group)
+
+
+float64_scatter = RoundTripImpl("float64_scatter", _gather, _float64_scatter, doc="returns float64 rows")
 
 
 # --- bad references -------------------------------------------------------------

@@ -102,6 +102,61 @@ def test_even_bits_and_a_rank_that_never_enters(tmp_path):
     assert rows[("padded", "[300]")]["even_bitwise_equal"] == "True"
 
 
+def test_what_outside_code_slips_past_is_named(tmp_path):
+    # [3,3] splits (2,4) on two ranks. The CP group runs in reverse world
+    # order, so the default group and the global rank put rows elsewhere.
+    names = ("refuses_late_c10d", "refuses_late_functional", "default_group", "global_rank", "raw_allgather",
+             "own_rows_scatter", "float64_scatter")
+    impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[3,3],[4,4]", "timeout_s=30", *SMALL)
+    assert run.returncode == 1, run.stderr[-2000:]
+    rows = _by_point(run)
+    expect = {
+        # A collective through distributed_c10d or the functional collectives
+        # before the refusal: seen on the group's sequence number.
+        "refuses_late_c10d": ("failed", "refusal", "raised only after issuing 1 collective(s) on the CP group"),
+        "refuses_late_functional": ("failed", "refusal", "raised only after issuing 1 collective(s) on the CP group"),
+        "default_group": ("failed", "group", "on the default group"),
+        "global_rank": ("failed", "group", "dist.get_rank()"),
+        # The unfixed serving communicator: the same all-gather, other shapes.
+        "raw_allgather": ("error", "collective_shapes", "rank 0 [2, 32] BFloat16 on cpu; rank 1 [4, 32] BFloat16"),
+        "own_rows_scatter": ("error", "collective_shapes", "(_REDUCE_SCATTER_BASE) with different shapes"),
+        "float64_scatter": ("failed", "scatter_chunk", "dtype float64, not bfloat16"),
+    }
+    for name, (status, check, text) in expect.items():
+        row = rows[(f"{BROKEN}:{name}", "[3,3]")]
+        assert _verdict(row) == (status, check), (name, row["reason"])
+        assert text in row["reason"], (name, row["reason"])
+    assert "on gloo" in rows[(f"{BROKEN}:raw_allgather", "[3,3]")]["reason"]
+    assert "on NCCL" in rows[(f"{BROKEN}:raw_allgather", "[3,3]")]["reason"]
+    # Even shards hide every one of them but the default group and the dtype;
+    # an even-only implementation runs there.
+    for name in ("refuses_late_c10d", "refuses_late_functional", "global_rank", "raw_allgather", "own_rows_scatter"):
+        assert _verdict(rows[(f"{BROKEN}:{name}", "[4,4]")]) == ("ok", ""), (name, rows[(f"{BROKEN}:{name}", "[4,4]")])
+    assert _verdict(rows[(f"{BROKEN}:default_group", "[4,4]")]) == ("failed", "group")
+    assert _verdict(rows[(f"{BROKEN}:float64_scatter", "[4,4]")]) == ("failed", "scatter_chunk")
+    for lens in ("[3,3]", "[4,4]"):
+        assert _verdict(rows[("padded", lens)]) == ("ok", ""), rows[("padded", lens)]["reason"]
+
+
+def test_bystanders_catch_the_default_group(tmp_path):
+    # One rank in the world outside the CP group: a collective on the default
+    # group cannot complete (gloo's size check raises on the CP ranks, or they
+    # wait for the bystander); the correct implementation runs as before.
+    impl = f"{BROKEN}:default_group,padded"
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "bystanders=1", "seq_lens=[3,3]", "timeout_s=10",
+                     *SMALL)
+    assert run.returncode == 1, run.stderr[-2000:]
+    rows = _by_point(run)
+    hung = rows[(f"{BROKEN}:default_group", "[3,3]")]
+    assert hung["status"] in ("error", "timeout"), hung["reason"]
+    if hung["status"] == "timeout":
+        assert hung["failed_check"] == "group" and "bystander" in hung["reason"], hung["reason"]
+    ok = rows[("padded", "[3,3]")]
+    assert _verdict(ok) == ("ok", "") and ok["bystanders"] == "1", ok["reason"]
+    assert "bystanders=1" in ok["repro"]
+
+
 # --- the worked example, installed as a plugin --------------------------------
 
 

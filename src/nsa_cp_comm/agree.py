@@ -129,7 +129,7 @@ def agree(what: str, tensor: object, plan: object, expected_rows: int, group: di
     world = dist.get_world_size(group)
     device = _exchange_device(tensor, group)
     out = torch.empty(world * FIELDS, dtype=torch.int64, device=device)
-    with uncounted():
+    with uncounted(group):
         all_gather_into(out, torch.tensor(mine, dtype=torch.int64, device=device), group)
     prints = out.view(world, FIELDS).tolist()
     message = verdict(what, prints)

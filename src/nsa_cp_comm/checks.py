@@ -19,6 +19,9 @@ FULL mode, every implementation that runs:
   implementations that claim it (the padded family).
 - ``refusal``: an implementation that needs even plans, given an uneven one,
   raised on every rank before issuing any collective (status ``refused``).
+- ``group``: no collective on the default group, and no rows picked with the
+  global rank where the CP group's is meant (the CP group is never the
+  default group in world order, :mod:`.cpgroup`).
 
 SCATTERED mode: the CP communicator passes rows through untouched
 (``passthrough``); an a2a implementation is checked on its dispatched rows
@@ -35,15 +38,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import impls as impl_registry
-from .collectives import counting
+from .collectives import Observed, observing
 from .communicator import CPLayerCommunicator
+from .cpgroup import cp_group
 from .modes import ScatterMode
 from .moe import ReferenceMoE, max_rel_err, tolerance
 from .plan import CPPlan
@@ -68,26 +70,33 @@ class ImplReport:
         self.failures.append((check, message))
 
 
-_CHECKED_GROUPS: dict[tuple[int, float], Any] = {}
-
-
-def checked_group(timeout_s: float) -> dist.ProcessGroup:
-    """A process group over the whole world with torch's collective-consistency
+def checked_group(timeout_s: float, bystanders: int = 0) -> dist.ProcessGroup | None:
+    """The CP group the checks run on (:mod:`.cpgroup`: the world's ranks after
+    ``bystanders``, in reverse order) with torch's collective-consistency
     checking (every collective's op, shapes and dtypes compared across ranks
-    first). Created once per process (a collective: all ranks call it)."""
-    from torch._C._distributed_c10d import DebugLevel, get_debug_level, set_debug_level
+    first); None on a bystander. Created once per process (a collective: all
+    ranks call it)."""
+    return cp_group(dist.get_world_size() - bystanders, bystanders=bystanders, checked=True, timeout_s=timeout_s)
 
-    key = (dist.get_world_size(), timeout_s)
-    if key not in _CHECKED_GROUPS:
-        before = get_debug_level()
-        set_debug_level(DebugLevel.DETAIL)
-        try:
-            _CHECKED_GROUPS[key] = dist.new_group(
-                backend=dist.get_backend(), timeout=timedelta(seconds=max(1.0, timeout_s))
-            )
-        finally:
-            set_debug_level(before)
-    return _CHECKED_GROUPS[key]
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def unlike(got: object, want: torch.Tensor) -> str:
+    """How ``got`` differs from ``want`` other than in its values (not a
+    tensor; its dtype, shape, device), '' when only values can differ: the
+    part of a failure's reason that names the mistake."""
+    if not isinstance(got, torch.Tensor):
+        return f"returned {type(got).__name__}, not a tensor"
+    diffs = []
+    if got.dtype != want.dtype:
+        diffs.append(f"dtype {_dtype(got)}, not {_dtype(want)}")
+    if tuple(got.shape) != tuple(want.shape):
+        diffs.append(f"shape {tuple(got.shape)}, not {tuple(want.shape)}")
+    if got.device != want.device:
+        diffs.append(f"device {got.device}, not {want.device}")
+    return ", ".join(diffs)
 
 
 def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
@@ -97,10 +106,10 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     whether the buffer is usable for the later checks."""
     if shards is None:
         shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
-    want = (impl.buffer_rows(plan), spec.hidden_size)
-    if not isinstance(full, torch.Tensor) or tuple(full.shape) != want:
-        shape = tuple(full.shape) if isinstance(full, torch.Tensor) else type(full).__name__
-        rep.fail("gather_shape", f"gathered shape {shape} != {want}")
+    want = torch.empty((impl.buffer_rows(plan), spec.hidden_size), dtype=shards[0].dtype, device=shards[0].device)
+    diff = unlike(full, want)
+    if diff:
+        rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
@@ -119,12 +128,41 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
 def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
                           plan: CPPlan, what: str) -> None:
     ref = moe.reference(local)
+    diff = unlike(out, local)  # the reference is float32; the output has the rows' dtype
     ok_shape = isinstance(out, torch.Tensor) and out.shape == ref.shape
     rep.max_rel_err = max_rel_err(out, ref) if ok_shape else math.inf
     tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
     if not rep.max_rel_err <= tol:
-        shape = "" if ok_shape else f" (shape {tuple(out.shape) if isinstance(out, torch.Tensor) else out!r})"
-        rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}{shape}")
+        rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}"
+                 + (f" ({diff})" if diff else ""))
+
+
+def _check_group(rep: ImplReport, seen: Observed, phase: str) -> None:
+    if seen.on_default:
+        rep.fail("group", f"the {phase} issued {seen.on_default} collective(s) on the default group, not on the CP "
+                          "group it was handed (whose ranks are in another order)")
+
+
+def _read_by_global_rank(impl: impl_registry.RoundTripImpl, plan: CPPlan, rank: int, full: torch.Tensor,
+                         out: object) -> str:
+    """What a scatter's wrong output is when it is the rows it would be with
+    ``dist.get_rank()`` (the global rank) where the group's rank is meant:
+    the rows, or the row count, of the rank whose group rank is this rank's
+    global rank; '' when it is not that."""
+    g = dist.get_rank()
+    if g == rank or g >= plan.cp_size or not isinstance(out, torch.Tensor):
+        return ""
+    starts, n = impl.starts(plan), plan.per_rank_tokens
+    readings = {
+        (g, g): f"the rows of rank {g}",
+        (rank, g): f"its own offset with rank {g}'s row count ({n[g]} rows, not {n[rank]})",
+        (g, rank): f"{n[rank]} rows at rank {g}'s offset",
+    }
+    for (at, count), what in readings.items():
+        if bitwise_equal(out, full[starts[at] : starts[at] + n[count]]):
+            return (f"{what}: rank {g} is this process's global rank (dist.get_rank()), its CP group rank is "
+                    f"{rank} (dist.get_rank(group))")
+    return ""
 
 
 def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
@@ -138,7 +176,7 @@ def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
                         ("scatter", lambda: impl.scatter(full, plan, group))):
         t0 = time.perf_counter()
         raised = ""
-        with counting() as calls:
+        with observing(group) as seen:
             try:
                 call()
             except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
@@ -146,8 +184,8 @@ def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
         took = time.perf_counter() - t0
         if not raised:
             rep.fail("refusal", f"{phase} accepted an uneven plan (per_rank_tokens={list(plan.per_rank_tokens)})")
-        elif calls:
-            rep.fail("refusal", f"{phase} raised only after issuing {', '.join(calls)}: {raised}")
+        elif seen.issued:
+            rep.fail("refusal", f"{phase} raised only after issuing {seen.describe()}: {raised}")
         elif impl.name == "legacy" and not raised.startswith(f"ValueError: {LEGACY_UNEVEN_ERROR}"):
             rep.fail("refusal", f"{phase} raised {raised!r}, not torch's ValueError text")
         notes.append(f"{phase}: {raised} after {took * 1e3:.1f} ms, no collective")
@@ -181,7 +219,9 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         return check_refusal(impl, spec, plan, rank, device, local, group)
     rep = ImplReport()
     before = local.clone()
-    full = impl.gather(local, plan, group)
+    with observing(group) as seen:
+        full = impl.gather(local, plan, group)
+    _check_group(rep, seen, "gather")
     if not bitwise_equal(local, before):
         rep.fail("input_mutated", "the gather modified its input rows")
     usable = check_gather(impl, full, spec, plan, device, rep, shards)
@@ -190,9 +230,17 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         # same collectives as its peers: the scatters run on a buffer of the right size.
         full = torch.zeros((impl.buffer_rows(plan), spec.hidden_size), dtype=local.dtype, device=device)
     probe = full.clone() if rank == 0 else torch.zeros_like(full)
-    out = impl.scatter(probe, plan, group)
+    with observing(group) as seen:
+        out = impl.scatter(probe, plan, group)
+    _check_group(rep, seen, "scatter")
     if not (isinstance(out, torch.Tensor) and bitwise_equal(out, before)):
-        rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows")
+        global_read = _read_by_global_rank(impl, plan, rank, full, out)
+        if global_read:
+            rep.fail("group", f"the scatter returned {global_read}")
+        else:
+            diff = unlike(out, before)
+            rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows"
+                     + (f": {diff}" if diff else ""))
     partial = moe.partial(full, rank, plan.cp_size)
     out = impl.scatter(partial.clone(), plan, group)
     _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")

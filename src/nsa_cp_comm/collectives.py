@@ -5,15 +5,22 @@ torch 2.13 renamed ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` to
 torch 2.11 has only the old ones. The name is picked once at import, so no run
 prints deprecation warnings and every caller goes through one function.
 
-:func:`counting` tells whether a piece of code issued any collective at all:
-the refusal check uses it to prove that the legacy path declined an uneven plan
-before entering one (a rank inside a collective its peers skip hangs or aborts).
+:func:`observing` tells whether a piece of code issued any collective at all,
+and on which group: the refusal check uses it to prove that an even-only path
+declined an uneven plan before entering one (a rank inside a collective its
+peers skip hangs or aborts), the ``group`` check that nothing went over the
+default group. It reads the process groups' own sequence numbers, which every
+collective moves whatever path issued it (``torch.distributed``'s functions,
+``distributed_c10d``, a group's methods, the functional and the object
+collectives); :func:`counting`, which wraps ``torch.distributed``'s names,
+only adds the names of the collectives it saw.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -58,17 +65,78 @@ def group_size(group: dist.ProcessGroup | None) -> int:
 
 
 _UNCOUNTED = [0]
+# Collectives issued inside uncounted() blocks, per process group (by id).
+_BOOKKEEPING: dict[int, int] = {}
+
+
+def sequence_number(group: dist.ProcessGroup | None) -> int | None:
+    """How many collectives ``group`` (None: the default group) has issued on
+    this rank, or None where its backend does not count them."""
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        return int(pg._get_sequence_number_for_group())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _delta(before: int | None, after: int | None) -> int:
+    return after - before if before is not None and after is not None else 0
 
 
 @contextlib.contextmanager
-def uncounted() -> Iterator[None]:
-    """Collectives in this block are bookkeeping (the ranks' agreement on their
-    inputs, :mod:`.agree`), not the round trip's: :func:`counting` skips them."""
+def uncounted(group: dist.ProcessGroup | None = None) -> Iterator[None]:
+    """Collectives in this block (on ``group``) are bookkeeping (the ranks'
+    agreement on their inputs, :mod:`.agree`), not the round trip's:
+    :func:`counting` and :func:`observing` skip them."""
     _UNCOUNTED[0] += 1
+    before = sequence_number(group)
     try:
         yield
     finally:
         _UNCOUNTED[0] -= 1
+        pg = group if group is not None else dist.group.WORLD
+        _BOOKKEEPING[id(pg)] = _BOOKKEEPING.get(id(pg), 0) + _delta(before, sequence_number(group))
+
+
+@dataclass
+class Observed:
+    """What :func:`observing` saw: collectives on the group it watched and on
+    the default group (bookkeeping left out), and the names of those issued
+    through ``torch.distributed``'s functions."""
+
+    on_group: int = 0
+    on_default: int = 0
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def issued(self) -> bool:
+        return bool(self.on_group or self.on_default or self.names)
+
+    def describe(self) -> str:
+        where = [f"{n} collective(s) on {g}" for n, g in ((self.on_group, "the CP group"), (self.on_default, "the default group")) if n]
+        names = f" ({', '.join(self.names)})" if self.names else ""
+        return (" and ".join(where) or "a collective") + names
+
+
+@contextlib.contextmanager
+def observing(group: dist.ProcessGroup | None) -> Iterator[Observed]:
+    """Within the block, count the collectives issued on ``group`` and on the
+    default group, whatever path issued them (each group's sequence number,
+    before and after), less :func:`uncounted` bookkeeping."""
+    seen = Observed()
+    watched = [group if group is not None else dist.group.WORLD]
+    if watched[0] is not dist.group.WORLD:
+        watched.append(dist.group.WORLD)
+    before = [(sequence_number(g), _BOOKKEEPING.get(id(g), 0)) for g in watched]
+    with counting() as names:
+        try:
+            yield seen
+        finally:
+            counts = [_delta(s, sequence_number(g)) - (_BOOKKEEPING.get(id(g), 0) - b)
+                      for g, (s, b) in zip(watched, before)]
+            seen.on_group = counts[0]
+            seen.on_default = counts[1] if len(counts) > 1 else 0
+            seen.names = list(names)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -19,10 +19,12 @@ import torch.distributed as dist
 
 from . import impls as impl_registry
 from .checks import ImplReport, check_dispatch, check_full, check_passthrough, checked_group
+from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports, origin_of
 from .modes import ScatterMode
 from .moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
+from .roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, FAULTS, PointSpec, bitwise_equal, make_shard, shard_seed  # noqa: F401 - re-exported
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
@@ -32,8 +34,9 @@ from .timing import CacheFlusher, Clock, timed_loop
 CHECK_TIMEOUT_S = 60.0
 
 
-def _inject(spec: PointSpec, rank: int) -> None:
-    if spec.fault == "none" or rank != spec.cp_size - 1:
+def _inject(spec: PointSpec) -> None:
+    # The world's last rank: never rank 0, which writes a torchrun point's rows.
+    if spec.fault == "none" or dist.get_rank() != dist.get_world_size() - 1:
         return
     time.sleep(0.2)  # let the healthy ranks enter the collective first
     if spec.fault == "crash_rank":
@@ -41,7 +44,7 @@ def _inject(spec: PointSpec, rank: int) -> None:
     if spec.fault == "hang_rank":
         while True:
             time.sleep(3600)
-    raise RuntimeError(f"injected fault on rank {rank}")
+    raise RuntimeError(f"injected fault on rank {dist.get_rank()}")
 
 
 def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
@@ -58,14 +61,14 @@ def check_point(
 ) -> dict[str, ImplReport]:
     """The correctness phase on this rank: every implementation's checks
     (``moe``: the point's :func:`reference_moe`, built here when not given)."""
-    rank = dist.get_rank()
+    rank = dist.get_rank(group)  # the CP group's rank, not the world's
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
     # Every rank's rows, generated once; each implementation gets its own copy
     # of this rank's, so one that writes into its input cannot fail the next.
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     moe = moe or reference_moe(spec, device)
-    _inject(spec, rank)
+    _inject(spec)
     reports: dict[str, ImplReport] = {}
     for name in spec.impls:
         impl = impl_registry.get(name)
@@ -95,7 +98,10 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
     device = rank_device()
-    group = checked_group(CHECK_TIMEOUT_S)
+    group = checked_group(CHECK_TIMEOUT_S, spec.bystanders)
+    plain = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False)
+    if group is None:
+        return {}  # a bystander: in the world, not in the CP group
     moe = reference_moe(spec, device)
     reports = check_point(spec, backend, device, group, moe)
     # Agree on what to time: an implementation that failed on one rank is
@@ -107,7 +113,7 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     # consistency check turns the would-be hang into an error on every rank.
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     plan = spec.plan()
-    rank = dist.get_rank()
+    rank = dist.get_rank(plain)
     steps = []
     for name, bad in zip(names, failed.tolist()):
         rep = reports[name]
@@ -115,63 +121,122 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
             continue
         impl = impl_registry.get(name)
         if impl.mode == "SCATTERED":
-            steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, None))
+            steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
         else:
-            steps.append(full_steps(impl, spec, plan, rank, device, None))
+            steps.append(full_steps(impl, spec, plan, rank, device, plain))
     out: dict[str, dict[str, Any]] = {}
     if steps:
-        steps.append(control_steps(spec, plan, rank, device))
+        steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
-        samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), flush=flush)
+        samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
+                             flush=flush)
         out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
             reports[name].samples = phases
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 
-# The correctness group's consistency check, as each rank reports itself.
+# The correctness group's consistency check, as each rank reports itself (its
+# text holds its own fingerprint and one peer's).
 _MISMATCH = "Detected mismatch between collectives on ranks"
-_OWN_FINGERPRINT = re.compile(
+_FINGERPRINT = re.compile(
     r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+)"
+    r"(?:, TensorShape=\[(.*?)\], TensorDtypes=([^,]+), TensorDeviceTypes=TensorOptions\(.*?device=(\w+))?"
 )
+# What a collective whose ranks pass different sizes does when nothing compares
+# them first (each rank checks only its own sizes), as seen on gloo here and
+# by torch's NCCL size checks.
+_MISMATCHED_COUNTS = "ranks whose sizes agree with themselves but not with their peers' exchange mismatched counts: " \
+    "a hang or wrong rows"
+_UNCHECKED = {
+    "gather": (
+        "without the consistency check: on gloo a rank whose output is not world_size x its input raises 'invalid "
+        "tensor size' while its peers wait in the all-gather forever; on NCCL such a rank raises torch's "
+        f"'{LEGACY_UNEVEN_ERROR}' while its peers hang, and {_MISMATCHED_COUNTS}"
+    ),
+    "scatter": (
+        "without the consistency check: on gloo a rank aborts its process (SIGABRT, 'Received data size doesn't "
+        "match expected size') and its peers fail with a connection reset; on NCCL a rank whose input is not "
+        f"world_size x its output raises torch's size error while its peers hang, and {_MISMATCHED_COUNTS}"
+    ),
+    "other": (
+        "without the consistency check: on gloo a rank aborts its process (SIGABRT) or waits forever; on NCCL "
+        f"{_MISMATCHED_COUNTS}"
+    ),
+}
 
 
-def _mismatch(results: list[RankResult]) -> str:
-    """The ranks' collectives when the correctness group found they differ,
-    naming the ranks that never entered the collective most ranks are in
-    (with a tie, every rank and its collective), else ''."""
-    ops: dict[int, str] = {}
+def _fingerprints(results: list[RankResult]) -> dict[int, tuple[str, str, str, str]]:
+    """``{rank: (op, shape, dtype, device)}`` of every rank some rank's
+    consistency-check text names."""
+    seen: dict[int, tuple[str, str, str, str]] = {}
     for r in results:
-        m = _OWN_FINGERPRINT.search(r.error) if _MISMATCH in r.error else None
-        if m:
-            ops[int(m.group(1))] = m.group(2)
-    if not ops:
-        return ""
+        if _MISMATCH in r.error:
+            for m in _FINGERPRINT.finditer(r.error):
+                fp = (m.group(2), m.group(3) or "", (m.group(4) or "").strip(), m.group(5) or "")
+                seen.setdefault(int(m.group(1)), fp)
+    return seen
+
+
+def _mismatch(results: list[RankResult]) -> tuple[str, str]:
+    """``(failed_check, reason)`` when the correctness group found the ranks'
+    collectives differ, else ``("", "")``. The same collective with other
+    shapes, dtypes or devices is ``collective_shapes``, naming each rank's;
+    different collectives are ``collective_skipped``, naming the ranks that
+    never entered the collective most ranks are in (with a tie, every rank
+    and its collective)."""
+    prints = _fingerprints(results)
+    if not prints:
+        return "", ""
+    ops = {rank: fp[0] for rank, fp in sorted(prints.items())}
+    if len(set(ops.values())) == 1:
+        op = next(iter(ops.values()))
+        differ = [what for i, what in ((1, "shapes"), (2, "dtypes"), (3, "devices"))
+                  if len({fp[i] for fp in prints.values()}) > 1] or ["shapes"]
+        each = "; ".join(
+            f"rank {rank} [{fp[1]}] {fp[2]} on {fp[3]}" if fp[1] else f"rank {rank}" for rank, fp in sorted(prints.items())
+        )
+        kind = "gather" if "ALLGATHER" in op else "scatter" if "REDUCE_SCATTER" in op else "other"
+        return "collective_shapes", (
+            f"every rank issued the same collective ({op}) with different {' and '.join(differ)}: {each}; "
+            f"{_UNCHECKED[kind]}"
+        )
     by_op: dict[str, list[int]] = {}
-    for rank, op in sorted(ops.items()):
+    for rank, op in ops.items():
         by_op.setdefault(op, []).append(rank)
     where = "; ".join(f"rank {','.join(map(str, rs))} in {op}" for op, rs in by_op.items())
     counts = sorted((len(rs) for rs in by_op.values()), reverse=True)
     if len(counts) > 1 and counts[0] > counts[1]:
         common = max(by_op, key=lambda op: len(by_op[op]))
-        never = [rank for rank, op in sorted(ops.items()) if op != common]
+        never = [rank for rank, op in ops.items() if op != common]
         head = f"rank {','.join(map(str, never))} never entered {common}"
     else:
         head = "ranks issued different collectives"
-    return f"{head} ({where}): a decision taken from local state, not the shared plan"
+    return "collective_skipped", f"{head} ({where}): a decision taken from local state, not the shared plan"
 
 
 def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
     """Rows for a point whose ranks raised, died or hung. Ranks that answered
     while others timed out skipped a collective their peers wait in; ranks
     the correctness group found in different collectives skipped one too."""
+    # The failure itself names processes (world ranks); the diagnoses name
+    # ranks as the CP group numbers them, as its fingerprints do.
     status, reason = summarize_failure(results)
+    ours = {r.rank: group_rank_of(r.rank, spec.cp_size, spec.bystanders) for r in results}
+    cp_results = sorted((replace(r, rank=ours[r.rank]) for r in results if ours[r.rank] is not None),
+                        key=lambda r: r.rank)
     check = ""
-    done = [r.rank for r in results if r.ok]
-    stuck = [r.rank for r in results if r.status == "timeout"]
-    mismatch = _mismatch(results)
-    if mismatch:
-        check = "collective_skipped"
+    done = [r.rank for r in cp_results if r.ok]
+    stuck = [r.rank for r in cp_results if r.status == "timeout"]
+    mismatch_check, mismatch = _mismatch(cp_results)
+    if spec.bystanders and stuck and not done and all(r.ok for r in results if ours[r.rank] is None):
+        check = "group"
+        reason = (
+            f"every CP rank still waiting in a collective that only the {spec.bystanders} bystander rank(s), in the "
+            f"world but outside the CP group, could complete: a collective on the default group; {reason}"
+        )
+    elif mismatch:
+        check = mismatch_check
         # Each rank's text repeats the fingerprints just summarised.
         reason = f"{mismatch}; {reason.split(_MISMATCH)[0]}{_MISMATCH}"
     elif done and stuck:
@@ -187,10 +252,12 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[Impl
     """Run one point on a warm pool. A rank that raises, dies or hangs yields
     ``error``/``timeout`` results (the pool is then closed); never raises for
     what happens on the ranks."""
-    if pool.world_size != spec.cp_size:
-        raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size}")
+    if pool.world_size != spec.world_size:
+        raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
     plan = spec.plan()
     results = pool.run(point_on_rank, spec, pool.backend, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         return failed_run(spec, results)
-    return fold_reports(spec, plan, [r.value for r in results])
+    # In the CP group's rank order, bystanders left out.
+    by_group = {group_rank_of(r.rank, spec.cp_size, spec.bystanders): r.value for r in results}
+    return fold_reports(spec, plan, [by_group[r] for r in range(spec.cp_size)])

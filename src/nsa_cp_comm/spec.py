@@ -41,6 +41,7 @@ class PointSpec:
     seed: int = 0
     flush_l2: bool = False
     fault: str = "none"  # tests only: make the last rank crash, hang or raise
+    bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
 
     def __post_init__(self) -> None:
         from . import impls as impl_registry
@@ -56,6 +57,8 @@ class PointSpec:
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{key}={v!r} must be a positive int")
+        if not isinstance(self.bystanders, int) or isinstance(self.bystanders, bool) or self.bystanders < 0:
+            raise ValueError(f"bystanders={self.bystanders!r} must be a non-negative int")
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
             raise ValueError(f"warmup={self.warmup!r} must be a non-negative int")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
@@ -68,6 +71,11 @@ class PointSpec:
     @property
     def experts(self) -> int:
         return self.num_experts if self.num_experts is not None else 2 * self.cp_size
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the point starts: the CP group and its bystanders."""
+        return self.cp_size + self.bystanders
 
     def plan(self) -> CPPlan:
         return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size, align=self.align)

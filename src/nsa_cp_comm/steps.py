@@ -128,7 +128,7 @@ def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
 CONTROL = "_control"
 
 
-def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device) -> Steps:
+def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device, group: dist.ProcessGroup | None) -> Steps:
     """The A/A control timed in the same loop as the implementations: a bare
     all-gather into the padded ``[max*cp, H]`` buffer and a reduce-scatter of
     it, torch's calls with nothing of this project's around them. An
@@ -140,5 +140,5 @@ def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device) -> Steps:
     block = full[rank * m : (rank + 1) * m]
     scratch = torch.zeros_like(full)
     chunk = scratch.tensor_split(plan.cp_size)[rank]
-    return Steps(CONTROL, [("gather", lambda i: all_gather_into(full, block, None)),
-                           ("scatter", lambda i: reduce_scatter_into(chunk, scratch, None))])
+    return Steps(CONTROL, [("gather", lambda i: all_gather_into(full, block, group)),
+                           ("scatter", lambda i: reduce_scatter_into(chunk, scratch, group))])
