@@ -149,7 +149,7 @@ def effective_id(res: Resolved) -> str:
 def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[str, str] | None:
     """A row of another point in ``results_dir`` that measured the same
     effective configuration, if any (the first such point in file order)."""
-    for other, rows in latest_rows(results_path(results_dir)).items():
+    for other, rows in latest_rows(results_path(results_dir), warn=False).items():
         if other == pid:
             continue
         for row in rows.values():

@@ -371,7 +371,7 @@ def _bad(tmp_path: Path, base: str) -> dict[str, tuple[list[str], str]]:
         "missing_new": ([base, str(tmp_path / "nope")], f"NEW={tmp_path / 'nope'}: no such file or directory"),
         "no_columns": ([base, str(tmp_path / "other.csv")], f"NEW={tmp_path / 'other.csv'}: not a results table"),
         "empty_run": ([str(tmp_path / "empty"), base], f"BASE={tmp_path / 'empty'}: no rows"),
-        "torn": ([base, str(tmp_path / "torn.csv")], f"NEW={tmp_path / 'torn.csv'}: cannot read as CSV"),
+        "torn": ([base, str(tmp_path / "torn.csv")], f"NEW={tmp_path / 'torn.csv'}: no rows (empty run; 1 malformed row(s) set aside)"),
         "unknown_metric": ([base, base, "--metric", "speed"], "--metric=speed: unknown metric"),
         "bad_threshold": ([base, base, "--fail-above", "abc"], "--fail-above=abc: not a percentage"),
         "negative_threshold": ([base, base, "--fail-above=-5%"], "--fail-above=-5%: must be"),
