@@ -155,6 +155,9 @@ def validate_value(key: str, value: Any) -> None:
     elif key == "results_dir":
         if not isinstance(value, str) or not value:
             raise _fail(key, value, "must be a directory path")
+        if "${" in value:
+            # Hydra's job directories interpolate results_dir, and read this as a reference
+            raise _fail(key, value, "must not contain '${' (Hydra would read it as an interpolation)")
         check_writable(value)
 
 

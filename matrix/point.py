@@ -279,14 +279,35 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir)
+        # start-up is bounded by the point's timeout too: a rank stopped while
+        # starting costs timeout_s, not the pool's default
+        pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir,
+                        start_timeout_s=cfg["timeout_s"])
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     try:
-        return run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
+        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         pool.close(graceful=False)
         return every_impl(res, "error", one_line_error(exc))
+    return _after_point_check(pool, results, cfg["timeout_s"])
+
+
+def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -> list[ImplResult]:
+    """The point's results, unless it left its ranks changed (a destroyed group,
+    another default dtype or device): then its rows that would say ok get
+    the error, and the next point gets fresh ranks (the pool is closed)."""
+    from dataclasses import replace
+
+    from nsa_cp_comm.rank_state import check_pool
+
+    if not pool.alive:  # a failed point closed it: the next point starts fresh ranks anyway
+        return results
+    problem = check_pool(pool, timeout_s)
+    if not problem:
+        return results
+    return [r if r.status in ("failed", "error", "timeout") else
+            replace(r, status="error", reason=problem, correct=None, stats={}) for r in results]
 
 
 def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:

@@ -15,6 +15,7 @@ import fcntl
 import io
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -241,11 +242,27 @@ def _path_error(path: Path, exc: OSError) -> ResultsPathError:
     return ResultsPathError(f"{where}: cannot open {path} ({exc.strerror or exc})")
 
 
+def _check_regular(path: Path) -> None:
+    """ResultsPathError (one line) when ``path`` exists and is not a regular
+    file: reading a FIFO waits for a writer forever, and rows written to a
+    device (a link to /dev/null) are lost."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise ResultsPathError(f"results_dir={path.parent}: {path}{target} is not a regular file")
+
+
 def read_header(path: Path) -> list[str] | None:
     """The header of an existing results file, or None when there is none yet
     (no file, an empty one, or no whole first line: a torn first write, which
     the next append sets aside). ResultsPathError (one line) for a path that
     cannot be read as a file."""
+    _check_regular(path)
     try:
         with path.open("rb") as f:
             first = f.readline(1 << 20)
@@ -284,9 +301,10 @@ def torn_path(path: Path) -> Path:
 
 def _open_for_append(path: Path) -> int:
     """``path`` opened read-write for appending (created with its directory)."""
+    _check_regular(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
             raise ResultsWriteError(path, exc) from None

@@ -159,6 +159,9 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         started.set()
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
+    from .rank_state import remember
+
+    remember()
     started.set()
     conn.send(("ready", "ok", None, ""))
     while True:
@@ -295,6 +298,14 @@ def _check_device(device: str) -> None:
             raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
 
 
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a rank's process group (its descendants)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -381,8 +392,10 @@ class RankPool:
             try:
                 args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
                         self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
-                self._procs.append(
-                    subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+                # Each rank leads its own process group: what a task starts on it
+                # (a plug-in's helper processes) is killed with it (close()).
+                self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
+                                                    stdin=subprocess.DEVNULL, process_group=0))
                 self._conns.append(Connection(ours.detach()))
             finally:
                 theirs.close()
@@ -479,6 +492,7 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.wait()
+            _kill_group(p.pid)
         for conn in self._conns:
             conn.close()
         try:
@@ -505,7 +519,8 @@ _POOLS: dict[tuple[int, str, str], RankPool] = {}
 REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 
 
-def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str]) -> RankPool:
+def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str],
+             start_timeout_s: float = 180.0) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
     no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
     set of ranks holds the machine's cores at a time."""
@@ -514,7 +529,7 @@ def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.Pa
     if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
         return pool
     close_pools()
-    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir)
+    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir, start_timeout_s=start_timeout_s)
     _POOLS[key] = pool
     return pool
 
