@@ -132,11 +132,12 @@ def roundtrip_bad_inputs() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class CliCase:
-    args: tuple[str, ...]  # after `python -m matrix -m results_dir={tmp}/res`; {tmp}, {too_many} filled in
+    args: tuple[str, ...]  # after `python -m matrix -m results_dir={tmp}/res`; {tmp}, {too_many}, {too_long} filled in
     expect: str  # the stderr line
     stage: str  # "value": each value on its own; "point": every point of the sweep, composed
     doc: str = ""  # the document's text for args, when they hold placeholders
-    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema
+    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema;
+    # "fifo": {tmp}/fifo/results.csv is a FIFO; "dev_null": {tmp}/null/results.csv is a link to /dev/null
 
 
 VALUE = "value"
@@ -170,6 +171,16 @@ CLI: tuple[CliCase, ...] = (
             POINT, doc="backend=nccl cp_size=N (N > the machine's GPUs)"),
     CliCase(("results_dir={tmp}/file/res",), "error: results_dir=*/file/res: */file is not a writable directory", VALUE,
             doc="results_dir=FILE/res (FILE a regular file)", setup="file"),
+    CliCase(("seq_lens={too_long}",), "error: seq_lens=[...]: 65537 entries, more than the 65536 requests one batch may hold",
+            VALUE, doc="seq_lens=[1,1,...] (65537 entries)"),
+    CliCase(("results_dir=x\\${{y}}",),
+            "error: results_dir='x\\\\${y}': must not contain '${' (Hydra would read it as an interpolation)", VALUE,
+            doc="results_dir=x\\${y}"),
+    CliCase(("results_dir={tmp}/fifo",), "error: results_dir=*/fifo: */fifo/results.csv is not a regular file", POINT,
+            doc="results_dir=DIR (DIR/results.csv a FIFO)", setup="fifo"),
+    CliCase(("results_dir={tmp}/null",),
+            "error: results_dir=*/null: */null/results.csv (a link to /dev/null) is not a regular file", POINT,
+            doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup="dev_null"),
     CliCase(("results_dir=/proc/sys/matrix-results",),
             "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
     CliCase(("results_dir={tmp}/old", "resume=true"),

@@ -409,3 +409,24 @@ def test_module_entry_point(base: str, tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith("-> FAIL")
     assert "Traceback" not in proc.stderr
+
+
+# --- bad data: a metric that is not a finite, non-negative number
+
+
+@pytest.mark.parametrize("which", ["new", "base"])
+@pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (-50.0, "-50.0"), (float("inf"), "inf"),
+                                          ("fast", "fast")])
+def test_a_nan_or_impossible_metric_is_bad_data(tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str,
+                                                value: object, shown: str) -> None:
+    """A NaN in NEW passed unmarked; a negative latency counted as improved."""
+    good = write_run(tmp_path / "good", base_rows())
+    bad = write_run(tmp_path / "bad", changed(FIRST, roundtrip_p50_us=value))
+    argv = [good, bad] if which == "new" else [bad, good]
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "", out
+    arg = "NEW" if which == "new" else "BASE"
+    assert err.strip().splitlines() == [
+        f"error: {arg}={bad}: bad data: roundtrip_p50_us={shown} in 1 point(s) "
+        "(first: cp_size=2 seq_lens=[512,512] impl=padded); a time or size is a finite number >= 0"
+    ], err
