@@ -301,3 +301,17 @@ def exit_on_last(code: int) -> int:
         time.sleep(0.1)
         os._exit(code)
     return dist.get_rank()
+
+
+def leave_rank_changed(how: str) -> None:
+    """Change this rank the way a careless plug-in would, and return."""
+    if how == "destroy_group":
+        dist.destroy_process_group()
+    elif how == "default_dtype":
+        torch.set_default_dtype(torch.float64)
+    elif how == "default_device":
+        torch.set_default_device("meta")
+    elif how == "start_helper":
+        import subprocess
+
+        subprocess.Popen(["sleep", "987653"])
