@@ -315,3 +315,14 @@ def leave_rank_changed(how: str) -> None:
         import subprocess
 
         subprocess.Popen(["sleep", "987653"])
+
+
+def stop_last_rank_in_a_collective() -> int:
+    """The last rank stops itself (SIGSTOP) while its peers wait in an all-reduce."""
+    import signal
+
+    if dist.get_rank() == dist.get_world_size() - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())

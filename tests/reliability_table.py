@@ -398,6 +398,13 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_rank_state",
     ),
     FaultCase(
+        "a rank stopped (SIGSTOP) while its peers wait for it",
+        "a `RankPool` task (and start-up)",
+        "status `timeout`; the reason adds `rank N never answered: its process is stopped (SIGSTOP?)`",
+        "test_a_timeout_names_the_rank_that_is_stopped",
+        "test_rank_state",
+    ),
+    FaultCase(
         "`seq_lens` with thousands of entries",
         "the preflight (Hydra's override parser)",
         "parsed in time linear in its length (Hydra's list visitor replaced by one that walks the list once); "

@@ -65,3 +65,14 @@ def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
     results = point._results_for(cfg, res, tmp_path)
     assert seen["start_timeout_s"] == 7.0
     assert {r.status for r in results} == {"error"}
+
+
+def test_a_timeout_names_the_rank_that_is_stopped(pool_workdir):
+    from nsa_cp_comm.ranks import summarize_failure
+
+    with RankPool(2, workdir=pool_workdir) as pool:
+        results = pool.run(rank_tasks.stop_last_rank_in_a_collective, timeout_s=5)
+    status, reason = summarize_failure(results)
+    assert status == "timeout"
+    assert reason == ("rank 0,1 timeout: no answer within 5s; rank 1 never answered: its process is stopped "
+                      "(SIGSTOP?)"), reason

@@ -79,6 +79,9 @@ class RankResult:
         return self.status == "ok"
 
 
+_STOPPED = " (stopped)"
+
+
 def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
     """``(status, reason)`` of a failed task, with status in error/timeout: the
     first rank that failed by itself names the failure."""
@@ -86,7 +89,11 @@ def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
         bad = [r for r in results if r.status == kind]
         if bad:
             ranks = ",".join(str(r.rank) for r in bad)
-            detail = bad[0].error
+            detail = bad[0].error.replace(_STOPPED, "")
+            # a stopped rank is the one that never answered; its peers wait for it
+            stopped = [str(r.rank) for r in bad if r.error.endswith(_STOPPED)]
+            if stopped:
+                detail += f"; rank {','.join(stopped)} never answered: its process is stopped (SIGSTOP?)"
             status = "timeout" if kind == "timeout" else "error"
             return status, f"rank {ranks} {kind}: {detail}".strip().rstrip(":")
     return "ok", ""
@@ -298,6 +305,15 @@ def _check_device(device: str) -> None:
             raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger), on Linux."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL what is left of a rank's process group (its descendants)."""
     try:
@@ -464,7 +480,8 @@ class RankPool:
         for r in range(self.world_size):
             if r not in got:
                 if timed_out:
-                    got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s")
+                    stopped = _STOPPED if _is_stopped(self._procs[r].pid) else ""
+                    got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s{stopped}")
                 else:
                     got[r] = RankResult(r, "aborted", error="killed after another rank failed")
         return [got[r] for r in range(self.world_size)]
