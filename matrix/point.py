@@ -42,6 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume")
+# The least time ranks get to start (a point's start-up is bounded by its
+# timeout_s, or this when that is shorter).
+START_TIMEOUT_MIN_S = 60.0
 # Set by the CLI once preflight checked the sweep against this machine.
 SWEEP_CHECKED_HERE = False
 
@@ -279,10 +282,11 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        # start-up is bounded by the point's timeout too: a rank stopped while
-        # starting costs timeout_s, not the pool's default
+        # start-up is bounded by the point's timeout too (a rank stopped while
+        # starting cost a fixed 180 s), but never below what importing torch
+        # can take on a loaded machine
         pool = get_pool(cfg["cp_size"], backend=res.backend, device=res.device, workdir=job_dir,
-                        start_timeout_s=cfg["timeout_s"])
+                        start_timeout_s=max(cfg["timeout_s"], START_TIMEOUT_MIN_S))
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     try:

@@ -393,7 +393,8 @@ FAULTS: tuple[FaultCase, ...] = (
     FaultCase(
         "a rank stopped while the ranks start",
         "a point's rank start-up",
-        "bounded by the point's `timeout_s` (no longer a fixed 180 s); the point's rows say `error`",
+        "bounded by the point's `timeout_s`, or 60 s when that is shorter (no longer a fixed 180 s); the point's "
+        "rows say `error`",
         "test_a_point_bounds_rank_start_up_by_its_timeout",
         "test_rank_state",
     ),

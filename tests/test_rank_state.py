@@ -63,8 +63,11 @@ def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
     cfg = {**dataclasses.asdict(MatrixConfig()), "cp_size": 2, "seq_lens": [10], "timeout_s": 7.0, "results_dir": str(tmp_path)}
     res = point.resolve(cfg)
     results = point._results_for(cfg, res, tmp_path)
-    assert seen["start_timeout_s"] == 7.0
+    assert seen["start_timeout_s"] == point.START_TIMEOUT_MIN_S == 60.0  # never below a loaded start-up
     assert {r.status for r in results} == {"error"}
+    cfg["timeout_s"] = 100.0
+    point._results_for(cfg, res, tmp_path)
+    assert seen["start_timeout_s"] == 100.0
 
 
 def test_a_timeout_names_the_rank_that_is_stopped(pool_workdir):
