@@ -9,6 +9,7 @@ exit 1 when a point failed, errored, timed out or wrote no row, else 0.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -56,16 +57,24 @@ def _resume_hint() -> str:
 
 
 def _pin_results_dir(argv: list[str], points: list[Point]) -> list[str]:
-    """The default results_dir holds a timestamp: pin the one preflight
-    resolved, so Hydra's jobs, the summary and a resume all use the same."""
-    if any(a.split("=", 1)[0].lstrip("+~") == "results_dir" for a in argv if "=" in a) or not points:
-        return argv
+    """Pin the results_dir preflight resolved, absolute: the default holds a
+    timestamp, and a relative one would move with ``hydra.job.chdir=true``;
+    so Hydra's jobs, the summary and a resume all use the same directory."""
     dirs = {p.cfg["results_dir"] for p in points}
     if len(dirs) != 1:
         return argv
+    from pathlib import Path
+
     from .config import override_value
 
-    return [*argv, f"results_dir={override_value(dirs.pop())}"]
+    given = dirs.pop()
+    absolute = str(Path(given).expanduser().absolute())
+    if absolute == given and any(a.split("=", 1)[0].lstrip("+~") == "results_dir" for a in argv if "=" in a):
+        return argv
+    for p in points:
+        p.cfg["results_dir"] = absolute
+    kept = [a for a in argv if not ("=" in a and a.split("=", 1)[0].lstrip("+~") == "results_dir")]
+    return [*kept, f"results_dir={override_value(absolute)}"]
 
 
 _NOW = re.compile(r"\$\{now:([^}]*)\}")
@@ -150,19 +159,28 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     from . import point as point_module
+    from . import signals, stdout_guard
 
+    signals.install()
+    stdout_guard.guard()
     point_module.SWEEP_CHECKED_HERE = bool(points) and points[0].runs_here
     argv = _pin_results_dir(argv, points)
     _ACTIVE["argv"] = argv
     sys.argv = [sys.argv[0], *argv]
+    # Hydra prints a job's exception as a traceback; here it comes to the handlers below
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP
+        how = signals.name(exc)
         cfg = _ACTIVE.get("cfg")
         if isinstance(cfg, dict):
-            print(f"\n{summary.head(cfg)}: interrupted, no row written", file=sys.stderr)
-        print(f"interrupted; {_resume_hint()}", file=sys.stderr, flush=True)
-        return 130
+            print(f"\n{summary.head(cfg)}: {how}, no row written", file=sys.stderr)
+        print(f"{how}; {_resume_hint()}", file=sys.stderr, flush=True)
+        return signals.exit_code(exc)
+    except OSError as exc:  # Hydra's own files (a job folder on a full disk)
+        print(f"error: {' '.join(str(exc).split())}; {_resume_hint()}", file=sys.stderr, flush=True)
+        return 1
     if not points:  # --help, --cfg and other Hydra flags: Hydra's own output
         return 0
     try:
@@ -175,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     why = summary.nothing_checked_line(counts)
     if why:
         print(why, file=sys.stderr, flush=True)
+    if stdout_guard.closed():
+        print("warning: stdout was closed (broken pipe); its output was dropped, the rows are in results.csv",
+              file=sys.stderr, flush=True)
     return summary.exit_code(counts)
 
 

@@ -11,6 +11,7 @@ Everything runs column-wise (no per-row Python loops over the table), so a
 from __future__ import annotations
 
 import collections
+import io
 import math
 import numbers
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from matrix.results import (
     RESULTS_FILE,
     STATUS_VALUES,
     TIMING_COLUMNS,
+    line_records,
     results_path,
 )
 
@@ -98,6 +100,7 @@ class Run:
     config: pd.DataFrame
     latest: pd.DataFrame
     upgraded: dict[str, int] = field(default_factory=dict)  # old-schema rows re-read, by new status
+    malformed: int = 0  # lines set aside: not whole rows of the header, or cells of the wrong type
 
     @property
     def home(self) -> Path:
@@ -137,6 +140,9 @@ class Run:
             )
         if self.duplicates:
             lines.append(f"note: {self.arg}={self.value}: {self.duplicate_note()}")
+        if self.malformed:
+            lines.append(f"note: {self.arg}={self.value}: {self.malformed} malformed row(s) set aside "
+                         "(not whole rows of the header, or cells of the wrong type)")
         if self.upgraded:
             parts = ", ".join(f"{n} ok row(s) as {s}" for s, n in sorted(self.upgraded.items()))
             lines.append(
@@ -191,15 +197,53 @@ def _upgrade_statuses(frame: pd.DataFrame) -> dict[str, int]:
     return {k: int(v) for k, v in (("refused", refused.sum()), ("passthrough", passthrough.sum())) if v}
 
 
-def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple[pd.DataFrame, dict[str, int]]:
+def _whole_lines(data: bytes) -> tuple[bytes, int]:
+    """The header and the lines of ``data`` that are each one record of the
+    header's width (a stray quote would join lines into one record); and how
+    many lines were left out."""
+    lines = data.decode("utf-8-sig", "replace").split("\n")
+    lines = [line.removesuffix("\r") for line in lines]
+    keep: list[str] = []
+    width = 0
+    dropped = 0
+    for i, fields in line_records(lines):
+        if not keep:
+            if fields is None:
+                raise ValueError("the header is not one CSV line")
+            keep.append(lines[i])
+            width = len(fields or ())
+        elif fields is not None and len(fields) == width:
+            keep.append(lines[i])
+        else:
+            dropped += 1
+    return ("\n".join(keep) + "\n").encode(), dropped
+
+
+def _type_problems(frame: pd.DataFrame) -> pd.Series:
+    """Rows whose cells cannot be the writer's: a cp_size that is not an integer
+    (a row shifted by a lost or extra field). An unknown status is kept: the
+    tools count it as bad."""
+    cp = frame["cp_size"].astype(str).str.strip()
+    return ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
+
+
+def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple[pd.DataFrame, dict[str, int], int]:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
     try:
-        # Strings throughout: the writer's exact text is what `compare` joins on,
-        # and empty cells stay "" instead of becoming NaN in half the columns.
-        # Only the columns a tool uses are read: a 200k-row file has 15M cells.
-        frame = pd.read_csv(path, dtype=_DTYPES, keep_default_na=False, usecols=lambda c: c in wanted)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
+    # Strings throughout: the writer's exact text is what `compare` joins on,
+    # and empty cells stay "" instead of becoming NaN in half the columns.
+    # Only the columns a tool uses are read: a 200k-row file has 15M cells.
+    options = dict(dtype=_DTYPES, keep_default_na=False, usecols=lambda c: c in wanted)
+    try:
+        # every row is one line: a stray quote must not join lines into a record,
+        # and a line of another width is not a row (read_csv would pad it)
+        data, malformed = _whole_lines(data)
+        frame = pd.read_csv(io.BytesIO(data), **options)
     except pd.errors.EmptyDataError:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS if c in wanted}), {}
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS if c in wanted}), {}, 0
     except (OSError, ValueError) as exc:  # ParserError and UnicodeDecodeError are ValueErrors
         raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
     for col in frame.columns:
@@ -213,13 +257,18 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple
         raise InputError(
             f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})"
         )
+    if len(frame):
+        bad = _type_problems(frame)
+        if bad.any():
+            malformed += int(bad.sum())
+            frame = frame[~bad.to_numpy()].reset_index(drop=True)
     old_statuses = _STATUS_ERA_COLUMN not in frame.columns
     for col in COLUMNS:
         if col in wanted and col not in frame.columns:
             frame[col] = ""
     upgraded = _upgrade_statuses(frame) if old_statuses and len(frame) else {}
     frame[SOURCE] = str(path)
-    return frame, upgraded
+    return frame, upgraded, malformed
 
 
 def canonical_series(series: pd.Series) -> pd.Series:
@@ -263,20 +312,23 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
     wanted = frozenset(COLUMNS) if columns is None else BASE_COLUMNS | frozenset(columns)
     files = resolve_csvs(arg, value)
     read = [_read_one(arg, value, f, wanted) for f in files]
-    frames = [f for f, _ in read]
+    frames = [f for f, _, _ in read]
     raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    malformed = sum(m for _, _, m in read)
     if raw.empty:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
-        raise InputError(f"{arg}={value}: no rows{where} (empty run)")
+        aside = f"; {malformed} malformed row(s) set aside" if malformed else ""
+        raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
     upgraded: dict[str, int] = {}
-    for _, counts in read:
+    for _, counts, _ in read:
         for status, n in counts.items():
             upgraded[status] = upgraded.get(status, 0) + n
     raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
     raw[POINT_KEY] = point_codes(config)
     latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
-    return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest, upgraded=upgraded)
+    return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest, upgraded=upgraded,
+               malformed=malformed)
 
 
 def parse_bool(series: pd.Series) -> pd.Series:

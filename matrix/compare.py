@@ -155,6 +155,21 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
     return frame.reset_index(drop=True)
 
 
+def check_metric(run: Run, metric: str) -> None:
+    """InputError (one line) when a point's metric is text but not a finite,
+    non-negative number: a NaN compares as neither better nor worse and a
+    negative latency as a gain, so either would pass unmarked. Empty cells
+    (an untimed row) are not data, and are left alone."""
+    text = run.latest[metric].astype(str).str.strip()
+    value = pd.to_numeric(text, errors="coerce")
+    bad = text.ne("") & ~(np.isfinite(value) & value.ge(0))
+    if bad.any():
+        first = run.latest_config.loc[bad[bad].index[0]]
+        where = f"cp_size={first['cp_size']} seq_lens={first['seq_lens']} impl={first['impl']}"
+        raise InputError(f"{run.arg}={run.value}: bad data: {metric}={text[bad].iloc[0]} in {int(bad.sum())} "
+                         f"point(s) (first: {where}); a time or size is a finite number >= 0")
+
+
 def columns_read(metric: str) -> tuple[str, ...]:
     """The schema columns compare reads (the rest of a file is skipped)."""
     value = () if metric == PAIRED else (metric,)
@@ -494,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         metric = args.metric
         wanted = columns_read(metric) + ((ABSOLUTE_FALLBACK,) if metric == PAIRED else ())
         base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
+        check_metric(base, args.metric), check_metric(new, args.metric)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

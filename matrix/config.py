@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -94,6 +95,9 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 OPTIONAL_INTS = ("align", "num_experts")
 SEQ_LEN_MAX = 1 << 24  # tokens in one request
 TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
+# Requests in one batch: every check of a sweep parses seq_lens in time linear in
+# its length (matrix.hydra_lists), so this bounds how long the checks take.
+SEQ_LENS_MAX_ENTRIES = 1 << 16
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
 BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
@@ -154,6 +158,7 @@ def validate_value(key: str, value: Any) -> None:
     elif key == "seq_lens":
         if not isinstance(value, (list, tuple)) or not value:
             raise _fail(key, value, "must be a non-empty list of positive integers, e.g. [1000,300]")
+        _check_entries(len(value))
         for i, v in enumerate(value):
             if not _is_int(v) or not 1 <= v <= SEQ_LEN_MAX:
                 raise ConfigError(f"seq_lens[{i}]={override_value(v)}: must be an integer in [1, {SEQ_LEN_MAX}]")
@@ -162,6 +167,9 @@ def validate_value(key: str, value: Any) -> None:
     elif key == "results_dir":
         if not isinstance(value, str) or not value:
             raise _fail(key, value, "must be a directory path")
+        if "${" in value:
+            # Hydra's job directories interpolate results_dir, and read this as a reference
+            raise _fail(key, value, "must not contain '${' (Hydra would read it as an interpolation)")
         check_writable(value)
 
 
@@ -187,6 +195,21 @@ def check_writable(path_value: str, key: str = "results_dir") -> None:
         raise _fail(key, path_value, f"{probe} is not a writable directory")
 
 
+def _check_entries(n: int) -> None:
+    if n > SEQ_LENS_MAX_ENTRIES:
+        raise ConfigError(f"seq_lens=[...]: {n} entries, more than the {SEQ_LENS_MAX_ENTRIES} requests one batch may hold")
+
+
+def _check_list_lengths(overrides: list[str]) -> None:
+    """Refuse an over-long seq_lens from its text, before any parser reads it."""
+    for arg in overrides:
+        key, _, text = arg.partition("=")
+        if key.lstrip("+~") != "seq_lens":
+            continue
+        for body in re.findall(r"\[([^\]]*)\]", text) or [text]:
+            _check_entries(body.count(",") + 1)
+
+
 def validate_overrides(overrides: list[str]) -> None:
     """Check every ``key=value`` (and each value of ``key=a,b`` sweeps) of a
     Hydra command line before Hydra composes anything."""
@@ -194,6 +217,7 @@ def validate_overrides(overrides: list[str]) -> None:
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
     from hydra.errors import HydraException
 
+    _check_list_lengths(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
@@ -344,3 +368,8 @@ def register_resolvers() -> None:
 # module through matrix.point before anything resolves the config.
 register_resolvers()
 # --- end cluster launchers ---
+
+# Lists parse in linear time, in the checks and in every Hydra job alike.
+from . import hydra_lists  # noqa: E402
+
+hydra_lists.install()

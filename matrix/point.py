@@ -43,6 +43,9 @@ REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
+# The least time ranks get to start (a point's start-up is bounded by its
+# timeout_s, or this when that is shorter).
+START_TIMEOUT_MIN_S = 60.0
 # Set by the CLI once preflight checked the sweep against this machine.
 SWEEP_CHECKED_HERE = False
 
@@ -159,7 +162,7 @@ def effective_id(res: Resolved) -> str:
 def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[str, str] | None:
     """A row of another point in ``results_dir`` that measured the same
     effective configuration, if any (the first such point in file order)."""
-    for other, rows in latest_rows(results_path(results_dir)).items():
+    for other, rows in latest_rows(results_path(results_dir), warn=False).items():
         if other == pid:
             continue
         for row in rows.values():
@@ -299,14 +302,36 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir)
+        # start-up is bounded by the point's timeout too (a rank stopped while
+        # starting cost a fixed 180 s), but never below what importing torch
+        # can take on a loaded machine
+        pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
+                        start_timeout_s=max(cfg["timeout_s"], START_TIMEOUT_MIN_S))
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     try:
-        return run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
+        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         pool.close(graceful=False)
         return every_impl(res, "error", one_line_error(exc))
+    return _after_point_check(pool, results, cfg["timeout_s"])
+
+
+def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -> list[ImplResult]:
+    """The point's results, unless it left its ranks changed (a destroyed group,
+    another default dtype or device): then its rows that would say ok get
+    the error, and the next point gets fresh ranks (the pool is closed)."""
+    from dataclasses import replace
+
+    from nsa_cp_comm.rank_state import check_pool
+
+    if not pool.alive:  # a failed point closed it: the next point starts fresh ranks anyway
+        return results
+    problem = check_pool(pool, timeout_s)
+    if not problem:
+        return results
+    return [r if r.status in ("failed", "error", "timeout") else
+            replace(r, status="error", reason=problem, correct=None, stats={}, samples={}) for r in results]
 
 
 def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:

@@ -13,13 +13,23 @@ import csv
 import errno
 import fcntl
 import io
+import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS_FILE = "results.csv"
+# Beside results.csv: the whole text of cells cut to MAX_CELL_CHARS, one JSON object a line.
+FULL_TEXT_FILE = "results.full-text.jsonl"
+# The longest cell of a free-text column (reason, overrides, ...): a plug-in's error
+# can be a compiler log. Configuration columns are bounded by the config's own limits.
+MAX_CELL_CHARS = 4096
+# Readers accept any row the writer can write: Python's csv module refuses fields over
+# 131072 characters by default, and a long seq_lens is longer than that.
+csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 # The configuration of a point: every key of conf's schema that can change a
 # measurement. Joined on by `compare`, hashed into `point_id` for `resume`.
@@ -170,7 +180,46 @@ def _encode(value: object) -> object:
         return ""
     if isinstance(value, float):
         return repr(value)  # round-trips exactly
+    if isinstance(value, str) and ("\n" in value or "\r" in value):
+        # one row, one line: readers tell a damaged line from a row by that
+        return " ".join(value.splitlines())
     return value
+
+
+def bound_cells(rows: list[Mapping[str, object]]) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """``rows`` with every free-text cell over :data:`MAX_CELL_CHARS` cut, its
+    length stated; and the whole texts (records of :data:`FULL_TEXT_FILE`)."""
+    bounded, full = [], []
+    for row in rows:
+        out = dict(row)
+        for col, value in row.items():
+            if col in CONFIG_COLUMNS or not isinstance(value, str) or len(value) <= MAX_CELL_CHARS:
+                continue
+            note = f" ... [cut: {len(value)} characters; the whole text is in {FULL_TEXT_FILE}]"
+            out[col] = value[: MAX_CELL_CHARS - len(note)] + note
+            full.append({"point_id": row.get("point_id"), "impl": row.get("impl"), "column": col,
+                         "chars": len(value), "text": value})
+        bounded.append(out)
+    return bounded, full
+
+
+def _append_full_texts(path: Path, records: list[dict[str, object]]) -> None:
+    """Append the whole texts of cut cells beside the results file."""
+    if not records:
+        return
+    side = path.with_name(FULL_TEXT_FILE)
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    try:
+        fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ResultsWriteError(side, exc) from None
+    try:
+        if os.write(fd, data) != len(data):
+            raise ResultsWriteError(side, "short write (is the disk full?)")
+    except OSError as exc:
+        raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(side, exc)) from None
+    finally:
+        os.close(fd)
 
 
 def _render(rows: Iterable[Mapping[str, object]], header: bool) -> str:
@@ -197,11 +246,27 @@ def _path_error(path: Path, exc: OSError) -> ResultsPathError:
     return ResultsPathError(f"{where}: cannot open {path} ({exc.strerror or exc})")
 
 
+def _check_regular(path: Path) -> None:
+    """ResultsPathError (one line) when ``path`` exists and is not a regular
+    file: reading a FIFO waits for a writer forever, and rows written to a
+    device (a link to /dev/null) are lost."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _path_error(path, exc) from None
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise ResultsPathError(f"results_dir={path.parent}: {path}{target} is not a regular file")
+
+
 def read_header(path: Path) -> list[str] | None:
     """The header of an existing results file, or None when there is none yet
     (no file, an empty one, or no whole first line: a torn first write, which
     the next append sets aside). ResultsPathError (one line) for a path that
     cannot be read as a file."""
+    _check_regular(path)
     try:
         with path.open("rb") as f:
             first = f.readline(1 << 20)
@@ -211,7 +276,7 @@ def read_header(path: Path) -> list[str] | None:
         raise _path_error(path, exc) from None
     if not first.endswith(b"\n"):
         return None
-    return next(csv.reader([first.decode("utf-8", "replace")]), None)
+    return next(csv.reader([first.decode("utf-8-sig", "replace")]), None)
 
 
 def check_schema(path: Path) -> None:
@@ -240,9 +305,10 @@ def torn_path(path: Path) -> Path:
 
 def _open_for_append(path: Path) -> int:
     """``path`` opened read-write for appending (created with its directory)."""
+    _check_regular(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
             raise ResultsWriteError(path, exc) from None
@@ -266,7 +332,7 @@ def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
     """Whether an unterminated last line is a complete record that only lacks
     its newline: the schema's header (as the first line), or a row with every
     column and balanced quotes."""
-    text = fragment.decode("utf-8", "replace")
+    text = fragment.decode("utf-8-sig" if first_line else "utf-8", "replace")
     if text.count('"') % 2:
         return False
     records = list(csv.reader([text]))
@@ -387,12 +453,14 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
         unknown = set(row) - set(COLUMNS)
         if unknown:
             raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
+    rows, full_texts = bound_cells(rows)
     fd = _open_for_append(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
         if size:
             check_schema(path)  # before changing anything
+        _append_full_texts(path, full_texts)
         tail = _mend_tail(fd, path, size)
         data = tail.prefix + _render(rows, header=tail.keep == 0).encode()
         # One write(2): a kill lands before or after it, never inside a line.
@@ -408,29 +476,103 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
 RERUN_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
-def latest_rows(path: Path) -> dict[str, dict[str, dict[str, str]]]:
-    """``{point_id: {impl: row}}``: the last row of each (point_id, impl) in file
-    order, the row every reader uses (resume, the summary, dedupe); ``{}`` when
-    there is no file yet. Bytes that are not UTF-8 are read as U+FFFD; a line
-    the csv module cannot parse raises SchemaError (one line, naming it)."""
-    if read_header(path) is None:
-        return {}
-    latest: dict[str, dict[str, dict[str, str]]] = {}
+def _row_problem(row: dict[str, str]) -> str:
+    """Why a parsed row cannot be this writer's (a cell of the wrong type), or ""."""
+    if row.get("status", "ok") not in STATUS_VALUES:
+        return "status"
+    if row.get("cp_size") and not row["cp_size"].isdigit():
+        return "cp_size"
+    return ""
+
+
+def line_records(lines: list[str]) -> Iterable[tuple[int, list[str] | None]]:
+    """``(index, fields)`` for each non-blank line; ``fields`` is None for a line
+    that is not one CSV record on its own. The writer puts every row on one line
+    (:func:`_encode`), so a stray quote that would join lines into one record
+    marks its own line bad, and the lines after it are read as rows again."""
+    i = 0
+    while i < len(lines):
+        reader = csv.reader(iter(lines[i:]))
+        done = 0  # lines of lines[i:] read as records
+        try:
+            for fields in reader:
+                if reader.line_num != done + 1:  # a record spanning lines
+                    break
+                if fields:
+                    yield i + done, fields
+                done += 1
+            else:
+                return
+        except csv.Error:
+            pass
+        yield i + done, None
+        i += done + 1
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A results file read line by line: ``rows`` (with their 1-based line
+    numbers) are whole rows of the header's shape with cells of the right
+    types; ``malformed`` holds the line numbers set aside."""
+
+    header: list[str]
+    rows: list[tuple[int, dict[str, str]]]
+    malformed: list[int]
+
+    def warning(self, path: Path) -> str:
+        """One line on the rows set aside, or "" when there are none."""
+        if not self.malformed:
+            return ""
+        shown = ", ".join(map(str, self.malformed[:5])) + (" ..." if len(self.malformed) > 5 else "")
+        return (f"warning: {path}: {len(self.malformed)} malformed row(s) set aside (line {shown}): "
+                "not whole rows of this schema")
+
+
+def read_rows(path: Path) -> Rows:
+    """Every row of ``path`` that is a whole row of its header (field count and
+    cell types checked); the others are counted, never merged into a row.
+    Bytes that are not UTF-8 are read as U+FFFD; a byte-order mark is skipped."""
     try:
-        with path.open(newline="", encoding="utf-8", errors="replace") as f:
-            reader = csv.DictReader(f)
-            try:
-                for row in reader:
-                    pid = row.get("point_id")
-                    if pid:
-                        latest.setdefault(pid, {})[row.get("impl") or ""] = row
-            except csv.Error as exc:
-                raise SchemaError(
-                    f"results_dir={path.parent}: {path.name} line {reader.line_num + 1} is not CSV ({exc}); "
-                    "use a new results_dir or move the file away"
-                ) from None
+        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+            lines = f.read().split("\n")
     except OSError as exc:
         raise _path_error(path, exc) from None
+    lines = [line.removesuffix("\r") for line in lines]
+    header: list[str] = []
+    rows: list[tuple[int, dict[str, str]]] = []
+    malformed: list[int] = []
+    for i, fields in line_records(lines):
+        if not header:
+            if fields is None:
+                return Rows([], [], [])
+            header = fields
+            continue
+        if fields is None or len(fields) != len(header):
+            malformed.append(i + 1)
+            continue
+        row = dict(zip(header, fields))
+        if _row_problem(row):
+            malformed.append(i + 1)
+            continue
+        rows.append((i + 1, row))
+    return Rows(header, rows, malformed)
+
+
+def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, str]]]:
+    """``{point_id: {impl: row}}``: the last row of each (point_id, impl) in file
+    order, the row every reader uses (resume, the summary, dedupe); ``{}`` when
+    there is no file yet. Malformed rows are set aside (:func:`read_rows`;
+    one warning line on stderr when ``warn``)."""
+    if read_header(path) is None:
+        return {}
+    read = read_rows(path)
+    if warn and read.malformed:
+        print(read.warning(path), file=sys.stderr, flush=True)
+    latest: dict[str, dict[str, dict[str, str]]] = {}
+    for _, row in read.rows:
+        pid = row.get("point_id")
+        if pid:
+            latest.setdefault(pid, {})[row.get("impl") or ""] = row
     return latest
 
 

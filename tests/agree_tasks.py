@@ -67,3 +67,23 @@ def mismatched_collective_on_checked_group() -> str:
     except Exception as exc:  # noqa: BLE001
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     return ""
+
+
+def every_dtype_on_every_rank() -> dict[str, str]:
+    """Every rank passes the same tensor of each torch dtype to the agreement
+    check: ``{dtype: error text}`` for the dtypes it refused (none should be)."""
+    from nsa_cp_comm.agree import _all_dtypes, agree
+
+    plan = plan_split([10], 2, policy="zigzag")
+    n = plan.per_rank_tokens[dist.get_rank()]
+    refused = {}
+    for dtype in _all_dtypes():
+        try:
+            tensor = torch.empty((n, H), dtype=dtype)
+        except (RuntimeError, TypeError):  # quantized and other dtypes without plain storage
+            continue
+        try:
+            agree("local", tensor, plan, n)
+        except ValueError as exc:
+            refused[str(dtype)] = str(exc)
+    return refused

@@ -301,3 +301,28 @@ def exit_on_last(code: int) -> int:
         time.sleep(0.1)
         os._exit(code)
     return dist.get_rank()
+
+
+def leave_rank_changed(how: str) -> None:
+    """Change this rank the way a careless plug-in would, and return."""
+    if how == "destroy_group":
+        dist.destroy_process_group()
+    elif how == "default_dtype":
+        torch.set_default_dtype(torch.float64)
+    elif how == "default_device":
+        torch.set_default_device("meta")
+    elif how == "start_helper":
+        import subprocess
+
+        subprocess.Popen(["sleep", "987653"])
+
+
+def stop_last_rank_in_a_collective() -> int:
+    """The last rank stops itself (SIGSTOP) while its peers wait in an all-reduce."""
+    import signal
+
+    if dist.get_rank() == dist.get_world_size() - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())

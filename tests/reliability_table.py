@@ -132,11 +132,12 @@ def roundtrip_bad_inputs() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class CliCase:
-    args: tuple[str, ...]  # after `python -m matrix -m results_dir={tmp}/res`; {tmp}, {too_many} filled in
+    args: tuple[str, ...]  # after `python -m matrix -m results_dir={tmp}/res`; {tmp}, {too_many}, {too_long} filled in
     expect: str  # the stderr line
     stage: str  # "value": each value on its own; "point": every point of the sweep, composed
     doc: str = ""  # the document's text for args, when they hold placeholders
-    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema
+    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema;
+    # "fifo": {tmp}/fifo/results.csv is a FIFO; "dev_null": {tmp}/null/results.csv is a link to /dev/null
 
 
 VALUE = "value"
@@ -170,6 +171,16 @@ CLI: tuple[CliCase, ...] = (
             POINT, doc="backend=nccl cp_size=N (N > the machine's GPUs)"),
     CliCase(("results_dir={tmp}/file/res",), "error: results_dir=*/file/res: */file is not a writable directory", VALUE,
             doc="results_dir=FILE/res (FILE a regular file)", setup="file"),
+    CliCase(("seq_lens={too_long}",), "error: seq_lens=[...]: 65537 entries, more than the 65536 requests one batch may hold",
+            VALUE, doc="seq_lens=[1,1,...] (65537 entries)"),
+    CliCase(("results_dir=x\\${{y}}",),
+            "error: results_dir='x\\\\${y}': must not contain '${' (Hydra would read it as an interpolation)", VALUE,
+            doc="results_dir=x\\${y}"),
+    CliCase(("results_dir={tmp}/fifo",), "error: results_dir=*/fifo: */fifo/results.csv is not a regular file", POINT,
+            doc="results_dir=DIR (DIR/results.csv a FIFO)", setup="fifo"),
+    CliCase(("results_dir={tmp}/null",),
+            "error: results_dir=*/null: */null/results.csv (a link to /dev/null) is not a regular file", POINT,
+            doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup="dev_null"),
     CliCase(("results_dir=/proc/sys/matrix-results",),
             "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
     CliCase(("results_dir={tmp}/old", "resume=true"),
@@ -296,6 +307,118 @@ FAULTS: tuple[FaultCase, ...] = (
         "read as U+FFFD; resume works; a line the csv module cannot parse is one line naming it",
         "test_resume_reads_a_file_with_bytes_that_are_not_utf8",
         "test_results_file",
+    ),
+    FaultCase(
+        "a plug-in raising with a 229 KB message (a compiler log)",
+        "a point's row (`matrix.results.append_rows`)",
+        "status `error`; every free-text cell is cut to 4096 characters stating the whole length, the whole "
+        "text goes to `results.full-text.jsonl` beside results.csv; every reader accepts fields past the csv "
+        "module's 131072-character limit (a long `seq_lens`); resume and report work",
+        "test_a_huge_error_message_leaves_a_resumable_folder",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "one `\"` in a middle row, a row with a field lost or added, a cell of the wrong type",
+        "every reader of results.csv (resume, summary, report, compare)",
+        "each row is one line (the writer folds newlines), so the line is set aside and counted "
+        "(a warning line; a note in report/compare), never merged with the rows after it",
+        "test_a_stray_quote_sets_its_line_aside_and_merges_no_rows",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a byte-order mark at the start of results.csv",
+        "the matrix and report/compare",
+        "read past by both",
+        "test_a_byte_order_mark_is_read_past",
+        "test_results_file",
+    ),
+    FaultCase(
+        "every rank passing int16, uint16, complex64, float8 or any other torch dtype",
+        "the ranks' agreement check (`nsa_cp_comm.agree`)",
+        "the same dtype code in every process (a digest of the name, not `hash()`): the call runs",
+        "test_dtype_codes_are_the_same_in_every_process_and_distinct",
+        "test_agree",
+    ),
+    FaultCase(
+        "a plug-in that starts a helper process (`sleep 987654`) and returns",
+        "a point's rank processes",
+        "each rank leads its own process group; closing the pool kills the groups whole: no helper outlives the sweep",
+        "test_a_plug_ins_helper_processes_end_with_its_ranks",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "a plug-in that destroys the process group, or changes the default dtype or device",
+        "warm ranks reused by the next point",
+        "after every point each rank is checked (group alive by one all-reduce, default dtype and device as at "
+        "start): the point that changed them gets `error` naming the rank and the change; the next point gets "
+        "fresh ranks",
+        "test_a_point_that_changes_its_ranks_gets_the_error_not_the_next_point",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "`impl=sys:exit` (a factory raising SystemExit or KeyboardInterrupt)",
+        "`python -m matrix`",
+        "a bad reference: one line naming it, exit 2, nothing runs",
+        "test_bad_reference_is_one_line_exit_2_nothing_written",
+        "test_plugins",
+    ),
+    FaultCase(
+        "`hydra.job.chdir=true` with a relative `results_dir`",
+        "`python -m matrix -m`",
+        "`results_dir` is made absolute before Hydra changes directory: every row in one results.csv, resume works",
+        "test_relative_results_dir_with_hydra_chdir_keeps_every_row_in_one_place",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "Hydra's job folder cannot be written (a full disk, a file in the way)",
+        "`python -m matrix -m`",
+        "one line naming the error and the command that finishes the sweep, exit 1",
+        "test_a_job_folder_that_cannot_be_written_is_one_line_with_the_resume_hint",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "stdout into `head -c 100` (a pipe closed early)",
+        "`python -m matrix -m`",
+        "the sweep runs on and writes every row; one warning line on stderr at the end, no traceback",
+        "test_stdout_into_a_closed_pipe_is_one_line_and_the_rows_are_written",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "SIGTERM or SIGHUP to the sweep",
+        "`python -m matrix -m`",
+        "as Ctrl-C: the running point named, the command that finishes the sweep, exit 128 + the signal; no rank left",
+        "test_sigterm_and_sighup_say_what_was_running_and_how_to_resume",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "a rank stopped while the ranks start",
+        "a point's rank start-up",
+        "bounded by the point's `timeout_s`, or 60 s when that is shorter (no longer a fixed 180 s); the point's "
+        "rows say `error`",
+        "test_a_point_bounds_rank_start_up_by_its_timeout",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "a rank stopped (SIGSTOP) while its peers wait for it",
+        "a `RankPool` task (and start-up)",
+        "status `timeout`; the reason adds `rank N never answered: its process is stopped (SIGSTOP?)`",
+        "test_a_timeout_names_the_rank_that_is_stopped",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "`seq_lens` with thousands of entries",
+        "the preflight (Hydra's override parser)",
+        "parsed in time linear in its length (Hydra's list visitor replaced by one that walks the list once); "
+        "over 65536 entries refused in one line before any parser runs",
+        "test_a_list_parses_in_linear_time_to_the_same_values",
+        "test_hydra_lists",
+    ),
+    FaultCase(
+        "a NaN, infinite, negative or non-numeric metric in BASE or NEW",
+        "`python -m matrix.compare`",
+        "bad data: one line naming the run, the metric, its value and the first point; exit 2",
+        "test_a_nan_or_impossible_metric_is_bad_data",
+        "test_compare",
     ),
     FaultCase(
         "`resume=true` after points errored or timed out",

@@ -56,3 +56,31 @@ def test_verdict_is_decided_from_the_fingerprints_alone():
     assert "rank 0 has 4 rows, the plan expects 488" in verdict("g", swapped)
     wrong_world = [fingerprint("g", torch.ones(1, 4), plan_split([9], 3, policy="round_robin"), 3)] * 2
     assert "group size 2 != plan.cp_size=3" in verdict("g", wrong_world)
+
+
+def test_dtype_codes_are_the_same_in_every_process_and_distinct():
+    """String hashing differs between processes: codes from it made ranks that
+    all passed int16 (or float8, complex64) 'disagree on dtype'."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from nsa_cp_comm.agree import _all_dtypes, _dtype_code; "
+            "print(sorted((str(d), _dtype_code(d)) for d in set(_all_dtypes())))")
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1, "dtype codes differ between processes"
+    from nsa_cp_comm.agree import _all_dtypes, _dtype_code, _dtype_text
+
+    dtypes = set(_all_dtypes())
+    assert len({_dtype_code(d) for d in dtypes}) == len(dtypes)
+    assert all(_dtype_text(_dtype_code(d)) == str(d) for d in dtypes)
+
+
+def test_every_dtype_on_every_rank_agrees(rank_pool):
+    results = rank_pool(2).run(agree_tasks.every_dtype_on_every_rank, timeout_s=60)
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    assert [r.value for r in results] == [{}, {}]

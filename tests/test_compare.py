@@ -374,7 +374,7 @@ def _bad(tmp_path: Path, base: str) -> dict[str, tuple[list[str], str]]:
         "missing_new": ([base, str(tmp_path / "nope")], f"NEW={tmp_path / 'nope'}: no such file or directory"),
         "no_columns": ([base, str(tmp_path / "other.csv")], f"NEW={tmp_path / 'other.csv'}: not a results table"),
         "empty_run": ([str(tmp_path / "empty"), base], f"BASE={tmp_path / 'empty'}: no rows"),
-        "torn": ([base, str(tmp_path / "torn.csv")], f"NEW={tmp_path / 'torn.csv'}: cannot read as CSV"),
+        "torn": ([base, str(tmp_path / "torn.csv")], f"NEW={tmp_path / 'torn.csv'}: no rows (empty run; 1 malformed row(s) set aside)"),
         "unknown_metric": ([base, base, "--metric", "speed"], "--metric=speed: unknown metric"),
         "bad_threshold": ([base, base, "--fail-above", "abc"], "--fail-above=abc: not a percentage"),
         "negative_threshold": ([base, base, "--fail-above=-5%"], "--fail-above=-5%: must be"),
@@ -412,3 +412,24 @@ def test_module_entry_point(base: str, tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith("-> FAIL")
     assert "Traceback" not in proc.stderr
+
+
+# --- bad data: a metric that is not a finite, non-negative number
+
+
+@pytest.mark.parametrize("which", ["new", "base"])
+@pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (-50.0, "-50.0"), (float("inf"), "inf"),
+                                          ("fast", "fast")])
+def test_a_nan_or_impossible_metric_is_bad_data(tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str,
+                                                value: object, shown: str) -> None:
+    """A NaN in NEW passed unmarked; a negative latency counted as improved."""
+    good = write_run(tmp_path / "good", base_rows())
+    bad = write_run(tmp_path / "bad", changed(FIRST, roundtrip_p50_us=value))
+    argv = [good, bad] if which == "new" else [bad, good]
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "", out
+    arg = "NEW" if which == "new" else "BASE"
+    assert err.strip().splitlines() == [
+        f"error: {arg}={bad}: bad data: roundtrip_p50_us={shown} in 1 point(s) "
+        "(first: cp_size=2 seq_lens=[512,512] impl=padded); a time or size is a finite number >= 0"
+    ], err

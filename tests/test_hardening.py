@@ -83,6 +83,14 @@ def _setup(case: table.CliCase, tmp: Path) -> dict[Path, bytes]:
     if case.setup == "file":
         (tmp / "file").write_text("not a directory\n")
         return {tmp / "file": (tmp / "file").read_bytes()}
+    if case.setup == "fifo":
+        (tmp / "fifo").mkdir()
+        os.mkfifo(tmp / "fifo" / "results.csv")
+        return {}
+    if case.setup == "dev_null":
+        (tmp / "null").mkdir()
+        (tmp / "null" / "results.csv").symlink_to("/dev/null")
+        return {}
     if case.setup == "old_schema":
         (tmp / "old").mkdir()
         (tmp / "old" / "results.csv").write_text(OLD_HEADER + "2,1,[1000],padded,ok,123.0\n")
@@ -94,7 +102,8 @@ def _args(case: table.CliCase, tmp: Path) -> list[str]:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [a.format(tmp=tmp, too_many=gpus + 1) for a in case.args]
+    too_long = "[" + ",".join(["1"] * 65537) + "]"
+    return [a.format(tmp=tmp, too_many=gpus + 1, too_long=too_long) for a in case.args]
 
 
 def _listing(tmp: Path) -> list[str]:

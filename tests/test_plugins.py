@@ -249,6 +249,8 @@ def test_broken_plugin_is_one_line_naming_its_entry_point(tmp_path):
         ("os:path", "is not a RoundTripImpl or DispatchImpl"),
         (f"{BROKEN}:raising_factory", "calling the factory raised RuntimeError"),
         (f"{BROKEN}:no_such_attribute", "has no attribute no_such_attribute"),
+        # a factory that exits must not end the sweep with status 0
+        ("sys:exit", "calling the factory raised SystemExit"),
     ],
 )
 def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, ref, says):

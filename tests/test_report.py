@@ -274,6 +274,26 @@ def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: py
     assert "duplicate row(s) of 1 point(s)" in capsys.readouterr().out
 
 
+def test_a_stray_quote_merges_no_rows_a_bom_and_long_cells_read(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``"`` in a middle row joined the rows after it into a fake point with
+    status ok. A cell longer than the csv module's limit, and a byte-order
+    mark, read as the matrix reads them."""
+    rows = [make_row(seq_lens=(n, 512)) for n in (100, 200, 300, 400)]
+    rows[3]["reason"] = "x" * 200_000
+    append_rows(tmp_path, rows)
+    path = tmp_path / RESULTS_FILE
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace(",padded,", ',"padded,', 1)
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(lines).encode())
+    run = _review.load_run("RESULTS", str(tmp_path))
+    assert sorted(run.latest["seq_lens"].astype(str)) == ["[100,512]", "[300,512]", "[400,512]"]
+    assert run.malformed == 1
+    assert "1 malformed row(s) set aside" in " ".join(run.notes())
+    assert report.main([str(tmp_path)]) == 0
+    assert "1 malformed row(s) set aside" in capsys.readouterr().out
+
+
 def test_file_from_before_refused_and_passthrough(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old_columns = [c for c in COLUMNS if c not in ("effective_id", "effective_page_size", "roundtrip_iqr_us",
                                                    "failed_check", "impl_origin")]
@@ -429,7 +449,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     return {
         "missing": ([f"{t}/nope"], f"RESULTS={t}/nope: no such file or directory"),
         "no_columns": ([f"{t}/other.csv"], f"RESULTS={t}/other.csv: not a results table"),
-        "torn": ([f"{t}/torn.csv"], f"RESULTS={t}/torn.csv: cannot read as CSV"),
+        "torn": ([f"{t}/torn.csv"], f"RESULTS={t}/torn.csv: no rows (empty run; 1 malformed row(s) set aside)"),
         "header_only": ([f"{t}/header_only"], f"RESULTS={t}/header_only: no rows (empty run)"),
         "zero_bytes": ([f"{t}/zero.csv"], f"RESULTS={t}/zero.csv: no rows (empty run)"),
         "no_results_below": ([f"{t}/nothing"], f"RESULTS={t}/nothing: no results.csv in or below"),

@@ -241,11 +241,75 @@ def test_resume_reads_a_file_with_bytes_that_are_not_utf8(tmp_path):
     assert completed_point_ids(tmp_path) == {"a", "b"}
 
 
-def test_resume_on_a_line_csv_cannot_parse_is_one_line(tmp_path):
+def test_a_stray_quote_sets_its_line_aside_and_merges_no_rows(tmp_path, capsys):
+    """One ``"`` in a middle row used to join the rows after it into one record
+    (a fake point, and the real one called "already in results")."""
+    append_rows(tmp_path, [row("a"), row("b"), row("c"), row("d")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace(",b,", ',"b,', 1)  # row b: a quote that is never closed
+    path.write_text("".join(lines))
+    read = results.read_rows(path)
+    assert [r["point_id"] for _, r in read.rows] == ["a", "c", "d"]
+    assert read.malformed == [3]
+    assert completed_point_ids(tmp_path) == {"a", "c", "d"}  # b runs again
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 malformed row(s) set aside (line 3)" in err[0], err
+
+
+@pytest.mark.parametrize("damage", ["missing_field", "extra_field", "bad_status", "bad_cp_size"])
+def test_a_row_of_the_wrong_shape_or_types_is_set_aside(tmp_path, damage):
+    append_rows(tmp_path, [row("a"), {**row("b"), "cp_size": 2}, row("c")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    fields = next(csv.reader([lines[2]]))
+    if damage == "missing_field":
+        del fields[COLUMNS.index("reason")]
+    elif damage == "extra_field":
+        fields.append("x")
+    elif damage == "bad_status":
+        fields[COLUMNS.index("status")] = "1001"
+    else:
+        fields[COLUMNS.index("cp_size")] = "[1001"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(fields)
+    lines[2] = buf.getvalue()
+    path.write_text("".join(lines))
+    read = results.read_rows(path)
+    assert [r["point_id"] for _, r in read.rows] == ["a", "c"] and read.malformed == [3]
+
+
+def test_a_long_reason_is_cut_with_its_length_and_kept_whole_beside(tmp_path):
+    """A 229 KB error message (a compiler log) made a row no reader could read."""
+    long = "E" * 229_000
+    append_rows(tmp_path, [row("a", status="error", reason=long)])
+    path = results_path(tmp_path)
+    cell = results.latest_rows(path)["a"]["padded"]["reason"]
+    assert len(cell) <= results.MAX_CELL_CHARS
+    assert "[cut: 229000 characters; the whole text is in results.full-text.jsonl]" in cell
+    import json
+
+    kept = [json.loads(x) for x in (tmp_path / results.FULL_TEXT_FILE).read_text().splitlines()]
+    assert kept == [{"point_id": "a", "impl": "padded", "column": "reason", "chars": 229_000, "text": long}]
+    assert completed_point_ids(tmp_path) == set()  # readable: the error point runs again
+
+
+def test_a_configuration_cell_over_the_csv_modules_limit_reads_back(tmp_path):
+    """Configuration columns are not cut (they are the key): the readers accept
+    any row the writer can write, past the csv module's default 131072."""
+    seq = "[" + ",".join(["1000"] * 40_000) + "]"
+    append_rows(tmp_path, [{**row("a"), "seq_lens": seq}])
+    assert results.latest_rows(results_path(tmp_path))["a"]["padded"]["seq_lens"] == seq
+    assert completed_point_ids(tmp_path) == {"a"}
+    code = "import csv,sys; csv.field_size_limit(131072); list(csv.reader(open(sys.argv[1])))"
+    refused = subprocess.run([sys.executable, "-c", code, str(results_path(tmp_path))], capture_output=True)
+    assert refused.returncode != 0  # the limit these rows need lifted
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
     append_rows(tmp_path, [row("a")])
     path = results_path(tmp_path)
-    with path.open("a") as f:
-        f.write('"' + "x" * (csv.field_size_limit() + 10) + '"\n')
-    with pytest.raises(SchemaError) as info:
-        completed_point_ids(tmp_path)
-    assert _one_line(info.value).startswith(f"results_dir={tmp_path}: results.csv line 3 is not CSV (")
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    check_schema(path)
+    append_rows(tmp_path, [row("b")])
+    assert completed_point_ids(tmp_path) == {"a", "b"}

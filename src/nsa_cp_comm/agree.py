@@ -51,7 +51,25 @@ def plan_fingerprint(plan: CPPlan) -> int:
 
 
 def _dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES) + (hash(str(dtype)) % 1000)
+    """The same integer in every process for the same dtype, distinct for
+    distinct dtypes: the listed ones by position, any other from a digest of
+    its name (``hash()`` of a string differs between processes)."""
+    if dtype in _DTYPES:
+        return _DTYPES.index(dtype)
+    digest = hashlib.blake2b(str(dtype).encode(), digest_size=6).digest()
+    return len(_DTYPES) + int.from_bytes(digest, "little")
+
+
+def _dtype_text(code: int) -> str:
+    """The dtype a code of :func:`_dtype_code` stands for (``#code`` if none)."""
+    for dtype in _all_dtypes():
+        if _dtype_code(dtype) == code:
+            return str(dtype)
+    return f"#{code}"
+
+
+def _all_dtypes() -> list[torch.dtype]:
+    return [v for v in vars(torch).values() if isinstance(v, torch.dtype)]
 
 
 def fingerprint(what: str, tensor: object, plan: object, expected_rows: int) -> list[int]:
@@ -110,7 +128,7 @@ def verdict(what: str, prints: list[list[int]]) -> str | None:
         if len({p[field] for p in prints}) > 1:
             values = [p[field] for p in prints]
             if field == 6:
-                shown = [str(_DTYPES[v]) if 0 <= v < len(_DTYPES) else f"#{v}" for v in values]
+                shown = [_dtype_text(v) for v in values]
             elif field == 7:
                 shown = [_DEVICE_TYPES[v] if 0 <= v < len(_DEVICE_TYPES) else "other" for v in values]
             else:

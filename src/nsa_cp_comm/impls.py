@@ -230,7 +230,8 @@ def _materialise(ref: str, obj: object, module_name: str) -> Impl:
     if not isinstance(obj, (RoundTripImpl, DispatchImpl)) and callable(obj):
         try:
             obj = obj()
-        except Exception as exc:  # noqa: BLE001 - the user's factory
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's factory
+            # sys.exit as a factory would otherwise end the sweep silently, with status 0
             raise ImplError(f"impl={ref}: calling the factory raised {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, (RoundTripImpl, DispatchImpl)):
         raise ImplError(
@@ -247,7 +248,7 @@ def load_reference(ref: str) -> Impl:
         raise ImplError(f"impl={ref}: expected package.module:attribute")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - ImportError or the module's own failure
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - ImportError or the module's own
         raise ImplError(f"impl={ref}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):

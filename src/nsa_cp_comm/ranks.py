@@ -79,6 +79,9 @@ class RankResult:
         return self.status == "ok"
 
 
+_STOPPED = " (stopped)"
+
+
 def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
     """``(status, reason)`` of a failed task, with status in error/timeout: the
     first rank that failed by itself names the failure."""
@@ -86,7 +89,11 @@ def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
         bad = [r for r in results if r.status == kind]
         if bad:
             ranks = ",".join(str(r.rank) for r in bad)
-            detail = bad[0].error
+            detail = bad[0].error.replace(_STOPPED, "")
+            # a stopped rank is the one that never answered; its peers wait for it
+            stopped = [str(r.rank) for r in bad if r.error.endswith(_STOPPED)]
+            if stopped:
+                detail += f"; rank {','.join(stopped)} never answered: its process is stopped (SIGSTOP?)"
             status = "timeout" if kind == "timeout" else "error"
             return status, f"rank {ranks} {kind}: {detail}".strip().rstrip(":")
     return "ok", ""
@@ -159,6 +166,9 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         started.set()
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
+    from .rank_state import remember
+
+    remember()
     started.set()
     conn.send(("ready", "ok", None, ""))
     while True:
@@ -295,6 +305,23 @@ def _check_device(device: str) -> None:
             raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger), on Linux."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a rank's process group (its descendants)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -381,8 +408,10 @@ class RankPool:
             try:
                 args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
                         self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
-                self._procs.append(
-                    subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+                # Each rank leads its own process group: what a task starts on it
+                # (a plug-in's helper processes) is killed with it (close()).
+                self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
+                                                    stdin=subprocess.DEVNULL, process_group=0))
                 self._conns.append(Connection(ours.detach()))
             finally:
                 theirs.close()
@@ -451,7 +480,8 @@ class RankPool:
         for r in range(self.world_size):
             if r not in got:
                 if timed_out:
-                    got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s")
+                    stopped = _STOPPED if _is_stopped(self._procs[r].pid) else ""
+                    got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s{stopped}")
                 else:
                     got[r] = RankResult(r, "aborted", error="killed after another rank failed")
         return [got[r] for r in range(self.world_size)]
@@ -479,6 +509,7 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.wait()
+            _kill_group(p.pid)
         for conn in self._conns:
             conn.close()
         try:
@@ -505,7 +536,8 @@ _POOLS: dict[tuple[int, str, str], RankPool] = {}
 REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 
 
-def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str]) -> RankPool:
+def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str],
+             start_timeout_s: float = 180.0) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
     no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
     set of ranks holds the machine's cores at a time."""
@@ -514,7 +546,7 @@ def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.Pa
     if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
         return pool
     close_pools()
-    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir)
+    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir, start_timeout_s=start_timeout_s)
     _POOLS[key] = pool
     return pool
 

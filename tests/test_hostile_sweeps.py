@@ -1,0 +1,136 @@
+"""Sweeps given what an adversary would give them: hostile plug-ins, odd
+results files, odd working directories, closed pipes and signals. Each ends
+in a true row or one line, never a folder that cannot be resumed, a false
+verdict, a traceback, a hang or a process left behind. Real CLI runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from matrix_cli import REPO, cli_env, live_processes, run_matrix
+
+SMALL = ("cp_size=2", "seq_lens=[1001,300]", "hidden_size=64", "dtype=float32", "warmup=1", "iters=2")
+HOSTILE = "tests.hostile_impls"
+
+
+def matrix(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "matrix", *args], cwd=cwd, env=cli_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
+    res = tmp_path / "res"
+    run = run_matrix(res, f"impl={HOSTILE}:long_error", *SMALL)
+    assert run.returncode == 1, run.stderr[-2000:]
+    (row,) = run.rows()
+    assert row["status"] == "error" and "[cut: " in row["reason"] and len(row["reason"]) <= 4096
+    (kept,) = [json.loads(x) for x in (res / "results.full-text.jsonl").read_text().splitlines()]
+    assert kept["column"] == "reason" and kept["chars"] > 229_000 and kept["text"].endswith("E" * 1000)
+    again = run_matrix(res, f"impl={HOSTILE}:long_error", *SMALL, "resume=true")
+    assert again.returncode == 1 and "not CSV" not in again.stderr, again.stderr[-2000:]
+    assert len(again.rows()) == 2  # the error point ran again
+    from matrix import report
+
+    assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 0
+
+
+def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):
+    from hostile_impls import SLEEP_MARK
+
+    before = set(live_processes(f"sleep {SLEEP_MARK}"))
+    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_helper", *SMALL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while (left := set(live_processes(f"sleep {SLEEP_MARK}")) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"orphaned helper processes: {left}"
+
+
+def test_a_point_that_changes_its_ranks_gets_the_error_not_the_next_point(tmp_path):
+    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:sets_float64,legacy", *SMALL)
+    rows = {r["impl"]: r for r in run.rows()}
+    hostile = rows[f"{HOSTILE}:sets_float64"]
+    assert hostile["status"] == "error", hostile
+    assert "rank 0: default dtype is torch.float64 (was torch.float32)" in hostile["reason"]
+    assert rows["legacy"]["status"] == "refused", rows["legacy"]  # uneven plan: legacy refuses, on fresh ranks
+    assert run.returncode == 1
+
+
+def test_relative_results_dir_with_hydra_chdir_keeps_every_row_in_one_place(tmp_path):
+    run = matrix("-m", "results_dir=rel", "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]",
+                 "hidden_size=16", "warmup=0", "iters=1", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.csv")) == [Path("rel/results.csv")]
+    again = matrix("-m", "results_dir=rel", "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]",
+                   "hidden_size=16", "warmup=0", "iters=1", "resume=true", cwd=tmp_path)
+    assert again.returncode == 0 and "4 rows" in again.stdout, again.stdout[-2000:]
+
+
+def test_stdout_into_a_closed_pipe_is_one_line_and_the_rows_are_written(tmp_path):
+    res = tmp_path / "res"
+    cmd = shlex.join([sys.executable, "-m", "matrix", "-m", f"results_dir={res}", "cp_size=1,2", "seq_lens=[10]",
+                      "hidden_size=16", "warmup=0", "iters=1"])
+    run = subprocess.run(f"{cmd} | head -c 100 >/dev/null; exit ${{PIPESTATUS[0]}}", shell=True,
+                         executable="/bin/bash", cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in run.stderr and "Error" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("warning: stdout was closed (broken pipe)")
+    assert run.returncode == 0
+    assert len((res / "results.csv").read_text().splitlines()) == 5
+
+
+def test_a_job_folder_that_cannot_be_written_is_one_line_with_the_resume_hint(tmp_path):
+    res = tmp_path / "res"
+    (res / "0").mkdir(parents=True)
+    (res / "0" / ".hydra").write_text("")  # Hydra cannot make its config folder there
+    run = run_matrix(res, "cp_size=1", "seq_lens=[10]", "hidden_size=16", "warmup=0", "iters=1")
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert "Traceback" not in run.stderr and lines[-1].startswith("error: "), run.stderr[-3000:]
+    assert ".hydra" in lines[-1] and "finish the sweep with: python -m matrix" in lines[-1]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_null"])
+def test_a_results_file_that_is_not_a_regular_file_is_refused_before_anything_runs(tmp_path, kind):
+    res = tmp_path / "res"
+    res.mkdir()
+    if kind == "fifo":
+        os.mkfifo(res / "results.csv")
+    else:
+        (res / "results.csv").symlink_to("/dev/null")
+    run = run_matrix(res, "cp_size=1", "seq_lens=[10]", "hidden_size=16", "warmup=0", "iters=1", timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()] and "is not a regular file" in run.stderr
+    assert sorted(p.name for p in res.iterdir()) == ["results.csv"]  # no job folder: nothing ran
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_say_what_was_running_and_how_to_resume(tmp_path, sig):
+    res = tmp_path / "res"
+    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
+            f"results_dir={res}"]
+    proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not (res / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(sig)  # the sweep alone, as a service manager or a closing terminal does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (out[-2000:], err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    last = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert last.startswith(f"{signal.Signals(sig).name}; finish the sweep with: python -m matrix"), last
+    assert shlex.split(last.split(": ", 1)[1])[-1] == "resume=true"
+    deadline = time.monotonic() + 30
+    while live_processes(str(res)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_processes(str(res)) == {}

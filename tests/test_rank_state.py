@@ -1,0 +1,81 @@
+"""A warm rank is checked after every point: a task that destroyed its process
+group or changed a global default is found, the pool is closed (the next point
+gets fresh ranks), and what a task started on a rank dies with its rank."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rank_tasks
+from matrix_cli import live_processes
+from nsa_cp_comm import RankPool
+from nsa_cp_comm.rank_state import check_pool
+
+
+def test_an_unchanged_pool_passes_and_stays_warm(pool_workdir):
+    with RankPool(2, workdir=pool_workdir) as pool:
+        assert check_pool(pool, 60) == "" and pool.alive
+
+
+@pytest.mark.parametrize("how, says", [
+    ("destroy_group", "rank 0: its default process group was destroyed; rank 1: its default process group was"),
+    ("default_dtype", "rank 0: default dtype is torch.float64 (was torch.float32)"),
+    ("default_device", "rank 0: default device is meta (was cpu)"),
+])
+def test_a_changed_rank_is_found_and_its_pool_closed(pool_workdir, how, says):
+    pool = RankPool(2, workdir=pool_workdir)
+    try:
+        assert all(r.ok for r in pool.run(rank_tasks.leave_rank_changed, how, timeout_s=60))
+        problem = check_pool(pool, 60)
+        assert problem.startswith("the point left its ranks changed: ") and says in problem, problem
+        assert not pool.alive
+    finally:
+        pool.close(graceful=False)
+
+
+def test_a_tasks_helper_process_dies_with_its_rank(pool_workdir):
+    with RankPool(2, workdir=pool_workdir) as pool:
+        assert all(r.ok for r in pool.run(rank_tasks.leave_rank_changed, "start_helper", timeout_s=60))
+        assert len(live_processes("sleep 987653")) >= 2
+    deadline = time.monotonic() + 30
+    while live_processes("sleep 987653") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_processes("sleep 987653") == {}
+
+
+def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
+    """A rank stopped while starting cost the pool's 180 s whatever timeout_s said."""
+    import dataclasses
+
+    from matrix import point
+    from matrix.config import MatrixConfig
+    from nsa_cp_comm import ranks
+
+    seen = {}
+
+    def fake_pool(*args, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("no ranks here")
+
+    monkeypatch.setattr(ranks, "get_pool", fake_pool)
+    cfg = {**dataclasses.asdict(MatrixConfig()), "cp_size": 2, "seq_lens": [10], "timeout_s": 7.0, "results_dir": str(tmp_path)}
+    res = point.resolve(cfg)
+    results = point._results_for(cfg, res, tmp_path)
+    assert seen["start_timeout_s"] == point.START_TIMEOUT_MIN_S == 60.0  # never below a loaded start-up
+    assert {r.status for r in results} == {"error"}
+    cfg["timeout_s"] = 100.0
+    point._results_for(cfg, res, tmp_path)
+    assert seen["start_timeout_s"] == 100.0
+
+
+def test_a_timeout_names_the_rank_that_is_stopped(pool_workdir):
+    from nsa_cp_comm.ranks import summarize_failure
+
+    with RankPool(2, workdir=pool_workdir) as pool:
+        results = pool.run(rank_tasks.stop_last_rank_in_a_collective, timeout_s=5)
+    status, reason = summarize_failure(results)
+    assert status == "timeout"
+    assert reason == ("rank 0,1 timeout: no answer within 5s; rank 1 never answered: its process is stopped "
+                      "(SIGSTOP?)"), reason
