@@ -509,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         metric = args.metric
         wanted = columns_read(metric) + ((ABSOLUTE_FALLBACK,) if metric == PAIRED else ())
         base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
-        check_metric(base, args.metric), check_metric(new, args.metric)
+        # the CSV column the gate may read: the metric, or the paired metric's fallback
+        column = ABSOLUTE_FALLBACK if metric == PAIRED else metric
+        check_metric(base, column), check_metric(new, column)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -521,8 +523,9 @@ def main(argv: list[str] | None = None) -> int:
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
     if metric == PAIRED and not (sb.found and sn.found):
         lacking = [r.arg for r, smp in ((base, sb), (new, sn)) if not smp.found]
-        notes.append(f"note: {' and '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no {SAMPLES_FILE} (written before samples were kept): comparing "
-                     f"{ABSOLUTE_FALLBACK}, absolute times, which move with the machine's load")
+        notes.append(f"note: {' and '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no {SAMPLES_FILE} "
+                     f"(written before samples were kept): comparing {ABSOLUTE_FALLBACK}, absolute times, which "
+                     "move with the machine's load")
         metric = ABSOLUTE_FALLBACK
     j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold)
     gate = gating(j, args.allow_missing)
