@@ -60,7 +60,8 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
         ("dirty_padding", UNEVEN, "padding_zero"),
         ("dirty_padding", THREE, "padding_zero"),
         ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
-        ("keeps_padding", UNEVEN, "scatter_chunk"),
+        # P > every n_r: the padding kept is not the rows of another rank either
+        ("keeps_padding", THREE, "scatter_chunk"),
         ("mutates_input", EVEN, "input_mutated"),
     ],
 )

@@ -135,8 +135,11 @@ def test_a_short_write_leaves_the_files_exactly_as_they_were(tmp_path, torn):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_disk_raises_results_write_error_naming_the_file(tmp_path):
-    (tmp_path / "results.csv").symlink_to("/dev/full")  # every write: ENOSPC
+def test_a_full_disk_raises_results_write_error_naming_the_file(tmp_path, monkeypatch):
+    def full_disk(fd: int, data: bytes) -> int:  # every write: ENOSPC
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(results.os, "write", full_disk)
     with pytest.raises(ResultsWriteError) as info:
         append_rows(tmp_path, [row("a")])
     exc = info.value
