@@ -162,6 +162,19 @@ def test_a_timed_form_that_diverges_from_the_checked_one_fails(tmp_path):
         assert float(ok["local_p50_us"]) > 0  # its stage is timed as the local phase
 
 
+def test_prepare_must_be_callable_and_return_a_production():
+    from nsa_cp_comm.impls import RoundTripImpl
+    from nsa_cp_comm.plan import plan_split
+
+    import broken_impls
+
+    with pytest.raises(ValueError, match="prepare is not callable"):
+        RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=3)
+    impl = RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=lambda *a: "buffers")
+    with pytest.raises(TypeError, match="impl 'x': prepare returned str, not a nsa_cp_comm.production.Production"):
+        impl.production(plan_split([4], 2, policy="zigzag"), 8, None, "cpu", None)
+
+
 def test_bystanders_catch_the_default_group(tmp_path):
     # One rank in the world outside the CP group: a collective on the default
     # group cannot complete (gloo's size check raises on the CP ranks, or they
