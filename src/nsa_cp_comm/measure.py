@@ -134,10 +134,15 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         for name, phases in samples.items():
             reports[name].samples = phases
         # The timed forms against the checked calls, in the same order on
-        # every rank (the checked calls are collectives).
-        for s in steps:
-            if isinstance(s, RoundTripSteps):
-                check_production(impl_registry.get(s.name), s, spec, plan, group, reports[s.name])
+        # every rank (the checked calls are collectives), once the loop's
+        # buffers are gone.
+        kept = [s for s in steps if isinstance(s, RoundTripSteps)]
+        steps.clear()
+        flush = None
+        for s in kept:
+            s.release()
+        for s in kept:
+            check_production(impl_registry.get(s.name), s, spec, plan, group, reports[s.name])
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 

@@ -11,8 +11,8 @@ collectives; rows that a producer writes in place (``padded_zero_copy``;
 in ``reset``, like nccl-tests' in-place column. Implementations without a
 production form (the alternatives, most outside ones) are timed as their
 ``gather``/``scatter`` calls, allocation included. With ``keep``, the first
-and the last timed iteration's outputs are copied aside (untimed) for the
-``production_form`` check. Dispatch implementations time ``dispatch`` as the
+timed iteration's outputs are copied aside (untimed) and the last one's held
+for the ``production_form`` check. Dispatch implementations time ``dispatch`` as the
 gather phase and ``combine`` as the scatter phase (routing and the experts
 are not timed).
 
@@ -58,11 +58,20 @@ def _aside(x: object) -> object:
 class RoundTripSteps(Steps):
     """A FULL-mode implementation's timed steps, with its input sets
     (``inputs[i]``: this rank's rows and the scatter's partials) and, with
-    ``keep``, copies of what its first and last timed iterations returned
-    (``kept[k] = (input set, gathered buffer, scatter output)``)."""
+    ``keep``, what its first timed iteration returned (copies) and its last
+    returned (the form's own buffers) (``kept[k] = (input set, gathered
+    buffer, scatter output)``)."""
 
-    inputs: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     kept: dict[int, tuple[int, object, object]] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """After the loop: drop the production form's buffers and the input
+        sets no kept iteration used, keeping what the ``production_form``
+        check reads (so its checked calls do not add to the loop's peak)."""
+        self.phases, self.reset, self.after = [], None, None
+        used = {i for i, _, _ in self.kept.values()}
+        self.inputs = {i: v for i, v in self.inputs.items() if i in used}
 
 
 def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
@@ -99,7 +108,12 @@ def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
             out["scattered"] = o
 
     def keep_ends(i: int, k: int, iters: int) -> None:
-        if k in (0, iters - 1):
+        # The last iteration's outputs stay valid in the form's buffers after
+        # the loop (nothing writes them later): held, not copied. The first's
+        # are copied aside before the next iteration overwrites them.
+        if k == iters - 1:
+            kept[k] = (i, out["gathered"], out["scattered"])
+        elif k == 0:
             kept[k] = (i, _aside(out["gathered"]), _aside(out["scattered"]))
         out.clear()
 
@@ -107,7 +121,7 @@ def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     if timed_stage is not None:
         phases.insert(0, ("local", lambda i: timed_stage(locals_[i])))
     return RoundTripSteps(impl.name, phases, reset=reset, n_sets=n_sets, after=keep_ends if keep else None,
-                          inputs=list(zip(locals_, partials)), kept=kept)
+                          inputs=dict(enumerate(zip(locals_, partials))), kept=kept)
 
 
 def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
