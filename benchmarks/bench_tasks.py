@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nsa_cp_comm import impls as impl_registry
-from nsa_cp_comm import steps as steps_module
+from nsa_cp_comm import roundtrip
 from nsa_cp_comm.checks import ImplReport, check_gather, checked_group
 from nsa_cp_comm.cpgroup import cp_group
 from nsa_cp_comm.measure import CHECK_TIMEOUT_S, check_point, point_on_rank
@@ -84,25 +84,25 @@ def injected(fault: str) -> Iterator[None]:
         yield
         return
     saved_impl = impl_registry.REGISTRY["padded"]
-    saved_stage = steps_module.padded_stage
+    saved_stage = roundtrip.padded_stage
     if fault == "wrong_offset":
         impl_registry.REGISTRY["padded"] = replace(saved_impl, gather=_gather_wrong_offset)
     elif fault == "nonzero_pad":
         impl_registry.REGISTRY["padded"] = replace(saved_impl, gather=_gather_nonzero_pad)
     elif fault == "wrong_chunk":
         impl_registry.REGISTRY["padded"] = replace(saved_impl, scatter=_scatter_wrong_chunk)
-    else:  # slow_local: right results, a slow staging copy in the timed loop
+    else:  # slow_local: right results, a slow staging copy (the timed loop's padded form calls it too)
 
         def slow_stage(*args, **kwargs):
             time.sleep(SLOW_LOCAL_S)
             return saved_stage(*args, **kwargs)
 
-        steps_module.padded_stage = slow_stage
+        roundtrip.padded_stage = slow_stage
     try:
         yield
     finally:
         impl_registry.REGISTRY["padded"] = saved_impl
-        steps_module.padded_stage = saved_stage
+        roundtrip.padded_stage = saved_stage
 
 
 def _agreed_failures(reports: dict[str, ImplReport], device, group) -> list[bool]:

@@ -321,9 +321,13 @@ def estimate(cfg: Mapping[str, Any], machine: Machine | None = None) -> Estimate
     # (Measured peaks of CPU ranks came 3-25 % below this.)
     check = P * row * 6 + P * H * 8 + m * row * 3
     # Timed loop, all implementations at once: rotated input sets and partials,
-    # the scratch and the pre-sized gathered buffer.
+    # the scratch and the pre-sized gathered buffer, and the copy of the
+    # first timed iteration's outputs (gathered buffer, scatter output) when
+    # it is not the last (the checked calls they are compared with after the
+    # loop fit in the timed buffers freed by then).
     n_sets = max(1, min(MAX_SETS, -(-CACHE_BYTES // max((m + P) * row, 1))))
-    per_full = n_sets * (m + P) * row + 2 * P * row
+    kept = (P + m) * row if cfg.get("iters", 1) > 1 else 0
+    per_full = n_sets * (m + P) * row + 2 * P * row + kept
     per_dispatch = n_sets * m * row + 2 * P * min(topk, cp) * row
     timed = sum(per_full if k == "full" else per_dispatch if k == "dispatch" else 0 for k in kinds)
     buffers = max(check, timed) + m * row * 2  # plus the shard and its copy

@@ -17,6 +17,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
 from nsa_cp_comm.impls import RoundTripImpl
+from nsa_cp_comm.production import Production
 
 
 def _gather(local, plan, group, *, slot_of=lambda sender, cp: sender, pad=0.0):
@@ -249,6 +250,59 @@ def _float64_scatter(full, plan, group):
 
 
 float64_scatter = RoundTripImpl("float64_scatter", _gather, _float64_scatter, doc="returns float64 rows")
+
+
+# --- production_form: the timed form is not the checked one --------------------
+def _reused_form(plan, hidden, dtype, device, group, *, slot_at):
+    """The padded round trip as serving code runs it: one [m*cp, H] buffer
+    for every layer, this rank's rows staged into it at ``slot_at(plan, rank)``
+    before an in-place all-gather; the reduce-scatter into a reused chunk."""
+    rank, m, cp = dist.get_rank(group), plan.max_rank_len, plan.cp_size
+    n = plan.per_rank_tokens[rank]
+    full = torch.zeros((m * cp, hidden), dtype=dtype, device=device)
+    partials = torch.empty_like(full)
+    chunk = torch.empty((m, hidden), dtype=dtype, device=device)
+
+    def stage(local):
+        full[rank * m : (rank + 1) * m].zero_()
+        at = slot_at(plan, rank)
+        full[at : at + n].copy_(local)
+
+    def gather(local):
+        all_gather_into(full, full[rank * m : (rank + 1) * m], group)
+        return full
+
+    def scatter():
+        reduce_scatter_into(chunk, partials, group)
+        return chunk[:n]
+
+    return Production(gather, scatter, partials, stage=stage)
+
+
+def _padded_slot(plan, rank):
+    return rank * plan.max_rank_len
+
+
+def _packed_slot(plan, rank):
+    # Mistake: the reused buffer's slot computed with the packed offset
+    # sum(n_<r) (copied from the allgatherv path), while the checked gather
+    # (written separately, per call) puts the rows at r*m. Right only while
+    # no earlier rank is short.
+    return plan.rank_offset(rank)
+
+
+def _reused_prepare(plan, hidden, dtype, device, group):
+    return _reused_form(plan, hidden, dtype, device, group, slot_at=_padded_slot)
+
+
+def _diverging_prepare(plan, hidden, dtype, device, group):
+    return _reused_form(plan, hidden, dtype, device, group, slot_at=_packed_slot)
+
+
+reused_buffer = RoundTripImpl("reused_buffer", _gather, _scatter, prepare=_reused_prepare,
+                              doc="a production form with reused buffers, the same as its checked calls")
+diverging_form = RoundTripImpl("diverging_form", _gather, _scatter, prepare=_diverging_prepare,
+                               doc="a production form whose reused buffer takes the rows at the packed offset")
 
 
 # --- bad references -------------------------------------------------------------

@@ -139,6 +139,42 @@ def test_what_outside_code_slips_past_is_named(tmp_path):
         assert _verdict(rows[("padded", lens)]) == ("ok", ""), rows[("padded", lens)]["reason"]
 
 
+def test_a_timed_form_that_diverges_from_the_checked_one_fails(tmp_path):
+    # Both give a production form with reused buffers and the same checked
+    # calls; one stages its rows at the packed offset. [3,3] splits (2,4):
+    # rank 1's packed offset (2) is not its padded one (4); [4,4] hides it.
+    impl = f"{BROKEN}:diverging_form,{BROKEN}:reused_buffer"
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[3,3],[4,4]", "timeout_s=30",
+                     "hidden_size=32", "iters=3", "warmup=1")
+    assert run.returncode == 1, run.stderr[-2000:]
+    rows = _by_point(run)
+    bad = rows[(f"{BROKEN}:diverging_form", "[3,3]")]
+    assert _verdict(bad) == ("failed", "production_form"), bad["reason"]
+    assert bad["roundtrip_p50_us"] == "" and bad["correct"] == "False"
+    # The first and the last timed iteration, each against the checked gather.
+    for k in (0, 2):
+        assert f"timed iteration {k} " in bad["reason"], bad["reason"]
+    assert "gathered buffer differs from the checked gather's" in bad["reason"]
+    assert _verdict(rows[(f"{BROKEN}:diverging_form", "[4,4]")]) == ("ok", "")
+    for lens in ("[3,3]", "[4,4]"):
+        ok = rows[(f"{BROKEN}:reused_buffer", lens)]
+        assert _verdict(ok) == ("ok", ""), ok["reason"]
+        assert float(ok["local_p50_us"]) > 0  # its stage is timed as the local phase
+
+
+def test_prepare_must_be_callable_and_return_a_production():
+    from nsa_cp_comm.impls import RoundTripImpl
+    from nsa_cp_comm.plan import plan_split
+
+    import broken_impls
+
+    with pytest.raises(ValueError, match="prepare is not callable"):
+        RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=3)
+    impl = RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=lambda *a: "buffers")
+    with pytest.raises(TypeError, match="impl 'x': prepare returned str, not a nsa_cp_comm.production.Production"):
+        impl.production(plan_split([4], 2, policy="zigzag"), 8, None, "cpu", None)
+
+
 def test_bystanders_catch_the_default_group(tmp_path):
     # One rank in the world outside the CP group: a collective on the default
     # group cannot complete (gloo's size check raises on the CP ranks, or they
@@ -287,8 +323,8 @@ def test_readme_registration_and_checks_are_current():
     # Every check the rows can name is explained in the section.
     named = set(re.findall(r"``(\w+)``", checks.__doc__)) & {
         "input_mutated", "gather_shape", "gather_rows", "padding_zero", "scatter_chunk", "reference_moe",
-        "even_bitwise", "refusal", "passthrough", "dispatch_rows",
+        "even_bitwise", "refusal", "passthrough", "dispatch_rows", "production_form",
     }
-    assert len(named) == 10
+    assert len(named) == 11
     for check in (*named, "collective_skipped"):
         assert f"`{check}`" in section, check

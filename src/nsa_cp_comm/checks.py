@@ -22,6 +22,11 @@ FULL mode, every implementation that runs:
 - ``group``: no collective on the default group, and no rows picked with the
   global rank where the CP group's is meant (the CP group is never the
   default group in world order, :mod:`.cpgroup`).
+- ``production_form``: after the timed loop, the production form's gathered
+  buffer (byte-exact) and scatter output (byte-exact, or within the round
+  trip's tolerance where the form sums in another order) of the first and the
+  last timed iteration equal what the checked ``gather`` and ``scatter``
+  return for the same inputs: the timed code is held to the checked code.
 
 SCATTERED mode: the CP communicator passes rows through untouched
 (``passthrough``); an a2a implementation is checked on its dispatched rows
@@ -51,6 +56,7 @@ from .moe import ReferenceMoE, max_rel_err, tolerance
 from .plan import CPPlan
 from .roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
+from .steps import RoundTripSteps
 
 
 @dataclass
@@ -278,3 +284,33 @@ def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
     _compare_to_reference(rep, out, before, moe, spec, plan, "a2a round trip")
     rep.correct = not rep.failures
     return rep
+
+
+def _rows_differ(got: torch.Tensor, want: torch.Tensor) -> str:
+    """Which rows of two same-shaped tensors differ in their bytes."""
+    bad = (got.contiguous().view(torch.uint8) != want.contiguous().view(torch.uint8)).reshape(got.shape[0], -1)
+    rows = bad.any(dim=1).nonzero().flatten().tolist()
+    return f"{len(rows)} row(s) differ, first {rows[0]}, last {rows[-1]}" if rows else ""
+
+
+def check_production(impl: impl_registry.RoundTripImpl, steps: RoundTripSteps, spec: PointSpec, plan: CPPlan,
+                     group, rep: ImplReport) -> None:
+    """``production_form``: what the timed form returned in its first and last
+    timed iteration (``steps.kept``) against the checked ``gather`` and
+    ``scatter`` on the same inputs. Every rank calls it for the same steps
+    (the checked calls are collectives)."""
+    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
+    for k, (i, gathered, out) in sorted(steps.kept.items()):
+        local, partials = steps.inputs[i]
+        want_gathered = impl.gather(local.clone(), plan, group)
+        want_out = impl.scatter(partials.clone(), plan, group)
+        where = f"timed iteration {k} (input set {i})"
+        diff = unlike(gathered, want_gathered)
+        if diff or not bitwise_equal(gathered, want_gathered):
+            rep.fail("production_form", f"{where}: the production form's gathered buffer differs from the checked "
+                     f"gather's: {diff or _rows_differ(gathered, want_gathered)}")
+        diff = unlike(out, want_out)
+        err = max_rel_err(out, want_out) if not diff else math.inf
+        if diff or not (bitwise_equal(out, want_out) or err <= tol):
+            rep.fail("production_form", f"{where}: the production form's scatter output differs from the checked "
+                     f"scatter's: {diff or f'max_rel_err {err:.3g} > {tol:.3g}'}")

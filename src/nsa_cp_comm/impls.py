@@ -5,7 +5,10 @@ Two kinds of implementation, one per mlp_mode (docs/design.md, "Implementations"
 - :class:`RoundTripImpl` (FULL mode, the all-gather MoE path): ``gather(local,
   plan, group) -> gathered buffer`` and ``scatter(partials, plan, group) ->
   [n_r, H]``, plus where each rank's rows live in the gathered buffer
-  (``layout``), the backends it runs on, and whether it needs even plans.
+  (``layout``), the backends it runs on, and whether it needs even plans;
+  optionally ``prepare(plan, hidden, dtype, device, group)``, its production
+  form (pre-sized buffers reused across calls, :mod:`.production`), which is
+  what the timed loop runs.
 - :class:`DispatchImpl` (SCATTERED mode, a MoE all-to-all such as DeepEP):
   ``dispatch(local, topk_idx, topk_weight, experts_per_rank, group) ->
   (received rows, handle)`` and ``combine(expert_outputs, handle, group) ->
@@ -39,6 +42,14 @@ from .alternatives import (
 )
 from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
 from .plan import CPPlan
+from .production import (
+    Production,
+    calls_form,
+    legacy_form,
+    pad_at_split_form,
+    padded_form,
+    padded_zero_copy_form,
+)
 from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_gather_zero_copy, padded_scatter
 
 ENTRY_POINT_GROUP = "nsa_cp_comm.impls"
@@ -64,7 +75,10 @@ class RoundTripImpl:
     layout and returns this rank's ``[n_r, H]`` (it may consume its input).
     ``needs_even``: the implementation must refuse uneven plans on every rank,
     before any collective. ``legacy_bits_on_even``: on even plans its results
-    must equal legacy's bit for bit.
+    must equal legacy's bit for bit. ``prepare(plan, hidden, dtype, device,
+    group) -> Production``: the production form the timed loop runs; its
+    outputs must equal ``gather``'s and ``scatter``'s for the same inputs
+    (without it, the timed loop runs ``gather`` and ``scatter``).
     """
 
     name: str
@@ -81,6 +95,7 @@ class RoundTripImpl:
     # The rows are padded to the stride at the split, before attention, which
     # then processes the padding rows too.
     pads_split: bool = False
+    prepare: Callable[..., Production] | None = None
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -90,6 +105,19 @@ class RoundTripImpl:
         for attr in ("gather", "scatter"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
+        if self.prepare is not None and not callable(self.prepare):
+            raise ValueError(f"impl {self.name!r}: prepare is not callable")
+
+    def production(self, plan: CPPlan, hidden: int, dtype: Any, device: Any, group: Any) -> Production:
+        """The form the timed loop runs at this point: ``prepare``'s, else the
+        ``gather`` / ``scatter`` calls themselves."""
+        if self.prepare is None:
+            return calls_form(self, plan, hidden, dtype, device, group)
+        form = self.prepare(plan, hidden, dtype, device, group)
+        if not isinstance(form, Production):
+            raise TypeError(f"impl {self.name!r}: prepare returned {type(form).__name__}, not a "
+                            "nsa_cp_comm.production.Production")
+        return form
 
     def stride(self, plan: CPPlan) -> int:
         """Rows of each rank's block in the padded layout (its rows, then zeros)."""
@@ -162,13 +190,13 @@ def register(impl: Impl) -> Impl:
 
 register(
     RoundTripImpl(
-        "padded", padded_gather, padded_scatter, "rank_major_padded",
+        "padded", padded_gather, padded_scatter, "rank_major_padded", prepare=padded_form,
         doc="the fix: pad every shard to max_rank_len, all-gather, reduce-scatter equal chunks, slice",
     )
 )
 register(
     RoundTripImpl(
-        "legacy", legacy_gather, legacy_scatter, "rank_major_padded", needs_even=True,
+        "legacy", legacy_gather, legacy_scatter, "rank_major_padded", needs_even=True, prepare=legacy_form,
         legacy_bits_on_even=False,  # it is the reference
         doc="the old path: even shards only; refuses uneven plans on every rank",
     )
@@ -191,6 +219,7 @@ register(DispatchImpl("a2a", a2a_dispatch, a2a_combine, doc="stand-in for DeepEP
 register(
     RoundTripImpl(
         "padded_zero_copy", padded_gather_zero_copy, padded_scatter, "rank_major_padded",
+        prepare=padded_zero_copy_form,
         doc="the fix's zero-copy form: rows are produced in their slot of a reused buffer (padded_buffer + "
         "padded_gather_); timed without the slot copy, like nccl-tests' in-place column",
     )
@@ -199,7 +228,7 @@ register(
 register(
     RoundTripImpl(
         "pad_at_split", pad_at_split_gather, pad_at_split_scatter, "rank_major_padded", row_stride=physical_len,
-        pads_split=True,
+        pads_split=True, prepare=pad_at_split_form,
         # [P*cp, H] with P = ceil_align(m, align) is not legacy's [T, H] buffer on even plans
         legacy_bits_on_even=False,
         doc="the serving engine's rule: every rank padded at the split to P = ceil_align(max n_r, 2*cp zigzag "

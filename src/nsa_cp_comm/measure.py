@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from . import impls as impl_registry
-from .checks import ImplReport, check_dispatch, check_full, check_passthrough, checked_group
+from .checks import ImplReport, check_dispatch, check_full, check_passthrough, check_production, checked_group
 from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports, origin_of
 from .modes import ScatterMode
@@ -26,7 +26,7 @@ from .moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
 from .roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, FAULTS, PointSpec, bitwise_equal, make_shard, shard_seed  # noqa: F401 - re-exported
-from .steps import CONTROL, control_steps, dispatch_steps, full_steps
+from .steps import CONTROL, RoundTripSteps, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
 
 # The correctness group's own timeout: a collective one rank skipped fails
@@ -123,7 +123,7 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         if impl.mode == "SCATTERED":
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
         else:
-            steps.append(full_steps(impl, spec, plan, rank, device, plain))
+            steps.append(full_steps(impl, spec, plan, rank, device, plain, keep=True))
     out: dict[str, dict[str, Any]] = {}
     if steps:
         steps.append(control_steps(spec, plan, rank, device, plain))
@@ -133,6 +133,16 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
             reports[name].samples = phases
+        # The timed forms against the checked calls, in the same order on
+        # every rank (the checked calls are collectives), once the loop's
+        # buffers are gone.
+        kept = [s for s in steps if isinstance(s, RoundTripSteps)]
+        steps.clear()
+        flush = None
+        for s in kept:
+            s.release()
+        for s in kept:
+            check_production(impl_registry.get(s.name), s, spec, plan, group, reports[s.name])
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 

@@ -1,22 +1,27 @@
 """What the timed loop runs for each implementation: the production forms.
 
-Serving code gathers into a pre-sized buffer that it reuses, so the padded and
-legacy implementations are timed that way: buffers are allocated once per
-point, outside the timed phases, and the padded path's local work (copy the
-shard into its slot, zero its padding rows) is its own ``local`` phase, apart
-from the ``gather`` and ``scatter`` collectives. ``padded_zero_copy`` and
-``pad_at_split`` (rows padded once at the split, before attention) have no
-local phase: its rows are produced in their slot (the copy happens untimed in
-``reset``, standing in for the producer), like nccl-tests' in-place column.
-Other implementations (the alternatives, outside ones) are timed as their
-``gather``/``scatter`` calls, allocation included. Dispatch implementations
-time ``dispatch`` as the gather phase and ``combine`` as the scatter phase
-(routing and the experts are not timed).
+Serving code gathers into a pre-sized buffer that it reuses, so a FULL-mode
+implementation is timed as its production form
+(:meth:`~nsa_cp_comm.impls.RoundTripImpl.production`, :mod:`.production`):
+buffers allocated once per point, outside the timed phases; its local work
+(the padded path's: copy the shard into its slot, zero its padding rows) a
+``local`` phase of its own, apart from the ``gather`` and ``scatter``
+collectives; rows that a producer writes in place (``padded_zero_copy``;
+``pad_at_split``, padded once at the split before attention) written untimed
+in ``reset``, like nccl-tests' in-place column. Implementations without a
+production form (the alternatives, most outside ones) are timed as their
+``gather``/``scatter`` calls, allocation included. With ``keep``, the first
+timed iteration's outputs are copied aside (untimed) and the last one's held
+for the ``production_form`` check. Dispatch implementations time ``dispatch`` as the
+gather phase and ``combine`` as the scatter phase (routing and the experts
+are not timed).
 
 No step checks its inputs: the ranks agreed on them in the correctness phase.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -25,7 +30,6 @@ from . import impls as impl_registry
 from .collectives import all_gather_into, reduce_scatter_into
 from .moe import ReferenceMoE
 from .plan import CPPlan
-from .roundtrip import padded_stage
 from .spec import DTYPES, PointSpec, make_shard
 from .timing import Steps
 
@@ -46,59 +50,78 @@ def _partials(rows: int, spec: PointSpec, n_sets: int, device) -> list[torch.Ten
     return [torch.randn(rows, spec.hidden_size, generator=g).to(device=device, dtype=dtype) for _ in range(n_sets)]
 
 
+def _aside(x: object) -> object:
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+@dataclass
+class RoundTripSteps(Steps):
+    """A FULL-mode implementation's timed steps, with its input sets
+    (``inputs[i]``: this rank's rows and the scatter's partials) and, with
+    ``keep``, what its first timed iteration returned (copies) and its last
+    returned (the form's own buffers) (``kept[k] = (input set, gathered
+    buffer, scatter output)``)."""
+
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    kept: dict[int, tuple[int, object, object]] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """After the loop: drop the production form's buffers and the input
+        sets no kept iteration used, keeping what the ``production_form``
+        check reads (so its checked calls do not add to the loop's peak)."""
+        self.phases, self.reset, self.after = [], None, None
+        used = {i for i, _, _ in self.kept.values()}
+        self.inputs = {i: v for i, v in self.inputs.items() if i in used}
+
+
 def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-               group: dist.ProcessGroup | None) -> Steps:
-    """The timed form of a FULL-mode implementation at this point."""
+               group: dist.ProcessGroup | None, *, keep: bool = False) -> RoundTripSteps:
+    """The timed form of a FULL-mode implementation at this point: its
+    production form, whatever the implementation (no branch on its name)."""
     dtype = DTYPES[spec.dtype]
     rows = impl.buffer_rows(plan)
     set_bytes = (plan.per_rank_tokens[rank] + rows) * spec.hidden_size * dtype.itemsize
     n_sets = rotation(set_bytes)
     locals_ = [make_shard(spec, plan, rank, device, salt=i) for i in range(n_sets)]
     partials = _partials(rows, spec, n_sets, device)
-    scratch = torch.empty_like(partials[0])
-    chunk = scratch.tensor_split(plan.cp_size)[rank]
+    form = impl.production(plan, spec.hidden_size, dtype, device, group)
+    produced = form.stage if form.produced else None
+    timed_stage = form.stage if not form.produced else None
+    out: dict[str, object] = {}
+    kept: dict[int, tuple[int, object, object]] = {}
 
-    def refill(i: int) -> None:
-        scratch.copy_(partials[i])  # the scatter consumes its input
+    def reset(i: int) -> None:
+        form.partials.copy_(partials[i])  # the scatter consumes its input
+        if produced is not None:
+            produced(locals_[i])  # the producer writes its rows in place
 
-    def reduce_scatter(i: int) -> None:
-        reduce_scatter_into(chunk, scratch, group)
+    # Outputs are held only to be kept: a held fresh buffer would double a
+    # calls form's peak memory.
+    def gather(i: int) -> None:
+        g = form.gather(locals_[i])
+        if keep:
+            out["gathered"] = g
 
-    m, n = impl.stride(plan), plan.per_rank_tokens[rank]
-    if impl.name in ("padded", "padded_zero_copy", "pad_at_split"):
-        # pad_at_split: the rows were padded at the split, before attention, so
-        # each layer gathers its [P, H] block as it is (no local phase), like
-        # the zero-copy form with P in place of max_rank_len.
-        full = torch.zeros((rows, spec.hidden_size), dtype=dtype, device=device)
-        block = full[rank * m : (rank + 1) * m]
+    def scatter(i: int) -> None:
+        o = form.scatter()
+        if keep:
+            out["scattered"] = o
 
-        def gather(i: int) -> None:
-            all_gather_into(full, block, group)
+    def keep_ends(i: int, k: int, iters: int) -> None:
+        # The last iteration's outputs stay valid in the form's buffers after
+        # the loop (nothing writes them later): held, not copied. The first's
+        # are copied aside before the next iteration overwrites them.
+        if k == iters - 1:
+            kept[k] = (i, out["gathered"], out["scattered"])
+        elif k == 0:
+            kept[k] = (i, _aside(out["gathered"]), _aside(out["scattered"]))
+        out.clear()
 
-        if impl.name == "padded":
-            return Steps(impl.name, [("local", lambda i: padded_stage(full, locals_[i], plan, rank)),
-                                     ("gather", gather), ("scatter", reduce_scatter)], reset=refill, n_sets=n_sets)
-
-        def produce(i: int) -> None:
-            refill(i)
-            full[rank * m : rank * m + n].copy_(locals_[i])  # the producer writes its rows in place
-
-        return Steps(impl.name, [("gather", gather), ("scatter", reduce_scatter)], reset=produce, n_sets=n_sets)
-    if impl.name == "legacy":
-        out = torch.empty((plan.total_tokens, spec.hidden_size), dtype=dtype, device=device)
-
-        def legacy_gather(i: int) -> None:
-            all_gather_into(out, locals_[i], group)
-
-        return Steps(impl.name, [("gather", legacy_gather), ("scatter", reduce_scatter)], reset=refill, n_sets=n_sets)
-
-    def gather_call(i: int) -> None:
-        impl.gather(locals_[i], plan, group)
-
-    def scatter_call(i: int) -> None:
-        impl.scatter(scratch, plan, group)
-
-    return Steps(impl.name, [("gather", gather_call), ("scatter", scatter_call)], reset=refill, n_sets=n_sets)
+    phases = [("gather", gather), ("scatter", scatter)]
+    if timed_stage is not None:
+        phases.insert(0, ("local", lambda i: timed_stage(locals_[i])))
+    return RoundTripSteps(impl.name, phases, reset=reset, n_sets=n_sets, after=keep_ends if keep else None,
+                          inputs=dict(enumerate(zip(locals_, partials))), kept=kept)
 
 
 def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,

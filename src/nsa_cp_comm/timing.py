@@ -82,12 +82,15 @@ class Steps:
     ``reset(i)`` runs untimed first (e.g. refill the buffer a scatter consumes);
     then each ``(phase, fn)`` of ``phases`` in order, timed one by one. Phases
     are named from :data:`PHASES`; an implementation without local work has
-    no ``local`` phase."""
+    no ``local`` phase. ``after(i, k, iters)`` runs untimed after the phases
+    of timed iteration ``k`` of ``iters`` (input set ``i``): what it does to
+    look at the iteration's outputs is outside every phase's time."""
 
     name: str
     phases: list[tuple[str, Callable[[int], object]]]
     reset: Callable[[int], object] | None = None
     n_sets: int = 1
+    after: Callable[[int, int, int], object] | None = None
 
 
 def timed_loop(
@@ -125,6 +128,8 @@ def timed_loop(
                 clock.sync()
                 if it >= warmup:
                     samples[s.name][phase].append(clock.elapsed_us(t0, t1))
+            if it >= warmup and s.after is not None:
+                s.after(i, it - warmup, iters)
     return samples
 
 
