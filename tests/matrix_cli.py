@@ -42,6 +42,22 @@ def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeou
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
 
 
+def sweep_in_background(results_dir: Path, timeout: float = 180) -> subprocess.Popen:
+    """A three-point sweep of long points started in its own session, returned
+    once its first row is written (or it ended, or ``timeout`` passed): for
+    tests that stop a sweep mid-point."""
+    import time
+
+    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
+            f"results_dir={results_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not (results_dir / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    return proc
+
+
 def live_processes(text: str) -> dict[int, str]:
     """``{pid: command line}`` of live (non-zombie) processes, other than this
     one, whose command line contains ``text``."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix_cli import REPO, cli_env, live_processes, run_matrix
+from matrix_cli import REPO, cli_env, live_processes, run_matrix, sweep_in_background
 
 SMALL = ("cp_size=2", "seq_lens=[1001,300]", "hidden_size=64", "dtype=float32", "warmup=1", "iters=2")
 HOSTILE = "tests.hostile_impls"
@@ -115,13 +115,7 @@ def test_a_results_file_that_is_not_a_regular_file_is_refused_before_anything_ru
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_and_sighup_say_what_was_running_and_how_to_resume(tmp_path, sig):
     res = tmp_path / "res"
-    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
-            f"results_dir={res}"]
-    proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while not (res / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
+    proc = sweep_in_background(res)
     time.sleep(1.0)
     proc.send_signal(sig)  # the sweep alone, as a service manager or a closing terminal does
     out, err = proc.communicate(timeout=120)

@@ -215,16 +215,10 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     import sys
     import time
 
-    from matrix_cli import cli_env
+    from matrix_cli import cli_env, sweep_in_background
 
     res = tmp_path / "res"
-    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
-            f"results_dir={res}"]
-    proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 180
-    while not (res / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
+    proc = sweep_in_background(res)
     time.sleep(2.0)  # the first point is done: the second (seconds of iterations) is running on warm ranks
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
