@@ -18,8 +18,8 @@ own GPU, else gloo with CUDA tensors), correctness first, then timings:
 4. ``single`` (default on CUDA only): cp 1 at production shape on the device's
    own backend (NCCL on a GPU).
 
-Every timing goes through ``nsa_cp_comm.timing.timed_loop`` over the
-production forms of ``nsa_cp_comm.steps`` (benchmarks/bench_tasks.py runs them
+Every timing goes through ``nsa_cp_comm.harness.timing.timed_loop`` over the
+production forms of ``nsa_cp_comm.harness.steps`` (benchmarks/bench_tasks.py runs them
 on the ranks); semantics, columns and the relation to nccl-tests' time, algbw
 and busbw are in PERF.md, which benchmarks/perf_md.py renders from ``--out``.
 
@@ -55,12 +55,12 @@ import torch  # noqa: E402
 
 import bench_tasks  # noqa: E402
 import perf_md  # noqa: E402
-from nsa_cp_comm.fold import ImplResult, fold_reports  # noqa: E402
-from nsa_cp_comm.machine import cpu_model, nccl_version  # noqa: E402
-from nsa_cp_comm.measure import failed_run  # noqa: E402
-from nsa_cp_comm.ranks import close_pools, get_pool  # noqa: E402
-from nsa_cp_comm.spec import DTYPES, PointSpec  # noqa: E402
-from nsa_cp_comm.timing import fold_phases  # noqa: E402
+from nsa_cp_comm.harness.fold import ImplResult, fold_reports  # noqa: E402
+from nsa_cp_comm.harness.machine import cpu_model, nccl_version  # noqa: E402
+from nsa_cp_comm.harness.measure import failed_run  # noqa: E402
+from nsa_cp_comm.harness.ranks import close_pools, get_pool  # noqa: E402
+from nsa_cp_comm.harness.spec import DTYPES, PointSpec  # noqa: E402
+from nsa_cp_comm.harness.timing import fold_phases  # noqa: E402
 
 RATIO_TARGET = 1.02
 GATE_RULE = (

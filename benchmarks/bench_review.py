@@ -208,7 +208,7 @@ def time_tool(tool: str, argv: list[str]) -> dict[str, float]:
 
 def _machine() -> str:
     try:
-        from nsa_cp_comm.machine import cpu_model
+        from nsa_cp_comm.harness.machine import cpu_model
 
         cpu = cpu_model()
     except Exception:  # noqa: BLE001 - a label only

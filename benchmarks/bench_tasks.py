@@ -1,13 +1,13 @@
 """Rank-side tasks of ``bench_comm.py``: correctness first, then the one timed loop.
 
-A module of its own because the ranks of a :class:`nsa_cp_comm.ranks.RankPool`
+A module of its own because the ranks of a :class:`nsa_cp_comm.harness.ranks.RankPool`
 must import a task by name (a function of ``__main__`` does not pickle to them).
 Every task runs on every rank and times nothing by itself: the checks are the
-matrix's (``nsa_cp_comm.measure`` / ``nsa_cp_comm.checks``) and the timings go
-through :func:`nsa_cp_comm.timing.timed_loop` over the production forms of
-:mod:`nsa_cp_comm.steps` (pre-sized, reused buffers; the padded path's local
+matrix's (``nsa_cp_comm.harness.measure`` / ``nsa_cp_comm.harness.checks``) and the timings go
+through :func:`nsa_cp_comm.harness.timing.timed_loop` over the production forms of
+:mod:`nsa_cp_comm.harness.steps` (pre-sized, reused buffers; the padded path's local
 work a phase of its own). The driver folds the ranks' reports with
-:func:`nsa_cp_comm.fold.fold_reports` (slowest rank per iteration).
+:func:`nsa_cp_comm.harness.fold.fold_reports` (slowest rank per iteration).
 
 ``fault`` (tests only) breaks the padded implementation inside the rank
 processes for the duration of one task, so a test can prove that the
@@ -28,14 +28,14 @@ import torch.distributed as dist
 
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm import roundtrip
-from nsa_cp_comm.checks import ImplReport, check_gather, checked_group
-from nsa_cp_comm.cpgroup import cp_group
-from nsa_cp_comm.measure import CHECK_TIMEOUT_S, check_point, point_on_rank
-from nsa_cp_comm.ranks import rank_device
+from nsa_cp_comm.harness.checks import ImplReport, check_gather, checked_group
+from nsa_cp_comm.harness.cpgroup import cp_group
+from nsa_cp_comm.harness.measure import CHECK_TIMEOUT_S, check_point, point_on_rank
+from nsa_cp_comm.harness.ranks import rank_device
 from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
-from nsa_cp_comm.spec import PointSpec, bitwise_equal, make_shard
-from nsa_cp_comm.steps import full_steps
-from nsa_cp_comm.timing import CacheFlusher, Clock, timed_loop
+from nsa_cp_comm.harness.spec import PointSpec, bitwise_equal, make_shard
+from nsa_cp_comm.harness.steps import full_steps
+from nsa_cp_comm.harness.timing import CacheFlusher, Clock, timed_loop
 
 # The implementation timed a second time as the A/A control of the even-plan
 # ratio: two identical paths in the same loop show what the machine's noise

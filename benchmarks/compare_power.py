@@ -115,7 +115,7 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    from nsa_cp_comm.machine import cpu_model
+    from nsa_cp_comm.harness.machine import cpu_model
 
     return {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
             "torch": torch.__version__}

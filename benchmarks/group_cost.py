@@ -1,7 +1,7 @@
 """What the CP group costs: making it, and a collective on it vs the default group.
 
 A matrix point hands implementations a CP group in reverse world order
-(nsa_cp_comm.cpgroup), made once per warm pool (the checked group and the
+(nsa_cp_comm.harness.cpgroup), made once per warm pool (the checked group and the
 plain one). This starts ``cp`` gloo ranks, times making the two groups (the
 cost of a pool's first point) and a small all-reduce on the plain CP group and
 on the default group (the cost, if any, on every later collective), and prints
@@ -23,7 +23,7 @@ def _task(cp: int, bystanders: int, iters: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from nsa_cp_comm.cpgroup import cp_group
+    from nsa_cp_comm.harness.cpgroup import cp_group
 
     t0 = time.perf_counter()
     cp_group(cp, bystanders=bystanders, checked=True, timeout_s=60.0)
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--bystanders", type=int, default=0)
     ap.add_argument("--iters", type=int, default=200)
     args = ap.parse_args()
-    from nsa_cp_comm.ranks import run_on_ranks
+    from nsa_cp_comm.harness.ranks import run_on_ranks
 
     with tempfile.TemporaryDirectory() as workdir:
         results = run_on_ranks(_task, args.cp + args.bystanders, args.cp, args.bystanders, args.iters,

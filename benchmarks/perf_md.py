@@ -167,8 +167,8 @@ and names the machine, versions, date, load average and exact command it came fr
 SEMANTICS = """\
 ## What the columns mean
 
-Defined once here, and in the code in `nsa_cp_comm.timing` (the one timed loop that the
-matrix and the benchmark share) and `nsa_cp_comm.steps` (what each implementation runs per
+Defined once here, and in the code in `nsa_cp_comm.harness.timing` (the one timed loop that the
+matrix and the benchmark share) and `nsa_cp_comm.harness.steps` (what each implementation runs per
 iteration).
 
 - **Production buffers.** The gather buffer (`[m*cp, H]` for the padded path, `[T, H]` for
@@ -268,7 +268,7 @@ SECTION_TEXT = {
                "cp 1 at production shape: the collectives of one rank are local copies, so this isolates "
                "the device-side cost of each form (on CUDA, through NCCL). Reported, not gated."),
     "uneven": ("Uneven plans: padded vs the alternatives",
-               "The matrix's own point (`nsa_cp_comm.measure.point_on_rank`: every check, then the timed "
+               "The matrix's own point (`nsa_cp_comm.harness.measure.point_on_rank`: every check, then the timed "
                "loop). `legacy` refuses an uneven plan on every rank before any collective (`refused`); "
                "`allgatherv` needs NCCL (gloo refuses uneven list all-gathers) and is `skipped` on gloo; in "
                "SCATTERED mode the communicator moves nothing (`passthrough`) and `a2a` is the DeepEP "

@@ -41,7 +41,7 @@ ARGS = ["--batches", "100000", "--cp", "8,16,32,64,128", "--policy", "zigzag_pag
 
 def machine() -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "src"))
-    from nsa_cp_comm.machine import cpu_model
+    from nsa_cp_comm.harness.machine import cpu_model
 
     import numpy
 

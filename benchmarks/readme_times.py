@@ -71,7 +71,7 @@ def machine() -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
-    from nsa_cp_comm.machine import cpu_model
+    from nsa_cp_comm.harness.machine import cpu_model
 
     return {
         "nproc": os.cpu_count(),

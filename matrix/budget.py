@@ -12,7 +12,7 @@ The figures are estimates from stated constants (below; order-of-magnitude
 figures of a 2-core CPU machine), meant to catch a sweep that is off by an order
 of magnitude (a mistyped ``cp_size``, a production shape on a laptop), not to
 predict run times. Memory is counted from the buffers a point allocates
-(nsa_cp_comm.checks and nsa_cp_comm.steps): the shard, the gathered buffer,
+(nsa_cp_comm.harness.checks and nsa_cp_comm.harness.steps): the shard, the gathered buffer,
 the MoE partials and their copies, the rotated input sets of the timed loop,
 the reference MoE's weights and its float64 / float32 temporaries.
 """
@@ -40,8 +40,8 @@ RANK_BASE_BYTES = 370 * MB
 CUDA_RANK_HOST_BYTES = 600 * MB
 CUDA_CONTEXT_BYTES = 500 * MB
 FFN_SIZE = 32  # nsa_cp_comm.moe.ReferenceMoE's default
-MAX_SETS = 4  # nsa_cp_comm.steps.MAX_SETS: input sets the timed loop rotates through
-CACHE_BYTES = 64 << 20  # nsa_cp_comm.steps.CACHE_BYTES
+MAX_SETS = 4  # nsa_cp_comm.harness.steps.MAX_SETS: input sets the timed loop rotates through
+CACHE_BYTES = 64 << 20  # nsa_cp_comm.harness.steps.CACHE_BYTES
 
 # Rank processes per core before the machine is refused (ranks of one point
 # share the cores; beyond a few per core a point only measures contention),

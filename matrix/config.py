@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from nsa_cp_comm.spec import DTYPES, FAULTS, MAX_SEED
+from nsa_cp_comm.harness.spec import DTYPES, FAULTS, MAX_SEED
 
 
 class ConfigError(ValueError):

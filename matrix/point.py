@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from nsa_cp_comm import impls as impl_registry
-from nsa_cp_comm.fold import ImplResult
-from nsa_cp_comm.machine import device_name, nccl_version
+from nsa_cp_comm.harness.fold import ImplResult
+from nsa_cp_comm.harness.machine import device_name, nccl_version
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
 from nsa_cp_comm.plan import CPPlan
-from nsa_cp_comm.spec import PointSpec
+from nsa_cp_comm.harness.spec import PointSpec
 
 from .config import KEYS, ConfigError, override_value, validate
 from .samples import append_samples
@@ -295,8 +295,8 @@ def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] |
 
 
 def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
-    from nsa_cp_comm.measure import run_point
-    from nsa_cp_comm.ranks import get_pool, one_line_error
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.ranks import get_pool, one_line_error
 
     skipped = skipped_results(cfg, res)
     if skipped is not None:
@@ -323,7 +323,7 @@ def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -
     the error, and the next point gets fresh ranks (the pool is closed)."""
     from dataclasses import replace
 
-    from nsa_cp_comm.rank_state import check_pool
+    from nsa_cp_comm.harness.rank_state import check_pool
 
     if not pool.alive:  # a failed point closed it: the next point starts fresh ranks anyway
         return results

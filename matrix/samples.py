@@ -8,7 +8,7 @@ them to tell a difference from noise. One JSON line per timed (point, impl):
 
 ``roundtrip_us`` is the implementation's round trip per timed iteration (the
 slowest rank's), ``control_us`` the A/A control's round trip in the same
-iterations (nsa_cp_comm.steps.control_steps), so ``roundtrip / control`` per
+iterations (nsa_cp_comm.harness.steps.control_steps), so ``roundtrip / control`` per
 iteration is a paired ratio that the machine's load moves far less than either
 time. Lines are appended whole under a lock, as rows are; the last line of a
 (point_id, impl) in file order is the one read, as for rows. A line that is

@@ -7,7 +7,7 @@ Run the same command on every node of the allocation. Not a Hydra app (torchrun
 starts one process per rank; a Hydra app would sweep in each of them): it takes
 ``python -m matrix``'s ``key=value`` overrides for ONE point, composes and
 checks them the same way (matrix.config, matrix.preflight), and runs
-:func:`nsa_cp_comm.measure.point_on_rank` on every rank (``cp_size`` must be
+:func:`nsa_cp_comm.harness.measure.point_on_rank` on every rank (``cp_size`` must be
 torchrun's world size). Rank 0 appends the rows with matrix.point's code.
 
 torchrun owns the processes, so failures are handled here, never by hanging:
@@ -32,7 +32,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from nsa_cp_comm.ranks import FAILURE_GRACE_S, one_line_error
+from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, one_line_error
 
 from .config import ConfigError, validate_overrides
 from .results import SchemaError
@@ -129,7 +129,7 @@ class _Outcomes:
 def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float, outcomes: _Outcomes) -> tuple[str, Any, str]:
     """This rank's ``(status, reports, error)``; returns by ``timeout_s`` (or a
     grace after a peer failed) even if the point is stuck in a collective."""
-    from nsa_cp_comm.measure import point_on_rank
+    from nsa_cp_comm.harness.measure import point_on_rank
 
     box: dict[str, tuple[str, Any, str]] = {}
 
@@ -165,7 +165,7 @@ def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float, outcomes: 
 
 
 def _rank_results(got: dict[int, tuple[str, Any, str]], world: int) -> list[Any]:
-    from nsa_cp_comm.ranks import RankResult
+    from nsa_cp_comm.harness.ranks import RankResult
 
     stopped = "signal" in _STOP
     out = []
@@ -216,9 +216,9 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     import torch
     import torch.distributed as dist
 
-    from nsa_cp_comm.fold import fold_reports
-    from nsa_cp_comm.measure import failed_run
-    from nsa_cp_comm.ranks import set_rank_device
+    from nsa_cp_comm.harness.fold import fold_reports
+    from nsa_cp_comm.harness.measure import failed_run
+    from nsa_cp_comm.harness.ranks import set_rank_device
 
     from .point import build_rows, point_id, skipped_results, write_point
     from .results import BAD_STATUSES, append_rows, check_schema, completed_point_ids, results_path

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 
 from nsa_cp_comm import legacy_gather, padded_gather, padded_scatter, plan_split
-from nsa_cp_comm.checks import checked_group
+from nsa_cp_comm.harness.checks import checked_group
 from nsa_cp_comm.collectives import all_gather_into
-from nsa_cp_comm.ranks import rank_device
+from nsa_cp_comm.harness.ranks import rank_device
 
 H = 8
 

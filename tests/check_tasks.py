@@ -8,12 +8,12 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-import nsa_cp_comm.checks as checks
+import nsa_cp_comm.harness.checks as checks
 import nsa_cp_comm.roundtrip as roundtrip
 from nsa_cp_comm import alternatives, impls
 from nsa_cp_comm.communicator import CPLayerCommunicator
 from nsa_cp_comm.collectives import all_gather_into
-from nsa_cp_comm.measure import point_on_rank
+from nsa_cp_comm.harness.measure import point_on_rank
 
 
 def _stage_offset_by_one(full, local, plan, rank):

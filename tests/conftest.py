@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from nsa_cp_comm import RankPool
+from nsa_cp_comm.harness import RankPool
 
 try:  # a GPU node may lack hypothesis: its GPU tests must still start
     from hypothesis import HealthCheck, Verbosity, settings

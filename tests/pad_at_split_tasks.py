@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from nsa_cp_comm import impls
 from nsa_cp_comm import pad_at_split as pas
-from nsa_cp_comm.measure import point_on_rank
+from nsa_cp_comm.harness.measure import point_on_rank
 
 
 def _gather_dirty_padding(local, plan, group=None, check=True):

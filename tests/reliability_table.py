@@ -65,8 +65,9 @@ LIBRARY: tuple[LibCase, ...] = (
 
 
 def namespace() -> dict:
-    from nsa_cp_comm import RankPool, ScatterMode, mlp_mode, plan_split
-    from nsa_cp_comm.measure import PointSpec
+    from nsa_cp_comm import ScatterMode, mlp_mode, plan_split
+    from nsa_cp_comm.harness import RankPool
+    from nsa_cp_comm.harness.measure import PointSpec
 
     return dict(plan_split=plan_split, mlp_mode=mlp_mode, ScatterMode=ScatterMode, PointSpec=PointSpec, RankPool=RankPool)
 
@@ -103,7 +104,7 @@ def roundtrip_bad_inputs() -> dict[str, str]:
 
     from nsa_cp_comm import (CPLayerCommunicator, legacy_gather, legacy_scatter, padded_gather, padded_scatter,
                              plan_split)
-    from nsa_cp_comm.ranks import rank_device
+    from nsa_cp_comm.harness.ranks import rank_device
 
     device = rank_device()
     uneven = plan_split([10], 2, policy="zigzag_page", page_size=64)

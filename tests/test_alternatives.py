@@ -16,12 +16,12 @@ import torch.distributed as dist
 
 import nsa_cp_comm.roundtrip as roundtrip
 from nsa_cp_comm import alternatives, impls
-from nsa_cp_comm.fold import fold_reports
-from nsa_cp_comm.measure import point_on_rank, run_point
-from nsa_cp_comm.spec import DTYPES, PointSpec, bitwise_equal, make_shard
+from nsa_cp_comm.harness.fold import fold_reports
+from nsa_cp_comm.harness.measure import point_on_rank, run_point
+from nsa_cp_comm.harness.spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from nsa_cp_comm.moe import ReferenceMoE, max_rel_err, tolerance
 from nsa_cp_comm.plan import plan_split
-from nsa_cp_comm.ranks import RankPool, rank_device
+from nsa_cp_comm.harness.ranks import RankPool, rank_device
 from nsa_cp_comm.roundtrip import (
     legacy_gather,
     legacy_scatter,

@@ -110,8 +110,8 @@ def test_the_memory_estimate_bounds_a_real_points_peak(tmp_path):
     """Estimate vs the peak resident memory of real ranks at one point: an
     upper bound (within the libraries' variation), and not a loose one."""
     from matrix.point import resolve
-    from nsa_cp_comm import RankPool
-    from nsa_cp_comm.measure import run_point
+    from nsa_cp_comm.harness import RankPool
+    from nsa_cp_comm.harness.measure import run_point
 
     c = cfg(cp_size=2, hidden_size=1024, seq_lens=[12000], dtype="float32", warmup=0, iters=1)
     est = estimate(c, CI)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 import check_tasks
-from nsa_cp_comm.fold import fold_reports
-from nsa_cp_comm.spec import PointSpec
+from nsa_cp_comm.harness.fold import fold_reports
+from nsa_cp_comm.harness.spec import PointSpec
 
 UNEVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag_page", page_size=64)  # n = (488, 512)
 EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nsa_cp_comm import timing
+from nsa_cp_comm.harness import timing
 
 
 class FakeCuda:

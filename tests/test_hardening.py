@@ -44,7 +44,7 @@ def no_leftover_processes(tmp_path):
     """Every rank process a test starts has its rendezvous file (or results_dir)
     under the test's tmp_path: none may outlive the test."""
     yield
-    from nsa_cp_comm.ranks import close_pools
+    from nsa_cp_comm.harness.ranks import close_pools
 
     close_pools()  # warm pools of matrix.point.run in this process
     assert wait_for_no_process(str(tmp_path)) == []
@@ -206,7 +206,7 @@ def read_table(path: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("fault", list(table.POOL_FAULTS))
 def test_injected_fault_costs_one_row(fault, tmp_path):
     from matrix.point import run
-    from nsa_cp_comm.ranks import get_pool
+    from nsa_cp_comm.harness.ranks import get_pool
 
     timeout_s, status, reason = table.POOL_FAULTS[fault]
     job = tmp_path / "job"

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from nsa_cp_comm import RankPool, ReferenceMoE
-from nsa_cp_comm.measure import PointSpec, run_point
+from nsa_cp_comm import ReferenceMoE
+from nsa_cp_comm.harness import RankPool
+from nsa_cp_comm.harness.measure import PointSpec, run_point
 from nsa_cp_comm.moe import max_rel_err, tolerance
-from nsa_cp_comm.timing import (
+from nsa_cp_comm.harness.timing import (
     Clock,
     algbw_GBps,
     busbw_GBps,

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from matrix_cli import live_processes
-from nsa_cp_comm import RankPool
-from nsa_cp_comm._worker import ORPHAN_EXIT
-from nsa_cp_comm.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
+from nsa_cp_comm.harness import RankPool
+from nsa_cp_comm.harness._worker import ORPHAN_EXIT
+from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
 
 REPO = Path(__file__).resolve().parent.parent
 # How long a rank may take to notice that its starter is gone. With the death
@@ -33,7 +33,7 @@ GONE_WITHIN_S = 30.0
 
 DRIVER = """\
 import sys, time
-from nsa_cp_comm import RankPool  # torch is loaded, as in a sweep
+from nsa_cp_comm.harness import RankPool  # torch is loaded, as in a sweep
 print("starting", flush=True)
 RankPool(4, backend="gloo", device="cpu", workdir=sys.argv[1])
 print("ready", flush=True)

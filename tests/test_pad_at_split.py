@@ -19,9 +19,9 @@ from matrix import plans
 from matrix.workload import Batches
 from matrix_cli import run_matrix
 from nsa_cp_comm import impls
-from nsa_cp_comm.fold import fold_reports
+from nsa_cp_comm.harness.fold import fold_reports
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
-from nsa_cp_comm.spec import PointSpec
+from nsa_cp_comm.harness.spec import PointSpec
 
 UNEVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag_page", page_size=64)  # n = (488, 512), P = 512
 EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500), P = 500

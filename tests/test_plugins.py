@@ -318,7 +318,7 @@ def test_readme_registration_and_checks_are_current():
     section = _section()
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     assert toml.strip() in (EXAMPLE / "pyproject.toml").read_text()
-    from nsa_cp_comm import checks
+    from nsa_cp_comm.harness import checks
 
     # Every check the rows can name is explained in the section.
     named = set(re.findall(r"``(\w+)``", checks.__doc__)) & {

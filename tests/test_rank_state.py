@@ -10,8 +10,8 @@ import pytest
 
 import rank_tasks
 from matrix_cli import live_processes
-from nsa_cp_comm import RankPool
-from nsa_cp_comm.rank_state import check_pool
+from nsa_cp_comm.harness import RankPool
+from nsa_cp_comm.harness.rank_state import check_pool
 
 
 def test_an_unchanged_pool_passes_and_stays_warm(pool_workdir):
@@ -51,7 +51,7 @@ def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
 
     from matrix import point
     from matrix.config import MatrixConfig
-    from nsa_cp_comm import ranks
+    from nsa_cp_comm.harness import ranks
 
     seen = {}
 
@@ -71,7 +71,7 @@ def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
 
 
 def test_a_timeout_names_the_rank_that_is_stopped(pool_workdir):
-    from nsa_cp_comm.ranks import summarize_failure
+    from nsa_cp_comm.harness.ranks import summarize_failure
 
     with RankPool(2, workdir=pool_workdir) as pool:
         results = pool.run(rank_tasks.stop_last_rank_in_a_collective, timeout_s=5)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import rank_tasks
-from nsa_cp_comm import RankPool, RankResult, ranks, run_on_ranks
-from nsa_cp_comm.ranks import rank_device, summarize_failure
+from nsa_cp_comm.harness import RankPool, RankResult, ranks, run_on_ranks
+from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
 
 # Bounds on how long things take are loose: the suite runs on loaded 2-core
 # machines. A bound says "noticed, not waited out" (far below the timeout it
@@ -156,7 +156,7 @@ def test_run_refuses_a_timeout_that_would_not_end(rank_pool, timeout_s):
 
 
 def test_ranks_run_the_worker_by_path(rank_pool):
-    """Not ``python -m nsa_cp_comm._worker``, which imports torch before the
+    """Not ``python -m nsa_cp_comm.harness._worker``, which imports torch before the
     worker can tie its life to its starter's (tests/test_orphans.py)."""
     for pid in rank_pool(1).pids:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

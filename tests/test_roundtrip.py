@@ -12,7 +12,7 @@ import torch
 
 import nsa_cp_comm
 import rank_tasks
-from nsa_cp_comm import RankPool
+from nsa_cp_comm.harness import RankPool
 from rank_tasks import TORCH_UNEVEN_TEXT
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="requires a CUDA GPU")

@@ -1,13 +1,14 @@
 """nsa-cp-comm: the padded context-parallel communicator of NSA prefill.
 
-The fix in one screen lives in :mod:`nsa_cp_comm.roundtrip`.
+The fix in one screen lives in :mod:`nsa_cp_comm.roundtrip`. This package is
+what a serving engine imports; :mod:`nsa_cp_comm.harness` runs a matrix point
+on real ranks (checks, timed loop, fold) and is not needed to serve.
 """
 
 from .communicator import CPLayerCommunicator
 from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
 from .moe import ReferenceMoE
 from .plan import POLICIES, CPPlan, ceil_align, plan_split
-from .ranks import RankPool, RankResult, run_on_ranks
 from .impls import DispatchImpl, RoundTripImpl
 from .roundtrip import (
     LEGACY_UNEVEN_ERROR,
@@ -28,8 +29,6 @@ __all__ = [
     "DispatchImpl",
     "LEGACY_UNEVEN_ERROR",
     "POLICIES",
-    "RankPool",
-    "RankResult",
     "RoundTripImpl",
     "ReferenceMoE",
     "ScatterMode",
@@ -42,5 +41,4 @@ __all__ = [
     "padded_gather_",
     "padded_scatter",
     "plan_split",
-    "run_on_ranks",
 ]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .modes import ScatterMode
-from .plan import CPPlan, plan_split
+from ..modes import ScatterMode
+from ..plan import CPPlan, plan_split
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FAULTS: tuple[str, ...] = ("none", "crash_rank", "hang_rank", "raise")
@@ -44,7 +44,7 @@ class PointSpec:
     bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
 
     def __post_init__(self) -> None:
-        from . import impls as impl_registry
+        from .. import impls as impl_registry
 
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")

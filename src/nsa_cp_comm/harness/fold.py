@@ -1,7 +1,7 @@
 """Fold every rank's findings for a point into one result per implementation.
 
 A point is correct only if it is correct on every rank; its error is the
-largest; its times are per-iteration maxima over ranks (nsa_cp_comm.timing).
+largest; its times are per-iteration maxima over ranks (nsa_cp_comm.harness.timing).
 Rows and bytes are what the implementation's collectives moved.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import impls as impl_registry
-from .plan import CPPlan
+from .. import impls as impl_registry
+from ..plan import CPPlan
 from .spec import DTYPES, PointSpec
 from .steps import CONTROL
 from .timing import fold_phases, roundtrip_bandwidth, summarize

@@ -1,11 +1,11 @@
-"""Entry point of a rank process, started by :class:`nsa_cp_comm.ranks.RankPool` by file path:
+"""Entry point of a rank process, started by :class:`nsa_cp_comm.harness.ranks.RankPool` by file path:
 
     python .../nsa_cp_comm/_worker.py STARTER_PID RANK WORLD BACKEND DEVICE STORE FD THREADS
 
 A fresh interpreter rather than multiprocessing's spawn, which would re-import
 the parent's ``__main__`` (a Hydra app, a test runner) in every rank.
 
-Run by path, never as ``python -m nsa_cp_comm._worker``: ``-m`` first imports
+Run by path, never as ``python -m nsa_cp_comm.harness._worker``: ``-m`` first imports
 the package, and with it torch (seconds), before this file's first line. A
 rank whose starter died in those seconds would live on as an orphan, waiting
 in the rendezvous for peers that were never started. So the first statements
@@ -62,7 +62,7 @@ if __name__ == "__main__":
     ignore_interrupts()
     die_with_starter(int(sys.argv[1]))
     _drop_script_dir()
-    from nsa_cp_comm.ranks import worker_main
+    from nsa_cp_comm.harness.ranks import worker_main
 
     rank, world, backend, device, store, fd, threads = sys.argv[2:9]
     worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))

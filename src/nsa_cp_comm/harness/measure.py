@@ -17,14 +17,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import impls as impl_registry
+from .. import impls as impl_registry
 from .checks import ImplReport, check_dispatch, check_full, check_passthrough, check_production, checked_group
 from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports, origin_of
-from .modes import ScatterMode
-from .moe import ReferenceMoE
+from ..modes import ScatterMode
+from ..moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
-from .roundtrip import LEGACY_UNEVEN_ERROR
+from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, FAULTS, PointSpec, bitwise_equal, make_shard, shard_seed  # noqa: F401 - re-exported
 from .steps import CONTROL, RoundTripSteps, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop

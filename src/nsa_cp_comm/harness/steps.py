@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import impls as impl_registry
-from .collectives import all_gather_into, reduce_scatter_into
-from .moe import ReferenceMoE
-from .plan import CPPlan
+from .. import impls as impl_registry
+from ..collectives import all_gather_into, reduce_scatter_into
+from ..moe import ReferenceMoE
+from ..plan import CPPlan
 from .spec import DTYPES, PointSpec, make_shard
 from .timing import Steps
 

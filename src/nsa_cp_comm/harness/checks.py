@@ -47,14 +47,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from . import impls as impl_registry
-from .collectives import Observed, observing
-from .communicator import CPLayerCommunicator
+from .. import impls as impl_registry
+from ..collectives import Observed, observing
+from ..communicator import CPLayerCommunicator
 from .cpgroup import cp_group
-from .modes import ScatterMode
-from .moe import ReferenceMoE, max_rel_err, tolerance
-from .plan import CPPlan
-from .roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
+from ..modes import ScatterMode
+from ..moe import ReferenceMoE, max_rel_err, tolerance
+from ..plan import CPPlan
+from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from .steps import RoundTripSteps
 
@@ -268,7 +268,7 @@ def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
     """Dispatch -> this rank's experts with the routing weights -> combine; the
     dispatched rows must be exactly the rows routed here, and the combined
     ``[n_r, H]`` must match the single-process reference MoE."""
-    from .alternatives import a2a_expected_recv, a2a_experts
+    from ..alternatives import a2a_expected_recv, a2a_experts
 
     rep = ImplReport()
     experts = moe.experts_of(rank, plan.cp_size)
