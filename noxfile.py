@@ -1,5 +1,5 @@
-"""nox sessions, all in one shared environment: `nox -s tests` (what CI runs),
-`fuzz`, `matrix`, `report`, `compare`, `harness`, `bench`."""
+"""nox sessions, all in one shared environment: `nox -s tests` and `nox -s slow`
+(what CI runs), `fuzz`, `matrix`, `report`, `compare`, `harness`, `bench`."""
 
 # Every session runs in ONE environment, `.nox/_shared`: torch is a ~1 GB
 # install, and a virtualenv per session made each session's first call pay for
@@ -54,7 +54,9 @@ EXTRAS = "[test]"
 # benchmarks/readme_times.py, which times exactly this run). -n auto, capped:
 # each xdist worker keeps warm rank pools (~225 MB a rank, up to 18 ranks a
 # worker), which a 64-core box would multiply past its RAM.
-PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "-q")
+PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "-q", "-m", "not slow")
+# `nox -s slow`: the slow set (tests/conftest.py SLOW), which .ci/run runs too.
+SLOW_ARGS = ("-n", "auto", "--maxprocesses=4", "-q", "-m", "slow")
 
 nox.options.sessions = ["tests"]
 
@@ -267,6 +269,14 @@ def tests(session: nox.Session) -> None:
     # that CI does, but fine for a run the user filtered (-k/-m).
     codes = [0, 5] if session.posargs else [0]
     _run(session, "-m", "pytest", *(session.posargs or PYTEST_ARGS), success_codes=codes)
+
+
+@nox.session(venv_backend="none")
+def slow(session: nox.Session) -> None:
+    """The slow set: fault drills, torch's own behaviour, whole sweeps in fresh
+    interpreters (tests/conftest.py SLOW); posargs go to pytest."""
+    codes = [0, 5] if session.posargs else [0]
+    _run(session, "-m", "pytest", *(session.posargs or SLOW_ARGS), success_codes=codes)
 
 
 @nox.session(venv_backend="none")

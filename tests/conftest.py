@@ -82,3 +82,66 @@ def column_wise(monkeypatch):
         return calls
 
     return start
+
+
+# --- the slow set --------------------------------------------------------------
+#
+# `nox -s tests` runs everything but these; `nox -s slow` runs only these, and
+# .ci/run runs both. Each entry is a test file, or a test (a node id prefix:
+# every parametrisation of it, or one when the id names it), with why it is
+# slow. What belongs here proves things the fast set cannot afford to: torch's
+# own behaviour, fault drills that wait out hangs and kills, whole sweeps
+# through fresh interpreters (each imports torch and starts its own ranks).
+# Every verdict the matrix reports keeps a test that flips it in one of the two
+# sets. An entry that matches no test is an error (a renamed test would
+# otherwise leave the fast set without anyone noticing).
+SLOW: dict[str, str] = {
+    "tests/test_torch_uneven.py": "torch's own behaviour: fresh multi-process probes, one waits out a hang",
+    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank start-up",
+    "tests/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
+    "tests/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
+    "tests/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
+    "tests/test_hardening.py::test_torchrun": "points on ranks started by torchrun",
+    "tests/test_hardening.py::test_injected_fault": "fault drill: a crashing, hanging and raising point in a sweep",
+    "tests/test_matrix_cli.py::test_ctrl_c": "a sweep interrupted mid-point",
+    "tests/test_matrix_cli.py::test_resume": "two sweeps",
+    "tests/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
+    "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
+    "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
+    "tests/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
+    "tests/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
+    "tests/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",
+    "tests/test_plugins.py::test_broken_impls_are_flagged": "a sweep of broken implementations",
+    "tests/test_plugins.py::test_example_plugin": "the example installed as a plug-in, two sweeps",
+    "tests/test_plugins.py::test_even_bits": "a sweep through the CLI",
+    "tests/test_plugins.py::test_bystanders": "a sweep with bystander ranks",
+    "tests/test_plugins.py::test_a_timed_form_that_diverges": "a sweep through the CLI",
+    "tests/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
+    "tests/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
+    "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",
+    "tests/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
+    "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
+    "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
+    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts1": "fault drill (counts0 stays fast)",
+    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts2": "fault drill (counts0 stays fast)",
+    "tests/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
+}
+
+
+def _slow_entry(nodeid: str) -> str | None:
+    return next((e for e in SLOW if nodeid == e or nodeid.startswith(e)), None)
+
+
+def pytest_collection_modifyitems(config, items):
+    used = set()
+    for item in items:
+        entry = _slow_entry(item.nodeid)
+        if entry is not None:
+            used.add(entry)
+            item.add_marker(pytest.mark.slow)
+    # Only a run that collected every file can tell that an entry matches nothing.
+    args = [a for a in config.args if not a.startswith("-")]
+    whole = all(os.path.abspath(a) == os.path.abspath(os.path.join(str(config.rootpath), "tests")) for a in args)
+    stale = sorted(set(SLOW) - used) if whole and not config.option.keyword else []
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names no collected test: {', '.join(stale)}")
