@@ -19,7 +19,7 @@ from matrix_cli import REPO
 DESIGN = REPO / "docs" / "design.md"
 sys.path.insert(0, str(REPO / "docs"))
 
-import tables  # noqa: E402
+import doc_tables  # noqa: E402
 
 
 def repo_files(*patterns: str) -> list[str]:
@@ -167,26 +167,27 @@ def test_the_readme_is_short_and_reaches_every_doc():
 
 
 def test_docs_tables_are_rendered_from_the_code():
-    assert tables.out_of_date() == [], "run python docs/tables.py"
-    assert tables.undescribed() == []
+    assert doc_tables.out_of_date() == [], "run python docs/doc_tables.py"
+    assert doc_tables.undescribed() == []
 
 
 def test_a_table_differing_from_the_code_is_found(monkeypatch):
-    monkeypatch.setitem(tables.CHECKS, "new_check", "proves something new")
-    assert tables.out_of_date() == ["docs/design.md: checks"]
-    monkeypatch.delitem(tables.CHECKS, "new_check")
-    monkeypatch.setattr(tables.results, "COLUMNS", (*tables.results.COLUMNS, "new_column"))
-    assert tables.undescribed() == ["new_column: no meaning in docs/tables.py"]
-    monkeypatch.setitem(tables.report.STATUS_MEANING, "ok", "something else")
-    assert tables.out_of_date() == ["docs/columns.md: statuses"]
+    monkeypatch.setitem(doc_tables.CHECKS, "new_check", "proves something new")
+    assert doc_tables.out_of_date() == ["docs/design.md: checks"]
+    monkeypatch.delitem(doc_tables.CHECKS, "new_check")
+    monkeypatch.setattr(doc_tables.results, "COLUMNS", (*doc_tables.results.COLUMNS, "new_column"))
+    assert doc_tables.undescribed() == ["new_column: no meaning in docs/doc_tables.py"]
+    monkeypatch.setitem(doc_tables.report.STATUS_MEANING, "ok", "something else")
+    assert doc_tables.out_of_date() == ["docs/columns.md: statuses"]
 
 
 def test_a_sweep_exit_column_follows_the_exit_code(monkeypatch):
     """The statuses table's exit codes come from the summary's exit_code, not
     from the text: a status the summary treated as bad would read 1."""
-    assert "| `skipped` |" in tables.statuses_table() and "0 (5 when every row is `skipped`)" in tables.statuses_table()
-    monkeypatch.setattr(tables.summary, "BAD_STATUSES", (*tables.summary.BAD_STATUSES, "refused"))
-    row = next(line for line in tables.statuses_table().splitlines() if line.startswith("| `refused` |"))
+    table = doc_tables.statuses_table()
+    assert "| `skipped` |" in table and "0 (5 when every row is `skipped`)" in table
+    monkeypatch.setattr(doc_tables.summary, "BAD_STATUSES", (*doc_tables.summary.BAD_STATUSES, "refused"))
+    row = next(line for line in doc_tables.statuses_table().splitlines() if line.startswith("| `refused` |"))
     assert row.endswith("| 1 |")
 
 
@@ -207,4 +208,5 @@ def emitted_checks() -> set[str]:
 def test_every_check_the_harness_can_name_is_documented():
     found = emitted_checks()
     assert len(found) >= 14 and "production_form" in found and "collective_skipped" in found
-    assert found == set(tables.CHECKS), (sorted(found - set(tables.CHECKS)), sorted(set(tables.CHECKS) - found))
+    documented = set(doc_tables.CHECKS)
+    assert found == documented, (sorted(found - documented), sorted(documented - found))

@@ -3,7 +3,7 @@
 Each check has a name (the ``failed_check`` column) and can fail; tests break
 the thing checked and see it fail (tests/test_checks.py, tests/test_plugins.py).
 :data:`CHECKS` says what each one proves, in the order they run; the table
-in docs/design.md is rendered from it (docs/tables.py).
+in docs/design.md is rendered from it (docs/doc_tables.py).
 
 Checks run on the correctness group: a process group created with torch's
 collective-consistency checking (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper),

@@ -17,8 +17,8 @@ Each table has one home, the code that uses it; the docs quote it between
 tests/test_docs.py fails when a doc differs from the rendering, or when a
 column has no meaning here.
 
-    python docs/tables.py            # rewrite the blocks in place
-    python docs/tables.py --check    # exit 1 naming each block out of date
+    python docs/doc_tables.py          # rewrite the blocks in place
+    python docs/doc_tables.py --check  # exit 1 naming each block out of date
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def undescribed() -> list[str]:
     """Columns without a meaning, and meanings of columns that do not exist."""
     missing = [c for c in results.COLUMNS if not meaning(c)]
     stale = [c for c in COLUMN_MEANING if c not in results.COLUMNS]
-    return [f"{c}: no meaning in docs/tables.py" for c in missing] + [f"{c}: not a column" for c in stale]
+    return [f"{c}: no meaning in docs/doc_tables.py" for c in missing] + [f"{c}: not a column" for c in stale]
 
 
 def _rows(columns: tuple[str, ...]) -> Iterator[str]:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = out_of_date() + undescribed()
         for line in stale:
-            print(f"out of date: {line} (python docs/tables.py rewrites the blocks)", file=sys.stderr)
+            print(f"out of date: {line} (python docs/doc_tables.py rewrites the blocks)", file=sys.stderr)
         return 1 if stale else 0
     for path in sorted(set(DOCS.values())):
         path.write_text(rendered(path.read_text()))
