@@ -192,7 +192,7 @@ def _build_with_uv(session: nox.Session, uv: str, fresh: bool) -> None:
     # torch first, alone: the project's `torch>=2.4` must find it installed
     # rather than resolve a build of its own.
     session.run(*install, *_torch_args(), external=True, env=env)
-    # pip too, as venv gives it: the README's `pip install` must reach this
+    # pip too, as venv gives it: the docs' `pip install` must reach this
     # environment once it is activated, not another Python.
     session.run(*install, "-e", f"{ROOT}{EXTRAS}", "pip", external=True, env=env)
 

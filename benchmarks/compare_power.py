@@ -13,12 +13,12 @@ threshold), over a ~12-point sweep:
 Runs of a trial are interleaved (base, A/A, slowed) so the machine's drift
 hits all three alike. ``--default-pair`` also runs the default preset twice
 and compares them. The figures go to benchmarks/data/compare_power.json and
-the README block between ``<!-- compare_power -->`` and
+the block of docs/review.md between ``<!-- compare_power -->`` and
 ``<!-- /compare_power -->`` (tests/test_setup.py checks they agree).
 
     python benchmarks/compare_power.py                   # 10 pairs (about 20 min on 2 idle cores)
-    python benchmarks/compare_power.py --pairs 2 --json /tmp/p.json --no-readme   # a trial
-    python benchmarks/compare_power.py --render          # README from the committed JSON
+    python benchmarks/compare_power.py --pairs 2 --json /tmp/p.json --no-doc   # a trial
+    python benchmarks/compare_power.py --render          # the doc from the committed JSON
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 JSON_PATH = REPO / "benchmarks" / "data" / "compare_power.json"
-README = REPO / "README.md"
+DOC = REPO / "docs" / "review.md"
 BLOCK = re.compile(r"(<!-- compare_power -->\n)(.*?)(\n<!-- /compare_power -->)", re.S)
 SLOW_DIR = REPO / "benchmarks" / "slow_padded"
 # Two ranks a point: a pair of 4-rank runs costs the 2-core machine more than
@@ -155,9 +155,16 @@ def measure(pairs: int, default_pair: bool) -> dict[str, Any]:
             print(f"default preset A/A: exit {data['default_pair']['exit']}", flush=True)
     data["load_after"] = round(os.getloadavg()[0], 2)
     trials = data["trials"]
-    data["false_alarms"] = sum(t["aa"]["exit"] != 0 for t in trials)
-    data["detected"] = sum(t["slowed"]["exit"] == 1 and t["slowed"]["regressed"] > 0 for t in trials)
+    data["false_alarms"], data["detected"] = verdicts(trials)
     return data
+
+
+def verdicts(trials: list[dict[str, Any]]) -> tuple[int, int]:
+    """(false alarms, slowdowns detected) over the trials: what the text says
+    is counted from the trials themselves, never copied from a stored total."""
+    false_alarms = sum(t["aa"]["exit"] != 0 for t in trials)
+    detected = sum(t["slowed"]["exit"] == 1 and t["slowed"]["regressed"] > 0 for t in trials)
+    return false_alarms, detected
 
 
 def render(data: dict[str, Any]) -> str:
@@ -165,13 +172,14 @@ def render(data: dict[str, Any]) -> str:
     m = data["machine"]
     d = data["defaults"]
     slow = sorted(t["achieved_slowdown"] for t in data["trials"])
+    false_alarms, detected = verdicts(data["trials"])
     text = (
         f"Measured with `python benchmarks/compare_power.py` on a {m['nproc']}-core {m['cpu']} machine "
         f"(torch {m['torch']}, {data['date']}; 1-minute load average {data['load_before']:.1f} before, "
         f"{data['load_after']:.1f} after), at the defaults (`--metric {d['metric']}`, "
         f"`--fail-above {d['threshold']}`) on a {data['points']}-point sweep: "
-        f"**{data['false_alarms']} false alarms in {n} pairs** of runs of identical code, and the padded "
-        f"path slowed {slow[0]:.2f}x-{slow[-1]:.2f}x (a test-only delay) **flagged in {data['detected']} "
+        f"**{false_alarms} false alarms in {n} pairs** of runs of identical code, and the padded "
+        f"path slowed {slow[0]:.2f}x-{slow[-1]:.2f}x (a test-only delay) **flagged in {detected} "
         f"of {n} runs**."
     )
     if "default_pair" in data:
@@ -181,10 +189,10 @@ def render(data: dict[str, Any]) -> str:
     return text
 
 
-def rendered_readme(readme: str, data: dict[str, Any]) -> str:
-    if not BLOCK.search(readme):
-        raise SystemExit("README has no <!-- compare_power --> block")
-    return BLOCK.sub(lambda mt: mt.group(1) + render(data) + mt.group(3), readme)
+def rendered_doc(doc: str, data: dict[str, Any]) -> str:
+    if not BLOCK.search(doc):
+        raise SystemExit(f"{DOC.name} has no <!-- compare_power --> block")
+    return BLOCK.sub(lambda mt: mt.group(1) + render(data) + mt.group(3), doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--default-pair", action="store_true", help="also compare two runs of the default preset")
     ap.add_argument("--json", type=Path, default=JSON_PATH)
-    ap.add_argument("--readme", type=Path, default=README)
-    ap.add_argument("--no-readme", action="store_true")
-    ap.add_argument("--render", action="store_true", help="README from the JSON, without measuring")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file holding the block")
+    ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--render", action="store_true", help="the doc's block from the JSON, without measuring")
     args = ap.parse_args(argv)
     if args.render:
         data = json.loads(args.json.read_text())
@@ -207,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.json}: {data['false_alarms']} false alarms, {data['detected']} of "
               f"{len(data['trials'])} detected")
-    if not args.no_readme:
-        args.readme.write_text(rendered_readme(args.readme.read_text(), data))
+    if not args.no_doc:
+        args.doc.write_text(rendered_doc(args.doc.read_text(), data))
     return 0
 
 

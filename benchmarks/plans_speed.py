@@ -3,14 +3,14 @@
 Runs the command as a user does (a fresh process, imports included), records
 its wall time, the machine and the load average into
 benchmarks/data/plans_speed.json, writes its overhead plot to
-docs/plans_overhead.png and the README sentence between
+docs/plans_overhead.png and the sentence of docs/designs.md between
 `<!-- plans_speed -->` and `<!-- /plans_speed -->` (tests/test_plans.py fails
-when README and JSON disagree). Exit 1 when the wall time exceeds the target
+when the doc and the JSON disagree). Exit 1 when the wall time exceeds the target
 (30 s), so the claim can fail.
 
-    python benchmarks/plans_speed.py            # measure, write JSON, plot and README
-    python benchmarks/plans_speed.py --render   # README from the committed JSON
-    python benchmarks/plans_speed.py --json /tmp/p.json --no-readme   # a trial
+    python benchmarks/plans_speed.py            # measure, write JSON, plot and the doc
+    python benchmarks/plans_speed.py --render   # the doc from the committed JSON
+    python benchmarks/plans_speed.py --json /tmp/p.json --no-doc   # a trial
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 JSON_PATH = REPO / "benchmarks" / "data" / "plans_speed.json"
 PLOT_PATH = REPO / "docs" / "plans_overhead.png"
-README = REPO / "README.md"
+DOC = REPO / "docs" / "designs.md"
 BLOCK = re.compile(r"(<!-- plans_speed -->\n)(.*?)(\n<!-- /plans_speed -->)", re.S)
 TARGET_S = 30.0
 ARGS = ["--batches", "100000", "--cp", "8,16,32,64,128", "--policy", "zigzag_page,zigzag", "--workload", "lognormal"]
@@ -87,16 +87,16 @@ def render(d: dict[str, Any]) -> str:
     return textwrap.fill(glued, width=78, break_on_hyphens=False, break_long_words=False).replace("\x00", " ")
 
 
-def block(readme: str) -> str | None:
-    m = BLOCK.search(readme)
+def block(text: str) -> str | None:
+    m = BLOCK.search(text)
     return m.group(2) if m else None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=JSON_PATH)
-    ap.add_argument("--no-readme", action="store_true")
-    ap.add_argument("--render", action="store_true", help="README from the JSON, without measuring")
+    ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--render", action="store_true", help="the doc's block from the JSON, without measuring")
     args = ap.parse_args(argv)
     if args.render:
         data = json.loads(args.json.read_text())
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(data, indent=1) + "\n")
         print(json.dumps({k: data[k] for k in ("wall_s", "draw_s", "plans_s", "target_s", "load_before",
                                                "load_after")}))
-    if not args.no_readme:
-        readme = README.read_text()
-        if block(readme) is None:
-            raise SystemExit("README has no <!-- plans_speed --> block")
-        README.write_text(BLOCK.sub(lambda m: m.group(1) + render(data) + m.group(3), readme))
+    if not args.no_doc:
+        doc = DOC.read_text()
+        if block(doc) is None:
+            raise SystemExit(f"{DOC.name} has no <!-- plans_speed --> block")
+        DOC.write_text(BLOCK.sub(lambda m: m.group(1) + render(data) + m.group(3), doc))
     if data["wall_s"] > data["target_s"]:
         print(f"FAIL: {data['wall_s']:.1f} s > target {data['target_s']:.0f} s", file=sys.stderr)
         return 1

@@ -65,7 +65,7 @@ from matrix.significance import ALPHA, adjusted, p_greater, smallest_p
 PAIRED = "roundtrip_vs_control"
 ABSOLUTE_FALLBACK = "roundtrip_p50_us"
 DEFAULT_METRIC = PAIRED
-# Measured by benchmarks/compare_power.py on a 2-core machine (README): the
+# Measured by benchmarks/compare_power.py on a 2-core machine (docs/review.md): the
 # paired metric's run-to-run drift stays under this, and a 2x slower path is
 # far beyond it.
 DEFAULT_THRESHOLD = "15%"

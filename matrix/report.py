@@ -59,7 +59,8 @@ STATUS_MEANING: dict[str, str] = {
     "failed": "ran, but a check failed (`failed_check` names the first).",
     "error": "a rank raised, crashed or could not start; nothing was checked.",
     "timeout": "a rank hung past `timeout_s` and the point was stopped.",
-    "skipped": "not run: a contradiction, or the same effective configuration already ran (the reason names it).",
+    "skipped": "not run: an `mlp_mode` that contradicts the backend, a backend the implementation lacks, or the "
+               "same effective configuration already ran (the reason names it).",
     "refused": "the legacy path on an uneven plan: every rank refused before any collective, as it must (no timings).",
     "passthrough": "SCATTERED mode: the communicator moves nothing; rows checked untouched, nothing timed.",
 }

@@ -70,11 +70,8 @@ PLAN_COLUMNS: tuple[str, ...] = (
     "claim_holds",
 )
 
-# ok: checked and timed. refused: the legacy path declined an uneven plan on every
-# rank before any collective (what it must do). passthrough: SCATTERED mode, the
-# communicator moves nothing (no timings). skipped: not run (a contradiction, or the
-# same effective configuration already ran). failed: a check failed. error/timeout:
-# a rank raised, died or hung.
+# What each status means: matrix.report.STATUS_MEANING (docs/columns.md renders
+# it with these classes).
 STATUS_VALUES: tuple[str, ...] = ("ok", "failed", "error", "timeout", "skipped", "refused", "passthrough")
 GOOD_STATUSES: tuple[str, ...] = ("ok", "refused", "passthrough")
 BAD_STATUSES: tuple[str, ...] = ("failed", "error", "timeout")

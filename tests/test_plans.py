@@ -196,14 +196,14 @@ def test_cli_bad_input_is_one_line_exit_2(args, needle):
     assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_readme_plans_speed_matches_its_json():
+def test_doc_plans_speed_matches_its_json():
     sys.path.insert(0, str(REPO / "benchmarks"))
     import plans_speed
 
     data = json.loads(plans_speed.JSON_PATH.read_text())
-    found = plans_speed.block((REPO / "README.md").read_text())
+    found = plans_speed.block(plans_speed.DOC.read_text())
     assert found is not None and " ".join(found.split()) == " ".join(plans_speed.render(data).split()), (
-        "README's plans_speed block differs from its JSON: run python benchmarks/plans_speed.py --render")
+        "docs/designs.md's plans_speed block differs from its JSON: run python benchmarks/plans_speed.py --render")
     assert data["batches"] >= 100_000 and max(data["cp"]) >= 128
     assert plans_speed.PLOT_PATH.is_file()
 

@@ -1,8 +1,8 @@
-"""Every command in the README's ``bash`` blocks is accounted for: run here as
-written (in a fresh directory, with the shared environment on PATH as
-``source .nox/_shared/bin/activate`` puts it), or named with the reason it
-cannot run in a test. A command added to the README without a line here fails
-:func:`test_every_readme_command_is_accounted_for`, so the README cannot drift."""
+"""Every command in the ``bash`` blocks of the README and docs/ is accounted
+for: run here as written (in a fresh directory, with the shared environment on
+PATH as ``source .nox/_shared/bin/activate`` puts it), or named with the reason
+it cannot run in a test. A command added to a doc without a line here fails
+:func:`test_every_documented_command_is_accounted_for`, so the docs cannot drift."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import pytest
 from matrix_cli import REPO
 
 README = (REPO / "README.md").read_text()
+# The README and every doc it links to: a command moved between them stays run.
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ENV_BIN = Path(sys.executable).parent
 
 # Run as written, in order, one chain per test (each in a fresh directory).
@@ -71,7 +73,7 @@ ELSEWHERE: dict[str, str] = {
 }
 
 
-def readme_commands(text: str = README) -> list[str]:
+def readme_commands(text: str) -> list[str]:
     """The commands of the ``bash`` blocks: continuation lines joined, comments
     and surrounding blanks dropped, inner runs of spaces as one."""
     out = []
@@ -96,24 +98,43 @@ def _strip_comment(line: str) -> str:
     return line
 
 
-def test_every_readme_command_is_accounted_for():
-    known = {c for chain in CHAINS.values() for c in chain} | set(DRY) | set(ELSEWHERE)
-    found = readme_commands()
-    assert found, "no bash block found in the README"
-    assert not set(found) - known, f"README commands no test accounts for: {sorted(set(found) - known)}"
-    assert not known - set(found), f"accounted for, but gone from the README: {sorted(known - set(found))}"
+KNOWN = {c for chain in CHAINS.values() for c in chain} | set(DRY) | set(ELSEWHERE)
+
+
+def documented_commands() -> list[str]:
+    return [cmd for doc in DOCS for cmd in readme_commands(doc.read_text())]
+
+
+def test_every_documented_command_is_accounted_for():
+    found = documented_commands()
+    assert readme_commands(README), "no bash block found in the README"
+    assert not set(found) - KNOWN, f"commands in the docs no test accounts for: {sorted(set(found) - KNOWN)}"
+    assert not KNOWN - set(found), f"accounted for, but gone from the docs: {sorted(KNOWN - set(found))}"
+
+
+def test_a_new_command_in_a_doc_is_seen():
+    """The parsing the check relies on: a continued, commented command is one
+    command, a ``#`` inside quotes is not a comment, other blocks are not read."""
+    text = ("```bash\npython -m matrix cp_size=2 \\\n    'seq_lens=[1]'   # one point\necho '#x' # y\n```\n"
+            "```python\nprint(1)\n```\n")
+    assert readme_commands(text) == ["python -m matrix cp_size=2 'seq_lens=[1]'", "echo '#x'"]
+    assert not set(readme_commands(text)) <= KNOWN
 
 
 def _shell(cmd: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(ENV_BIN), env.get("PATH", "")])  # what activation does
     env["VIRTUAL_ENV"] = str(ENV_BIN.parent)
-    env.pop("PYTHONPATH", None)  # the environment's own install, as a user has it
+    # This checkout's library, as its editable install gives it (the shared
+    # environment's install may be of another checkout); nothing else.
+    env["PYTHONPATH"] = str(REPO / "src")
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _fresh(tmp_path: Path) -> Path:
-    for folder in ("examples", "benchmarks"):
+    # The docs' commands run from the repository root: the app (matrix/) is
+    # not installed, Python finds it in the current directory.
+    for folder in ("matrix", "examples", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
     code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
     (tmp_path / "example.py").write_text(code)

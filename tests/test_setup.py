@@ -1,6 +1,6 @@
 """The set-up as a newcomer meets it: one shared nox environment, installer
 settings that reach uv as they reach pip, presets that run their sweep, pinned
-dependency ranges, and README times that are the committed measurement."""
+dependency ranges, and quoted times that are the committed measurement."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import compare_power  # noqa: E402
 import readme_times  # noqa: E402
 
 README = (REPO / "README.md").read_text()
+SETUP_DOC = REPO / "docs" / "setup.md"
 NOX = readme_times.noxfile()
 SESSIONS = {"tests", "fuzz", "matrix", "report", "compare", "harness", "bench"}
 
@@ -70,26 +71,29 @@ def test_render_changes_with_the_figures():
     assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
 
 
-def test_readme_quotes_exactly_the_committed_gate_figures():
+def test_docs_quote_exactly_the_committed_gate_figures():
     data = json.loads(compare_power.JSON_PATH.read_text())
-    block = compare_power.BLOCK.search(README)
-    assert block, "README has no <!-- compare_power --> block"
+    block = compare_power.BLOCK.search(compare_power.DOC.read_text())
+    assert block, f"{compare_power.DOC.name} has no <!-- compare_power --> block"
     assert _squash(block.group(2)) == _squash(compare_power.render(data)), (
-        "README's gate figures differ from compare_power.json: run python benchmarks/compare_power.py --render")
+        "the quoted gate figures differ from compare_power.json: run python benchmarks/compare_power.py --render")
 
 
-def test_gate_figures_are_of_the_documented_defaults_and_can_read_as_failing():
-    """The figures are of compare's current defaults; a false alarm or a miss
-    would show in the text (the render is not a constant)."""
+def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
+    """The figures are of compare's current defaults, and the text counts the
+    trials' own exits: one A/A pair that failed, or one slowed run that passed,
+    reads as such whatever totals the file stores."""
     from matrix import compare
 
     data = json.loads(compare_power.JSON_PATH.read_text())
     assert data["defaults"] == {"metric": compare.DEFAULT_METRIC, "threshold": compare.DEFAULT_THRESHOLD}
-    assert data["false_alarms"] == sum(t["aa"]["exit"] != 0 for t in data["trials"])
-    worse = json.loads(json.dumps(data))
-    worse["false_alarms"] += 1
-    worse["detected"] -= 1
-    assert compare_power.render(worse) != compare_power.render(data)
+    n = len(data["trials"])
+    alarm, missed = json.loads(json.dumps(data)), json.loads(json.dumps(data))
+    alarm["trials"][0]["aa"]["exit"] = 1
+    missed["trials"][0]["slowed"].update(exit=0, regressed=0)
+    false_alarms, detected = compare_power.verdicts(data["trials"])
+    assert f"**{false_alarms + 1} false alarms in {n} pairs**" in compare_power.render(alarm)
+    assert f"**flagged in {detected - 1} of {n} runs**" in compare_power.render(missed)
 
 
 def test_pytest_closing_line_is_counted():
@@ -178,7 +182,8 @@ def test_stamp_sees_every_input():
     assert ref != NOX.stamp(b"pyproject", base[1], "", "/other/python")
 
 
-def test_pip_settings_reach_uv():
+@pytest.mark.parametrize("order", ["as pip lists them", "reversed"])
+def test_pip_settings_reach_uv(order):
     lines = [
         ":env:.find-links='/env/wheels'",
         "global.find-links='/global/wheels'",
@@ -188,6 +193,10 @@ def test_pip_settings_reach_uv():
         "global.index-url='file:///ignored/simple'",
         "global.cert='/etc/ssl/ca.pem'",
     ]
+    # Precedence is by section, never by line order: a "first wins" or "last
+    # wins" reading passes one order and fails the other.
+    if order == "reversed":
+        lines.reverse()
     settings = NOX.pip_settings(lines, {"PIP_TRUSTED_HOST": "mirror.local"})
     assert settings["find-links"] == ["/env/wheels"]  # the environment wins, as in pip
     assert settings["index-url"] == ["file:///mirror/simple"]  # [install] over [global]
@@ -206,13 +215,19 @@ def test_pip_settings_reach_uv():
 
 
 def test_torch_settings_are_documented_and_read():
-    setup = README.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    """Each setting the noxfile reads is in the set-up doc's table with the
+    noxfile's own default, and the route without nox pins that same torch."""
+    setup = SETUP_DOC.read_text()
     noxfile = (REPO / "noxfile.py").read_text()
-    for name in ("NSA_TORCH_SPEC", "NSA_TORCH_INDEX"):
-        assert f"`{name}`" in setup and f'os.environ.get("{name}"' in noxfile
-    assert 'os.environ.get("NSA_TORCH_SPEC", "torch==2.13.0")' in noxfile and "`torch==2.13.0`" in setup
-    # The route without nox installs torch before the project.
-    assert setup.index("pip install torch==") < setup.index("pip install -e '.[test]'")
+    read = dict(re.findall(r'os\.environ\.get\("(NSA_\w+)", "([^"]*)"\)', noxfile))
+    assert set(read) == {"NSA_TORCH_SPEC", "NSA_TORCH_INDEX"}
+    documented = dict(re.findall(r"^\| `(NSA_\w+)` \| ([^|]*) \|", setup, re.M))
+    assert set(documented) == set(read)
+    assert documented["NSA_TORCH_SPEC"].strip() == f"`{read['NSA_TORCH_SPEC']}`"
+    assert read["NSA_TORCH_INDEX"] == "" and documented["NSA_TORCH_INDEX"].startswith("empty")
+    # The route without nox installs the same torch before the project.
+    assert setup.index(f"pip install {read['NSA_TORCH_SPEC']}") < setup.index("pip install -e '.[test]'")
+    assert "`NSA_TORCH_SPEC`" in README and "docs/setup.md" in README
 
 
 # --- presets and packaging ------------------------------------------------------

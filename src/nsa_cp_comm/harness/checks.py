@@ -1,36 +1,9 @@
 """What a matrix point checks on every rank, before anything is timed.
 
 Each check has a name (the ``failed_check`` column) and can fail; tests break
-the thing checked and see it fail (tests/test_checks.py):
-
-FULL mode, every implementation that runs:
-- ``input_mutated``: the gather left the caller's ``local`` rows untouched.
-- ``gather_shape``, ``gather_rows``: the gathered buffer has the layout's size
-  and every rank's rows, byte-exact, at the layout's offsets (a wrong rank
-  order or offset fails here).
-- ``padding_zero``: in the padded layout, every padding row is zero.
-- ``scatter_chunk``: with rank 0 contributing the gathered buffer and every
-  other rank zeros, the scatter returns this rank's own rows byte-exact (a
-  wrong chunk, a wrong slice or a lost row fails here).
-- ``reference_moe``: the round trip through a small MoE (every rank's experts
-  on all gathered rows, reduce-scattered) matches a single-process reference.
-- ``even_bitwise``: on an even plan, the gathered buffer and the round trip's
-  output equal legacy's bit for bit (legacy recomputed on the same inputs), for
-  implementations that claim it (the padded family).
-- ``refusal``: an implementation that needs even plans, given an uneven one,
-  raised on every rank before issuing any collective (status ``refused``).
-- ``group``: no collective on the default group, and no rows picked with the
-  global rank where the CP group's is meant (the CP group is never the
-  default group in world order, :mod:`.cpgroup`).
-- ``production_form``: after the timed loop, the production form's gathered
-  buffer (byte-exact) and scatter output (byte-exact, or within the round
-  trip's tolerance where the form sums in another order) of the first and the
-  last timed iteration equal what the checked ``gather`` and ``scatter``
-  return for the same inputs: the timed code is held to the checked code.
-
-SCATTERED mode: the CP communicator passes rows through untouched
-(``passthrough``); an a2a implementation is checked on its dispatched rows
-(``dispatch_rows``) and its combined output (``reference_moe``).
+the thing checked and see it fail (tests/test_checks.py, tests/test_plugins.py).
+:data:`CHECKS` says what each one proves, in the order they run; the table
+in docs/design.md is rendered from it (docs/doc_tables.py).
 
 Checks run on the correctness group: a process group created with torch's
 collective-consistency checking (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper),
@@ -58,6 +31,55 @@ from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from .steps import RoundTripSteps
 
+
+# Every name a row's ``failed_check`` can hold, and what passing it proves
+# (with the mistake it catches), in the order they run. FULL mode: from
+# ``input_mutated`` to ``group``, then ``production_form`` after the timed loop.
+# SCATTERED mode: ``passthrough`` for the CP communicator; an a2a implementation
+# gets ``input_mutated``, ``dispatch_rows`` and ``reference_moe``. The last
+# three are found over ranks (:mod:`.fold`, :mod:`.measure`), not here.
+CHECKS: dict[str, str] = {
+    "input_mutated": "the gather (or dispatch) left the caller's rows untouched",
+    "gather_shape": "the gathered buffer has the layout's size",
+    "gather_rows": "every rank's rows are in the gathered buffer byte-exact at the layout's offsets (a wrong rank "
+                   "order or offset, a lost row fails)",
+    "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too)",
+    "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
+                     "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
+                     "wrong dtype, shape or device)",
+    "reference_moe": "the round trip through a small MoE (every rank's experts on all gathered rows, "
+                     "reduce-scattered) matches a single-process reference within the dtype's tolerance "
+                     "(`max_rel_err`)",
+    "even_bitwise": "on an even plan, the gathered buffer and the MoE round trip's output equal legacy's bit for bit, "
+                    "legacy recomputed on the same inputs (`even_bitwise_equal`; implementations with "
+                    "`legacy_bits_on_even`)",
+    "refusal": "an even-only implementation given an uneven plan raised in gather and in scatter on every rank with "
+               "no collective issued, whatever path would issue it (`distributed_c10d`, a group's methods, the "
+               "functional or object collectives: the CP group's and the default group's sequence numbers unchanged, "
+               "the ranks' own input agreement left out), and legacy with torch's text",
+    "group": "the gather and the scatter issued no collective on the default group (its sequence number; with "
+             "`bystanders`, such a collective cannot complete: an `error` or `timeout` row), and the scatter did "
+             "not pick this rank's rows with the global rank (`dist.get_rank()`) where `dist.get_rank(group)` is "
+             "meant: a wrong output that equals the rows, or the row count, of the rank whose group rank is this "
+             "process's global rank",
+    "passthrough": "in SCATTERED mode the CP communicator hands the MoE its own rows untouched",
+    "dispatch_rows": "a dispatch delivered exactly the rows routed to this rank's experts",
+    "production_form": "after the timed loop, the production form that was timed returned, in its first and last "
+                       "timed iteration, the gathered buffer byte-exact and the scatter output byte-exact (or within "
+                       "`reference_moe`'s tolerance, for a form that sums in another order) that the checked "
+                       "`gather` and `scatter` return for the same inputs, recomputed then on the correctness group; "
+                       "the outputs are copied aside untimed (`Steps.after`), so the comparison costs no timed time "
+                       "and two round trips per implementation and point",
+    "rank_agreement": "every rank reached the same outcome: none refused or passed through while others ran",
+    "collective_skipped": "every rank entered the same collectives (from the pool: some ranks returned while others "
+                          "waited in a collective; or the correctness group found ranks in different collectives): "
+                          "the row names both, instead of a hang. The mistake: a branch on a local shape, e.g. no "
+                          "gather on a rank without rows",
+    "collective_shapes": "ranks in the same collective passed the same shapes, dtypes and devices (from the "
+                         "correctness group): the row names each rank's, and what happens without the check (gloo: "
+                         "'invalid tensor size' on some ranks while the others wait, or SIGABRT; NCCL: torch's size "
+                         "error on some ranks while the others hang)",
+}
 
 @dataclass
 class ImplReport:
