@@ -35,6 +35,7 @@ for _p in (REPO, REPO / "src"):
         sys.path.insert(0, str(_p))
 
 from matrix.results import COLUMNS, RESULTS_FILE  # noqa: E402
+from matrix.runs import RUNS_FILE, run_line  # noqa: E402
 
 # (split, shared_kv, page_size, policy) as conf/layout/*.yaml give them
 LAYOUTS = (
@@ -47,6 +48,9 @@ LAYOUTS = (
 SEQ_LENS = ((1000,), (1001, 300), (17,), (37, 512, 129, 900, 64, 3, 700, 250, 1, 333, 96, 180))
 CP_SIZES = (1, 2, 4, 8)
 HIDDEN = 256
+# The one run that "wrote" a synthetic file: its line of runs.jsonl.
+RUN = dict(run_id="0123456789abcdef", started="2026-01-01T00:00:00+00:00", host="bench", git_sha="0123abcd",
+           torch_version="2.13.0+cpu", nccl_version="", command="python -m matrix +matrix=default")
 BYTES_PER_ELEM = 2  # bfloat16
 
 
@@ -102,9 +106,8 @@ def synthesise(n: int = 200_000, seed: int = 0, dup_frac: float = 0.01, error_fr
     df["seed"] = idx // len(sweep)
     for key, value in dict(hidden_size=HIDDEN, dtype="bfloat16", num_experts=8, topk=2, warmup=2, iters=8,
                            flush_l2=False, backend="gloo", device="cpu", timeout_s=120, results_dir="results/big",
-                           resume=False, fault="", torch_version="2.13.0+cpu", nccl_version="",
-                           device_name="AMD EPYC", host="bench", git_sha="0123abcd",
-                           impl_origin="nsa_cp_comm 0.1.0").items():
+                           resume=False, fault="", device_name="AMD EPYC", impl_origin="nsa_cp_comm 0.1.0",
+                           run_id=RUN["run_id"]).items():
         df[key] = value
     df["effective_id"] = [f"{i:012x}" for i in rng.integers(0, 2**48, base_n)]
     df["point_id"] = df["effective_id"]
@@ -167,6 +170,7 @@ def write(df: pd.DataFrame, results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / RESULTS_FILE
     df.to_csv(path, index=False, na_rep="", float_format="%.6g")
+    (results_dir / RUNS_FILE).write_bytes(run_line(RUN))
     return path
 
 

@@ -4,6 +4,12 @@ Both tools take a results argument (a results directory or a CSV file), load it
 into a DataFrame of strings, keep one row per point (the last in file order),
 and report bad input as one line with exit code 2. Nothing here writes files.
 
+Each file is read by its layout (matrix.runs.layout_version): whatever the
+layout, the frame has the same columns (:data:`READ_COLUMNS`): a row of
+layout 3 gets its run's environment joined from ``runs.jsonl`` by
+``run_id``; a row of layout 2 carries it already; a row of layout 1 also
+gets the statuses it was written before (:func:`_statuses_of_layout_1`).
+
 Everything runs column-wise (no per-row Python loops over the table), so a
 200k-row results file loads and dedupes in about a second.
 """
@@ -32,11 +38,15 @@ from matrix.results import (
     line_records,
     results_path,
 )
+from matrix.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
 # slightly older schema still reports.
 REQUIRED_COLUMNS: tuple[str, ...] = CONFIG_COLUMNS + ("status",)
+# The columns of a loaded run, whatever the file's layout: the rows' own, and
+# the environment of the run each row names.
+READ_COLUMNS: tuple[str, ...] = COLUMNS + tuple(c for c in META_COLUMNS if c not in COLUMNS)
 
 # Verdict classes of the status column: GOOD rows did what the point asks
 # (measured, refused an uneven plan as it must, or had nothing to move); BAD
@@ -71,10 +81,6 @@ BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "cl
 SOURCE = "_source"
 POINT_KEY = "_point"
 
-# A column that came with the refused/passthrough statuses: a file without it
-# was written before them, and its rows say `ok` for both (see _upgrade_statuses).
-_STATUS_ERA_COLUMN = "effective_id"
-
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -99,8 +105,11 @@ class Run:
     raw: pd.DataFrame
     config: pd.DataFrame
     latest: pd.DataFrame
-    upgraded: dict[str, int] = field(default_factory=dict)  # old-schema rows re-read, by new status
+    upgraded: dict[str, int] = field(default_factory=dict)  # layout-1 rows re-read, by new status
     malformed: int = 0  # lines set aside: not whole rows of the header, or cells of the wrong type
+    # rows of layout 3 whose run_id has no line in runs.jsonl, by run_id ("" for none)
+    unknown_runs: dict[str, int] = field(default_factory=dict)
+    runs_skipped: int = 0  # lines of runs.jsonl that are no run's
 
     @property
     def home(self) -> Path:
@@ -130,6 +139,16 @@ class Run:
             "the last row in file order of each point (the latest run) is used"
         )
 
+    def unknown_runs_note(self) -> str:
+        """One sentence on rows whose run has no metadata, or "" when there are none."""
+        if not self.unknown_runs:
+            return ""
+        ids = sorted(self.unknown_runs, key=lambda r: (-self.unknown_runs[r], r))
+        named = ", ".join(f"{r or '(empty)'}: {self.unknown_runs[r]}" for r in ids[:3])
+        more = f", ... {len(ids) - 3} more" if len(ids) > 3 else ""
+        return (f"{sum(self.unknown_runs.values())} row(s) name a run_id with no line in {RUNS_FILE} "
+                f"(rows by run_id: {named}{more}): their environment ({', '.join(LAYOUT2_ENV)}, ...) is unknown")
+
     def notes(self) -> list[str]:
         """Lines telling the user what was read and how, when that was not obvious."""
         lines = []
@@ -148,6 +167,11 @@ class Run:
             lines.append(
                 f"note: {self.arg}={self.value}: written before the refused/passthrough statuses; read {parts}"
             )
+        if self.unknown_runs:
+            lines.append(f"note: {self.arg}={self.value}: {self.unknown_runs_note()}")
+        if self.runs_skipped:
+            lines.append(f"note: {self.arg}={self.value}: {self.runs_skipped} unreadable line(s) of {RUNS_FILE} "
+                         "skipped")
         return lines
 
 
@@ -178,8 +202,8 @@ def resolve_csvs(arg: str, value: str) -> list[Path]:
     return found
 
 
-def _upgrade_statuses(frame: pd.DataFrame) -> dict[str, int]:
-    """Re-read ``ok`` rows of a file written before refused/passthrough existed.
+def _statuses_of_layout_1(frame: pd.DataFrame) -> dict[str, int]:
+    """The statuses of a layout-1 file's rows, written before refused/passthrough existed.
 
     Such files say ``ok`` for a legacy row that refused an uneven plan (no
     timings) and for padded/legacy in SCATTERED mode (a timed no-op). Both are
@@ -197,26 +221,26 @@ def _upgrade_statuses(frame: pd.DataFrame) -> dict[str, int]:
     return {k: int(v) for k, v in (("refused", refused.sum()), ("passthrough", passthrough.sum())) if v}
 
 
-def _whole_lines(data: bytes) -> tuple[bytes, int]:
+def _whole_lines(data: bytes) -> tuple[bytes, int, list[str]]:
     """The header and the lines of ``data`` that are each one record of the
-    header's width (a stray quote would join lines into one record); and how
-    many lines were left out."""
+    header's width (a stray quote would join lines into one record); how
+    many lines were left out; and the header's names."""
     lines = data.decode("utf-8-sig", "replace").split("\n")
     lines = [line.removesuffix("\r") for line in lines]
     keep: list[str] = []
-    width = 0
+    header: list[str] = []
     dropped = 0
     for i, fields in line_records(lines):
         if not keep:
             if fields is None:
                 raise ValueError("the header is not one CSV line")
             keep.append(lines[i])
-            width = len(fields or ())
-        elif fields is not None and len(fields) == width:
+            header = fields
+        elif fields is not None and len(fields) == len(header):
             keep.append(lines[i])
         else:
             dropped += 1
-    return ("\n".join(keep) + "\n").encode(), dropped
+    return ("\n".join(keep) + "\n").encode(), dropped, header
 
 
 def _type_problems(frame: pd.DataFrame) -> pd.Series:
@@ -227,7 +251,53 @@ def _type_problems(frame: pd.DataFrame) -> pd.Series:
     return ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
 
 
-def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple[pd.DataFrame, dict[str, int], int]:
+@dataclass
+class _File:
+    """One results file as read: its rows in the reader's columns, its layout,
+    and what the reading found (see :class:`Run`)."""
+
+    frame: pd.DataFrame
+    layout: int = 0
+    upgraded: dict[str, int] = field(default_factory=dict)
+    malformed: int = 0
+    unknown_runs: dict[str, int] = field(default_factory=dict)
+    runs_skipped: int = 0
+
+
+def join_runs(frame: pd.DataFrame, runs: Runs, columns: Iterable[str]) -> dict[str, int]:
+    """Give each row of ``frame`` the ``columns`` (fields of matrix.runs.META_COLUMNS)
+    of the run its ``run_id`` names, as text; empty where that run has no line.
+    Returns the rows of each run_id that has no line."""
+    ids = frame["run_id"].astype(str).str.strip()
+    codes, uniques = pd.factorize(ids, use_na_sentinel=False)
+    for col in columns:
+        values = np.array([cell(runs.by_id.get(u, {}).get(col)) for u in uniques], dtype=object)
+        frame[col] = pd.Categorical(values[codes])
+    unknown = ids[~ids.isin(list(runs.by_id))]
+    return {str(k): int(v) for k, v in unknown.value_counts().items()}
+
+
+def _layout_1(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
+    """Rows written before refused/passthrough: their statuses as they would be written now."""
+    if len(file.frame):
+        file.upgraded = _statuses_of_layout_1(file.frame)
+
+
+def _layout_2(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
+    """The environment is in the rows already; the rest of a run's fields were not kept."""
+
+
+def _layout_3(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
+    """The environment of each row's run, joined from runs.jsonl."""
+    file.unknown_runs = join_runs(file.frame, runs, [c for c in META_COLUMNS if c in wanted])
+    file.runs_skipped = runs.skipped_lines
+
+
+# How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS.
+READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3}
+
+
+def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
     try:
         data = path.read_bytes()
@@ -240,10 +310,10 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple
     try:
         # every row is one line: a stray quote must not join lines into a record,
         # and a line of another width is not a row (read_csv would pad it)
-        data, malformed = _whole_lines(data)
+        data, malformed, header = _whole_lines(data)
         frame = pd.read_csv(io.BytesIO(data), **options)
     except pd.errors.EmptyDataError:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in COLUMNS if c in wanted}), {}, 0
+        return _File(pd.DataFrame({c: pd.Series(dtype=str) for c in READ_COLUMNS if c in wanted}))
     except (OSError, ValueError) as exc:  # ParserError and UnicodeDecodeError are ValueErrors
         raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
     for col in frame.columns:
@@ -262,13 +332,14 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> tuple
         if bad.any():
             malformed += int(bad.sum())
             frame = frame[~bad.to_numpy()].reset_index(drop=True)
-    old_statuses = _STATUS_ERA_COLUMN not in frame.columns
-    for col in COLUMNS:
-        if col in wanted and col not in frame.columns:
+    layout = layout_version(header)
+    for col in READ_COLUMNS:
+        if col in wanted and col not in frame.columns and not (layout == 3 and col in META_COLUMNS):
             frame[col] = ""
-    upgraded = _upgrade_statuses(frame) if old_statuses and len(frame) else {}
-    frame[SOURCE] = str(path)
-    return frame, upgraded, malformed
+    file = _File(frame, layout, malformed=malformed)
+    READERS[layout](file, read_runs(path.parent) if layout == 3 else Runs(), wanted)
+    file.frame[SOURCE] = str(path)
+    return file
 
 
 def canonical_series(series: pd.Series) -> pd.Series:
@@ -293,42 +364,46 @@ def point_codes(config: pd.DataFrame) -> np.ndarray:
 # of the memory), and factorising them is nearly free. Everything else is text.
 _CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
     "timeout_s", "results_dir", "resume", "fault", "policy", "effective_page_size", "is_even", "claim_holds",
-    "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "torch_version",
-    "nccl_version", "device_name", "host", "git_sha", "overrides",
+    "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "device_name", "overrides",
+    "run_id", *LAYOUT2_ENV,
 }
 _DTYPES = collections.defaultdict(lambda: str, {c: "category" for c in _CATEGORIES})
 
-# Columns every load reads: the key, the verdict, and what _upgrade_statuses needs.
-BASE_COLUMNS: frozenset[str] = frozenset(
-    REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", _STATUS_ERA_COLUMN)
-)
+# Columns every load reads: the key, the verdict, what layout 1 needs for its
+# statuses, and the run each row names.
+BASE_COLUMNS: frozenset[str] = frozenset(REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id"))
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for key, n in c.items():
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
     """Resolve and read a results argument; raise InputError on anything unusable.
 
-    ``columns``: the schema columns the caller uses (default: all); only those
-    (and the key and status columns) are read, the others are absent."""
-    wanted = frozenset(COLUMNS) if columns is None else BASE_COLUMNS | frozenset(columns)
+    ``columns``: the columns of :data:`READ_COLUMNS` the caller uses (default:
+    all); only those (and the key and status columns) are read, the others
+    are absent."""
+    wanted = frozenset(READ_COLUMNS) if columns is None else BASE_COLUMNS | frozenset(columns)
     files = resolve_csvs(arg, value)
     read = [_read_one(arg, value, f, wanted) for f in files]
-    frames = [f for f, _, _ in read]
-    raw = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    malformed = sum(m for _, _, m in read)
+    raw = pd.concat([f.frame for f in read], ignore_index=True) if len(read) > 1 else read[0].frame
+    malformed = sum(f.malformed for f in read)
     if raw.empty:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
         aside = f"; {malformed} malformed row(s) set aside" if malformed else ""
         raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
-    upgraded: dict[str, int] = {}
-    for _, counts, _ in read:
-        for status, n in counts.items():
-            upgraded[status] = upgraded.get(status, 0) + n
     raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
     raw[POINT_KEY] = point_codes(config)
     latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
-    return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest, upgraded=upgraded,
-               malformed=malformed)
+    return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
+               upgraded=_summed(f.upgraded for f in read), malformed=malformed,
+               unknown_runs=_summed(f.unknown_runs for f in read), runs_skipped=sum(f.runs_skipped for f in read))
 
 
 def parse_bool(series: pd.Series) -> pd.Series:

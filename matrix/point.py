@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from typing import Any
 
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness.fold import ImplResult
-from nsa_cp_comm.harness.machine import device_name, nccl_version
+from nsa_cp_comm.harness.machine import cpu_model, device_name, nccl_version
 from nsa_cp_comm.modes import ScatterMode, mlp_mode
 from nsa_cp_comm.plan import CPPlan
 from nsa_cp_comm.harness.spec import PointSpec
@@ -38,6 +40,7 @@ from .results import (
     latest_rows,
     results_path,
 )
+from .runs import STARTED, new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
@@ -182,9 +185,15 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     return shlex.join(parts)
 
 
+def environment() -> dict[str, Any]:
+    """This process's run (matrix.runs): its ``run_id`` and what is the same
+    for every row it writes. Computed once per process; a forked child that
+    writes rows is a run of its own."""
+    return _environment(os.getpid())
+
+
 @functools.lru_cache(maxsize=1)
-def environment() -> dict[str, str]:
-    """Versions and host, computed once per process."""
+def _environment(pid: int) -> dict[str, Any]:
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
@@ -197,7 +206,16 @@ def environment() -> dict[str, str]:
         sha = ""
     import torch
 
-    return {"torch_version": torch.__version__, "nccl_version": nccl_version(), "host": platform.node(), "git_sha": sha}
+    import nsa_cp_comm
+
+    gpus = _gpus()
+    return {
+        "run_id": new_run_id(), "started": STARTED, "command": shlex.join(sys.orig_argv), "pid": pid,
+        "host": platform.node(), "git_sha": sha, "torch_version": torch.__version__, "nccl_version": nccl_version(),
+        "python_version": platform.python_version(), "nsa_cp_comm_version": nsa_cp_comm.__version__,
+        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+        "gpu_name": torch.cuda.get_device_name(0) if gpus else "", "gpu_count": gpus,
+    }
 
 
 def workload_name(value: Any) -> str:
@@ -231,7 +249,7 @@ def build_rows(
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         wall_s=round(wall_s, 3),
         device_name=device_name(res.device),
-        **environment(),
+        run_id=environment()["run_id"],
     )
     base.update(
         total_tokens=plan.total_tokens,
@@ -368,4 +386,4 @@ def write_point(results_dir: str | Path, rows: list[dict[str, Any]], results: li
     """A point's raw samples, then its rows: a kill between them leaves samples
     that no row reads, never a row whose samples compare would miss."""
     append_samples(results_dir, rows, [r.samples for r in results])
-    append_rows(results_dir, rows)
+    append_rows(results_dir, rows, run=environment())

@@ -65,7 +65,11 @@ STATUS_MEANING: dict[str, str] = {
     "passthrough": "SCATTERED mode: the communicator moves nothing; rows checked untouched, nothing timed.",
 }
 
-ENV_FIELDS = ("torch_version", "nccl_version", "host", "device_name", "backend", "device", "git_sha", "impl_origin")
+# Per row, or joined from the run each row names (matrix.runs): the same either way.
+ENV_FIELDS = ("torch_version", "nccl_version", "python_version", "nsa_cp_comm_version", "host", "device_name",
+              "backend", "device", "git_sha", "impl_origin")
+# What the appendix lists of each run that wrote the rows.
+RUN_FIELDS = ("started", "host", "git_sha", "command")
 POINT = ["impl", "policy", "cp_size", "page_size", "seq_lens", "mlp_mode"]
 PLAN_KEY = ["policy", "cp_size", "page_size", "seq_lens", "align"]
 PAIR = "_pair"  # a point's key without impl: padded and legacy rows of one point share it
@@ -78,7 +82,7 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
-        "even_bitwise_equal", *ENV_FIELDS, "timestamp", "overrides", "repro", "workload")
+        "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload")
 
 
 @dataclass
@@ -457,6 +461,19 @@ def wall_times(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def runs_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (``run_id``) the rows name, oldest first and those
+    without a line in runs.jsonl last: how many of the rows it wrote, and
+    where and how it ran. Empty for rows of a layout without run_id."""
+    known = df[df["run_id"].astype(str).str.strip().ne("")]
+    if known.empty:
+        return pd.DataFrame()
+    agg = {"rows": ("run_id", "size"), **{f: (f, "first") for f in RUN_FIELDS}}
+    runs = known.groupby("run_id", sort=False).agg(**agg)
+    unknown = runs["started"].astype(str).str.strip().eq("")  # no line in runs.jsonl: last
+    return runs.assign(_unknown=unknown).sort_values(["_unknown", "started"], kind="stable").drop(columns="_unknown")
+
+
 def environment(df: pd.DataFrame) -> Part:
     """One line per field would be a screen; the fields run on in one paragraph."""
     fields = []
@@ -474,9 +491,15 @@ def environment(df: pd.DataFrame) -> Part:
     if len(stamps):
         fields.append(f"timestamps {stamps.min()} .. {stamps.max()}")
     fields += wall_times(df)
+    runs = runs_table(df)
+    if len(runs):
+        fields.append(f"{len(runs)} run(s) wrote these rows (each in the [appendix]({APPENDIX_FILE}))")
     overrides = df["overrides"].value_counts(sort=False)
     fields.append(f"sweep overrides: {len(overrides)} distinct, in the [appendix]({APPENDIX_FILE})")
     part = Part(main=["; ".join(fields) + "."])
+    if len(runs):
+        part.appendix += [f"## Runs ({len(runs)}: the processes that wrote the rows, from runs.jsonl)", "",
+                          *_whole(runs, index=True), ""]
     part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```"]
     part.appendix += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()]
     part.appendix += ["```", ""]
@@ -569,6 +592,8 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     if run.upgraded:
         parts = ", ".join(f"{n} ok row(s) read as {s}" for s, n in sorted(run.upgraded.items()))
         lines.append(f"Written before the refused/passthrough statuses: {parts}.")
+    if run.unknown_runs:
+        lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     appendix += duplicates(run)

@@ -4,7 +4,10 @@ One row per (point, impl). The file is always valid CSV: each append is one
 ``write(2)`` of whole lines under an exclusive lock, so a sweep killed at any
 moment leaves only whole rows, and parallel sweeps into one directory do not
 interleave. A write that fails (disk full) is undone; a torn last line left
-by anything else is set aside before the next append.
+by anything else is set aside before the next append. Each row names the
+run that wrote it (``run_id``); the run's versions, host and machine are one
+line of ``runs.jsonl`` beside the table (matrix.runs), written under the same
+lock before the run's first row.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .runs import SCHEMA_VERSION, layout_version, record_run, runs_path
 
 RESULTS_FILE = "results.csv"
 # Beside results.csv: the whole text of cells cut to MAX_CELL_CHARS, one JSON object a line.
@@ -121,22 +126,23 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "busbw_useful_GBps",
 )
 
-ENV_COLUMNS: tuple[str, ...] = (
+# Where a row came from. What is the same for every row of one process (versions,
+# host, git sha, machine, command) is not here: it is the run's line in
+# runs.jsonl, which ``run_id`` names (matrix.runs). device_name varies with the
+# point's device, so it stays in the row.
+PROVENANCE_COLUMNS: tuple[str, ...] = (
     "impl_origin",
-    "torch_version",
-    "nccl_version",
     "device_name",
-    "host",
-    "git_sha",
     "timestamp",
     "wall_s",
     "point_id",
     "overrides",
     "repro",
+    "run_id",
 )
 
 COLUMNS: tuple[str, ...] = (
-    CONFIG_COLUMNS + RUN_COLUMNS + PLAN_COLUMNS + CHECK_COLUMNS + TIMING_COLUMNS + ENV_COLUMNS
+    CONFIG_COLUMNS + RUN_COLUMNS + PLAN_COLUMNS + CHECK_COLUMNS + TIMING_COLUMNS + PROVENANCE_COLUMNS
 )
 
 
@@ -289,8 +295,11 @@ def check_schema(path: Path) -> None:
     if extra:
         parts.append(f"unknown {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
     detail = "; ".join(parts) or "columns in another order"
+    version = layout_version(header)
+    older = (f", schema {version} of an earlier version (this one writes {SCHEMA_VERSION}; report and compare "
+             "still read it)") if version < SCHEMA_VERSION else ""
     raise SchemaError(
-        f"results_dir={path.parent}: {path.name} has another schema ({detail}); "
+        f"results_dir={path.parent}: {path.name} has another schema ({detail}{older}); "
         "use a new results_dir or move the old file away"
     )
 
@@ -434,22 +443,38 @@ def _warn_torn(path: Path, torn: bytes) -> None:
           file=sys.stderr, flush=True)
 
 
-def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, object]]) -> Path:
-    """Append whole rows to ``<results_dir>/results.csv`` atomically.
-
-    The header is written with the first rows. Every row must use only schema
-    columns (a typo raises before anything is written). Under an exclusive
-    lock: a file of another schema raises SchemaError, untouched; a torn last
-    line is set aside (:func:`_mend_tail`, one warning line on stderr); the
-    rows go in one ``write(2)``. A failed write (disk full, a short write)
-    raises ResultsWriteError with the file exactly as it was; a path that
-    cannot hold the file raises ResultsPathError.
-    """
-    path = results_path(results_dir)
+def _with_run_id(rows: list[Mapping[str, object]], run: Mapping[str, object] | None) -> list[Mapping[str, object]]:
+    """``rows`` checked against the schema, each naming ``run``'s id (when a run is given)."""
+    run_id = "" if run is None else str(run.get("run_id") or "")
+    if run is not None and not run_id:
+        raise ValueError("a run's metadata needs a run_id")
+    out = []
     for row in rows:
         unknown = set(row) - set(COLUMNS)
         if unknown:
             raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
+        if run_id and row.get("run_id") not in (None, "", run_id):
+            raise ValueError(f"row names run_id={row['run_id']}, written by run {run_id}")
+        out.append({**row, "run_id": run_id} if run_id else row)
+    return out
+
+
+def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, object]],
+                run: Mapping[str, object] | None = None) -> Path:
+    """Append whole rows to ``<results_dir>/results.csv`` atomically.
+
+    The header is written with the first rows. Every row must use only schema
+    columns (a typo raises before anything is written). Under an exclusive
+    lock: a file of another schema raises SchemaError, untouched; ``run``'s
+    metadata (matrix.runs) goes into runs.jsonl unless this process put it
+    there already, and each row gets its ``run_id``; a torn last line is set
+    aside (:func:`_mend_tail`, one warning line on stderr); the rows go in
+    one ``write(2)``. A failed write (disk full, a short write) raises
+    ResultsWriteError with the file exactly as it was; a path that cannot
+    hold the file raises ResultsPathError.
+    """
+    path = results_path(results_dir)
+    rows = _with_run_id(rows, run)
     rows, full_texts = bound_cells(rows)
     fd = _open_for_append(path)
     try:
@@ -457,6 +482,12 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
         size = os.fstat(fd).st_size
         if size:
             check_schema(path)  # before changing anything
+        if run is not None:
+            # the run's line before its first row: no row names a run without one
+            try:
+                record_run(results_dir, run)
+            except OSError as exc:
+                raise ResultsWriteError(runs_path(results_dir), exc) from None
         _append_full_texts(path, full_texts)
         tail = _mend_tail(fd, path, size)
         data = tail.prefix + _render(rows, header=tail.keep == 0).encode()

@@ -3,8 +3,11 @@
 A row of ``results.csv`` keeps percentiles; compare needs the samples behind
 them to tell a difference from noise. One JSON line per timed (point, impl):
 
-    {"v": 1, "point_id": ..., "impl": ..., "timestamp": ...,
+    {"schema_version": 3, "point_id": ..., "impl": ..., "run_id": ..., "timestamp": ...,
      "roundtrip_us": [...], "control_us": [...]}
+
+(Lines of schema 2 say ``"v": 1`` instead and have no run_id; they read the
+same. A line of a schema newer than the reader's is skipped and counted.)
 
 ``roundtrip_us`` is the implementation's round trip per timed iteration (the
 slowest rank's), ``control_us`` the A/A control's round trip in the same
@@ -28,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .runs import SCHEMA_VERSION
+
 SAMPLES_FILE = "samples.jsonl"
-VERSION = 1
 
 
 def samples_path(results_dir: str | os.PathLike[str]) -> Path:
@@ -48,7 +52,8 @@ def lines_for(rows: Sequence[Mapping[str, object]], samples: Sequence[Mapping[st
         if not s.get("roundtrip"):
             continue
         out.append(json.dumps({
-            "v": VERSION, "point_id": row["point_id"], "impl": row["impl"], "timestamp": row["timestamp"],
+            "schema_version": SCHEMA_VERSION, "point_id": row["point_id"], "impl": row["impl"],
+            "run_id": row.get("run_id") or "", "timestamp": row["timestamp"],
             "roundtrip_us": _us(s["roundtrip"]), "control_us": _us(s.get("control") or []),
         }, separators=(",", ":")) + "\n")
     return "".join(out)
@@ -105,6 +110,11 @@ def _valid(values: object) -> np.ndarray | None:
     return arr if all(math.isfinite(v) and v >= 0 for v in arr) else None
 
 
+def _newer(version: object) -> bool:
+    """Whether a line's schema_version is one this reader does not know."""
+    return version is not None and not (isinstance(version, int) and version <= SCHEMA_VERSION)
+
+
 def read_samples(path: Path) -> Samples:
     """The samples of ``path`` (a ``samples.jsonl``); empty when there is none."""
     out = Samples()
@@ -119,6 +129,9 @@ def read_samples(path: Path) -> Samples:
                 obj = json.loads(line)
             except ValueError:
                 out.skipped_lines += bool(line.strip())
+                continue
+            if isinstance(obj, dict) and _newer(obj.get("schema_version")):
+                out.skipped_lines += 1
                 continue
             rt = _valid(obj.get("roundtrip_us")) if isinstance(obj, dict) else None
             ctl = _valid(obj.get("control_us", [])) if isinstance(obj, dict) else None

@@ -221,7 +221,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     from nsa_cp_comm.harness.ranks import set_rank_device
 
     from .point import build_rows, point_id, skipped_results, write_point
-    from .results import BAD_STATUSES, append_rows, check_schema, completed_point_ids, results_path
+    from .results import BAD_STATUSES, check_schema, completed_point_ids, results_path
     from .summary import live_line
 
     if res.device == "cuda":
@@ -260,7 +260,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
                 print(live_line(cfg, None), flush=True)
             else:
                 rows = build_rows(cfg, res, skipped or [], overrides, 0.0)
-                append_rows(cfg["results_dir"], rows)
+                write_point(cfg["results_dir"], rows, skipped or [])
                 print(live_line(cfg, rows), flush=True)
         dist.destroy_process_group()
         return 2 if decision[0].startswith("error: ") else 0

@@ -35,8 +35,7 @@ def make_row(impl: str = "padded", cp: int = 2, seq_lens: str = "[512,512]", p50
         policy="zigzag", is_even=True, claim_holds=True, status=status, reason="",
         correct={"ok": True, "refused": True, "passthrough": True, "failed": False}.get(status),
         roundtrip_p50_us=p50 if timed else None, busbw_padded_GBps=1e4 / p50 if timed else None,
-        torch_version="2.13.0", nccl_version="", device_name="cpu", host="box1", git_sha="abc1234",
-        overrides="cp_size=2,4",
+        device_name="cpu", overrides="cp_size=2,4",
     )
     row.update(extra)
     assert set(row) <= set(COLUMNS)
@@ -61,8 +60,14 @@ def base_rows() -> list[dict[str, object]]:
     return rows
 
 
-def write_run(path: Path, rows: list[dict[str, object]]) -> str:
-    append_rows(path, rows)
+# The run that writes a test's rows: its line of runs.jsonl.
+RUN = dict(run_id="base0001", torch_version="2.13.0", nccl_version="", host="box1", git_sha="abc1234",
+           command="python -m matrix -m cp_size=2,4")
+
+
+def write_run(path: Path, rows: list[dict[str, object]], **meta: object) -> str:
+    """``rows`` appended to ``path`` by one run: ``RUN``, with ``meta`` changed."""
+    append_rows(path, rows, run={**RUN, **meta})
     return str(path)
 
 
@@ -347,7 +352,7 @@ def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_environment_difference_warns(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    new = write_run(tmp_path / "new", [{**r, "host": "box2", "torch_version": "2.14.0"} for r in base_rows()])
+    new = write_run(tmp_path / "new", base_rows(), run_id="new00001", host="box2", torch_version="2.14.0")
     code, _, err = run([base, new], capsys)
     assert code == 0
     assert "warning: environments differ: host: BASE box1 vs NEW box2" in err

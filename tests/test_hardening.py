@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 import os
 import signal
 import subprocess
@@ -299,6 +300,8 @@ def test_torchrun_point_writes_the_rows(tmp_path):
     assert padded["padded_total"] == "1304" and padded["backend"] == "gloo"
     assert legacy["status"] == "refused" and "output tensor size must be equal" in legacy["reason"], legacy["reason"]
     assert "[matrix] cp=2 zigzag seq_lens=[1001, 300]" in run.stdout
+    (line,) = (tmp_path / "res" / "runs.jsonl").read_text().splitlines()  # rank 0's run, once
+    assert {padded["run_id"], legacy["run_id"]} == {json.loads(line)["run_id"]}
 
 
 @pytest.mark.parametrize("fault", list(table.TORCHRUN_FAULTS))

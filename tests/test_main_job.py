@@ -3,6 +3,8 @@ status that means something, and the app's own --help."""
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 import textwrap
@@ -61,6 +63,14 @@ def test_a_sweep_straddling_seconds_writes_one_folder_and_exits_0(tmp_path):
     assert len(folders) == 1, folders
     assert "missing" not in proc.stdout.split("matrix summary:")[1].splitlines()[0] or " missing 0" in proc.stdout
     assert f"results/{folders[0]}/results.csv" in proc.stdout
+    # one process, one run: its metadata once, named by every row
+    folder = tmp_path / "results" / folders[0]
+    lines = [json.loads(x) for x in (folder / "runs.jsonl").read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["schema_version"] == 3, lines
+    assert lines[0]["torch_version"] and lines[0]["host"] and "seq_lens=[8],[9],[10]" in lines[0]["command"]
+    with (folder / "results.csv").open(newline="") as f:
+        ids = [r["run_id"] for r in csv.DictReader(f)]
+    assert len(ids) == 6 and set(ids) == {lines[0]["run_id"]}  # 3 points x padded, legacy
 
 
 def test_a_sweep_that_checks_nothing_exits_5_with_one_line(tmp_path):

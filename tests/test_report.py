@@ -12,6 +12,7 @@ import pytest
 
 from matrix import _review, plots, report
 from matrix.results import COLUMNS, RESULTS_FILE, STATUS_VALUES, append_rows
+from matrix.runs import LAYOUT2_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
@@ -52,8 +53,7 @@ def make_row(
         max_rank_len=padded // cp, padded_total=padded, padding_frac=1.0 - total / padded, is_even=even,
         claim_holds=even, status=status, reason="", correct=correct, max_rel_err=0.0,
         even_bitwise_equal=(True if even and impl == "padded" and status == "ok" else None),
-        impl_origin="nsa_cp_comm 0.1.0", torch_version="2.13.0", nccl_version="", device_name="cpu", host="box1",
-        git_sha="abc1234", timestamp="2025-01-01T00:00:00", wall_s=1.5,
+        impl_origin="nsa_cp_comm 0.1.0", device_name="cpu", timestamp="2025-01-01T00:00:00", wall_s=1.5,
         point_id=f"{impl}-{policy}-{cp}-{page}-{seq_lens}",
         overrides="cp_size=2,4 policy=zigzag,round_robin", repro=f"python -m matrix impl={impl} cp_size={cp}",
     )
@@ -70,6 +70,17 @@ def make_row(
     row.update(extra)
     assert set(row) <= set(COLUMNS)
     return row
+
+
+# The run that writes a test's rows: its line of runs.jsonl.
+RUN = dict(run_id="run00001", torch_version="2.13.0", nccl_version="", host="box1", git_sha="abc1234",
+           python_version="3.12.1", nsa_cp_comm_version="0.1.0", started="2025-01-01T00:00:00+00:00",
+           command="python -m matrix -m cp_size=2,4")
+
+
+def append(results_dir: Path, rows: list[dict[str, object]], **meta: object) -> None:
+    """``rows`` appended by one run: ``RUN``, with ``meta`` changed."""
+    append_rows(results_dir, rows, run={**RUN, **meta})
 
 
 def mixed_rows() -> list[dict[str, object]]:
@@ -99,7 +110,7 @@ def mixed_rows() -> list[dict[str, object]]:
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
-    append_rows(tmp_path / "run", mixed_rows())
+    append(tmp_path / "run", mixed_rows())
     return tmp_path / "run"
 
 
@@ -159,7 +170,7 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
     # torch's text in a reason changes nothing: the error stays an error, the ok stays ok
     rows = [make_row("legacy", status="error", correct=None, reason=f"RuntimeError: {TORCH_TEXT}"),
             make_row("legacy", cp=4, reason=f"note: {TORCH_TEXT}")]
-    append_rows(tmp_path, rows)
+    append(tmp_path, rows)
     assert report.main([str(tmp_path)]) == 0
     md, _ = md_of(tmp_path)
     verdicts = section(md, "Verdicts")
@@ -191,7 +202,7 @@ def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: p
 
 
 def test_clean_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    append_rows(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
+    append(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
     assert report.main([str(tmp_path / RESULTS_FILE)]) == 0
     md, _ = md_of(tmp_path)
     assert "No incorrect results" in md and "No failed, error or timeout point." in md and "INCORRECT" not in md
@@ -242,7 +253,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.Capt
         make_row("padded", seq_lens=(1024, 1024), p50=250.0, iqr=10.0),
         make_row("legacy", seq_lens=(1024, 1024), p50=200.0, iqr=10.0),
     ]
-    append_rows(tmp_path, rows)
+    append(tmp_path, rows)
     assert report.main([str(tmp_path)]) == 0
     md, appendix = md_of(tmp_path)
     latency = section(md, "Latency")
@@ -259,8 +270,8 @@ def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    append_rows(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
-    append_rows(tmp_path, [make_row()])  # the rerun of the error point
+    append(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
+    append(tmp_path, [make_row()])  # the rerun of the error point
     assert report.main([str(tmp_path)]) == 0
     md, appendix = md_of(tmp_path)
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
@@ -281,7 +292,7 @@ def test_a_stray_quote_merges_no_rows_a_bom_and_long_cells_read(tmp_path: Path,
     mark, read as the matrix reads them."""
     rows = [make_row(seq_lens=(n, 512)) for n in (100, 200, 300, 400)]
     rows[3]["reason"] = "x" * 200_000
-    append_rows(tmp_path, rows)
+    append(tmp_path, rows)
     path = tmp_path / RESULTS_FILE
     lines = path.read_text().splitlines(keepends=True)
     lines[2] = lines[2].replace(",padded,", ',"padded,', 1)
@@ -296,12 +307,13 @@ def test_a_stray_quote_merges_no_rows_a_bom_and_long_cells_read(tmp_path: Path,
 
 def test_file_from_before_refused_and_passthrough(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old_columns = [c for c in COLUMNS if c not in ("effective_id", "effective_page_size", "roundtrip_iqr_us",
-                                                   "failed_check", "impl_origin")]
+                                                   "failed_check", "impl_origin", "run_id")] + list(LAYOUT2_ENV)
     rows = [
         make_row("padded", p50=100.0),
         make_row("legacy", seq_lens=(1001, 300), padded_total=1302, p50=None, reason=TORCH_TEXT),  # refused, then ok
         make_row("legacy", mlp_mode="SCATTERED", moe_a2a_backend="deepep", p50=0.5),  # a pass-through, then ok
     ]
+    rows = [{**r, **{k: RUN[k] for k in LAYOUT2_ENV}} for r in rows]
     rows[1]["is_even"], rows[2]["roundtrip_p50_us"] = False, 0.5
     pd.DataFrame(rows).reindex(columns=old_columns).to_csv(tmp_path / RESULTS_FILE, index=False)
     assert report.main([str(tmp_path)]) == 0
@@ -360,7 +372,7 @@ def plot_rows() -> list[dict[str, object]]:
 
 
 def test_latency_plot_series_once_timed_rows_only(tmp_path: Path) -> None:
-    append_rows(tmp_path, plot_rows())
+    append(tmp_path, plot_rows())
     fig = plots.latency(_frame(tmp_path))
     lines = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata())]
     assert len(lines) == 3 * 2  # one per cp size and impl, whatever the policies
@@ -369,7 +381,7 @@ def test_latency_plot_series_once_timed_rows_only(tmp_path: Path) -> None:
 
 
 def test_busbw_plot_no_cp1_hollow_only_with_padding_legend_complete(tmp_path: Path) -> None:
-    append_rows(tmp_path, plot_rows())
+    append(tmp_path, plot_rows())
     fig = plots.busbw(_frame(tmp_path))
     ax = fig.axes[0]
     filled = [c for c in ax.collections if c.get_facecolors().size]
@@ -384,7 +396,7 @@ def test_busbw_plot_no_cp1_hollow_only_with_padding_legend_complete(tmp_path: Pa
 
 
 def test_padding_plot_separates_and_annotates_zero_series(tmp_path: Path) -> None:
-    append_rows(tmp_path, plot_rows())
+    append(tmp_path, plot_rows())
     fig = plots.padding(_frame(tmp_path))
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
@@ -396,7 +408,7 @@ def test_padding_plot_separates_and_annotates_zero_series(tmp_path: Path) -> Non
 
 
 def test_plots_of_a_run_with_nothing_timed_say_so(tmp_path: Path) -> None:
-    append_rows(tmp_path, [make_row(status="error", correct=None)])
+    append(tmp_path, [make_row(status="error", correct=None)])
     df = _frame(tmp_path)
     for plot in (plots.latency, plots.busbw):
         assert any(t.get_text().startswith("no ") for t in plot(df).axes[0].texts)
@@ -416,7 +428,7 @@ def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_out_dir_and_nested_lookup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    append_rows(tmp_path / "sweep" / "multirun" / "0", [make_row()])
+    append(tmp_path / "sweep" / "multirun" / "0", [make_row()])
     out = tmp_path / "elsewhere"
     assert report.main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
     assert (out / "report.md").is_file() and (out / "report_appendix.md").is_file()
@@ -425,8 +437,8 @@ def test_out_dir_and_nested_lookup(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_several_nested_csvs_are_concatenated_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    append_rows(tmp_path / "a", [make_row(cp=2)])
-    append_rows(tmp_path / "b", [make_row(cp=4)])
+    append(tmp_path / "a", [make_row(cp=2)])
+    append(tmp_path / "b", [make_row(cp=4)])
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "concatenated 2 results.csv files" in out
@@ -444,7 +456,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "torn.csv").write_text(",".join(COLUMNS) + '\n"unterminated\n')
     (tmp_path / "nothing").mkdir()
     (tmp_path / "notdir").write_text("x")
-    append_rows(tmp_path / "good", [make_row()])
+    append(tmp_path / "good", [make_row()])
     t = tmp_path
     return {
         "missing": ([f"{t}/nope"], f"RESULTS={t}/nope: no such file or directory"),

@@ -1,0 +1,174 @@
+"""The runs that wrote a results folder (``runs.jsonl``) and the schema version of its files.
+
+A results folder can receive rows from several processes: a sweep, its
+resume, a second sweep, SLURM jobs on other nodes appending to one shared
+folder. What is the same for every row of one process (the versions, the
+host, the git sha, the machine, the command line) is written once, as one
+JSON line of ``runs.jsonl`` beside ``results.csv``; each row names its line
+by ``run_id``. The line goes in before the process's first row, under the
+results file's lock (``matrix.results.append_rows``), so no row names a run
+that has no line, and parallel writers never interleave.
+
+Readers tell a results.csv's layout by its header (:func:`layout_version`):
+
+- 1: no ``effective_id`` column: written before the ``refused`` and
+  ``passthrough`` statuses (such rows say ``ok``);
+- 2: the environment repeated in every row (``torch_version``,
+  ``nccl_version``, ``host``, ``git_sha``), no ``run_id``;
+- 3 (:data:`SCHEMA_VERSION`): a ``run_id`` in every row, the environment
+  once per run in ``runs.jsonl``.
+
+Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
+``schema_version`` that wrote it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCHEMA_VERSION = 3
+RUNS_FILE = "runs.jsonl"
+
+# The fields of a run's line that readers join onto each of its rows, as
+# columns of these names: a row of layout 2 carries the first four itself.
+META_COLUMNS: tuple[str, ...] = (
+    "torch_version",
+    "nccl_version",
+    "host",
+    "git_sha",
+    "python_version",
+    "nsa_cp_comm_version",
+    "cpu_model",
+    "cpu_count",
+    "gpu_name",
+    "gpu_count",
+    "command",
+    "started",
+)
+# The environment a row of layout 2 carries in its own columns.
+LAYOUT2_ENV: tuple[str, ...] = META_COLUMNS[:4]
+
+# When this process loaded the matrix: the start of its run.
+STARTED = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def runs_path(results_dir: str | os.PathLike[str]) -> Path:
+    return Path(results_dir) / RUNS_FILE
+
+
+def layout_version(header: Iterable[str]) -> int:
+    """The layout (1, 2 or 3; see the module docstring) of a results.csv with ``header``."""
+    names = set(header)
+    if "run_id" in names:
+        return 3
+    return 2 if "effective_id" in names else 1
+
+
+def new_run_id() -> str:
+    """An id no other process writes: 64 random bits, in hex."""
+    return uuid.uuid4().hex[:16]
+
+
+def run_line(meta: Mapping[str, object]) -> bytes:
+    """The line of ``runs.jsonl`` for a run's metadata (which names its ``run_id``)."""
+    if not str(meta.get("run_id") or ""):
+        raise ValueError("a run's metadata needs a run_id")
+    return (json.dumps({"schema_version": SCHEMA_VERSION, **meta}) + "\n").encode()
+
+
+# (runs.jsonl, run_id) pairs this process already wrote.
+_RECORDED: set[tuple[str, str]] = set()
+
+
+def _listed(fd: int, run_id: str) -> bool:
+    """Whether the open runs file already holds a line of ``run_id``."""
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0) if size else b""
+    return any(read_line(line).get("run_id") == run_id for line in data.splitlines())
+
+
+def record_run(results_dir: str | os.PathLike[str], meta: Mapping[str, object]) -> None:
+    """Append ``meta``'s line to ``runs.jsonl`` unless it is there already.
+
+    Called with the results file's lock held: one process at a time. The line
+    goes in one ``write(2)`` (after a newline when a kill left the file's last
+    line unterminated); a failed or short write cuts the file back and raises
+    OSError."""
+    path = runs_path(results_dir)
+    run_id = str(meta.get("run_id") or "")
+    key = (os.path.realpath(path), run_id)
+    if key in _RECORDED:
+        return
+    data = run_line(meta)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if not _listed(fd, run_id):
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            try:
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes; is the disk full?)")
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+    finally:
+        os.close(fd)
+    _RECORDED.add(key)
+
+
+def read_line(line: bytes | str) -> dict[str, object]:
+    """One line of ``runs.jsonl`` as a dict; ``{}`` for a line that is not a JSON object."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+@dataclass
+class Runs:
+    """The runs of one ``runs.jsonl``: ``by_id`` maps a run_id to its fields
+    (the last line of an id wins); ``skipped_lines`` counts lines that are not
+    a run's (not JSON, no run_id, or a newer schema than this reader's)."""
+
+    by_id: dict[str, dict[str, object]] = field(default_factory=dict)
+    skipped_lines: int = 0
+
+
+def read_runs(results_dir: str | os.PathLike[str]) -> Runs:
+    """The runs written beside the results in ``results_dir`` (none when there is no ``runs.jsonl``)."""
+    out = Runs()
+    try:
+        data = runs_path(results_dir).read_bytes()
+    except OSError:
+        return out
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        obj = read_line(line)
+        version = obj.get("schema_version")
+        run_id = obj.get("run_id")
+        if not isinstance(run_id, str) or not run_id or not isinstance(version, int) or version > SCHEMA_VERSION:
+            out.skipped_lines += 1
+            continue
+        out.by_id[run_id] = obj
+    return out
+
+
+def cell(value: object) -> str:
+    """A metadata field as the text a results cell would hold."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
