@@ -54,7 +54,7 @@ GROUPS = (
      "Empty unless the row is `ok`. `PHASE_STAT_us` is a percentile (`p10`, `p50`, `p90`; `p99` for the round "
      "trip) or the mean over the timed iterations, in microseconds, each iteration the slowest rank's "
      "([design.md](design.md), section 7)."),
-    ("ENV_COLUMNS", "Provenance", "Where, when and from what the row came."),
+    ("PROVENANCE_COLUMNS", "Provenance", "Where, when and from what the row came; what is the same for a whole run is in `runs.jsonl` (below)."),
 )
 
 _PHASE = {
@@ -107,16 +107,13 @@ COLUMN_MEANING: dict[str, str] = {
     "algbw_useful_GBps": "`algbw` over the useful bytes",
     "busbw_useful_GBps": "`busbw` over the useful bytes",
     "impl_origin": "where the implementation came from: built-in, or a plug-in's module and version",
-    "torch_version": "torch's version",
-    "nccl_version": "NCCL's version, empty without CUDA",
     "device_name": "the GPU's name, or the CPU model",
-    "host": "the host the point ran on",
-    "git_sha": "the repository's commit, with `-dirty` when tracked files had changes",
     "timestamp": "when the row was written (UTC)",
     "wall_s": "the point's wall time, ranks' start included",
     "point_id": "hash of the requested configuration: what `resume=true` matches on",
     "overrides": "the point's command-line overrides",
     "repro": "the command that reruns the point into a fresh results directory",
+    "run_id": "the run (process) that wrote the row: its line in `runs.jsonl` holds the versions, host, git sha, machine and command",
     **_timing_meanings(),
 }
 
