@@ -72,8 +72,9 @@ def layout_version(header: Iterable[str]) -> int:
 
 
 def new_run_id() -> str:
-    """An id no other process writes: 64 random bits, in hex."""
-    return uuid.uuid4().hex[:16]
+    """An id no other process writes: ``run-`` and 64 random bits in hex (the
+    prefix keeps pandas from reading an all-digit id as a number)."""
+    return "run-" + uuid.uuid4().hex[:16]
 
 
 def run_line(meta: Mapping[str, object]) -> bytes:
