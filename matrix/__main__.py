@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from datetime import datetime
 
 import hydra
@@ -22,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from . import summary
 from .config import ConfigError, register, validate_overrides
 from .point import point_id, run as run_point
-from .preflight import MULTIRUN_FLAGS, Point, preflight
+from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, preflight
 from .results import SchemaError
-from .workload import expand_argv
+from .workload import WorkloadError, expand_argv
 
 register()
 DRY_RUN_FLAG = "--dry-run"
@@ -32,23 +33,33 @@ SHOW_FLAGS = ("--cfg", "-c", "--info", "-i")
 _ACTIVE: dict[str, object] = {}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def app(cfg: DictConfig) -> None:
-    # Plain Python values from here on: ranks get pickled dataclasses, never
-    # OmegaConf nodes.
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    hc = HydraConfig.get()
-    _ACTIVE["cfg"] = plain
-    try:
-        rows = run_point(plain, job_dir=hc.runtime.output_dir, overrides=" ".join(hc.overrides.task))
-    except (ConfigError, SchemaError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    except OSError as exc:  # the results file could not be written (disk full, ...)
-        print(f"error: {' '.join(str(exc).split())}; {_resume_hint()}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
-    _ACTIVE.pop("cfg", None)
-    print(summary.live_line(plain, rows), flush=True)
+def task(machine_checked: bool) -> Callable[[], None]:
+    """The Hydra app: each job runs one point. ``machine_checked``: preflight
+    checked the sweep against the machine the jobs run on (a local launcher),
+    so a job does not check again mid-sweep; a remote launcher's job checks
+    the node it runs on."""
+
+    # An absolute config path: the app also runs imported (matrix.__main__.main), not only as __main__.
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+    def app(cfg: DictConfig) -> None:
+        # Plain Python values from here on: ranks get pickled dataclasses, never
+        # OmegaConf nodes.
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        hc = HydraConfig.get()
+        _ACTIVE["cfg"] = plain
+        try:
+            rows = run_point(plain, job_dir=hc.runtime.output_dir, overrides=" ".join(hc.overrides.task),
+                             machine_checked=machine_checked)
+        except (ConfigError, SchemaError) as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        except OSError as exc:  # the results file could not be written (disk full, ...)
+            print(f"error: {' '.join(str(exc).split())}; {_resume_hint()}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        _ACTIVE.pop("cfg", None)
+        print(summary.live_line(plain, rows), flush=True)
+
+    return app
 
 
 def _resume_hint() -> str:
@@ -96,7 +107,7 @@ def dry_run(points: list[Point]) -> str:
     for i, p in enumerate(points):
         cfg, res = p.cfg, p.resolved
         what = summary.head(cfg).removeprefix("[matrix] ")
-        if res is None:
+        if not p.runs_here:
             lines.append(f"{i:4d}  {what}: runs remotely ({cfg['impl']})")
             continue
         note = ""
@@ -115,7 +126,7 @@ def dry_run(points: list[Point]) -> str:
     from .budget import sweep_estimate
 
     if points and points[0].runs_here:
-        seconds, detail = sweep_estimate([p.cfg for p in points])
+        seconds, detail = sweep_estimate([p.resolved for p in points])
         lines.append(f"estimate: {len(points)} points, about {seconds / 60:.1f} min on this machine ({detail})")
     else:
         lines.append(f"{len(points)} points, run by a remote launcher")
@@ -145,25 +156,22 @@ def main(argv: list[str] | None = None) -> int:
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
         points = preflight(argv, budget=not dry, start=start)
-    except (ConfigError, SchemaError) as exc:
+    except (ConfigError, SchemaError, WorkloadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if dry:
         print(dry_run(points))
-        from .budget import check_sweep
-
         try:
-            check_sweep([p.cfg for p in points], runs_here=bool(points) and points[0].runs_here)
+            check_machine(points)
         except ConfigError as exc:
             print(f"error: the sweep would be refused: {exc}", file=sys.stderr)
             return 2
         return 0
-    from . import point as point_module
     from . import signals, stdout_guard
 
     signals.install()
     stdout_guard.guard()
-    point_module.SWEEP_CHECKED_HERE = bool(points) and points[0].runs_here
+    app = task(machine_checked=bool(points) and points[0].runs_here)
     argv = _pin_results_dir(argv, points)
     _ACTIVE["argv"] = argv
     sys.argv = [sys.argv[0], *argv]

@@ -7,7 +7,7 @@ before anything starts, and by the point itself (a job on a cluster node);
 :func:`validate_value` is its per-key part, also applied to each value of a
 command line before Hydra composes anything, so a bad value reads as one line
 instead of Hydra's traceback. Both raise :class:`ConfigError`, whose message is
-one line naming the key and the value. matrix.point.resolve then turns a valid
+one line naming the key and the value. matrix.resolve.resolve then turns a valid
 config into the frozen spec the ranks run.
 """
 
@@ -308,10 +308,6 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
     if cfg["align"] is not None and sum(cfg["seq_lens"]) + cfg["align"] > TOTAL_TOKENS_MAX:
         raise _fail("align", cfg["align"], f"pads the batch past {TOTAL_TOKENS_MAX} tokens")
-
-
-# The name callers used before there was one validation.
-validate_point = validate
 
 
 def register() -> None:

@@ -17,19 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness.fold import ImplResult
-from nsa_cp_comm.harness.machine import cpu_model, device_name, nccl_version
-from nsa_cp_comm.modes import ScatterMode, mlp_mode
-from nsa_cp_comm.plan import CPPlan
-from nsa_cp_comm.harness.spec import PointSpec
+from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
 from .config import KEYS, ConfigError, override_value, validate
+from .resolve import Resolved, resolve
 from .samples import append_samples
 from .results import (
     COLUMNS,
@@ -49,91 +45,6 @@ REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch
 # The least time ranks get to start (a point's start-up is bounded by its
 # timeout_s, or this when that is shorter).
 START_TIMEOUT_MIN_S = 60.0
-# Set by the CLI once preflight checked the sweep against this machine.
-SWEEP_CHECKED_HERE = False
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A valid config resolved for this machine: what ``auto`` and the derived
-    keys mean, and the frozen spec the ranks run."""
-
-    policy: str
-    mode: str
-    backend: str
-    device: str
-    impls: tuple[str, ...]
-    align: int
-    page_size: int  # the page size the plan uses (1 unless zigzag_page)
-    skip: str  # non-empty: the point is skipped, for this reason
-    spec: PointSpec
-
-    def plan(self) -> CPPlan:
-        return self.spec.plan()
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def impls_for(impl: str, mode: str) -> tuple[str, ...]:
-    """The implementations ``impl`` names at a point of ``mode``: ``both`` is the
-    fix and the old path, plus the MoE all-to-all at SCATTERED points (where
-    the communicator passes rows through); ``designs`` is the fix beside
-    pad-at-split; ``all`` adds every registered one."""
-    scattered = mode == ScatterMode.SCATTERED.value
-    if impl == "both":
-        return ("padded", "legacy", "a2a") if scattered else ("padded", "legacy")
-    if impl == "designs":  # the serving engine's two answers to uneven shards, on the same plan
-        return ("padded", "pad_at_split", "a2a") if scattered else ("padded", "pad_at_split")
-    if impl == "all":
-        own = impl_registry.all_of_mode(mode)
-        return (*[n for n in ("padded", "legacy") if n not in own], *own) if scattered else own
-    return (impl,)
-
-
-def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
-    """Resolve a validated config; raise ConfigError for a point this machine cannot run.
-
-    ``gpus``: GPUs the point's ranks can use, one per rank (default: this
-    machine's; matrix.torchrun_point passes the whole allocation's)."""
-    cp = cfg["cp_size"]
-    if gpus is None:
-        gpus = _gpus()
-    device, backend = cfg["device"], cfg["backend"]
-    world = cp + cfg.get("bystanders", 0)  # every rank of the world holds a GPU
-    if backend == "nccl" and gpus < world:
-        extra = f" bystanders={world - cp}" if world > cp else ""
-        raise ConfigError(f"backend=nccl with cp_size={cp}{extra} needs {world} GPUs, this machine has {gpus}")
-    if device == "cuda" and gpus == 0:
-        raise ConfigError("device=cuda but no CUDA device is available")
-    if device == "auto":
-        device = "cuda" if backend == "nccl" or (backend == "auto" and gpus >= world) else "cpu"
-    if backend == "auto":
-        # NCCL needs one GPU per rank; several ranks on one GPU go through gloo.
-        backend = "nccl" if device == "cuda" and gpus >= world else "gloo"
-
-    policy = "zigzag_page" if cfg["shared_kv"] else cfg["split"]
-    derived = mlp_mode(cfg["moe_a2a_backend"]).value
-    mode = derived if cfg["mlp_mode"] == "auto" else cfg["mlp_mode"]
-    impls = impls_for(cfg["impl"], mode)
-    skip = ""
-    if mode != derived:
-        skip = f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, which needs {derived}"
-    page = cfg["page_size"] if policy == "zigzag_page" else 1
-    align = cfg["align"] if cfg["align"] is not None else cp
-    try:
-        spec = PointSpec(
-            seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
-            mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
-            num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"], bystanders=cfg["bystanders"],
-        )
-    except ValueError as exc:  # validate() checks the same relations; this is the library's guard
-        raise ConfigError(str(exc)) from None
-    return Resolved(policy, mode, backend, device, impls, align, page, skip, spec)
 
 
 def point_id(cfg: Mapping[str, Any]) -> str:
@@ -208,13 +119,13 @@ def _environment(pid: int) -> dict[str, Any]:
 
     import nsa_cp_comm
 
-    gpus = _gpus()
+    n_gpus = gpus()[0]
     return {
         "run_id": new_run_id(), "started": STARTED, "command": shlex.join(sys.orig_argv), "pid": pid,
         "host": platform.node(), "git_sha": sha, "torch_version": torch.__version__, "nccl_version": nccl_version(),
         "python_version": platform.python_version(), "nsa_cp_comm_version": nsa_cp_comm.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-        "gpu_name": torch.cuda.get_device_name(0) if gpus else "", "gpu_count": gpus,
+        "gpu_name": torch.cuda.get_device_name(0) if n_gpus else "", "gpu_count": n_gpus,
     }
 
 
@@ -352,8 +263,15 @@ def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -
             replace(r, status="error", reason=problem, correct=None, stats={}, samples={}) for r in results]
 
 
-def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> list[dict[str, Any]] | None:
+def run(
+    cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "", machine_checked: bool = False
+) -> list[dict[str, Any]] | None:
     """Run one point and append its rows to ``<results_dir>/results.csv``.
+
+    ``machine_checked``: the caller already checked the point against this
+    machine (the CLI's preflight, for the whole sweep, before any rank held
+    memory): not again, mid-sweep. Otherwise (a remote launcher's job, on the
+    node the point runs on) a point this machine cannot hold gives error rows.
 
     Returns the rows, or None when ``resume`` found the point already done
     (rows that are not error/timeout). Raises ConfigError (before anything is
@@ -366,13 +284,10 @@ def run(cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "") -> 
         return None
     t0 = time.perf_counter()
     try:
-        # On a remote launcher's node this is the first look at the machine the
-        # point runs on. In the process that ran preflight the whole sweep was
-        # checked before any rank held memory: not again, mid-sweep.
-        if not SWEEP_CHECKED_HERE:
-            from .budget import check_sweep
+        if not machine_checked:
+            from .budget import check_sweep  # only an unchecked job needs the estimates
 
-            check_sweep([cfg], runs_here=True)
+            check_sweep([res], runs_here=True)
     except ConfigError as exc:
         results = every_impl(res, "error", f"this machine cannot run the point: {exc}")
     else:

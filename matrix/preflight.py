@@ -9,10 +9,10 @@ rows. :func:`points` expands the sweep as Hydra's basic sweeper does (the
 cartesian product of every swept key, in command-line order, through Hydra's
 public override parser; one compose per distinct choice of config groups;
 plain keys set on a copy, as Hydra applies them after the defaults) and
-:func:`preflight` runs :func:`matrix.point.run`'s checks on each: the sweep
-fails in one line, with nothing written. With a remote launcher
-(``hydra/launcher=slurm``) the machine checks are left to the job, on the
-machine that runs the point.
+:func:`preflight` resolves each once (matrix.resolve) and runs
+:func:`matrix.point.run`'s checks on it: the sweep fails in one line, with
+nothing written. With a remote launcher (``hydra/launcher=slurm``) the
+machine checks are left to the job, on the machine that runs the point.
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from .config import KEYS, ConfigError, register, validate
 from .results import check_schema, results_path
+
+if TYPE_CHECKING:
+    from .resolve import Resolved
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Launchers whose jobs run on this machine: the machine checks apply here.
@@ -160,26 +163,33 @@ class Point:
 
     cfg: dict[str, Any]
     runs_here: bool
-    resolved: Any = None  # matrix.point.Resolved where the point runs here
+    resolved: Resolved  # for this machine where the point runs here, else for a node (resolve_remote)
 
 
 def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = None) -> list[Point]:
     """Check every point of the command line; raise ConfigError or SchemaError
     (one line) for the first bad one, or (``budget``) for a sweep beyond this
-    machine (matrix.budget). Returns the points, resolved where they run here,
-    with ``${now:...}`` taken at ``start`` (default: now) in all of them."""
-    from .point import resolve  # imports torch: after the cheap checks
+    machine (:func:`check_machine`). Returns the points, resolved, with
+    ``${now:...}`` taken at ``start`` (default: now) in all of them."""
+    from .resolve import resolve, resolve_remote  # imports torch: after the cheap checks
 
     found: list[Point] = []
     schemas: set[str] = set()
     for cfg, runs_here in points(argv, start=start):
         validate(cfg)
-        found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else None))
+        found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else resolve_remote(cfg)))
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])
             check_schema(results_path(cfg["results_dir"]))
-    if found and budget:
+    if budget:
+        check_machine(found)
+    return found
+
+
+def check_machine(points: list[Point]) -> None:
+    """Refuse (ConfigError, one line) a sweep beyond the machine its points run
+    on: this one, or with a remote launcher what no node holds (matrix.budget)."""
+    if points:
         from .budget import check_sweep
 
-        check_sweep([p.cfg for p in found], runs_here=found[0].runs_here)
-    return found
+        check_sweep([p.resolved for p in points], runs_here=points[0].runs_here)

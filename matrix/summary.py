@@ -18,16 +18,6 @@ from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
 
 
-def point_status(rows: list[Mapping[str, Any]]) -> str:
-    """A point is as bad as its worst row; else ok if anything was measured;
-    refused/passthrough if that is all its rows did; skipped if all skipped."""
-    statuses = {r["status"] for r in rows}
-    for s in (*BAD_STATUSES, "ok", "refused", "passthrough"):
-        if s in statuses:
-            return s
-    return "skipped" if statuses else "missing"
-
-
 def head(cfg: Mapping[str, Any]) -> str:
     split = f"shared_kv page={cfg['page_size']}" if cfg["shared_kv"] else cfg["split"]
     return f"[matrix] cp={cfg['cp_size']} {split} seq_lens={cfg['seq_lens']} a2a={cfg['moe_a2a_backend']}"

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         import torch
 
-        from .point import resolve
+        from .resolve import resolve
 
         local_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         res = resolve(cfg, gpus=world if local_gpus >= local_world else local_gpus)

@@ -258,21 +258,16 @@ def expand_argv(argv: list[str]) -> list[str]:
     """``python -m matrix`` arguments with ``workload=NAME`` turned into a sweep
     of ``seq_lens`` over the workload's K batches (distinct, in drawing order),
     run as a multirun; ``workload=NAME`` stays, so every row records it.
-    Raises matrix.config.ConfigError (one line) on bad input."""
-    from matrix.config import ConfigError
-
+    Raises WorkloadError (one line) on bad input."""
     given = [a for a in argv if a.startswith("workload=")]
     if not given or given[-1] in ("workload=null", "workload="):
         return list(argv)
     name = given[-1].split("=", 1)[1]
     if "," in name:
-        raise ConfigError(f"{given[-1]}: one workload per command line (its batches are the sweep)")
+        raise WorkloadError(f"{given[-1]}: one workload per command line (its batches are the sweep)")
     if any(a.startswith(("seq_lens=", "+seq_lens=")) for a in argv):
-        raise ConfigError(f"{given[-1]}: the workload sets seq_lens (its batches); drop seq_lens=")
-    try:
-        batches = draw(load(name, batches_max=MATRIX_BATCHES_MAX))
-    except WorkloadError as exc:
-        raise ConfigError(str(exc)) from None
+        raise WorkloadError(f"{given[-1]}: the workload sets seq_lens (its batches); drop seq_lens=")
+    batches = draw(load(name, batches_max=MATRIX_BATCHES_MAX))
     values = list(dict.fromkeys("[" + ",".join(map(str, batches.batch(i))) + "]" for i in range(len(batches))))
     out = [*argv, "seq_lens=" + ",".join(values)]
     return out if any(a in ("-m", "--multirun") for a in argv) else ["-m", *out]

@@ -441,7 +441,7 @@ class BoundCase:
     expect: str  # matrix.budget.check_sweep's one line on BOUND_MACHINE ("" for accepted)
 
 
-# The CI-sized machine the rows are computed for (matrix.budget.Machine fields).
+# The CI-sized machine the rows are computed for (nsa_cp_comm.harness.machine.Machine fields).
 BOUND_MACHINE = dict(cores=2, memory_bytes=23.4 * (1 << 30), memory_source="available memory", max_ranks=8,
                      max_ranks_source="4 per core, 2 cores", gpus=0, gpu_bytes=0.0)
 FORCE = "(set force=true to run anyway)"

@@ -298,7 +298,11 @@ def _alternatives_on_rank(cases):
         full = alternatives.sumlen_gather(local, plan)
         gathered = torch.cat([make_shard(spec, plan, r, device) for r in range(cp)])
         res = alternatives.sumlen_scatter(moe.partial(full, rank, cp), plan)
-        a2a_out, handle = alternatives.a2a_moe(moe, local)
+        # the whole SCATTERED-mode MoE: route, dispatch, local experts, combine
+        idx, weight = moe.route(local)
+        experts = moe.experts_of(rank, cp)
+        x_recv, handle = alternatives.a2a_dispatch(local, idx, weight, len(experts))
+        a2a_out = alternatives.a2a_combine(alternatives.a2a_experts(moe, x_recv, handle, experts), handle)
         out.append(
             dict(
                 gather_exact=bitwise_equal(full, gathered),

@@ -4,14 +4,18 @@ the key, the estimate and the limit, before anything starts."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import pytest
 
 import reliability_table as table
 from matrix import budget
-from matrix.budget import Machine, check_sweep, estimate, sweep_estimate
+from matrix.budget import check_sweep, estimate, sweep_estimate
 from matrix.config import ConfigError, MatrixConfig
+from matrix.resolve import Resolved, resolve, resolve_remote
+from nsa_cp_comm.harness import machine
+from nsa_cp_comm.harness.machine import Machine
 
 GIB = 1 << 30
 # The CI-sized machine: 2 cores, ~23 GiB, no GPU.
@@ -26,9 +30,15 @@ def cfg(**over) -> dict:
     return c
 
 
-def refused(cfgs: list[dict], machine: Machine = CI, runs_here: bool = True) -> str:
+def on(m: Machine, *cfgs: dict) -> list[Resolved]:
+    """The points resolved as preflight resolves them on ``m``."""
+    return [resolve(c, gpus=m.gpus) for c in cfgs]
+
+
+def refused(cfgs: list[dict], m: Machine = CI, runs_here: bool = True) -> str:
+    points = on(m, *cfgs) if runs_here else [resolve_remote(c) for c in cfgs]
     with pytest.raises(ConfigError) as info:
-        check_sweep(cfgs, runs_here=runs_here, machine=machine)
+        check_sweep(points, runs_here=runs_here, machine=m)
     msg = str(info.value)
     assert "\n" not in msg and msg.endswith("(set force=true to run anyway)"), msg
     return msg
@@ -58,27 +68,27 @@ def test_the_gpu_preset_on_a_cpu_machine_is_refused_with_its_time_estimate():
     preset = dict(cp_size=8, hidden_size=7168, dtype="bfloat16", num_experts=256, topk=8, warmup=10, iters=50)
     cfgs = [cfg(**preset, seq_lens=s, shared_kv=kv) for s in ([8192], [16384], [3000, 5000, 8000],
                                                                 [1024, 2048, 4096, 7000, 1500]) for kv in (False, True)]
-    msg = refused(cfgs, machine=BIG)
+    msg = refused(cfgs, BIG)
     m = re.fullmatch(r"cp_size=8 hidden_size=7168 seq_lens=\[16384\]: the sweep's 8 points would take ~(\d+) min "
                      r"on this machine \(cpu/gloo at ~0\.075 GB/s busbw; this point ~\d+ min\), over the 60 min limit "
                      r"\(set force=true to run anyway\)", msg)
     assert m and int(m.group(1)) > 60, msg
-    seconds, desc = sweep_estimate(cfgs, BIG)
+    seconds, desc = sweep_estimate(on(BIG, *cfgs), BIG)
     assert seconds > budget.MAX_SWEEP_S and desc.startswith("cpu/gloo, 1 rank starts, at ~0.075 GB/s busbw; peak 8 ranks")
     # On 8 GPUs with NCCL the same sweep is minutes.
     gpus = dataclasses.replace(BIG, gpus=8, gpu_bytes=141e9)
-    check_sweep(cfgs, runs_here=True, machine=gpus)
-    assert sweep_estimate(cfgs, gpus)[0] < 600
+    check_sweep(on(gpus, *cfgs), runs_here=True, machine=gpus)
+    assert sweep_estimate(on(gpus, *cfgs), gpus)[0] < 600
 
 
 def test_force_skips_the_checks():
-    check_sweep([cfg(cp_size=1024, hidden_size=64, force=True)], runs_here=True, machine=CI)
+    check_sweep(on(CI, cfg(cp_size=1024, hidden_size=64, force=True)), runs_here=True, machine=CI)
     # an unforced point of the same sweep is still checked
     refused([cfg(cp_size=1024, hidden_size=64, force=True), cfg(cp_size=512, hidden_size=64)])
 
 
 def test_remote_launchers_check_only_what_no_node_holds():
-    check_sweep([cfg(cp_size=1024, hidden_size=64)], runs_here=False)  # the node decides
+    check_sweep([resolve_remote(cfg(cp_size=1024, hidden_size=64))], runs_here=False)  # the node decides
     msg = refused([cfg(cp_size=1, hidden_size=65536, seq_lens=[16777216])], runs_here=False)
     assert re.fullmatch(r"seq_lens=\[16777216\]: ~[\d.]+ GiB per rank exceed any node's memory \(taken as 2048\.0 GiB\) .*",
                         msg), msg
@@ -88,35 +98,88 @@ def test_remote_launchers_check_only_what_no_node_holds():
 def test_the_cpu_presets_fit_the_ci_machine(preset):
     from matrix.preflight import points
 
-    cfgs = [c for c, _ in points(["-m", f"+matrix={preset}", "results_dir=/unused"])]
-    check_sweep(cfgs, runs_here=True, machine=CI)
-    seconds, _ = sweep_estimate(cfgs, CI)
+    resolved = on(CI, *(c for c, _ in points(["-m", f"+matrix={preset}", "results_dir=/unused"])))
+    check_sweep(resolved, runs_here=True, machine=CI)
+    seconds, _ = sweep_estimate(resolved, CI)
     assert seconds < 10 * 60  # "under 5 minutes on a 2-core machine", within the model's slack
 
 
 def test_rank_starts_count_changes_of_world():
     a, b = cfg(cp_size=2, hidden_size=64), cfg(cp_size=4, hidden_size=64)
-    ests = [estimate(c, CI) for c in (a, a, b, b, a)]
+    ests = [estimate(r, CI) for r in on(CI, a, a, b, b, a)]
     assert len(budget._starts(ests)) == 3
 
 
 def test_this_machine_is_read():
-    m = budget.this_machine()
-    assert m.cores >= 1 and m.memory_bytes > 0 and m.max_ranks >= budget.MIN_RANK_LIMIT or m.max_ranks >= 0
+    m = machine.this_machine()
+    assert m.cores >= 1 and m.memory_bytes > 0
     assert m.memory_source in ("available memory", "cgroup memory limit", "physical memory")
+    per_core = max(machine.MIN_RANK_LIMIT, machine.RANKS_PER_CORE * m.cores)
+    if m.max_ranks_source == f"{machine.RANKS_PER_CORE} per core, {m.cores} cores":
+        assert m.max_ranks == per_core
+    else:  # a task limit leaves room for fewer
+        assert 0 <= m.max_ranks < per_core and "leaves room for" in m.max_ranks_source, m
+
+
+CGROUP_V2 = {"/proc/self/cgroup": "0::/job\n", "/proc/meminfo": "MemTotal: 64000000 kB\nMemAvailable: 32000000 kB\n"}
+
+
+@pytest.mark.parametrize("files, expect", [
+    # a v2 cgroup: half a CPU, 4 GiB, 100 tasks of which 60 are used
+    ({**CGROUP_V2, "/sys/fs/cgroup/job/cpu.max": "50000 100000", "/sys/fs/cgroup/job/memory.max": "4294967296",
+      "/sys/fs/cgroup/job/pids.max": "100", "/sys/fs/cgroup/job/pids.current": "60"},
+     (1, 4.0 * GIB, "cgroup memory limit", 5, "the cgroup's pids.max=100 leaves room for 5 ranks of ~8 threads")),
+    # a cgroup that sets no limit: "max" everywhere
+    ({**CGROUP_V2, "/sys/fs/cgroup/job/cpu.max": "max 100000", "/sys/fs/cgroup/job/memory.max": "max",
+      "/sys/fs/cgroup/job/pids.max": "max"},
+     (None, 32000000 * 1024, "available memory", None, None)),
+    # v1: CPU quota files, and the near-2**63 "unlimited" memory
+    ({"/proc/self/cgroup": "4:cpu,cpuacct:/j\n3:memory:/j\n", "/proc/meminfo": CGROUP_V2["/proc/meminfo"],
+      "/sys/fs/cgroup/cpu,cpuacct/j/cpu.cfs_quota_us": "100000", "/sys/fs/cgroup/cpu,cpuacct/j/cpu.cfs_period_us": "100000",
+      "/sys/fs/cgroup/memory/j/memory.limit_in_bytes": "9223372036854771712"},
+     (1, 32000000 * 1024, "available memory", None, None)),
+])
+def test_the_machine_is_read_through_its_cgroup(monkeypatch, files, expect):
+    """The one cgroup reader, on a simulated /proc and /sys/fs/cgroup."""
+    monkeypatch.setattr(machine, "_read", lambda path: files.get(path, ""))
+    monkeypatch.setattr(machine.resource, "getrlimit", lambda _: (machine.resource.RLIM_INFINITY,) * 2)
+    m = machine.this_machine()
+    cores, memory, source, ranks, why = expect
+    assert (m.memory_bytes, m.memory_source) == (memory, source)
+    assert m.cores == (cores or m.cores) and m.cores <= max(1, len(os.sched_getaffinity(0)))
+    per_core = max(machine.MIN_RANK_LIMIT, machine.RANKS_PER_CORE * m.cores)
+    assert (m.max_ranks, m.max_ranks_source) == (ranks or per_core, why or f"4 per core, {m.cores} cores")
+
+
+def test_rlimit_nproc_bounds_the_ranks(monkeypatch):
+    monkeypatch.setattr(machine, "_read", lambda path: "")
+    monkeypatch.setattr(machine.resource, "getrlimit", lambda _: (100, 200))
+    monkeypatch.setattr(machine.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(machine, "_user_tasks", lambda: 76)
+    m = machine.this_machine()
+    assert (m.max_ranks, m.max_ranks_source) == (3, "RLIMIT_NPROC=100 leaves room for 3 ranks of ~8 threads")
+    monkeypatch.setattr(machine.os, "geteuid", lambda: 0)  # root: RLIMIT_NPROC does not apply
+    assert machine.this_machine().max_ranks == max(machine.MIN_RANK_LIMIT, machine.RANKS_PER_CORE * m.cores)
+
+
+def test_the_oom_counter_is_read_from_this_cgroup_first(monkeypatch):
+    from nsa_cp_comm.harness import ranks
+
+    monkeypatch.setattr(machine, "_read", lambda path: "0::/job\n" if path == "/proc/self/cgroup" else "")
+    files = ranks._oom_counter_files()
+    assert files[0] == "/sys/fs/cgroup/job/memory.events" and files[-1] == "/proc/vmstat"
 
 
 def test_the_memory_estimate_bounds_a_real_points_peak(tmp_path):
     """Estimate vs the peak resident memory of real ranks at one point: an
     upper bound (within the libraries' variation), and not a loose one."""
-    from matrix.point import resolve
     from nsa_cp_comm.harness import RankPool
     from nsa_cp_comm.harness.measure import run_point
 
-    c = cfg(cp_size=2, hidden_size=1024, seq_lens=[12000], dtype="float32", warmup=0, iters=1)
-    est = estimate(c, CI)
+    (point,) = on(CI, cfg(cp_size=2, hidden_size=1024, seq_lens=[12000], dtype="float32", warmup=0, iters=1))
+    est = estimate(point, CI)
     with RankPool(2, workdir=tmp_path) as pool:
-        out = run_point(resolve(c, gpus=0).spec, pool, timeout_s=600)
+        out = run_point(point.spec, pool, timeout_s=600)
         assert [r.status for r in out] == ["ok", "ok"], [r.reason for r in out]
         peaks = []
         for pid in pool.pids:
@@ -150,7 +213,7 @@ def test_the_bound_rows_of_reliability_md(case):
 
     cfgs = [c for c, _ in points(["-m", "results_dir=/unused", *case.args])]
     if not case.expect:
-        check_sweep(cfgs, runs_here=True, machine=CI)
+        check_sweep(on(CI, *cfgs), runs_here=True, machine=CI)
         return
     msg = refused(cfgs)
     assert table.matches(msg, case.expect), msg

@@ -125,7 +125,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
     def hydra_started():  # the one line must come before Hydra starts
         raise AssertionError("the Hydra app started")
 
-    monkeypatch.setattr(cli, "app", hydra_started)
+    monkeypatch.setattr(cli, "task", lambda machine_checked: hydra_started)
     assert cli.main(["-m", f"results_dir={tmp_path / 'res'}", *args]) == 2
     out, err = capsys.readouterr()
     assert out == ""
@@ -259,7 +259,7 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
         proc.kill()
         proc.wait()
     assert got > 0, "the sweep wrote no row (or ended) before the kill"
-    assert any("nsa_cp_comm/_worker.py" in p for p in running), running  # its ranks were up
+    assert any("nsa_cp_comm/harness/_worker.py" in p for p in running), running  # its ranks were up
     # Its ranks die with it (PR_SET_PDEATHSIG): nothing of the run survives.
     assert wait_for_no_process(str(res)) == []
     rows = read_table(res / "results.csv")

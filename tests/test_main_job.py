@@ -105,3 +105,21 @@ def test_help_is_the_apps_own(tmp_path):
     for layout in (REPO / "conf" / "layout").glob("*.yaml"):
         assert f"+layout={layout.stem}" in proc.stdout
     assert "int in [1, 1024]" in proc.stdout  # cp_size's range, from the validation tables
+
+
+def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch):
+    """Preflight checks the whole sweep before any rank starts; its jobs, run
+    here by the local launcher, do not check again mid-sweep."""
+    from matrix import __main__ as cli
+    from matrix import budget, point, signals, stdout_guard
+
+    checked = []
+    monkeypatch.setattr(budget, "check_sweep", lambda points, *, runs_here, machine=None: checked.append(len(points)))
+    monkeypatch.setattr(point, "_results_for", lambda cfg, res, job_dir: point.every_impl(res, "ok", ""))
+    monkeypatch.setattr(signals, "install", lambda: None)  # pytest's own handlers and stdout stay
+    monkeypatch.setattr(stdout_guard, "guard", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["matrix"])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["-m", "cp_size=1", "seq_lens=[8],[9]", *SMALL, f"results_dir={tmp_path / 'res'}"]) == 0
+    assert checked == [2]

@@ -237,7 +237,7 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
 def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypatch):
     from matrix import __main__ as cli
 
-    monkeypatch.setattr(cli, "app", lambda: (_ for _ in ()).throw(AssertionError("the Hydra app started")))
+    monkeypatch.setattr(cli, "task", lambda machine_checked: (_ for _ in ()).throw(AssertionError("the Hydra app started")))
     res = tmp_path / "res"
     assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={res}"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -276,14 +276,21 @@ def test_a_job_checks_the_machine_it_runs_on(tmp_path, monkeypatch):
     from matrix import budget, point
     from matrix.config import ConfigError, MatrixConfig
 
-    def refuse(cfgs, *, runs_here, machine=None):
+    checked = []
+
+    def refuse(points, *, runs_here, machine=None):
+        checked.append([p.spec.cp_size for p in points])
         raise ConfigError("cp_size=2: 2 ranks x ~9 GiB exceed this machine's 4 GiB available memory")
 
     monkeypatch.setattr(budget, "check_sweep", refuse)
     cfg = {**vars(MatrixConfig()), "cp_size": 2, "hidden_size": 32, "seq_lens": [64], "results_dir": str(tmp_path)}
     rows = point.run(cfg, job_dir=tmp_path)
-    assert [r["status"] for r in rows] == ["error", "error"]
+    assert [r["status"] for r in rows] == ["error", "error"] and checked == [[2]]
     assert rows[0]["reason"].startswith("this machine cannot run the point: cp_size=2: 2 ranks")
+    # A job of a sweep preflight checked against this machine is not checked again.
+    monkeypatch.setattr(point, "_results_for", lambda cfg, res, job_dir: point.every_impl(res, "ok", ""))
+    rows = point.run({**cfg, "results_dir": str(tmp_path / "checked")}, job_dir=tmp_path, machine_checked=True)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and checked == [[2]]
 
 
 def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):

@@ -211,16 +211,6 @@ def a2a_combine(y_recv: torch.Tensor, handle: A2AHandle, group: dist.ProcessGrou
     return out.to(y_recv.dtype)
 
 
-def a2a_moe(moe, local: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, A2AHandle]:
-    """The whole SCATTERED-mode MoE on this rank's rows: route, dispatch, local
-    experts, combine. Returns ``([n_r, H] output, handle)``."""
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    experts = moe.experts_of(rank, cp)
-    idx, weight = moe.route(local)
-    x_recv, handle = a2a_dispatch(local, idx, weight, len(experts), group)
-    return a2a_combine(a2a_experts(moe, x_recv, handle, experts), handle, group), handle
-
-
 def a2a_expected_recv(shards: list[torch.Tensor], moe, rank: int) -> torch.Tensor:
     """The rows ``rank`` must receive from a correct dispatch, computed from
     every rank's shard without communication (routing is per row, hence the

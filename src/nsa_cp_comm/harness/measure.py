@@ -25,7 +25,7 @@ from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .ranks import RankPool, RankResult, rank_device, summarize_failure
 from ..roundtrip import LEGACY_UNEVEN_ERROR
-from .spec import DTYPES, FAULTS, PointSpec, bitwise_equal, make_shard, shard_seed  # noqa: F401 - re-exported
+from .spec import DTYPES, PointSpec, make_shard
 from .steps import CONTROL, RoundTripSteps, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
 

@@ -46,6 +46,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from .machine import cgroup_dirs
+
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -234,25 +236,10 @@ def _read_counter(path: str, key: str) -> int | None:
 
 def _oom_counter_files() -> list[str]:
     """Files counting OOM kills (``oom_kill N``), most specific first: this
-    process's memory cgroup (v2 ``memory.events``, v1 ``memory.oom_control``,
-    also at the mount root, which is the cgroup inside a container), then the
-    whole system (``/proc/vmstat``)."""
-    files: list[str] = []
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, cg = parts
-        if controllers == "":
-            files += [f"/sys/fs/cgroup{cg}/memory.events", f"/sys/fs/cgroup/unified{cg}/memory.events"]
-        elif "memory" in controllers.split(","):
-            files += [f"/sys/fs/cgroup/memory{cg}/memory.oom_control", "/sys/fs/cgroup/memory/memory.oom_control"]
-    return [*files, "/proc/vmstat"]
+    process's memory cgroup (v2 ``memory.events``, v1 ``memory.oom_control``;
+    :func:`.machine.cgroup_dirs`), then the whole system (``/proc/vmstat``)."""
+    names = ("memory.events", "memory.oom_control")
+    return [*(f"{d}/{name}" for d in cgroup_dirs("memory") for name in names), "/proc/vmstat"]
 
 
 def oom_kill_count() -> int | None:

@@ -133,11 +133,6 @@ def timed_loop(
     return samples
 
 
-def percentile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method); NaN when empty."""
-    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
-
-
 def summarize(samples_us: Sequence[float]) -> dict[str, float]:
     """``{"p10", "p50", "p90", "p99", "mean", "iqr"}`` of per-iteration times (us)."""
     xs = np.asarray(samples_us, dtype=float)

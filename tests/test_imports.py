@@ -1,0 +1,147 @@
+"""The import graph: every module of the matrix app imports alone (first, in a
+fresh state), the app's modules import each other without a cycle (module-level
+and function-level imports alike), and the library never imports its harness."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LIBRARY = REPO / "src" / "nsa_cp_comm"
+
+
+def package_modules(folder: Path, package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of the package's own modules (no subpackages)."""
+    return {(package if p.stem == "__init__" else f"{package}.{p.stem}"): p for p in sorted(folder.glob("*.py"))}
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Every module ``path`` (module ``name``) imports, anywhere in it: at
+    module level, in functions, under TYPE_CHECKING. ``from P import N`` names
+    both ``P`` and ``P.N`` (N may be a module)."""
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            module = ".".join(p for p in (base if node.level else "", node.module or "") if p)
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """A cycle of ``graph`` (its modules, the first repeated at the end), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str]:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return [*path[path.index(n):], n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        state[m] = 2
+        path.pop()
+        return []
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return []
+
+
+def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
+    mods = package_modules(folder, package)
+    return {m: {n for n in imports_of(p, m) if n in mods and n != m} for m, p in mods.items()}
+
+
+def test_the_matrix_app_has_no_import_cycle():
+    graph = import_graph(REPO / "matrix", "matrix")
+    assert {"matrix.resolve", "matrix.budget", "matrix.point"} <= set(graph)
+    assert find_cycle(graph) == []
+    # the resolution is below the point and the budget, and neither imports the other's module
+    assert graph["matrix.resolve"] & {"matrix.point", "matrix.budget", "matrix.preflight"} == set()
+    assert "matrix.point" not in graph["matrix.budget"]
+
+
+def make_package(root: Path, **sources: str) -> Path:
+    """A package ``pkg`` under ``root`` with modules of these sources."""
+    pkg = root / "pkg"
+    pkg.mkdir()
+    for name, text in {"__init__": "", **sources}.items():
+        (pkg / f"{name}.py").write_text(text)
+    return pkg
+
+
+def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
+    """The check above can fail: a function-level import closing a loop counts."""
+    pkg = make_package(tmp_path, a="from .b import f\n", b="def f():\n    from . import a\n", c="from pkg.a import f\n")
+    assert find_cycle(import_graph(pkg, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
+    (pkg / "b.py").write_text("def f():\n    pass\n")
+    assert find_cycle(import_graph(pkg, "pkg")) == []
+
+
+def harness_imports(folder: Path, package: str) -> list[str]:
+    """Modules of the library (outside harness/) that import its harness."""
+    return [m for m, p in package_modules(folder, package).items()
+            if any(n == f"{package}.harness" or n.startswith(f"{package}.harness.") for n in imports_of(p, m))]
+
+
+def test_the_library_never_imports_its_harness(tmp_path):
+    assert harness_imports(LIBRARY, "nsa_cp_comm") == []
+    # and the check sees each way of writing such an import
+    for i, line in enumerate(["from .harness import RankPool", "from . import harness", "import nsa_cp_comm.harness.ranks",
+                              "def f():\n    from nsa_cp_comm.harness.spec import PointSpec"]):
+        pkg = tmp_path / str(i) / "nsa_cp_comm"
+        pkg.mkdir(parents=True)
+        (pkg / "plan.py").write_text(line + "\n")
+        assert harness_imports(pkg, "nsa_cp_comm") == ["nsa_cp_comm.plan"], line
+
+
+# Per module: drop the package's modules, import this one first, note a failure.
+ALONE = textwrap.dedent("""
+    import importlib, sys, traceback
+    package, failed = sys.argv[1], []
+    for name in sys.argv[2:]:
+        for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            del sys.modules[loaded]
+        try:
+            importlib.import_module(name)
+        except BaseException:
+            failed.append(name + ": " + traceback.format_exc().strip().splitlines()[-1])
+    print("\\n".join(failed))
+""")
+
+
+def failing_alone(package: str, names: list[str], *path: Path) -> list[str]:
+    """The modules of ``names`` that fail to import when each is the first of
+    ``package`` imported (one interpreter; other libraries stay loaded)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
+    proc = subprocess.run([sys.executable, "-c", ALONE, package, *names], cwd=path[-1], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split("\n")[:-1] if proc.stdout.strip() else []
+
+
+def test_every_matrix_module_imports_alone():
+    names = sorted(package_modules(REPO / "matrix", "matrix"))
+    assert len(names) > 20 and failing_alone("matrix", names, REPO / "src", REPO) == []
+
+
+def test_a_module_that_fails_alone_is_named(tmp_path):
+    """The check above can fail: a module-level cycle breaks the import of its modules."""
+    make_package(tmp_path, a="from .b import f\n\ndef g():\n    pass\n", b="from .a import g\n\ndef f():\n    pass\n", c="X = 1\n")
+    failed = failing_alone("pkg", ["pkg.a", "pkg.b", "pkg.c"], tmp_path)
+    assert [f.split(":")[0] for f in failed] == ["pkg.a", "pkg.b"], failed
