@@ -97,7 +97,8 @@ def column_wise(monkeypatch):
 # otherwise leave the fast set without anyone noticing).
 SLOW: dict[str, str] = {
     "tests/test_torch_uneven.py": "torch's own behaviour: fresh multi-process probes, one waits out a hang",
-    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank start-up",
+    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank "
+                                                          "start-up; again with each of the worker's guards removed",
     "tests/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
     "tests/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
     "tests/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
