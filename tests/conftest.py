@@ -123,8 +123,6 @@ SLOW: dict[str, str] = {
     "tests/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
     "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
     "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
-    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts1": "fault drill (counts0 stays fast)",
-    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts2": "fault drill (counts0 stays fast)",
     "tests/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
 }
 
