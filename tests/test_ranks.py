@@ -67,7 +67,9 @@ def test_rank_raising_gives_error_peer_aborted_and_pool_closes(pool_workdir):
     # far below the 600 s timeout: the grace period after the first failure, then a kill
     assert took < NOTICED_WITHIN_S, took
     assert pool.closed and not pool.alive
+    pool.close()  # again: nothing left to do
     assert_all_gone(pids)
+    assert not list(pool_workdir.glob(".rendezvous-*")), "rendezvous file left behind"
     with pytest.raises(RuntimeError, match="closed"):
         pool.run(rank_tasks.whoami, "x", timeout_s=5)
 
@@ -101,20 +103,11 @@ def test_rank_exiting_gives_crashed_with_exit_code(pool_workdir):
     assert_all_gone(pids)
 
 
-def test_close_is_idempotent_and_reaps(pool_workdir):
-    with RankPool(1, workdir=pool_workdir) as pool:
-        pids = pool.pids
-        assert pool.run(rank_tasks.whoami, "z", timeout_s=30)[0].value[1] == 1
-    assert pool.closed
-    pool.close()
-    assert_all_gone(pids)
-    assert not list(pool_workdir.glob(".rendezvous-*")), "rendezvous file left behind"
-
-
 def test_run_on_ranks_one_shot_leaves_nothing_running(pool_workdir):
     results = run_on_ranks(rank_tasks.whoami, 2, "one", workdir=pool_workdir, timeout_s=60, extra=1)
     assert [r.value[:4] for r in results] == [(r, 2, "one", 1) for r in range(2)]
-    assert_all_gone([r.value[4] for r in results])
+    assert_all_gone([r.value[4] for r in results])  # closed politely, and reaped
+    assert not list(pool_workdir.glob(".rendezvous-*")), "rendezvous file left behind"
 
 
 @pytest.mark.parametrize(
