@@ -97,7 +97,8 @@ def column_wise(monkeypatch):
 # otherwise leave the fast set without anyone noticing).
 SLOW: dict[str, str] = {
     "tests/test_torch_uneven.py": "torch's own behaviour: fresh multi-process probes, one waits out a hang",
-    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank start-up",
+    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank "
+                                                          "start-up; again with each of the worker's guards removed",
     "tests/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
     "tests/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
     "tests/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
@@ -122,8 +123,6 @@ SLOW: dict[str, str] = {
     "tests/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
     "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
     "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
-    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts1": "fault drill (counts0 stays fast)",
-    "tests/test_ranks.py::test_a_rank_killed_by_the_oom_killer_says_so[counts2": "fault drill (counts0 stays fast)",
     "tests/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
 }
 

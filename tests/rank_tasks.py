@@ -287,12 +287,18 @@ def raise_on_last_others_in_collective() -> int:
     return dist.get_rank()
 
 
-def hang_on_last() -> int:
-    if dist.get_rank() == dist.get_world_size() - 1:
+def hang_on_one_and_stop_the_last() -> int:
+    """Rank 1 hangs (sleeps), the last rank stops itself (SIGSTOP) and rank 0
+    waits in an all-reduce that neither joins."""
+    import signal
+
+    if dist.get_rank() == 1:
         while True:
             time.sleep(3600)
+    if dist.get_rank() == dist.get_world_size() - 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
     t = torch.ones(1)
-    dist.all_reduce(t)  # blocks: the last rank never joins
+    dist.all_reduce(t)  # blocks: the other ranks never join
     return dist.get_rank()
 
 
@@ -303,26 +309,24 @@ def exit_on_last(code: int) -> int:
     return dist.get_rank()
 
 
-def leave_rank_changed(how: str) -> None:
-    """Change this rank the way a careless plug-in would, and return."""
-    if how == "destroy_group":
-        dist.destroy_process_group()
-    elif how == "default_dtype":
-        torch.set_default_dtype(torch.float64)
-    elif how == "default_device":
-        torch.set_default_device("meta")
-    elif how == "start_helper":
-        import subprocess
+def leave_rank_changed(*hows: str, helper_s: int = 987653) -> None:
+    """Change this rank the way a careless plug-in would, and return: each of
+    ``hows`` on every rank, or as ``"how@R"`` on rank R only. ``start_helper``
+    leaves a ``sleep helper_s`` process running."""
+    rank = dist.get_rank()
+    for item in hows:
+        how, _, only = item.partition("@")
+        if only and int(only) != rank:
+            continue
+        if how == "destroy_group":
+            dist.destroy_process_group()
+        elif how == "default_dtype":
+            torch.set_default_dtype(torch.float64)
+        elif how == "default_device":
+            torch.set_default_device("meta")
+        elif how == "start_helper":
+            import subprocess
 
-        subprocess.Popen(["sleep", "987653"])
-
-
-def stop_last_rank_in_a_collective() -> int:
-    """The last rank stops itself (SIGSTOP) while its peers wait in an all-reduce."""
-    import signal
-
-    if dist.get_rank() == dist.get_world_size() - 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return int(t.item())
+            subprocess.Popen(["sleep", str(helper_s)])
+        else:
+            raise ValueError(f"how={how!r}")

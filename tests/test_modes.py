@@ -13,19 +13,12 @@ def test_none_backend_sparse_layer_is_full():
     assert mlp_mode("none", sparse_layer=True) is ScatterMode.FULL
 
 
-@pytest.mark.parametrize("backend", ["deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer"])
-def test_a2a_backends_are_scattered(backend):
-    assert backend in A2A_BACKENDS
-    assert mlp_mode(backend) is ScatterMode.SCATTERED
-
-
-@pytest.mark.parametrize("backend", A2A_BACKENDS)
-def test_dense_layers_stay_scattered(backend):
-    assert mlp_mode(backend, sparse_layer=False) is ScatterMode.SCATTERED
-
-
-def test_only_none_is_full():
-    assert [b for b in A2A_BACKENDS if mlp_mode(b) is ScatterMode.FULL] == ["none"]
+def test_only_sparse_layers_on_the_all_gather_path_are_full():
+    """FULL for a sparse layer with no a2a backend; every a2a backend routes
+    rows itself and every dense layer stays local."""
+    modes = {(b, sparse): mlp_mode(b, sparse_layer=sparse) for b in A2A_BACKENDS for sparse in (True, False)}
+    assert {key for key, mode in modes.items() if mode is ScatterMode.FULL} == {("none", True)}
+    assert set(modes.values()) == {ScatterMode.FULL, ScatterMode.SCATTERED}
 
 
 @pytest.mark.parametrize("backend", ["DeepEP", "nccl", "", "allgather", None, "none "])
@@ -37,12 +30,13 @@ def test_unknown_backend_lists_valid_ones(backend):
     assert all(b in msg for b in A2A_BACKENDS), msg
 
 
-def test_scatter_mode_values():
-    assert str(ScatterMode.FULL) == "FULL" and str(ScatterMode.SCATTERED) == "SCATTERED"
-    assert ScatterMode("FULL") is ScatterMode.FULL
-    assert {m.value for m in ScatterMode} == {"FULL", "SCATTERED"}
-    with pytest.raises(ValueError):
+def test_scatter_mode_prints_and_parses_as_its_value():
+    # rows and configs hold the bare value: str() and format() give it, and it parses back
+    for mode in ScatterMode:
+        assert str(mode) == f"{mode}" == mode.value and ScatterMode(str(mode)) is mode
+    with pytest.raises(ValueError) as info:
         ScatterMode("GATHERED")
+    assert str(info.value) == "mlp_mode='GATHERED' is not one of SCATTERED, FULL"
 
 
 # Decisions the communicator takes without any collective (no process group needed).

@@ -4,7 +4,6 @@ through measure.run_point on real ranks."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -139,13 +138,19 @@ def test_phases_fold_to_collective_and_roundtrip():
     assert "local" not in no_local and no_local["roundtrip"] == no_local["collective"] == [3.0]
 
 
-def test_cpu_clock_measures_elapsed_time():
+def test_cpu_clock_reads_perf_counter_in_microseconds(monkeypatch):
+    from types import SimpleNamespace
+
+    from nsa_cp_comm.harness import timing
+
+    ticks = iter([10.0, 10.25])
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     clock = Clock(torch.device("cpu"))
-    a = clock.mark()
-    time.sleep(0.02)
-    b = clock.mark()
+    a, b = clock.mark(), clock.mark()
     clock.sync()
-    assert clock.elapsed_us(a, b) >= 15_000  # slept 20 ms; no upper bound on a loaded machine
+    assert clock.elapsed_us(a, b) == 250_000.0 and clock.elapsed_us(b, a) == -250_000.0
+    with pytest.raises(ValueError, match="explicit CUDA device index"):
+        Clock("cuda")  # which device's stream to time on must be said, not taken from the thread
 
 
 # -- whole points on real ranks (measure.run_point) ---------------------------------

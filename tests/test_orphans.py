@@ -1,15 +1,15 @@
 """No rank process outlives the process that started it, whenever that one dies.
 
 The sweep may be killed at any moment, also while its ranks are starting
-(importing torch, waiting in the rendezvous). These tests kill a sweep-like
-driver with SIGKILL at random moments of its pool's start-up and find no rank
-left, and interrupt a start in-process and find it torn down.
+(importing torch, waiting in the rendezvous). The kill drill holds the ranks
+of a sweep-like driver at fixed points of their start-up, kills the driver
+with SIGKILL and sees how each rank ended; the other tests interrupt a start
+in-process and drop a rank that waits in the rendezvous, and find them gone.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import select
 import signal
 import subprocess
@@ -30,14 +30,49 @@ REPO = Path(__file__).resolve().parent.parent
 # generous for a loaded 2-core machine (a rank that had not yet reached those
 # statements must first finish starting the interpreter).
 GONE_WITHIN_S = 30.0
+# Bounds of the drill: a rank's start-up on a loaded machine, and the time
+# the kernel's death signal gets to end a rank (it is sent as the driver dies).
+START_S = 180.0
+DEATH_SIGNAL_S = 10.0
 
+# A sweep-like driver: torch loaded, 3 ranks started through the drill's gate.
 DRIVER = """\
-import sys, time
+import os, sys, time
 from nsa_cp_comm.harness import RankPool  # torch is loaded, as in a sweep
-print("starting", flush=True)
-RankPool(4, backend="gloo", device="cpu", workdir=sys.argv[1])
+sys.executable = os.environ["DRILL_WRAPPER"]  # each rank's interpreter starts through the gate
+RankPool(3, backend="gloo", device="cpu", workdir=sys.argv[1])
 print("ready", flush=True)
 time.sleep(600)
+"""
+
+# What RankPool starts as a rank's interpreter ($1 the worker, $3 the rank): it
+# records its pid; rank $DRILL_HOLD waits there, started but not yet running
+# the worker's first statement, until the drill says go. Then the interpreter
+# replaces it (same pid, same parent).
+GATE = """\
+#!/bin/sh
+echo $$ > "$DRILL/rank$3.tmp" && mv "$DRILL/rank$3.tmp" "$DRILL/rank$3.pid"
+if [ "$3" = "$DRILL_HOLD" ]; then
+  while [ ! -e "$DRILL/go" ]; do sleep 0.01; done
+fi
+worker=$1
+shift
+exec "$DRILL_PYTHON" "${DRILL_WORKER:-$worker}" "$@"
+"""
+
+# Starts the driver and reaps, as the subreaper, the driver and every rank it
+# orphans: one line "PID EXITCODE" per process that ended (-N: signal N).
+REAPER = """\
+import ctypes, os, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+driver = subprocess.Popen(sys.argv[1:])
+print(driver.pid, flush=True)
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        break
+    print(pid, os.waitstatus_to_exitcode(status), flush=True)
 """
 
 
@@ -65,38 +100,123 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline().decode().strip() if ready else ""
 
 
+def _wait_for(what: str, condition, timeout_s: float = START_S):
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"the drill never saw {what}"
+        time.sleep(0.01)
+    return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _thread_names(pid: int) -> list[str]:
+    return [_read(t / "comm").strip() for t in Path(f"/proc/{pid}/task").glob("*")]
+
+
+def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids: set[int], timeout_s: float) -> None:
+    """Read the reaper's lines into ``ended`` until every pid in ``pids`` ended
+    or ``timeout_s`` passed (other lines into ``said``)."""
+    deadline = time.monotonic() + timeout_s
+    while not pids <= ended.keys() and (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([reaper.stdout], [], [], left)
+        line = reaper.stdout.readline().decode() if ready else ""
+        if ready and not line:
+            return  # the reaper ended: nothing is left to end
+        pid, _, code = line.strip().partition(" ")
+        if pid.isdigit() and code.lstrip("-").isdigit():
+            ended[int(pid)] = int(code)
+        elif line.strip():
+            said.append(line.strip())
+
+
+def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | None]:
+    """Hold a driver's 3 starting ranks at fixed points, SIGKILL the driver,
+    and return each rank's exit code (-9: SIGKILL) or None if it lives on:
+
+    * rank 0 in the rendezvous (its store written, gloo's connection thread
+      up, waiting for its peers), stopped there;
+    * rank 1 past the worker's first statements (the death signal armed),
+      loading torch, stopped there;
+    * rank 2 started but before the worker's first statement: it runs only
+      once the driver is dead.
+
+    A stopped rank can only be ended by the kernel (SIGKILL reaches a stopped
+    process; its pipe watcher cannot run): the death signal is all that ends
+    ranks 0 and 1. Rank 2 arms it too late; its parent check must end it.
+    ``worker``: a worker file to run instead of the real one."""
+    gate, work = tmp_path / "gate", tmp_path / "work"
+    gate.mkdir()
+    work.mkdir()
+    for name, text in (("driver.py", DRIVER), ("reaper.py", REAPER), ("rank-python", GATE)):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "rank-python").chmod(0o755)
+    env = dict(_driver_env(), DRILL=str(gate), DRILL_HOLD="2", DRILL_PYTHON=sys.executable,
+               DRILL_WRAPPER=str(tmp_path / "rank-python"), **({"DRILL_WORKER": str(worker)} if worker else {}))
+    reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
+                               str(tmp_path / "driver.py"), str(work)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    ended: dict[int, int] = {}
+    said: list[str] = []
+    pids: dict[int, int] = {}
+    driver = 0
+    try:
+        driver = int(_read_line(reaper, START_S) or 0)
+        assert driver, "the drill's driver did not start"
+        pids = {r: int(_wait_for(f"rank {r} start", lambda r=r: _read(gate / f"rank{r}.pid"))) for r in range(3)}
+        _wait_for("rank 1 load torch", lambda: "/torch/" in _read(Path(f"/proc/{pids[1]}/maps")))
+        os.kill(pids[1], signal.SIGSTOP)
+        _wait_for("rank 0 in the rendezvous", lambda: any(work.glob(f"{STORE_PREFIX}*"))
+                  and "gloo_tcp_loop" in _thread_names(pids[0]))
+        os.kill(pids[0], signal.SIGSTOP)
+        os.kill(driver, signal.SIGKILL)
+        _reap(reaper, ended, said, {driver, pids[0], pids[1]}, DEATH_SIGNAL_S)
+        (gate / "go").touch()
+        _reap(reaper, ended, said, {pids[2]}, START_S)  # a broken worker's rank 2 loads torch first
+        assert "ready" not in said, "the pool finished starting: the drill held no rank"
+        assert ended.get(driver) == -signal.SIGKILL, (driver, ended)
+    finally:
+        (gate / "go").touch()
+        for pid in [driver, *pids.values()]:  # what outlived the drill (a broken worker's ranks)
+            if pid and pid not in ended:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        reaper.kill()  # the ranks are ended above; the reaper's own children with it
+        reaper.wait()
+    return {r: ended.get(pid) for r, pid in pids.items()}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_sigkill_of_the_starter_at_random_moments_of_rank_start_up_leaves_no_rank(tmp_path):
-    """20 drivers, each killed (SIGKILL) a random time after it begins starting
-    4 ranks: early (inside the spawn loop and the ranks' interpreter start-up)
-    or anywhere in the window in which the ranks import torch and rendezvous.
-    Every rank is gone within GONE_WITHIN_S of its driver's death."""
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    seed = int(os.environ.get("ORPHAN_SEED", random.randrange(1 << 30)))
-    rng = random.Random(seed)
-    caught_mid_start = 0
-    for trial in range(20):
-        work = tmp_path / f"w{trial}"
-        work.mkdir()
-        proc = subprocess.Popen([sys.executable, str(script), str(work)], cwd=REPO, env=_driver_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        try:
-            assert _read_line(proc, 120) == "starting", f"driver did not start (seed {seed})"
-            delay = rng.uniform(0, 0.3) if rng.random() < 0.4 else rng.uniform(0, 6.0)
-            time.sleep(delay)
-            ranks_at_kill = [p for p in live_processes_mentioning(str(work)) if p != proc.pid]
-            ready = bool(select.select([proc.stdout], [], [], 0)[0])
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
-        if ranks_at_kill and not ready:
-            caught_mid_start += 1
-        left = wait_until_gone(str(work), GONE_WITHIN_S)
-        assert left == [], f"trial {trial} (seed {seed}, kill after {delay:.2f}s): ranks {left} outlived their starter"
-    # The kills must have landed while ranks were starting, or the test proves nothing.
-    assert caught_mid_start >= 3, f"only {caught_mid_start} of 20 kills hit a starting pool (seed {seed})"
+def test_sigkill_of_the_starter_at_fixed_points_of_rank_start_up_leaves_no_rank(tmp_path):
+    """Ranks in the rendezvous and loading torch die by the death signal with
+    their driver; a rank not yet running exits with ORPHAN_EXIT as it starts,
+    before importing anything; none is left."""
+    assert kill_drill(tmp_path) == {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: ORPHAN_EXIT}
+    assert wait_until_gone(str(tmp_path / "work"), GONE_WITHIN_S) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("guard, unguarded, ends", [
+    # no death signal: the stopped ranks outlive their driver
+    ("libc.prctl(1, 9)", "pass", {0: None, 1: None, 2: ORPHAN_EXIT}),
+    # no parent check: rank 2 runs on, loads torch, and only its pipe's end stops it
+    ("if os.getppid() != starter_pid:", "if False:", {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: 1}),
+], ids=["no_death_signal", "no_parent_check"])
+def test_sigkill_of_the_starter_drill_fails_for_a_worker_without_a_guard(tmp_path, guard, unguarded, ends):
+    """The drill can fail: a worker without one of its guards changes how the
+    ranks that guard ends end."""
+    source = WORKER_PATH.read_text()
+    assert guard in source, f"the worker no longer says {guard!r}: update this mutation"
+    worker = tmp_path / "unguarded_worker.py"
+    worker.write_text(source.replace(guard, unguarded))
+    assert kill_drill(tmp_path, worker) == ends
 
 
 def test_a_rank_whose_starter_is_not_its_parent_exits_before_importing_anything_heavy(tmp_path):

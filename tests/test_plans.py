@@ -164,13 +164,10 @@ def test_workload_values_are_checked(cfg, needle):
 
 # -- the command -----------------------------------------------------------------
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "matrix.plans", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-
-
 def test_cli_writes_stats_and_plot(tmp_path):
-    p = _cli("--batches", "300", "--cp", "2,8", "--policy", "zigzag", "--out", str(tmp_path))
+    """The one run through a fresh interpreter: ``python -m matrix.plans`` as typed."""
+    p = subprocess.run([sys.executable, "-m", "matrix.plans", "--batches", "300", "--cp", "2,8", "--policy", "zigzag",
+                        "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "plans.json").read_text())
     assert {(r["cp_size"], r["design"]) for r in out["rows"]} == {(c, d) for c in (2, 8) for d in plans.DESIGNS}
@@ -183,6 +180,14 @@ def test_cli_writes_stats_and_plot(tmp_path):
     assert "| 8 | zigzag | pad_at_split |" in p.stdout
 
 
+def one_line_exit_2(main, args, capsys) -> str:
+    """``main(args)`` in this process: exit code 2 and one line on stderr, returned."""
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, (code, err)
+    return err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--cp", "0"], "--cp=0"),
     (["--cp", "x"], "--cp=x"),
@@ -191,9 +196,8 @@ def test_cli_writes_stats_and_plot(tmp_path):
     (["--batches", "0"], "workload.batches=0"),
     (["--nccl-tests", "/nonexistent.json"], "/nonexistent.json"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(args, needle):
-    p = _cli(*args, "--no-plot")
-    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+def test_cli_bad_input_is_one_line_exit_2(args, needle, capsys):
+    assert needle in one_line_exit_2(plans.main, [*args, "--no-plot"], capsys)
 
 
 def test_doc_plans_speed_matches_its_json():
@@ -229,12 +233,10 @@ def test_workload_expands_into_a_sweep_of_its_batches():
     (["workload=lognormal", "seq_lens=[5]"], "drop seq_lens="),
     (["workload=lognormal,trace"], "one workload per command line"),
 ])
-def test_workload_bad_input_is_one_line_exit_2(args, needle):
-    from matrix_cli import REPO as ROOT, cli_env
+def test_workload_bad_input_is_one_line_exit_2(args, needle, capsys):
+    from matrix.__main__ import main
 
-    p = subprocess.run([sys.executable, "-m", "matrix", *args, "--dry-run"], cwd=ROOT, env=cli_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert needle in one_line_exit_2(main, [*args, "--dry-run"], capsys)
 
 
 def test_workload_batches_are_bounded(tmp_path):
@@ -246,15 +248,13 @@ def test_workload_batches_are_bounded(tmp_path):
         load(str(p), batches_max=MATRIX_BATCHES_MAX)
 
 
-def test_workload_dry_run_lists_one_point_per_batch():
-    from matrix_cli import REPO as ROOT, cli_env
+def test_workload_dry_run_lists_one_point_per_batch(capsys):
+    from matrix.__main__ import main
 
-    p = subprocess.run([sys.executable, "-m", "matrix", "workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"],
-                       cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    assert main(["workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"]) == 0, capsys.readouterr().err
     b = draw(load("trace"))
     distinct = {tuple(b.batch(i)) for i in range(len(b))}
-    assert f"estimate: {len(distinct)} points" in p.stdout
+    assert f"estimate: {len(distinct)} points" in capsys.readouterr().out
 
 
 def test_workload_report_section_aggregates_over_batches():

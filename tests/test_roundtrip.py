@@ -107,12 +107,12 @@ def test_legacy_on_uneven_raises_on_every_rank_then_pool_still_works(cp, rank_po
     assert all(r.value <= 1e-5 for r in follow), [r.value for r in follow]
 
 
-def test_legacy_on_uneven_uncaught_errors_on_every_rank_promptly(pool_workdir):
+def test_legacy_on_uneven_uncaught_errors_on_every_rank_promptly(rank_pool):
     case = dict(seq_lens=[1001, 300], cp=2, policy="zigzag", page=1, H=32, dtype="bfloat16", seed=5)
-    with RankPool(2, workdir=pool_workdir) as pool:
-        t0 = time.monotonic()
-        results = pool.run(rank_tasks.legacy_uneven_uncaught, case, timeout_s=60)
-        took = time.monotonic() - t0
+    pool = rank_pool(2)
+    t0 = time.monotonic()
+    results = pool.run(rank_tasks.legacy_uneven_uncaught, case, timeout_s=60)
+    took = time.monotonic() - t0
     # Every rank raised by itself (none "aborted" for waiting in a collective).
     assert [r.status for r in results] == ["error", "error"], [(r.status, r.error) for r in results]
     assert all(r.error.startswith("ValueError: " + TORCH_UNEVEN_TEXT) for r in results)

@@ -40,7 +40,9 @@ def changes() -> str:
              if key in _START and value != _START[key]]
     if not dist.is_initialized():
         return "; ".join(["its default process group was destroyed", *found])
-    t = torch.ones(1, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    # dtype and device said: a rank whose defaults changed must still send what its peers expect
+    # (gloo aborts the process on a size mismatch)
+    t = torch.ones(1, dtype=torch.float32, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t)
     if int(t.item()) != dist.get_world_size():
         found.append(f"an all-reduce of ones gave {int(t.item())}, not {dist.get_world_size()}")
