@@ -102,7 +102,7 @@ def synthesise(n: int = 200_000, seed: int = 0, dup_frac: float = 0.01, error_fr
     df["seed"] = idx // len(sweep)
     for key, value in dict(hidden_size=HIDDEN, dtype="bfloat16", num_experts=8, topk=2, warmup=2, iters=8,
                            flush_l2=False, backend="gloo", device="cpu", timeout_s=120, results_dir="results/big",
-                           resume=False, fault="", torch_version="2.13.0+cpu", nccl_version="",
+                           resume=False, torch_version="2.13.0+cpu", nccl_version="",
                            device_name="AMD EPYC", host="bench", git_sha="0123abcd",
                            impl_origin="nsa_cp_comm 0.1.0").items():
         df[key] = value

@@ -126,7 +126,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"], bystanders=cfg["bystanders"],
+            seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"],
         )
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None
@@ -136,9 +136,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
     key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
-    if cfg.get("fault", "none") != "none":  # an injected fault makes another point
-        key["fault"] = cfg["fault"]
-    if cfg.get("bystanders", 0):  # so does a world larger than the CP group
+    if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
         key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -152,7 +150,6 @@ def effective_id(res: Resolved) -> str:
         "align": res.align, "mode": res.mode, "impls": list(res.impls), "backend": res.backend, "device": res.device,
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
-        "fault": spec.fault,
     }
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
@@ -176,7 +173,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     every value quoted for Hydra and the shell) into a fresh results_dir."""
     parts = ["python", "-m", "matrix"]
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("fault", "force", "bystanders") and cfg[k] in ("none", False, 0)):
+        if k in REPRO_OMITS or (k in ("force", "bystanders") and cfg[k] in (False, 0)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)
