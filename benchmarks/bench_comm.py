@@ -18,10 +18,18 @@ own GPU, else gloo with CUDA tensors), correctness first, then timings:
 4. ``single`` (default on CUDA only): cp 1 at production shape on the device's
    own backend (NCCL on a GPU).
 
-Every timing goes through ``nsa_cp_comm.harness.timing.timed_loop`` over the
-production forms of ``nsa_cp_comm.harness.steps`` (benchmarks/bench_tasks.py runs them
-on the ranks); semantics, columns and the relation to nccl-tests' time, algbw
-and busbw are in PERF.md, which benchmarks/perf_md.py renders from ``--out``.
+Every point is the harness's own, :func:`nsa_cp_comm.harness.run_point` (the
+matrix's checks, then the one timed loop over the production forms, folded
+over ranks); the production shapes of ``local`` run it with
+``checks="light"`` (no reference MoE). Semantics, columns and the relation to
+nccl-tests' time, algbw and busbw are in PERF.md, which benchmarks/perf_md.py
+renders from ``--out``.
+
+``--padded IMPL`` checks and times another implementation in the padded
+path's place (a registered name or ``package.module:attribute``): the tests
+pass broken ones of tests/broken_impls.py (loaded as ``tests.broken_impls``
+from the checkout) to prove that a wrong, failing or slow padded path sets
+the exit code.
 
 Exit code 1 when a check failed (a wrong result, a rank that raised, died or
 hung) or, with the gate on, when an even-plan ratio FAILs the rule.
@@ -30,6 +38,7 @@ hung) or, with the gate on, when an even-plan ratio FAILs the rule.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -49,18 +58,18 @@ REPO = HERE.parent
 for p in (str(HERE), str(REPO / "src")):
     if p not in sys.path:
         sys.path.insert(0, p)
+if str(REPO) not in sys.path:  # last: for ``--padded tests.broken_impls:NAME``
+    sys.path.append(str(REPO))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import bench_tasks  # noqa: E402
 import perf_md  # noqa: E402
-from nsa_cp_comm.harness.fold import ImplResult, fold_reports  # noqa: E402
+from nsa_cp_comm import impls as impl_registry  # noqa: E402
+from nsa_cp_comm.harness import ImplResult, PointSpec, run_point  # noqa: E402
 from nsa_cp_comm.harness.machine import cpu_model, nccl_version  # noqa: E402
-from nsa_cp_comm.harness.measure import failed_run  # noqa: E402
 from nsa_cp_comm.harness.ranks import close_pools, get_pool  # noqa: E402
-from nsa_cp_comm.harness.spec import DTYPES, PointSpec  # noqa: E402
-from nsa_cp_comm.harness.timing import fold_phases  # noqa: E402
+from nsa_cp_comm.harness.spec import DTYPES  # noqa: E402
 
 RATIO_TARGET = 1.02
 GATE_RULE = (
@@ -103,6 +112,11 @@ QUICK_PARAMS = {
     "prod": [((1000,), 2, "zigzag_page", 64, 1, 2)],
     "single": [((1000,), 1, "zigzag_page", 64, 1, 3)],
 }
+# The A/A control of the even-plan ratio: legacy timed a second time in the same
+# loop, under a name of its own (a reference, so that the ranks load it too):
+# two identical paths show what the machine's noise alone does to a paired ratio.
+LEGACY_AGAIN = dataclasses.replace(impl_registry.get("legacy"), doc="legacy again: the A/A control of the even plans")
+CONTROL = "bench_comm:LEGACY_AGAIN"
 UNEVEN_IMPLS = ("padded", "padded_zero_copy", "legacy", "sumlen_allreduce", "allgatherv")
 EVEN_IMPLS = ("legacy", "padded", "padded_zero_copy")
 PROD_IMPLS = ("padded", "padded_zero_copy")
@@ -221,41 +235,32 @@ class Bench:
         self.data: dict = dict(
             schema=1, env=env, complete=False,
             params=dict(mode="quick" if args.quick else "full", hidden_size=self.hidden, dtype=self.dtype,
-                        device=args.device, flush_l2=args.flush_l2, sections=args.sections,
-                        inject_fault=args.inject_fault),
+                        device=args.device, flush_l2=args.flush_l2, sections=args.sections, padded=args.padded),
             gate=dict(on=self.gate_on, target=RATIO_TARGET, rule=GATE_RULE),
             sections={}, even=[], single=[], uneven=[], local_work=[], failures=self.failures,
         )
         self.t0 = time.perf_counter()
 
     # -- plumbing -------------------------------------------------------------
-    def spec(self, seq_lens, cp, policy, page, warmup, iters, **kw) -> PointSpec:
+    def spec(self, seq_lens, cp, policy, page, warmup, iters, impls, **kw) -> PointSpec:
+        impls = tuple(self.args.padded if name == "padded" else name for name in impls)
         return PointSpec(tuple(seq_lens), cp, policy, page_size=page, hidden_size=self.hidden, dtype=self.dtype,
-                         warmup=warmup, iters=iters, flush_l2=self.args.flush_l2,
-                         fault=bench_tasks.SPEC_FAULTS.get(self.args.inject_fault, "none"), **kw)
+                         warmup=warmup, iters=iters, flush_l2=self.args.flush_l2, impls=impls, **kw)
 
-    def run_task(self, task, spec: PointSpec, what: str) -> list[dict] | None:
-        """``task(spec, backend, fault)`` on every rank; None (and a failure
-        recorded) when a rank raised, died or hung."""
+    def run(self, spec: PointSpec, what: str, checks: str = "full") -> dict[str, ImplResult] | None:
+        """The harness's point on a warm pool, its results by implementation
+        (``--padded``'s under ``padded``); a bad status is a correctness
+        failure, and a rank that raised, died or hung gives None."""
         backend = backend_for(self.args.device, spec.cp_size)
         pool = get_pool(spec.cp_size, backend=backend, device=self.args.device, workdir=self.workdir)
-        results = pool.run(task, spec, backend, self.args.inject_fault, timeout_s=self.args.timeout)
-        if not all(r.ok for r in results):
-            # The matrix's own rows for a point whose ranks raised, died or hung.
-            for r in failed_run(spec, results):
-                check = f" [{r.failed_check}]" if r.failed_check else ""
-                self.failures.append(f"{what} {r.impl}: {r.status}{check}: {r.reason}")
-            return None
-        return [r.value for r in results]
-
-    def fold(self, spec: PointSpec, per_rank_reports: list[dict], what: str) -> dict[str, dict]:
-        """Fold the ranks' reports; a bad status is a correctness failure."""
-        results = fold_reports(spec, spec.plan(), per_rank_reports)
+        results = run_point(spec, pool, timeout_s=self.args.timeout, checks=checks)
         for r in results:
             if r.status in BAD_STATUSES:
                 check = f" [{r.failed_check}]" if r.failed_check else ""
                 self.failures.append(f"{what} {r.impl}: {r.status}{check}: {r.reason}")
-        return {r.impl: impl_entry(r) for r in results}
+        if any(r.status in ("error", "timeout") for r in results):
+            return None
+        return {"padded" if r.impl == self.args.padded else r.impl: r for r in results}
 
     def begin(self, key: str, title: str) -> None:
         self.data["sections"][key] = {"start": now(), "loadavg": loadavg()}
@@ -278,25 +283,25 @@ class Bench:
         and the A/A control in one loop; paired ratios per iteration."""
         out = self.data[key]
         for seq_lens, cp, policy, page, warmup, iters in points:
-            spec = self.spec(seq_lens, cp, policy, page, warmup, iters, impls=EVEN_IMPLS)
+            spec = self.spec(seq_lens, cp, policy, page, warmup, iters, impls=(*EVEN_IMPLS, CONTROL))
             what = f"{key} {perf_md.plan_label(plan_entry(spec))} cp={cp}"
             if not spec.plan().is_even:
                 self.failures.append(f"{what}: plan {spec.plan().per_rank_tokens} is not even")
                 continue
-            vals = self.run_task(bench_tasks.paired_task, spec, what)
-            if vals is None:
+            res = self.run(spec, what)
+            if res is None:
                 continue
-            impls = self.fold(spec, [v["reports"] for v in vals], what)
+            # Per timed iteration (slowest rank), every round trip of the same loop.
+            per_it = {n: res[n].samples.get("roundtrip", []) for n in (*EVEN_IMPLS, CONTROL)}
+            control = per_it.pop(CONTROL)
             entry = dict(plan=plan_entry(spec), backend=backend_for(self.args.device, cp), device=self.args.device,
-                         warmup=warmup, iters=iters, impls=impls, verdict="not timed")
-            if vals[0]["control"]:
-                per_it = {n: fold_phases([v["reports"][n]["samples"] for v in vals])["roundtrip"]
-                          for n in EVEN_IMPLS}
-                control = fold_phases([v["control"] for v in vals])
-                entry["control"] = {"roundtrip_p50_us": float(np.median(control["roundtrip"]))}
+                         warmup=warmup, iters=iters, impls={n: impl_entry(res[n]) for n in EVEN_IMPLS},
+                         verdict="not timed")
+            if control and all(per_it.values()):
+                entry["control"] = {"roundtrip_p50_us": float(np.median(control))}
                 leg = per_it["legacy"]
                 ratios = [p / q for p, q in zip(per_it["padded"], leg)]
-                aa = [c / q for c, q in zip(control["roundtrip"], leg)]
+                aa = [c / q for c, q in zip(control, leg)]
                 entry.update(gate_verdict(ratios, aa))
                 entry["ratio_in_place"] = float(statistics.median(
                     z / q for z, q in zip(per_it["padded_zero_copy"], leg)))
@@ -325,12 +330,12 @@ class Bench:
             for mode, impls in points:
                 spec = self.spec(seq_lens, cp, policy, page, warmup, iters, mode=mode, impls=impls)
                 what = f"uneven {perf_md.plan_label(plan_entry(spec))} cp={cp} {mode}"
-                vals = self.run_task(bench_tasks.point_task, spec, what)
-                if vals is None:
+                res = self.run(spec, what)
+                if res is None:
                     continue
                 out.append(dict(plan=plan_entry(spec), mode=mode, backend=backend_for(self.args.device, cp),
                                 device=self.args.device, warmup=warmup, iters=iters,
-                                impls=self.fold(spec, vals, what)))
+                                impls={n: impl_entry(r) for n, r in res.items()}))
                 self.save()
         self.show("uneven", out)
         skipped = sorted({f"{n}: {r['reason']}" for e in out for n, r in e["impls"].items()
@@ -355,15 +360,14 @@ class Bench:
             print(f"-- {what}: H={self.hidden} {self.dtype} {backend_for(dev, cp)}/{dev}, buffer "
                   f"{pe['padded_total']} rows = {pe['bytes'] / 1e6:.1f} MB, padding_frac={pe['padding_frac']:.3f}, "
                   f"warmup={warmup} iters={iters}", flush=True)
-            vals = self.run_task(bench_tasks.production_task, spec, what)
-            if vals is None:
+            res = self.run(spec, what, checks="light")
+            if res is None:
                 continue
-            impls = self.fold(spec, [v["reports"] for v in vals], what)
+            impls = {n: impl_entry(r) for n, r in res.items()}
             entry = dict(plan=pe, backend=backend_for(dev, cp), device=dev, warmup=warmup, iters=iters, impls=impls)
-            pad = vals[0]["reports"]["padded"]
-            if pad["samples"]:
-                folded = fold_phases([v["reports"]["padded"]["samples"] for v in vals])
-                entry["local_share"] = float(np.median([a / b for a, b in zip(folded["local"], folded["roundtrip"])]))
+            pad = res["padded"].samples
+            if pad.get("local"):
+                entry["local_share"] = float(np.median([a / b for a, b in zip(pad["local"], pad["roundtrip"])]))
                 if dev == "cuda" and cp > 1:
                     # One GPU: the measured collectives are host-staged gloo, so put the
                     # device-measured local work beside collectives of an NVLink node.
@@ -397,9 +401,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=600.0, help="per point, seconds")
     ap.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
                     help="whether the even-plan ratio target sets the exit code (default: on, off for --quick)")
-    ap.add_argument("--inject-fault", choices=bench_tasks.FAULTS, default="none",
-                    help="tests only: break the padded path on the ranks to prove the benchmark catches it")
+    ap.add_argument("--padded", default="padded", metavar="IMPL",
+                    help="the FULL-mode implementation checked and timed in the padded path's place: a registered "
+                    "name or package.module:attribute (the tests pass broken ones, tests.broken_impls:NAME)")
     args = ap.parse_args(argv)
+    try:
+        impl = impl_registry.get(args.padded)
+    except impl_registry.ImplError as exc:
+        ap.error(f"--padded {args.padded}: {exc}")
+    if impl.mode != "FULL":
+        ap.error(f"--padded {args.padded}: a {impl.mode}-mode implementation, not a FULL-mode round trip")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is available")
     if args.sections is None:
@@ -423,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
           + f"; date {env['date']}; load average {env['loadavg_start']}")
     print(f"params: {bench.data['params']['mode']}, H={bench.hidden} {bench.dtype}, device={args.device}, "
           f"flush_l2={args.flush_l2}, gate {'on' if bench.gate_on else 'off'}"
-          + (f", INJECTED FAULT {args.inject_fault}" if args.inject_fault != "none" else "")
+          + (f", padded path: {args.padded}" if args.padded != "padded" else "")
           + ". Columns: see PERF.md (times = per-iteration max over ranks, p50 over iterations; "
           "rt = local + gather + scatter; busbw = nccl-tests')")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]

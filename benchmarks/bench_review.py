@@ -106,7 +106,7 @@ def synthesise(n: int = 200_000, seed: int = 0, dup_frac: float = 0.01, error_fr
     df["seed"] = idx // len(sweep)
     for key, value in dict(hidden_size=HIDDEN, dtype="bfloat16", num_experts=8, topk=2, warmup=2, iters=8,
                            flush_l2=False, backend="gloo", device="cpu", timeout_s=120, results_dir="results/big",
-                           resume=False, fault="", device_name="AMD EPYC", impl_origin="nsa_cp_comm 0.1.0",
+                           resume=False, device_name="AMD EPYC", impl_origin="nsa_cp_comm 0.1.0",
                            run_id=RUN["run_id"]).items():
         df[key] = value
     df["effective_id"] = [f"{i:012x}" for i in rng.integers(0, 2**48, base_n)]

@@ -81,6 +81,11 @@ BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "cl
 SOURCE = "_source"
 POINT_KEY = "_point"
 
+# A column of files written while the matrix had a test-only key that made a
+# rank crash, hang or raise on purpose: such a row measured nothing, and it
+# shares its configuration columns with the real point, so it is not read.
+_INJECTED_COLUMN = "fault"
+
 _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no"}
 
@@ -306,7 +311,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     # Strings throughout: the writer's exact text is what `compare` joins on,
     # and empty cells stay "" instead of becoming NaN in half the columns.
     # Only the columns a tool uses are read: a 200k-row file has 15M cells.
-    options = dict(dtype=_DTYPES, keep_default_na=False, usecols=lambda c: c in wanted)
+    options = dict(dtype=_DTYPES, keep_default_na=False, usecols=lambda c: c in wanted or c == _INJECTED_COLUMN)
     try:
         # every row is one line: a stray quote must not join lines into a record,
         # and a line of another width is not a row (read_csv would pad it)
@@ -327,6 +332,9 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         raise InputError(
             f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})"
         )
+    if _INJECTED_COLUMN in frame.columns:
+        injected = ~frame[_INJECTED_COLUMN].astype(str).str.strip().isin(["", "none"])
+        frame = frame[~injected.to_numpy()].drop(columns=_INJECTED_COLUMN).reset_index(drop=True)
     if len(frame):
         bad = _type_problems(frame)
         if bad.any():
@@ -363,7 +371,7 @@ def point_codes(config: pd.DataFrame) -> np.ndarray:
 # file then holds each distinct string once instead of once per cell (a tenth
 # of the memory), and factorising them is nearly free. Everything else is text.
 _CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
-    "timeout_s", "results_dir", "resume", "fault", "policy", "effective_page_size", "is_even", "claim_holds",
+    "timeout_s", "results_dir", "resume", _INJECTED_COLUMN, "policy", "effective_page_size", "is_even", "claim_holds",
     "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "device_name", "overrides",
     "run_id", *LAYOUT2_ENV,
 }

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from nsa_cp_comm.harness.spec import DTYPES, FAULTS, MAX_SEED
+from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
 
 
 class ConfigError(ValueError):
@@ -59,7 +59,6 @@ class MatrixConfig:
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
     force: bool = False  # run even where preflight estimates the sweep exceeds this machine
-    fault: str = "none"  # tests only: crash_rank | hang_rank | raise
     # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
     # batches (matrix.workload.expand_argv); recorded in each row, not in the point's identity
     workload: Optional[Any] = None
@@ -76,7 +75,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "backend": ("auto", "gloo", "nccl"),
     "device": ("auto", "cpu", "cuda"),
     "dtype": tuple(DTYPES),
-    "fault": FAULTS,
 }
 # Every int key's range: far beyond any real point, but not past what the
 # machine can represent or start (machine-dependent bounds: matrix.budget).

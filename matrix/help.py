@@ -55,7 +55,6 @@ MEANING: dict[str, str] = {
     "results_dir": "where results.csv and samples.jsonl go; ${now:...} is taken once per sweep",
     "resume": "rerun only points without a row or whose rows are error/timeout",
     "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
-    "fault": "tests only: crash_rank | hang_rank | raise on the last rank",
     "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
 }
 

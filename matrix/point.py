@@ -50,9 +50,7 @@ START_TIMEOUT_MIN_S = 60.0
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
     key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
-    if cfg.get("fault", "none") != "none":  # an injected fault makes another point
-        key["fault"] = cfg["fault"]
-    if cfg.get("bystanders", 0):  # so does a world larger than the CP group
+    if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
         key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -66,7 +64,6 @@ def effective_id(res: Resolved) -> str:
         "align": res.align, "mode": res.mode, "impls": list(res.impls), "backend": res.backend, "device": res.device,
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
-        "fault": spec.fault,
     }
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
@@ -90,7 +87,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     every value quoted for Hydra and the shell) into a fresh results_dir."""
     parts = ["python", "-m", "matrix"]
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("fault", "force", "bystanders") and cfg[k] in ("none", False, 0)):
+        if k in REPRO_OMITS or (k in ("force", "bystanders") and cfg[k] in (False, 0)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)

@@ -94,7 +94,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], fault=cfg["fault"], bystanders=cfg["bystanders"],
+            seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"],
         )
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None

@@ -61,7 +61,7 @@ CONFIG_COLUMNS: tuple[str, ...] = (
 )
 
 # Keys of the schema that steer the run rather than the measurement.
-RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "fault", "workload", "bystanders")
+RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")
 
 PLAN_COLUMNS: tuple[str, ...] = (
     "policy",

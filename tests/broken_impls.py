@@ -1,23 +1,44 @@
-"""Deliberately broken round-trip implementations: each makes one real mistake
-that communicator code makes, and the matrix must flag it with the check that
-names the mistake (tests/test_plugins.py runs them through ``python -m matrix``
-as ``impl=tests.broken_impls:<name>``).
+"""Deliberately broken implementations, the one catalogue that the tests and the
+benchmark share: each makes one real mistake, and the matrix must flag it with
+the check that names the mistake, or with the status of the rank it brings
+down. Loaded by reference, as outside code is: ``impl=tests.broken_impls:NAME``
+(``python -m matrix``, tests/test_plugins.py, tests/test_hardening.py), in a
+PointSpec's ``impls`` (tests/test_checks.py), or in the padded path's place
+(``benchmarks/bench_comm.py --padded tests.broken_impls:NAME``, tests/test_bench.py).
 
-They are written the way outside code is: on torch.distributed directly, with
-no help from this project beyond the protocol classes, and each is correct
-except for its one mistake, so the named check is the first one to fail.
+- Outside code (the first sections): written on torch.distributed directly,
+  with no help from this project beyond the protocol classes, each correct
+  except for its one mistake, so the named check is the first one to fail.
+- The project's own paths with one part broken (``offset_by_one``,
+  ``chunk_off_by_one``, ``one_ulp_off``, ``accepts_uneven``, ``drops_a_row``,
+  ``slow_stage``): what a regression of padded, legacy or a2a would look like.
+- Ranks that fail (``raise_rank``, ``crash_rank``, ``hang_rank``): on the
+  world's last rank the gather raises, exits or hangs once its peers are
+  inside the all-gather.
+- :data:`MUTATIONS`: what no implementation can stand in for (legacy's own
+  refusal text, the SCATTERED-mode communicator), patched on the ranks by
+  :func:`point_with_mutation`.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
+import nsa_cp_comm.harness.checks as checks
+from nsa_cp_comm import alternatives, impls
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
+from nsa_cp_comm.communicator import CPLayerCommunicator
+from nsa_cp_comm.harness.measure import point_on_rank
 from nsa_cp_comm.impls import RoundTripImpl
-from nsa_cp_comm.production import Production
+from nsa_cp_comm.production import Production, padded_form
+from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
 
 
 def _gather(local, plan, group, *, slot_of=lambda sender, cp: sender, pad=0.0):
@@ -309,3 +330,138 @@ diverging_form = RoundTripImpl("diverging_form", _gather, _scatter, prepare=_div
 def raising_factory():
     """A factory (a zero-argument callable) that cannot build its implementation."""
     raise RuntimeError("this communicator needs a GPU it cannot find")
+
+
+# --- the project's own paths with one part broken ------------------------------
+_PADDED = impls.get("padded")
+
+
+def _offset_gather(local, plan, group):
+    # Every row one slot late: a slot computed off by one.
+    return padded_gather(local, plan, group).roll(1, dims=0)
+
+
+offset_by_one = dataclasses.replace(_PADDED, gather=_offset_gather, doc="padded, every gathered row one slot late")
+
+
+def _late_scatter(full, plan, group):
+    # This rank's rows handed back one slot late: the same slip on the way back.
+    # (Not a neighbour's chunk: with two ranks in reverse world order, that is
+    # the chunk the global rank names, which the group check diagnoses.)
+    return padded_scatter(full, plan, group).roll(1, dims=0)
+
+
+chunk_off_by_one = dataclasses.replace(_PADDED, scatter=_late_scatter,
+                                       doc="padded, every scattered row one slot late")
+
+
+def _one_ulp_off_scatter(full, plan, group):
+    # Within every tolerance; only a byte-exact check sees it.
+    out = padded_scatter(full, plan, group)
+    if out.numel():
+        out.view(-1)[0] = torch.nextafter(out.view(-1)[0], torch.tensor(float("inf"), dtype=out.dtype))
+    return out
+
+
+one_ulp_off = dataclasses.replace(_PADDED, scatter=_one_ulp_off_scatter, doc="padded, one element one ulp off")
+
+
+accepts_uneven = dataclasses.replace(
+    impls.get("legacy"), gather=lambda local, plan, group: padded_gather(local, plan, group),
+    doc="legacy whose gather no longer refuses an uneven plan",
+)
+
+
+def _dispatch_drops_a_row(local, idx, weight, experts_per_rank, group):
+    x_recv, handle = alternatives.a2a_dispatch(local, idx, weight, experts_per_rank, group)
+    if x_recv.shape[0]:
+        x_recv = x_recv.clone()
+        x_recv[-1].zero_()
+    return x_recv, handle
+
+
+drops_a_row = dataclasses.replace(impls.get("a2a"), dispatch=_dispatch_drops_a_row,
+                                  doc="a2a whose dispatch loses the last received row")
+
+SLOW_STAGE_S = 0.25
+
+
+def _slow_form(plan, hidden, dtype, device, group):
+    # Right results, a slow staging copy: the local phase of the timed form.
+    form = padded_form(plan, hidden, dtype, device, group)
+    stage = form.stage
+
+    def slow_stage(local):
+        time.sleep(SLOW_STAGE_S)
+        return stage(local)
+
+    return dataclasses.replace(form, stage=slow_stage)
+
+
+slow_stage = dataclasses.replace(_PADDED, prepare=_slow_form,
+                                 doc=f"padded whose timed staging copy sleeps {SLOW_STAGE_S} s: right, and slow")
+
+
+# --- ranks that fail: raise, exit or hang ---------------------------------------
+def _failing_gather(fail):
+    # The world's last rank fails: never rank 0, which writes a torchrun point's rows.
+    def gather(local, plan, group):
+        if dist.get_rank() == dist.get_world_size() - 1:
+            time.sleep(0.2)  # let the healthy ranks enter the all-gather first
+            fail()
+        return _gather(local, plan, group)
+
+    return gather
+
+
+def _raise():
+    raise RuntimeError(f"injected fault on rank {dist.get_rank()}")
+
+
+def _hang():
+    while True:
+        time.sleep(3600)
+
+
+raise_rank = RoundTripImpl("raise_rank", _failing_gather(_raise), _scatter, doc="the last rank raises")
+crash_rank = RoundTripImpl("crash_rank", _failing_gather(lambda: os._exit(17)), _scatter,
+                           doc="the last rank exits with code 17")
+hang_rank = RoundTripImpl("hang_rank", _failing_gather(_hang), _scatter, doc="the last rank never returns")
+
+
+# --- mutations: the project's own code patched on the ranks ----------------------
+def _legacy_wrong_text(local, plan, group=None, check=True):
+    # The check holds legacy, by name, to torch's text.
+    raise ValueError("uneven shards")
+
+
+class _CopyingCommunicator(CPLayerCommunicator):
+    def prepare_mlp(self, hidden):
+        return hidden.clone()  # "moves" rows in SCATTERED mode: not a pass-through
+
+
+# name: (registered implementation, its field, replacement) or (module, attribute, replacement)
+MUTATIONS = {
+    "legacy_wrong_text": ("legacy", "gather", _legacy_wrong_text),
+    "passthrough_copies": (checks, "CPLayerCommunicator", _CopyingCommunicator),
+}
+
+
+def point_with_mutation(spec, backend, mutation="none"):
+    """``point_on_rank`` with one of :data:`MUTATIONS` applied on this rank, then undone."""
+    if mutation == "none":
+        return point_on_rank(spec, backend)
+    where, attr, repl = MUTATIONS[mutation]
+    if isinstance(where, str):
+        saved = impls.REGISTRY[where]
+        impls.REGISTRY[where] = dataclasses.replace(saved, **{attr: repl})
+    else:
+        saved = getattr(where, attr)
+        setattr(where, attr, repl)
+    try:
+        return point_on_rank(spec, backend)
+    finally:
+        if isinstance(where, str):
+            impls.REGISTRY[where] = saved
+        else:
+            setattr(where, attr, saved)

@@ -54,7 +54,10 @@ LIBRARY: tuple[LibCase, ...] = (
     LibCase('PointSpec((1000,), 2, "zigzag", dtype="fp8")', "dtype='fp8' is not one of float32, bfloat16"),
     LibCase('PointSpec((1000,), 2, "zigzag", impls=("fast",))', "impl='fast' is not one of padded, legacy*"),
     LibCase('PointSpec((1000,), 2, "zigzag", num_experts=3)', "num_experts=3 is not a multiple of cp_size=2"),
-    LibCase('PointSpec((1000,), 2, "zigzag", fault="explode")', "fault='explode' is not one of none, crash_rank, hang_rank, raise"),
+    LibCase('run_point(PointSpec((1000,), 2, "zigzag"), pool, timeout_s=60, checks="lite")',
+            "checks='lite' is not one of full, light"),
+    LibCase('run_point(PointSpec((1000,), 2, "zigzag", mode="SCATTERED"), pool, timeout_s=60, checks="light")',
+            "checks='light' covers mode FULL only, not mode=SCATTERED"),
     LibCase('RankPool(0, workdir="/nonexistent")', "world_size=0 must be a positive int"),
     LibCase('RankPool(2, backend="mpi", workdir="/nonexistent")', "backend='mpi' is not one of gloo, nccl"),
     LibCase('RankPool(2, workdir="/nonexistent", start_timeout_s=float("nan"))',
@@ -67,9 +70,11 @@ LIBRARY: tuple[LibCase, ...] = (
 def namespace() -> dict:
     from nsa_cp_comm import ScatterMode, mlp_mode, plan_split
     from nsa_cp_comm.harness import RankPool
-    from nsa_cp_comm.harness.measure import PointSpec
+    from nsa_cp_comm.harness.measure import PointSpec, run_point
 
-    return dict(plan_split=plan_split, mlp_mode=mlp_mode, ScatterMode=ScatterMode, PointSpec=PointSpec, RankPool=RankPool)
+    # ``pool``: refused before any rank is asked, so none is started
+    return dict(plan_split=plan_split, mlp_mode=mlp_mode, ScatterMode=ScatterMode, PointSpec=PointSpec,
+                RankPool=RankPool, run_point=run_point, pool=None)
 
 
 # --- the round trips, on 2 real ranks: the same bad input on every rank ---------------
@@ -161,7 +166,7 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("backend=mpi",), "error: backend=mpi: must be one of auto, gloo, nccl", VALUE),
     CliCase(("dtype=fp8",), "error: dtype=fp8: must be one of float32, bfloat16", VALUE),
     CliCase(("impl=fast",), "error: impl=fast: must be one of both, all, designs, padded, legacy*", VALUE),
-    CliCase(("fault=explode",), "error: fault=explode: must be one of none, crash_rank, hang_rank, raise", VALUE),
+    CliCase(("fault=raise",), "error: unknown key 'fault'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
     CliCase(("cp_sise=2",), "error: unknown key 'cp_sise'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
     CliCase(("+matrix=nope",), "error: cannot compose the config: In 'config': Could not find 'matrix/nope' (options: *)", POINT),
     CliCase(("cp_size=2", "align=3"), "error: align=3: must be a multiple of cp_size=2", POINT),
@@ -207,15 +212,17 @@ class FaultCase:
     module: str = "test_hardening"  # the test module (tests/<module>.py) holding it
 
 
+# The failing ranks are implementations of the catalogue of broken ones.
+BROKEN = "tests.broken_impls"
 # A failure must be noticed, not waited out: the faults that are not hangs get a
 # timeout far beyond the bound the tests allow (a minute, on a loaded machine).
-POOL_FAULTS = {  # fault -> (timeout_s, status, reason)
-    "raise": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason)
+    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
     "crash_rank": (600.0, "error", "rank 1 crashed: exited with code 17"),
     "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
 }
 TORCHRUN_FAULTS = {
-    "raise": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
+    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
     # torchrun stops every rank once one exits; rank 0 may go before it posted its outcome
     "crash_rank": (600.0, "error", "rank *1 crashed: no report: torchrun stopped the point after a rank exited"),
     "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
@@ -224,7 +231,7 @@ TORCHRUN_FAULTS = {
 FAULTS: tuple[FaultCase, ...] = (
     *(
         FaultCase(
-            f"fault={f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
+            f"impl={BROKEN}:{f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
             "a point on RankPool ranks (`python -m matrix`)",
             f"status `{s}`, reason `{r}`; all of the point's processes gone; the next point runs normally",
             "test_injected_fault_costs_one_row",
@@ -233,7 +240,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     *(
         FaultCase(
-            f"fault={f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
+            f"impl={BROKEN}:{f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
             "a point on torchrun ranks (`matrix.torchrun_point`)",
             f"status `{s}`, reason `{r}`; torchrun exits 1",
             "test_torchrun_fault_costs_one_row",
@@ -531,10 +538,12 @@ def render() -> str:
         "",
         "## Faults and interruptions",
         "",
-        "`fault=` is a test-only key: the last rank raises, exits (`os._exit(17)`) or",
-        "hangs once its peers are inside a collective. A failure is noticed, not waited",
-        "out (the tests allow a minute on a loaded machine, against a 600 s timeout); a",
-        "hang ends at `timeout_s`. Each row names its test.",
+        "A failing rank is a test-only implementation of `tests/broken_impls.py`, loaded",
+        "by reference like any outside one: on the world's last rank its gather raises,",
+        "exits (`os._exit(17)`) or hangs once its peers are inside the all-gather. A",
+        "failure is noticed, not waited out (the tests allow a minute on a loaded",
+        "machine, against a 600 s timeout); a hang ends at `timeout_s`. Each row names",
+        "its test.",
         "",
         "| fault | where | what you get | test |",
         "| --- | --- | --- | --- |",

@@ -2,9 +2,10 @@
 wrong or slow, and PERF.md is what the committed JSON says.
 
 The benchmark runs in a subprocess, as a user runs it, on real gloo ranks; a
-broken padded path is injected inside the rank processes through its
-test-only ``--inject-fault`` option. No wall-time assertion: a loaded 2-core
-machine only gets slower, and the subprocess timeouts are generous.
+broken padded path is one of the catalogue's broken implementations
+(tests/broken_impls.py) in the padded path's place (``--padded``). No
+wall-time assertion: a loaded 2-core machine only gets slower, and the
+subprocess timeouts are generous.
 """
 
 from __future__ import annotations
@@ -78,20 +79,23 @@ def test_bench_quick_runs(tmp_path):
     assert "| zigzag [512]" in md and "refused" in md and "GPU run is still open" in md
 
 
+BROKEN = "tests.broken_impls"
+
+
 @pytest.mark.parametrize(
-    ("fault", "section", "check"),
-    [("wrong_offset", "even", "gather_rows"), ("nonzero_pad", "uneven", "padding_zero"),
-     ("wrong_chunk", "local", "scatter_chunk")],
+    ("broken", "section", "check"),
+    [("offset_by_one", "even", "gather_rows"), ("dirty_padding", "uneven", "padding_zero"),
+     ("chunk_off_by_one", "local", "scatter_chunk")],
 )
-def test_a_broken_padded_path_exits_1(tmp_path, fault, section, check):
-    proc, data = run_bench(tmp_path, "--sections", section, "--inject-fault", fault)
+def test_a_broken_padded_path_exits_1(tmp_path, broken, section, check):
+    proc, data = run_bench(tmp_path, "--sections", section, "--padded", f"{BROKEN}:{broken}")
     assert proc.returncode == 1, _log(proc)
     assert "FAILED" in proc.stdout and f"[{check}]" in proc.stdout, _log(proc)
     assert data["exit_code"] == 1 and any(f"[{check}]" in f for f in data["failures"])
 
 
 def test_a_rank_that_raises_exits_1(tmp_path):
-    proc, data = run_bench(tmp_path, "--sections", "even", "--inject-fault", "raise_rank")
+    proc, data = run_bench(tmp_path, "--sections", "even", "--padded", f"{BROKEN}:raise_rank")
     assert proc.returncode == 1, _log(proc)
     assert "error: rank 1 error: RuntimeError: injected fault on rank 1" in proc.stdout, _log(proc)
     assert data["exit_code"] == 1 and data["even"] == []
@@ -100,11 +104,22 @@ def test_a_rank_that_raises_exits_1(tmp_path):
 @pytest.mark.parametrize(("gate", "code"), [("--gate", 1), (None, 0)])
 def test_a_slow_padded_path_fails_the_gate(tmp_path, gate, code):
     # A quarter-second sleep in the staging copy: far beyond any A/A noise.
-    args = ["--sections", "even", "--inject-fault", "slow_local"] + ([gate] if gate else [])
+    args = ["--sections", "even", "--padded", f"{BROKEN}:slow_stage"] + ([gate] if gate else [])
     proc, data = run_bench(tmp_path, *args)
     assert proc.returncode == code, _log(proc)
     assert data["failures"] == [] and [e["verdict"] for e in data["even"]] == ["FAIL"]
     assert "RATIO FAIL" in proc.stdout
+
+
+@pytest.mark.parametrize(("ref", "says"), [(f"{BROKEN}:nope", "has no attribute nope"),
+                                           ("a2a", "a SCATTERED-mode implementation")])
+def test_a_bad_padded_implementation_is_refused(capsys, ref, says):
+    bench = _load("bench_comm")
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(["--padded", ref])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert f": error: --padded {ref}: " in err and says in err, err
 
 
 def test_gate_rule():

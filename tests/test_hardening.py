@@ -214,7 +214,8 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     # timeout_s counts once the ranks are up: start them first (as an earlier point of the sweep would).
     get_pool(2, backend="gloo", device="cpu", workdir=job)
     t0 = time.monotonic()
-    (row,) = run(_point_cfg(tmp_path, fault=fault, timeout_s=timeout_s), job_dir=job)
+    impl = f"{table.BROKEN}:{fault}"
+    (row,) = run(_point_cfg(tmp_path, impl=impl, timeout_s=timeout_s), job_dir=job)
     took = time.monotonic() - t0
     assert (row["status"], row["reason"]) == (status, reason)
     bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
@@ -226,7 +227,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     (nxt,) = run(_point_cfg(tmp_path, seq_lens=[100]), job_dir=job)
     assert nxt["status"] == "ok" and nxt["correct"] is True, nxt["reason"]
     rows = read_table(tmp_path / "res" / "results.csv")
-    assert [(r["fault"], r["status"]) for r in rows] == [(fault, status), ("none", "ok")]
+    assert [(r["impl"], r["status"]) for r in rows] == [(impl, status), ("padded", "ok")]
 
 
 def _wait_rows(path: Path, at_least: int, proc: subprocess.Popen, timeout_s: float) -> int:
@@ -307,7 +308,7 @@ def test_torchrun_point_writes_the_rows(tmp_path):
 @pytest.mark.parametrize("fault", list(table.TORCHRUN_FAULTS))
 def test_torchrun_fault_costs_one_row(fault, tmp_path):
     timeout_s, status, reason = table.TORCHRUN_FAULTS[fault]
-    run = _torchrun(tmp_path, "seq_lens=[64]", "impl=padded", f"fault={fault}", f"timeout_s={timeout_s:g}")
+    run = _torchrun(tmp_path, "seq_lens=[64]", f"impl={table.BROKEN}:{fault}", f"timeout_s={timeout_s:g}")
     assert run.returncode == 1, run.stderr[-3000:]
     (row,) = read_table(tmp_path / "res" / "results.csv")
     assert row["status"] == status and table.matches(row["reason"], reason), (row["status"], row["reason"])

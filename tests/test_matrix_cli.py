@@ -138,19 +138,20 @@ def test_resume_skips_points_already_done(tmp_path):
 
 
 def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
+    raises, hangs = "tests.broken_impls:raise_rank", "tests.broken_impls:hang_rank"
     run = run_matrix(
         tmp_path / "res", "cp_size=2", "seq_lens=[64]", "hidden_size=32", "iters=2", "warmup=0",
-        "fault=raise,hang_rank,none", "timeout_s=4", "impl=padded",
+        f"impl={raises},{hangs},padded", "timeout_s=4",
     )
     assert run.returncode == 1, run.stdout[-2000:]  # error and timeout points fail the sweep
-    rows = {r["fault"]: r for r in run.rows()}
-    assert rows["raise"]["status"] == "error"
-    assert "rank 1" in rows["raise"]["reason"] and "injected fault" in rows["raise"]["reason"]
-    assert rows["hang_rank"]["status"] == "timeout" and "rank" in rows["hang_rank"]["reason"]
+    rows = {r["impl"]: r for r in run.rows()}
+    assert rows[raises]["status"] == "error"
+    assert "rank 1" in rows[raises]["reason"] and "injected fault" in rows[raises]["reason"]
+    assert rows[hangs]["status"] == "timeout" and "rank" in rows[hangs]["reason"]
     # wall_s includes starting fresh ranks (the raise point killed the last ones); the
     # tight bound, with warm ranks, is tests/test_hardening.py::test_injected_fault_costs_one_row.
-    assert float(rows["hang_rank"]["wall_s"]) < 4 + 120  # generous: fresh ranks on a loaded machine
-    assert rows["none"]["status"] == "ok" and rows["none"]["correct"] == "True"
+    assert float(rows[hangs]["wall_s"]) < 4 + 120  # generous: fresh ranks on a loaded machine
+    assert rows["padded"]["status"] == "ok" and rows["padded"]["correct"] == "True"
     assert "3 points, 3 rows: ok 1, failed 0, error 1, timeout 1" in run.stdout
 
 
@@ -299,7 +300,7 @@ def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):
     results, and a failing point still makes the sweep exit 1."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     run = run_matrix(tmp_path / "res", "hydra/launcher=submitit_local", "cp_size=1", "seq_lens=[64]",
-                     "hidden_size=32", "iters=1", "warmup=0", "impl=padded", "fault=none,raise", timeout=600)
+                     "hidden_size=32", "iters=1", "warmup=0", "impl=padded,tests.broken_impls:raise_rank", timeout=600)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert "matrix summary: 2 points, 2 rows: ok 1, failed 0, error 1, timeout 0" in run.stdout
     assert "[matrix]" not in run.stdout  # the jobs' own lines stay in their logs
@@ -315,11 +316,11 @@ def test_repro_quotes_every_value_so_it_round_trips():
     from matrix.point import repro_command
 
     cfg = {**vars(MatrixConfig()), "seq_lens": [1001, 300], "impl": "tests.broken_impls:wrong_order",
-           "align": None, "results_dir": "/tmp/a,b'c d", "fault": "raise", "timeout_s": 12.5}
+           "align": None, "results_dir": "/tmp/a,b'c d", "timeout_s": 12.5}
     argv = shlex.split(repro_command(cfg))
     assert argv[:3] == ["python", "-m", "matrix"]
     parsed = {ov.key_or_group: ov.value() for ov in OverridesParser.create().parse_overrides(argv[3:])}
     assert "results_dir" not in parsed and "resume" not in parsed  # a repro runs into a fresh directory
     for key, value in parsed.items():
         assert value == cfg[key], (key, value, cfg[key])
-    assert parsed["impl"] == "tests.broken_impls:wrong_order" and parsed["fault"] == "raise"
+    assert parsed["impl"] == "tests.broken_impls:wrong_order"

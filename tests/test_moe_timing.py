@@ -203,9 +203,21 @@ def test_point_scattered_mode_passes_through(rank_pool):
     assert res["a2a"].status == "ok" and res["a2a"].rows_moved > 0 and res["a2a"].stats["roundtrip"]["p50"] > 0
 
 
+def test_point_light_checks_time_without_the_reference(rank_pool):
+    """checks="light": no reference MoE and no A/A control, and a wrong chunk
+    still fails its check (the benchmark's production shapes)."""
+    wrong = "tests.broken_impls:chunk_off_by_one"
+    res = by_impl(run_point(small(impls=("padded", "legacy", wrong)), rank_pool(2), timeout_s=120, checks="light"))
+    pad = res["padded"]
+    assert pad.status == "ok" and pad.correct is True and pad.max_rel_err is None, pad.reason
+    assert pad.stats["local"]["p50"] > 0 and len(pad.samples["local"]) == 3 and pad.samples["control"] == []
+    assert res["legacy"].status == "refused"
+    assert res[wrong].status == "failed" and res[wrong].failed_check == "scatter_chunk", res[wrong].reason
+
+
 def test_point_fault_on_a_rank_is_reported(pool_workdir):
     pool = RankPool(2, workdir=pool_workdir)
-    res = run_point(small(fault="raise"), pool, timeout_s=60)
+    res = run_point(small(impls=("padded", "tests.broken_impls:raise_rank")), pool, timeout_s=60)
     assert [r.status for r in res] == ["error", "error"]
     assert "injected fault on rank 1" in res[0].reason
     assert pool.closed
@@ -220,7 +232,6 @@ def test_point_needs_a_pool_of_its_world_size(rank_pool):
     "kw,match",
     [
         (dict(dtype="float16"), "dtype='float16'"),
-        (dict(fault="explode"), "fault='explode'"),
         (dict(impls=("fast",)), "impl='fast'"),
         (dict(hidden_size=0), "hidden_size=0"),
         (dict(iters=0), "iters=0"),

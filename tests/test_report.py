@@ -48,7 +48,7 @@ def make_row(
         cp_size=cp, page_size=page, seq_lens="[" + ",".join(map(str, seq_lens)) + "]", shared_kv=False,
         split=policy, align=cp, moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo",
         device="cpu", hidden_size=256, dtype="float32", num_experts=4, topk=2, warmup=1, iters=5, seed=0,
-        flush_l2=False, timeout_s=60, results_dir="r", resume=False, fault="",
+        flush_l2=False, timeout_s=60, results_dir="r", resume=False,
         policy=policy, effective_page_size=page, effective_id=f"{impl}{cp}{page}{seq_lens}", total_tokens=total,
         max_rank_len=padded // cp, padded_total=padded, padding_frac=1.0 - total / padded, is_even=even,
         claim_holds=even, status=status, reason="", correct=correct, max_rel_err=0.0,
@@ -322,6 +322,26 @@ def test_file_from_before_refused_and_passthrough(tmp_path: Path, capsys: pytest
     assert [table_row(verdicts, s)[-2] for s in ("ok", "refused", "passthrough")] == ["1", "1", "1"]
     assert ("Written before the refused/passthrough statuses: 1 ok row(s) read as passthrough, "
             "1 ok row(s) read as refused") in md
+
+
+def test_file_with_the_removed_fault_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file written while the matrix had its test-only ``fault`` key reads in
+    report and compare; a row of a point made to fail on purpose is not read
+    (it shares its configuration with the real point and came after it)."""
+    from matrix import compare
+
+    old_columns = [*COLUMNS[: COLUMNS.index("resume") + 1], "fault", *COLUMNS[COLUMNS.index("resume") + 1 :]]
+    rows = [make_row("padded"), make_row("legacy"),
+            make_row("padded", status="error", correct=None, reason="rank 1 error: RuntimeError: injected")]
+    for row, fault in zip(rows, ("none", "none", "raise")):
+        row["fault"] = fault
+    pd.DataFrame(rows).reindex(columns=old_columns).to_csv(tmp_path / RESULTS_FILE, index=False)
+    run = _review.load_run("RESULTS", str(tmp_path))
+    assert sorted(zip(run.latest["impl"], run.latest["status"])) == [("legacy", "ok"), ("padded", "ok")]
+    assert "fault" not in run.raw.columns
+    assert report.main([str(tmp_path)]) == 0
+    assert compare.main([str(tmp_path), str(tmp_path), "--metric", "roundtrip_p50_us"]) == 0
+    capsys.readouterr()
 
 
 # --- length: the default sweep on two screens

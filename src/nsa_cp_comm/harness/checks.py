@@ -4,6 +4,9 @@ Each check has a name (the ``failed_check`` column) and can fail; tests break
 the thing checked and see it fail (tests/test_checks.py, tests/test_plugins.py).
 :data:`CHECKS` says what each one proves, in the order they run; the table
 in docs/design.md is rendered from it (docs/doc_tables.py).
+Light checks (``run_point(..., checks="light")``, FULL mode) leave out
+``reference_moe``, ``even_bitwise`` and ``production_form``, for production
+shapes where the reference MoE does not fit (:func:`check_light`).
 
 Checks run on the correctness group: a process group created with torch's
 collective-consistency checking (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper),
@@ -238,14 +241,13 @@ def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: t
     return rep
 
 
-def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-               local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
-    """Every FULL-mode check of one implementation on this rank (``local``:
-    this implementation's own copy of the rank's rows; ``shards``: every
-    rank's rows, for comparison)."""
-    if impl.needs_even and not plan.is_even:
-        return check_refusal(impl, spec, plan, rank, device, local, group)
-    rep = ImplReport()
+def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+                  local: torch.Tensor, group, shards: list[torch.Tensor],
+                  rep: ImplReport) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checks of one round trip that need no reference MoE: ``group``,
+    ``input_mutated``, the gathered buffer's (:func:`check_gather`) and
+    ``scatter_chunk``. Returns the gathered buffer (zeros of its size when it
+    is unusable) and a copy of ``local`` as it was given."""
     before = local.clone()
     with observing(group) as seen:
         full = impl.gather(local, plan, group)
@@ -269,6 +271,34 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
             diff = unlike(out, before)
             rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows"
                      + (f": {diff}" if diff else ""))
+    return full, before
+
+
+def check_light(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+                local: torch.Tensor, group, shards: list[torch.Tensor]) -> ImplReport:
+    """The light checks of one FULL-mode implementation on this rank: every
+    check of :func:`check_full` but ``reference_moe`` and ``even_bitwise``
+    (the layout, the rows and the chunk byte-exact, the refusal, the group),
+    with no reference MoE: its weights and float64 routing of the whole
+    gathered buffer on every rank do not fit a production-shape point of 8
+    ranks in a small machine's memory."""
+    if impl.needs_even and not plan.is_even:
+        return check_refusal(impl, spec, plan, rank, device, local, group)
+    rep = ImplReport()
+    _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
+    rep.correct = not rep.failures
+    return rep
+
+
+def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+               local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
+    """Every FULL-mode check of one implementation on this rank (``local``:
+    this implementation's own copy of the rank's rows; ``shards``: every
+    rank's rows, for comparison)."""
+    if impl.needs_even and not plan.is_even:
+        return check_refusal(impl, spec, plan, rank, device, local, group)
+    rep = ImplReport()
+    full, before = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size)
     out = impl.scatter(partial.clone(), plan, group)
     _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")

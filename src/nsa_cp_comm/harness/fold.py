@@ -39,8 +39,10 @@ class ImplResult:
     algbw_useful_GBps: float | None = None
     busbw_useful_GBps: float | None = None
     origin: str = ""
-    # Per timed iteration (slowest rank): ``roundtrip`` and ``control``, the A/A
-    # control's round trip in the same iterations (us). Empty when not timed.
+    # Per timed iteration (slowest rank), in us: every phase (``local`` when
+    # timed, ``gather``, ``scatter``, ``collective``, ``roundtrip``) and
+    # ``control``, the A/A control's round trip in the same iterations (empty
+    # without one). Empty when not timed.
     samples: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -90,7 +92,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         if status == "ok" and reps[0]["samples"]:
             folded = fold_phases([rep["samples"] for rep in reps])
             res.stats = {phase: summarize(xs) for phase, xs in folded.items()}
-            res.samples = {"roundtrip": folded["roundtrip"], "control": control_rt}
+            res.samples = {**folded, "control": control_rt}
             _bandwidth(res, reps, spec, plan, itemsize)
         results.append(res)
     return results

@@ -8,9 +8,7 @@ Nothing here knows about Hydra or CSV files.
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -18,7 +16,15 @@ import torch
 import torch.distributed as dist
 
 from .. import impls as impl_registry
-from .checks import ImplReport, check_dispatch, check_full, check_passthrough, check_production, checked_group
+from .checks import (
+    ImplReport,
+    check_dispatch,
+    check_full,
+    check_light,
+    check_passthrough,
+    check_production,
+    checked_group,
+)
 from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports, origin_of
 from ..modes import ScatterMode
@@ -34,17 +40,8 @@ from .timing import CacheFlusher, Clock, timed_loop
 CHECK_TIMEOUT_S = 60.0
 
 
-def _inject(spec: PointSpec) -> None:
-    # The world's last rank: never rank 0, which writes a torchrun point's rows.
-    if spec.fault == "none" or dist.get_rank() != dist.get_world_size() - 1:
-        return
-    time.sleep(0.2)  # let the healthy ranks enter the collective first
-    if spec.fault == "crash_rank":
-        os._exit(17)
-    if spec.fault == "hang_rank":
-        while True:
-            time.sleep(3600)
-    raise RuntimeError(f"injected fault on rank {dist.get_rank()}")
+# How much a point checks before it is timed (run_point's ``checks``).
+CHECKS: tuple[str, ...] = ("full", "light")
 
 
 def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
@@ -57,18 +54,23 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
 
 
 def check_point(
-    spec: PointSpec, backend: str, device: torch.device, group, moe: ReferenceMoE | None = None
+    spec: PointSpec, backend: str, device: torch.device, group, moe: ReferenceMoE | None = None,
+    *, checks: str = "full",
 ) -> dict[str, ImplReport]:
     """The correctness phase on this rank: every implementation's checks
-    (``moe``: the point's :func:`reference_moe`, built here when not given)."""
+    (``moe``: the point's :func:`reference_moe`, built here when not given;
+    none with ``checks="light"``, FULL mode only: :func:`.checks.check_light`)."""
     rank = dist.get_rank(group)  # the CP group's rank, not the world's
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
     # Every rank's rows, generated once; each implementation gets its own copy
     # of this rank's, so one that writes into its input cannot fail the next.
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
-    moe = moe or reference_moe(spec, device)
-    _inject(spec)
+    light = checks == "light"
+    if light and mode is not ScatterMode.FULL:
+        raise ValueError(f"checks='light' covers mode FULL only, not mode={spec.mode}")
+    if not light:
+        moe = moe or reference_moe(spec, device)
     reports: dict[str, ImplReport] = {}
     for name in spec.impls:
         impl = impl_registry.get(name)
@@ -86,14 +88,17 @@ def check_point(
                 reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
         elif mode is ScatterMode.SCATTERED:
             reports[name] = check_passthrough(spec, plan, rank, device, local, shards)
+        elif light:
+            reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
         else:
             reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
     return reports
 
 
-def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
+def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[str, dict[str, Any]]:
     """Runs on every rank: checks (on the correctness group), then timings of
-    the implementations that passed on every rank (on the plain group).
+    the implementations that passed on every rank (on the plain group);
+    ``checks``: see :func:`run_point`.
 
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
@@ -102,8 +107,9 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
     plain = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False)
     if group is None:
         return {}  # a bystander: in the world, not in the CP group
-    moe = reference_moe(spec, device)
-    reports = check_point(spec, backend, device, group, moe)
+    light = checks == "light"
+    moe = None if light else reference_moe(spec, device)
+    reports = check_point(spec, backend, device, group, moe, checks=checks)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
@@ -123,20 +129,22 @@ def point_on_rank(spec: PointSpec, backend: str) -> dict[str, dict[str, Any]]:
         if impl.mode == "SCATTERED":
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
         else:
-            steps.append(full_steps(impl, spec, plan, rank, device, plain, keep=True))
+            steps.append(full_steps(impl, spec, plan, rank, device, plain, keep=not light))
     out: dict[str, dict[str, Any]] = {}
     if steps:
-        steps.append(control_steps(spec, plan, rank, device, plain))
+        if not light:
+            steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
         samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
                              flush=flush)
-        out[CONTROL] = {"samples": samples.pop(CONTROL)}
+        if CONTROL in samples:
+            out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
             reports[name].samples = phases
         # The timed forms against the checked calls, in the same order on
         # every rank (the checked calls are collectives), once the loop's
         # buffers are gone.
-        kept = [s for s in steps if isinstance(s, RoundTripSteps)]
+        kept = [s for s in steps if isinstance(s, RoundTripSteps) and s.kept]
         steps.clear()
         flush = None
         for s in kept:
@@ -258,14 +266,27 @@ def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
     return [ImplResult(name, status, reason=reason, failed_check=check, origin=origin_of(name)) for name in spec.impls]
 
 
-def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float) -> list[ImplResult]:
+def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full") -> list[ImplResult]:
     """Run one point on a warm pool. A rank that raises, dies or hangs yields
     ``error``/``timeout`` results (the pool is then closed); never raises for
-    what happens on the ranks."""
+    what happens on the ranks.
+
+    ``checks="full"`` (the matrix's): every check of :mod:`.checks`, then the
+    timed loop with the A/A control, then the ``production_form`` check.
+    ``checks="light"`` (FULL mode only; the benchmark's production shapes):
+    the layout, rows, padding, chunk, refusal and group checks byte-exact, but
+    no reference MoE (``reference_moe``, ``even_bitwise``), no
+    ``production_form`` check and no A/A control, so that a point holds only
+    its implementations' buffers: rows of a failed check are ``failed`` as
+    with full checks, and ``samples`` has no ``control``."""
+    if checks not in CHECKS:
+        raise ValueError(f"checks={checks!r} is not one of {', '.join(CHECKS)}")
+    if checks == "light" and spec.mode != ScatterMode.FULL.value:
+        raise ValueError(f"checks='light' covers mode FULL only, not mode={spec.mode}")
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
     plan = spec.plan()
-    results = pool.run(point_on_rank, spec, pool.backend, timeout_s=timeout_s)
+    results = pool.run(point_on_rank, spec, pool.backend, checks, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         return failed_run(spec, results)
     # In the CP group's rank order, bystanders left out.

@@ -16,7 +16,6 @@ from ..modes import ScatterMode
 from ..plan import CPPlan, plan_split
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-FAULTS: tuple[str, ...] = ("none", "crash_rank", "hang_rank", "raise")
 # Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
 MAX_SEED = 2**31 - 1
 
@@ -40,7 +39,6 @@ class PointSpec:
     iters: int = 20
     seed: int = 0
     flush_l2: bool = False
-    fault: str = "none"  # tests only: make the last rank crash, hang or raise
     bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
 
     def __post_init__(self) -> None:
@@ -48,8 +46,6 @@ class PointSpec:
 
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.fault not in FAULTS:
-            raise ValueError(f"fault={self.fault!r} is not one of {', '.join(FAULTS)}")
         ScatterMode(self.mode)
         for name in self.impls:
             impl_registry.get(name)
