@@ -100,6 +100,7 @@ SLOW: dict[str, str] = {
     "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank "
                                                           "start-up; again with each of the worker's guards removed",
     "tests/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
+    "tests/test_readme_commands.py::test_readme_sweeps_compose_as_written": "the README's sweeps, each a fresh interpreter",
     "tests/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
     "tests/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
     "tests/test_hardening.py::test_torchrun": "points on ranks started by torchrun",
@@ -120,6 +121,7 @@ SLOW: dict[str, str] = {
     "tests/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
     "tests/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
     "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",
+    "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[4]": "4 ranks (2 and 3 stay fast)",
     "tests/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
     "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
     "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",

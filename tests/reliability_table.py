@@ -255,12 +255,12 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_sigkill_mid_sweep_then_resume_completes_it",
     ),
     FaultCase(
-        "SIGKILL of a process starting a `RankPool(4)`, 20 times, at random moments of the ranks' start-up",
+        "SIGKILL of a process starting ranks, with one rank in the rendezvous, one loading torch and one not yet started",
         "the process that starts the ranks",
         "no rank survives it: a rank's first statements (before torch is imported) arm the parent-death "
         "signal (`PR_SET_PDEATHSIG`), then the rank exits if its parent is no longer the process that "
         "started it (the parent died before the signal was armed)",
-        "test_sigkill_of_the_starter_at_random_moments_of_rank_start_up_leaves_no_rank",
+        "test_sigkill_of_the_starter_at_fixed_points_of_rank_start_up_leaves_no_rank",
         "test_orphans",
     ),
     FaultCase(
@@ -410,8 +410,8 @@ FAULTS: tuple[FaultCase, ...] = (
         "a rank stopped (SIGSTOP) while its peers wait for it",
         "a `RankPool` task (and start-up)",
         "status `timeout`; the reason adds `rank N never answered: its process is stopped (SIGSTOP?)`",
-        "test_a_timeout_names_the_rank_that_is_stopped",
-        "test_rank_state",
+        "test_hanging_and_stopped_ranks_time_out_promptly_the_stopped_one_is_named_and_all_are_killed",
+        "test_ranks",
     ),
     FaultCase(
         "`seq_lens` with thousands of entries",

@@ -289,13 +289,17 @@ def test_broken_plugin_is_one_line_naming_its_entry_point(tmp_path):
         ("sys:exit", "calling the factory raised SystemExit"),
     ],
 )
-def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, ref, says):
+def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, capsys, ref, says):
+    from matrix.__main__ import main
+
     results = tmp_path / "res"
     # In a sweep after a good implementation: nothing runs, not even the good one.
-    run = run_matrix(results, f"impl=padded,{ref}", "cp_size=2", *SMALL, timeout=120)
-    assert run.returncode == 2, run.stderr[-2000:]
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: impl={ref}:") and says in lines[0], run.stderr
+    # In-process: preflight refuses before Hydra or any rank starts
+    # (test_bad_value_through_the_real_cli runs the same path as a command).
+    assert main(["-m", f"results_dir={results}", f"impl=padded,{ref}", "cp_size=2", *SMALL]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: impl={ref}:") and says in lines[0], err
     assert not results.exists()
 
 
