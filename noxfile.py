@@ -54,9 +54,11 @@ EXTRAS = "[test]"
 # benchmarks/readme_times.py, which times exactly this run). -n auto, capped:
 # each xdist worker keeps warm rank pools (~225 MB a rank, up to 18 ranks a
 # worker), which a 64-core box would multiply past its RAM.
-PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "-q", "-m", "not slow")
+# `--dist loadgroup`: the tests on warm rank pools share one worker
+# (tests/conftest.py), so the pools start once.
+PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "--dist", "loadgroup", "-q", "-m", "not slow")
 # `nox -s slow`: the slow set (tests/conftest.py SLOW), which .ci/run runs too.
-SLOW_ARGS = ("-n", "auto", "--maxprocesses=4", "-q", "-m", "slow")
+SLOW_ARGS = ("-n", "auto", "--maxprocesses=4", "--dist", "loadgroup", "-q", "-m", "slow")
 
 nox.options.sessions = ["tests"]
 

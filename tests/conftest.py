@@ -140,6 +140,11 @@ def _slow_entry(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config, items):
     used = set()
     for item in items:
+        if "rank_pool" in getattr(item, "fixturenames", ()):
+            # One xdist worker runs every test on the warm pools (`--dist
+            # loadgroup`): each worker would otherwise start its own ranks of
+            # every size, each rank importing torch.
+            item.add_marker(pytest.mark.xdist_group("rank_pool"))
         entry = _slow_entry(item.nodeid)
         if entry is not None:
             used.add(entry)
