@@ -150,6 +150,17 @@ def test_bare_test_run_that_collects_nothing_fails(fake):
     assert kwargs["success_codes"] == [0, 5]
 
 
+def test_the_fast_set_and_the_slow_set_split_the_suite_and_ci_runs_both(fake):
+    """`nox -s tests` leaves the slow set out, `nox -s slow` runs only it, and
+    .ci/run runs both, failing on either (set -e)."""
+    fast, _ = fake("tests")
+    slow, kwargs = fake("slow")
+    assert " ".join(fast[1:]).endswith("-m not slow") and " ".join(slow[1:]).endswith("-m slow")
+    assert kwargs["success_codes"] == [0]
+    lines = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert "set -euo pipefail" in lines and "nox -s tests" in lines and "nox -s slow" in lines
+
+
 def test_fuzz_session_runs_the_marked_tests_on_the_long_profile(fake):
     args, kwargs = fake("fuzz")
     assert kwargs["env"] == {"HYPOTHESIS_PROFILE": "fuzz"}
