@@ -157,6 +157,18 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("page_size=0",), "error: page_size=0: must be an integer in [1, 1048576]", VALUE),
     CliCase(("seq_lens=[]",), "error: seq_lens=[]: must be a non-empty list of positive integers, e.g. [1000,300]", VALUE),
     CliCase(("seq_lens=[1000,-5]",), "error: seq_lens[1]=-5: must be an integer in [1, 16777216]", VALUE),
+    CliCase(("cp_size=1180591620717411303424",), "error: cp_size=1180591620717411303424: must be an integer in [1, 1024]",
+            VALUE),
+    CliCase(("seed=4611686018427387904",), "error: seed=4611686018427387904: must be an integer in [0, 2147483647]",
+            VALUE),
+    CliCase(("~cp_size",), "error: ~cp_size: a key of the schema cannot be deleted; set it instead (cp_size=VALUE)",
+            VALUE),
+    CliCase(("results_dir=/tmp/ünïcôde",), "error: cannot parse overrides: * (quote a value with spaces or non-ASCII "
+            "characters: key='value')", VALUE),
+    CliCase(("hydra.sweep.dir=/proc/nsa-cp-comm",),
+            "error: hydra.sweep.dir=/proc/nsa-cp-comm: /proc is not a writable directory", VALUE),
+    CliCase(("results_dir=/tmp/{name300}",), "error: results_dir=/tmp/*: a name in the path is 300 characters, over "
+            "the 255 a file system allows", VALUE, doc="results_dir=/tmp/NAME (NAME of 300 characters)"),
     CliCase(("seq_lens=[1000,abc]",), "error: seq_lens[1]=abc: must be an integer in [1, 16777216]", VALUE),
     CliCase(("seq_lens=1000",), "error: seq_lens=1000: must be a non-empty list of positive integers, e.g. [1000,300]", VALUE),
     CliCase(("hidden_size=7168.5",), "error: hidden_size=7168.5: must be an integer in [1, 65536]", VALUE),

@@ -220,12 +220,10 @@ def test_a2a_layout_sends_each_token_once_per_rank():
 def test_registry_holds_every_builtin_through_the_protocol():
     assert {"padded", "legacy", "padded_zero_copy", "sumlen_allreduce", "allgatherv", "a2a"} <= set(impls.REGISTRY)
     ag = impls.get("allgatherv")
-    assert isinstance(ag, impls.RoundTripImpl) and ag.layout == "rank_major_packed"
+    assert isinstance(ag, impls.RoundTripImpl)
     assert "nccl" in impls.skip_reason(ag, "gloo") and impls.skip_reason(ag, "nccl") is None
     assert impls.skip_reason(impls.get("sumlen_allreduce"), "gloo") is None
     assert isinstance(impls.get("a2a"), impls.DispatchImpl) and impls.get("a2a").mode == "SCATTERED"
-    assert impls.get("legacy").needs_even and not impls.get("padded").needs_even
-    assert impls.get("padded").legacy_bits_on_even and not impls.get("legacy").legacy_bits_on_even
     plan = plan_split([1001, 300], 2, policy="zigzag")
     assert impls.get("sumlen_allreduce").starts(plan) == [0, 652]
     assert impls.get("sumlen_allreduce").buffer_rows(plan) == plan.total_tokens
@@ -394,7 +392,6 @@ def test_scattered_mode_a2a_through_run_point(pool3, seq_lens, policy, page, dty
         assert res[name].rows_moved is None and not res[name].stats
     a = res["a2a"]
     assert a.status == "ok" and a.correct, a.reason
-    assert "DeepEP" in impls.get("a2a").doc
     assert a.max_rel_err <= tolerance(DTYPES[dtype], 3)
     rows = sum(_expected_rows_sent(spec, r) for r in range(3))
     assert a.rows_moved == rows

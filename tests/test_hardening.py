@@ -104,7 +104,7 @@ def _args(case: table.CliCase, tmp: Path) -> list[str]:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     too_long = "[" + ",".join(["1"] * 65537) + "]"
-    return [a.format(tmp=tmp, too_many=gpus + 1, too_long=too_long) for a in case.args]
+    return [a.format(tmp=tmp, too_many=gpus + 1, too_long=too_long, name300="a" * 300) for a in case.args]
 
 
 def _listing(tmp: Path) -> list[str]:

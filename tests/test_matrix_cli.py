@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -19,10 +21,6 @@ def _compose(*overrides: str):
     register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=True)
-
-
-def test_presets_exist():
-    assert {"smoke", "default", "deepseek_v32"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -51,12 +49,6 @@ def test_default_preset_crosses_every_axis_without_duplicates():
         pages.setdefault(c.shared_kv, set()).add((c.page_size, c.split))
     assert pages[False] == {(1, "zigzag"), (1, "round_robin")}
     assert {p for p, _ in pages[True]} == {1, 16, 64}
-
-
-def test_production_preset_is_production_shape():
-    cfg = _compose("+matrix=deepseek_v32")
-    assert cfg.hidden_size == 7168 and cfg.dtype == "bfloat16"
-    assert str(cfg.hydra.sweeper.params.cp_size) == "8"
 
 
 def test_smoke_sweep_through_the_cli(tmp_path):
@@ -166,38 +158,6 @@ def test_contradictory_mlp_mode_is_a_skipped_row(tmp_path):
     assert all(r["status"] == "ok" for r in rows if r["moe_a2a_backend"] == "none")
 
 
-BAD_OVERRIDES = [
-    ("cp_size=0", "cp_size=0"),
-    ("cp_size=-2", "cp_size=-2"),
-    ("cp_size=two", "cp_size=two"),
-    ("page_size=0", "page_size=0"),
-    ("seq_lens=[]", "seq_lens=[]"),
-    ("seq_lens=[5,-1]", "seq_lens[1]=-1"),
-    ("dtype=fp8", "dtype=fp8"),
-    ("impl=fast", "impl=fast"),
-    ("backend=mpi", "backend=mpi"),
-    ("cp_sise=2", "cp_sise"),
-    ("cp_size=1,2,0", "cp_size=0"),  # one bad value in a sweep fails the sweep before it starts
-    ("cp_size=1180591620717411303424", "must be an integer in [1, 1024]"),  # not a fork bomb
-    ("seed=4611686018427387904", "seed=4611686018427387904"),
-    ("~cp_size", "~cp_size: a key of the schema cannot be deleted"),
-    ("results_dir=/tmp/ünïcôde", "quote a value with spaces or non-ASCII characters"),
-    ("hydra.sweep.dir=/proc/nsa-cp-comm", "hydra.sweep.dir=/proc/nsa-cp-comm: /proc is not a writable directory"),
-    ("results_dir=/tmp/" + "a" * 300, "over the 255 a file system allows"),
-]
-
-
-@pytest.mark.parametrize("override, named", BAD_OVERRIDES)
-def test_bad_key_or_value_fails_fast_in_one_line(tmp_path, capsys, override, named):
-    from matrix.__main__ import main
-
-    args = [override] if override.startswith("results_dir=") else [f"results_dir={tmp_path / 'res'}", override]
-    assert main(["-m", *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and named in err[0], err
-    assert not (tmp_path / "res").exists()
-
-
 def test_bad_value_through_the_real_cli(tmp_path):
     run = run_matrix(tmp_path / "res", "cp_size=1,2", "seq_lens=[5,0]", timeout=60)
     assert run.returncode == 2
@@ -214,19 +174,21 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     from matrix_cli import cli_env, sweep_in_background
 
     res = tmp_path / "res"
-    proc = sweep_in_background(res)
-    time.sleep(2.0)  # the first point is done: the second (seconds of iterations) is running on warm ranks
+    proc = sweep_in_background(res)  # returns at the first point's row: a later point is starting or running
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 2 and "interrupted, no row written" in lines[0] and "[2000]" in lines[0], lines
+    assert len(lines) == 2 and "interrupted, no row written" in lines[0], lines
+    # The point named is one the sweep had not written, whichever the signal caught.
+    written = {r["seq_lens"] for r in csv.DictReader((res / "results.csv").open())}
+    named = [s for s in ("[2000]", "[4000]") if s in lines[0]]
+    assert len(named) == 1 and named[0] not in written and "[64]" in written, (lines, written)
     hint = lines[1].split("finish the sweep with: ", 1)[1]
     assert shlex.split(hint)[:3] == ["python", "-m", "matrix"] and shlex.split(hint)[-1] == "resume=true"
     again = subprocess.run([sys.executable, *shlex.split(hint)[1:]], cwd=REPO, env=cli_env(), capture_output=True,
