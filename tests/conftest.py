@@ -139,8 +139,9 @@ def _slow_entry(nodeid: str) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     used = set()
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        if "rank_pool" in getattr(item, "fixturenames", ()):
+        if grouped and "rank_pool" in getattr(item, "fixturenames", ()):
             # One xdist worker runs every test on the warm pools (`--dist
             # loadgroup`): each worker would otherwise start its own ranks of
             # every size, each rank importing torch.
