@@ -130,6 +130,11 @@ SLOW: dict[str, str] = {
     "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
     "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
     "tests/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
+    "tests/test_plans.py::test_cli_writes_stats_and_plot": "a fresh interpreter (bad input runs in-process, fast)",
+    "tests/test_plugins.py::test_broken_plugin_is_one_line": "an installed plug-in, a fresh interpreter",
+    "tests/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
+    "tests/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
+    "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
 }
 
 
