@@ -174,11 +174,18 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     import signal
     import subprocess
     import sys
+    import time
 
     from matrix_cli import cli_env, sweep_in_background
 
     res = tmp_path / "res"
-    proc = sweep_in_background(res)  # returns at the first point's row: a later point is starting or running
+    proc = sweep_in_background(res)  # returns at the first point's row
+    # Hydra makes the next job's folder as that job starts; its point then runs
+    # for seconds (400 iterations), so the signal lands mid-point, not between points.
+    deadline = time.monotonic() + 120
+    while not (res / "1" / "matrix.log").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
