@@ -122,7 +122,7 @@ def _environment(pid: int) -> dict[str, Any]:
         "host": platform.node(), "git_sha": sha, "torch_version": torch.__version__, "nccl_version": nccl_version(),
         "python_version": platform.python_version(), "nsa_cp_comm_version": nsa_cp_comm.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-        "gpu_name": torch.cuda.get_device_name(0) if n_gpus else "", "gpu_count": n_gpus,
+        "gpu_name": device_name("cuda") if n_gpus else "", "gpu_count": n_gpus,
     }
 
 

@@ -133,8 +133,8 @@ def _shell(cmd: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedPro
 
 
 def _fresh(tmp_path: Path) -> Path:
-    # The docs' commands run from the repository root: the app (matrix/) is
-    # not installed, Python finds it in the current directory.
+    # This checkout's app and examples, linked in: the environment's install
+    # may be of another checkout (a worktree).
     for folder in ("matrix", "examples", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
     code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
