@@ -142,6 +142,9 @@ def _slow_entry(nodeid: str) -> str | None:
     return next((e for e in SLOW if nodeid == e or nodeid.startswith(e)), None)
 
 
+# tryfirst: xdist's worker reads the xdist_group marks in its own hook of this
+# name; run after it, the marks added here would group nothing.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     used = set()
     grouped = config.pluginmanager.hasplugin("xdist")
