@@ -58,7 +58,11 @@ def test_committed_times_say_where_and_when():
 
 def test_times_are_of_the_commands_nox_runs():
     data = json.loads(readme_times.JSON_PATH.read_text())
-    assert data["tests"]["command"] == "pytest " + " ".join(NOX.PYTEST_ARGS)
+    # The run readme_times is timing replaces the suite's figure with its own,
+    # of today's command: checking the old figure there would refuse every
+    # change to the command's arguments.
+    if os.environ.get(readme_times.MEASURING) != "tests":
+        assert data["tests"]["command"] == "pytest " + " ".join(NOX.PYTEST_ARGS)
     assert data["sweep"]["command"] == "python -m matrix " + " ".join(NOX.matrix_overrides([]))
 
 
