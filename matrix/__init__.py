@@ -1,1 +1,19 @@
-"""The Hydra matrix application (`python -m matrix`) and its review commands."""
+"""The Hydra matrix application (`python -m matrix`) and its review commands.
+
+The folder is `matrix/`; the install names it `nsa_cp_matrix`, so that no
+top-level `matrix` is claimed in site-packages. From the repository root
+`python -m matrix` runs it from the folder; elsewhere `python -m nsa_cp_matrix`
+runs the installed one. The app's modules import each other relatively, so
+both names run the same code.
+"""
+
+from __future__ import annotations
+
+
+def command(tool: str = "") -> list[str]:
+    """``["python", "-m", NAME]``: the command that runs this app (``tool``:
+    one of its modules, e.g. ``"report"``), NAME being the name this package
+    was imported under (``matrix`` or ``nsa_cp_matrix``). Printed commands a
+    user reruns (repro, resume, help) use it, so they work where the running
+    one was started."""
+    return ["python", "-m", f"{__name__}.{tool}" if tool else __name__]

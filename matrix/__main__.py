@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import summary
+from . import command, summary
 from .config import ConfigError, register, validate_overrides
 from .point import point_id, run as run_point
 from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, preflight
@@ -64,7 +64,7 @@ def task(machine_checked: bool) -> Callable[[], None]:
 
 def _resume_hint() -> str:
     argv = [a for a in _ACTIVE.get("argv", []) if not a.startswith("resume=")]  # type: ignore[union-attr]
-    return "finish the sweep with: " + shlex.join(["python", "-m", "matrix", *argv, "resume=true"])
+    return "finish the sweep with: " + shlex.join([*command(), *argv, "resume=true"])
 
 
 def _pin_results_dir(argv: list[str], points: list[Point]) -> list[str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from matrix.results import (
+from .results import (
     BAD_STATUSES,
     CONFIG_COLUMNS,
     COLUMNS,
@@ -38,7 +38,7 @@ from matrix.results import (
     line_records,
     results_path,
 )
-from matrix.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
+from .runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a

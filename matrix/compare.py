@@ -45,7 +45,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from matrix._review import (
+from . import command
+from ._review import (
     GOOD,
     NEUTRAL,
     InputError,
@@ -56,9 +57,9 @@ from matrix._review import (
     parse_bool,
     point_codes,
 )
-from matrix.results import CONFIG_COLUMNS, TIMING_COLUMNS
-from matrix.samples import SAMPLES_FILE, Samples, read_samples
-from matrix.significance import ALPHA, adjusted, p_greater, smallest_p
+from .results import CONFIG_COLUMNS, TIMING_COLUMNS
+from .samples import SAMPLES_FILE, Samples, read_samples
+from .significance import ALPHA, adjusted, p_greater, smallest_p
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -471,7 +472,7 @@ def rule_line(metric: str, threshold: float, tested: int = 0) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m matrix.compare",
+        prog=" ".join(command("compare")),
         description="Compare two results tables point by point; exit 1 when a point is missing, "
         "got a worse status, lost correctness or regressed beyond the threshold and its spread.",
     )

@@ -251,7 +251,7 @@ def validate_overrides(overrides: list[str]) -> None:
 def _check_workload(value: object) -> None:
     if value is None:
         return
-    from matrix.workload import MATRIX_BATCHES_MAX, WorkloadError, from_mapping, load
+    from .workload import MATRIX_BATCHES_MAX, WorkloadError, from_mapping, load
 
     try:
         if isinstance(value, Mapping):  # the composed group: conf/workload/NAME.yaml's mapping

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from matrix._review import frame_md
+from ._review import frame_md
 
 A, B = "padded", "pad_at_split"
 PAIR_KEEP = ["cp_size", "policy", "page_size", "seq_lens", "bytes_padded", "attn_pad_rows", "moe_pad_rows",

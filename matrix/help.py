@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+from . import command
 from .config import (
     BOOLS,
     CHOICES,
@@ -95,14 +96,19 @@ def text() -> str:
         allowed = _allowed(f.name)
         keys.append(f"  {f.name:<{width}}  {MEANING.get(f.name, '')}")
         keys.append(f"  {'':<{width}}  default {default}" + (f"; {allowed}" if allowed else ""))
+    app = " ".join(command())
+    usage = [
+        (f"{app} [key=value ...]", "one point"),
+        (f"{app} -m key=a,b [key=value ...]", "a sweep: every combination of the swept keys"),
+        (f"{app} +matrix=NAME [key=value ...]", "a preset sweep (note the +: presets are added)"),
+        (f"{app} ... --dry-run", "list the points and the estimate; start nothing"),
+    ]
+    column = max(50, *(len(u) for u, _ in usage))
     return "\n".join([
-        "python -m matrix: check and time CP communicators on real torch.distributed ranks (a Hydra app)",
+        f"{app}: check and time CP communicators on real torch.distributed ranks (a Hydra app)",
         "",
         "usage:",
-        "  python -m matrix [key=value ...]                    one point",
-        "  python -m matrix -m key=a,b [key=value ...]         a sweep: every combination of the swept keys",
-        "  python -m matrix +matrix=NAME [key=value ...]       a preset sweep (note the +: presets are added)",
-        "  python -m matrix ... --dry-run                      list the points and the estimate; start nothing",
+        *(f"  {u:<{column}}  {what}" for u, what in usage),
         "",
         "Every value is checked before anything starts: one line naming the key and value, exit 2.",
         "Exit status: 0 every point wrote its rows and none is failed/error/timeout; 1 otherwise;",
@@ -120,6 +126,6 @@ def text() -> str:
         "workloads (request lengths drawn or read; each batch a point):",
         *_group("workload"),
         "",
-        "review: python -m matrix.report RESULTS_DIR; python -m matrix.compare BASE_DIR NEW_DIR",
-        "Hydra's own help: python -m matrix --hydra-help",
+        f"review: {' '.join(command('report'))} RESULTS_DIR; {' '.join(command('compare'))} BASE_DIR NEW_DIR",
+        f"Hydra's own help: {app} --hydra-help",
     ])

@@ -32,9 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from matrix.workload import Batches, WorkloadError, draw, load
 from nsa_cp_comm.pad_at_split import split_align
 from nsa_cp_comm.plan import POLICIES
+
+from . import command
+from .workload import Batches, WorkloadError, draw, load
 
 DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
 CP_MAX = 1024
@@ -145,7 +147,7 @@ def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, mod
 
 
 def plot(rows: list[dict], title: str):
-    from matrix.plots import _figure
+    from .plots import _figure
 
     fig, ax = _figure(title)
     colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
@@ -198,7 +200,7 @@ def _usage(msg: str) -> int:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m matrix.plans", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=" ".join(command("plans")), description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="lognormal", help="conf/workload/NAME.yaml or a .yaml path")
     ap.add_argument("--batches", type=int, default=100_000, help="batches to draw (the workload's K)")
     ap.add_argument("--seed", type=int, default=None)
@@ -238,7 +240,7 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         raise SystemExit(_usage(str(exc))) from None
     model = None
     if args.nccl_tests:
-        from matrix.nccl_tests import NcclTestsError, load_model
+        from .nccl_tests import NcclTestsError, load_model
 
         try:
             model = load_model(args.nccl_tests)
@@ -263,7 +265,7 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
         tmp.replace(args.out / "plans.json")
         if not args.no_plot:
-            from matrix.plots import png
+            from .plots import png
 
             fig = plot(rows, f"Gathered rows over tokens per design and cp\n{w.describe()}")
             (args.out / PLOT).write_bytes(png(fig))

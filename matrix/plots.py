@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from matrix._review import fmt
+from ._review import fmt
 
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"

@@ -24,6 +24,7 @@ from typing import Any
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
+from . import command
 from .config import KEYS, ConfigError, override_value, validate
 from .resolve import Resolved, resolve
 from .samples import append_samples
@@ -84,8 +85,10 @@ def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[
 
 def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit,
-    every value quoted for Hydra and the shell) into a fresh results_dir."""
-    parts = ["python", "-m", "matrix"]
+    every value quoted for Hydra and the shell) into a fresh results_dir,
+    naming the app as it runs now (:func:`matrix.command`). Provenance only:
+    neither ``point_id`` nor resume reads it."""
+    parts = command()
     for k in KEYS:
         if k in REPRO_OMITS or (k in ("force", "bystanders") and cfg[k] in (False, 0)):
             continue

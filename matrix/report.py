@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from matrix import designs, nccl_tests, plots, workload
-from matrix._review import (
+from . import command, designs, nccl_tests, plots, workload
+from ._review import (
     BAD,
     POINT_KEY,
     STATUSES,
@@ -45,7 +45,7 @@ from matrix._review import (
     point_codes,
     typed,
 )
-from matrix.results import CONFIG_COLUMNS
+from .results import CONFIG_COLUMNS
 
 REPORT_FILE = "report.md"
 APPENDIX_FILE = "report_appendix.md"
@@ -643,7 +643,7 @@ def write(out: Path, markdown: str, appendix: str, pngs: dict[str, bytes]) -> li
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m matrix.report",
+        prog=" ".join(command("report")),
         description="Summarise a results table: verdicts, claim check, latency, bandwidth, environment.",
     )
     parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")

@@ -279,7 +279,7 @@ def report_lines(df) -> list[str]:
     round-trip time. Empty when no row names a workload."""
     import pandas as pd
 
-    from matrix._review import frame_md
+    from ._review import frame_md
 
     if "workload" not in df.columns:
         return []
