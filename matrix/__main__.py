@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import command, summary
 from .config import ConfigError, register, validate_overrides
 from .point import point_id, run as run_point
-from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, preflight
+from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, composed_once, preflight
 from .results import SchemaError
 from .workload import WorkloadError, expand_argv
 
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     # Hydra prints a job's exception as a traceback; here it comes to the handlers below
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        app()
+        with composed_once(points):
+            app()
     except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP
         how = signals.name(exc)
         cfg = _ACTIVE.get("cfg")

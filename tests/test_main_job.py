@@ -81,11 +81,31 @@ def test_a_sweep_that_checks_nothing_exits_5_with_one_line(tmp_path):
     assert {r["status"] for r in run.rows()} == {"skipped"}
 
 
-def test_a_sweep_with_a_checked_row_exits_0(tmp_path):
-    # The same point with the mode its backend implies: checked, so exit 0.
-    run = run_matrix(tmp_path / "res", "cp_size=1", "seq_lens=[8]", "mlp_mode=FULL", *SMALL)
+# Counts Hydra's job composes: the sweeper's check of a batch and the
+# launcher's compose of each job both go through load_sweep_config.
+COUNTING = textwrap.dedent("""
+    import atexit, runpy, sys
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    _load, _n = ConfigLoaderImpl.load_sweep_config, [0]
+    def _counted(self, *a, **k):
+        _n[0] += 1
+        return _load(self, *a, **k)
+    ConfigLoaderImpl.load_sweep_config = _counted
+    atexit.register(lambda: print(f"composes: {_n[0]}", file=sys.stderr))
+    runpy.run_module("matrix", run_name="__main__", alter_sys=True)
+""")
+
+
+def test_a_sweep_with_checked_rows_exits_0_and_composes_each_job_once(tmp_path):
+    """Points with the mode their backend implies: checked, so exit 0. Preflight
+    composed every job before the sweep; Hydra composes each once more, as it
+    starts, not twice (preflight.composed_once)."""
+    cmd = [sys.executable, "-c", COUNTING, "-m", "cp_size=1", "seq_lens=[8],[9]", "mlp_mode=FULL",
+           f"results_dir={tmp_path / 'res'}", *SMALL]
+    run = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "nothing was checked" not in run.stderr
+    assert "composes: 2" in run.stderr.splitlines(), run.stderr[-2000:]
 
 
 def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
