@@ -65,16 +65,18 @@ THROUGHPUT: dict[tuple[str, str], Throughput] = {
 
 @dataclass(frozen=True)
 class Estimate:
-    """One point's cost. ``seconds``: its checks and timed loop on its ranks
-    (starting them is counted per sweep, :func:`sweep_estimate`)."""
+    """One point's cost. ``seconds``: its checks and timed loop on its ranks;
+    ``start_s``: starting them, counted where the sweep changes world
+    (:func:`sweep_estimate`)."""
 
     ranks: int  # rank processes: the CP group and its bystanders
     backend: str
     device: str
     rank_bytes: float  # host memory per rank
     device_bytes: float  # GPU memory per rank (0 on CPU)
-    seconds: float
     memory_key: str  # the key that drives the memory figure: cp_size, hidden_size, seq_lens, align, num_experts
+    seconds: float
+    start_s: float
     busbw_Bps: float  # the bandwidth the estimate assumes per collective
 
     @property
@@ -88,26 +90,20 @@ def _timed(res: Resolved) -> list[str]:
     ones are checked, not timed, and left out."""
     if res.skip:
         return []
-    kinds = []
-    for name in res.impls:
-        impl = impl_registry.get(name)
-        if getattr(impl, "mode", "FULL") != res.mode:
-            continue
-        if res.mode == "SCATTERED":
-            kinds.append("dispatch")
-        elif not (getattr(impl, "needs_even", False) and not res.plan().is_even):
-            kinds.append("full")
-    return kinds
+    own = [impl for impl in map(impl_registry.get, res.impls) if impl.mode == res.mode]
+    if res.mode == "SCATTERED":
+        return ["dispatch"] * len(own)
+    return ["full" for impl in own if res.plan().is_even or not impl.needs_even]
 
 
 def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     """Ranks, memory per rank and seconds of a resolved point on ``machine``
     (default: this one)."""
     machine = machine or this_machine()
-    spec, plan = res.spec, res.plan()
+    spec, plan, kinds = res.spec, res.plan(), _timed(res)
     cp, H, ranks, experts, topk = spec.cp_size, spec.hidden_size, spec.world_size, spec.experts, spec.topk
     m, P, item = plan.max_rank_len, plan.padded_total, DTYPES[spec.dtype].itemsize
-    row, kinds = H * item, _timed(res)
+    row = H * item
 
     weights = experts * H * FFN_SIZE * 2 * item + H * experts * 8
     # Checks, one implementation at a time: gathered buffer, scatter probe,
@@ -128,23 +124,24 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     else:
         rank_bytes, dev = RANK_BASE_BYTES + weights + buffers, 0.0
 
-    tp = _throughput(res)
+    tp = THROUGHPUT.get((res.device, res.backend), THROUGHPUT[("cpu", "gloo")])
     share = 1.0 if res.backend == "nccl" else min(1.0, machine.cores / ranks)  # ranks share the cores
     busbw, flops, elements = tp.busbw_Bps * share, tp.flops * share, tp.elements * share
     bus, iters = max(cp - 1, 1) / cp, spec.warmup + spec.iters
     seconds = POINT_OVERHEAD_S
     for k in kinds:
+        full = k == "full"
+        moved = P * row * bus * (1 if full else min(topk, cp))
+        seconds += iters * (4 * tp.latency_s + 2 * moved / busbw) + 2 * P * H * experts * 2 / flops
         # checks: ~6 collectives, every rank's shard regenerated and compared
         # (~10 passes over the gathered buffer), routing every gathered row,
         # the experts; a dispatch's checks: ~4 collectives and the routing
-        moved = P * row * bus * (1 if k == "full" else min(topk, cp))
-        seconds += iters * (4 * tp.latency_s + 2 * moved / busbw) + 2 * P * H * experts * 2 / flops
-        if k == "full":
-            seconds += 6 * (tp.latency_s + moved / busbw) + 10 * P * H / elements
-            seconds += 2 * P * topk * H * FFN_SIZE * 4 / flops
-        else:
-            seconds += 4 * (tp.latency_s + moved / busbw)
-    return Estimate(ranks, res.backend, res.device, rank_bytes, dev, seconds, _memory_key(res, weights, buffers), busbw)
+        seconds += (6 if full else 4) * (tp.latency_s + moved / busbw)
+        if full:
+            seconds += 10 * P * H / elements + 2 * P * topk * H * FFN_SIZE * 4 / flops
+    start_s = tp.start_s * max(1.0, ranks / machine.cores)
+    key = _memory_key(res, weights, buffers)
+    return Estimate(ranks, res.backend, res.device, rank_bytes, dev, key, seconds, start_s, busbw)
 
 
 def _memory_key(res: Resolved, weights: float, buffers: float) -> str:
@@ -172,10 +169,14 @@ def _minutes(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 600 else f"{s / 60:.1f} min"
 
 
-def _key(res: Resolved, key: str) -> str:
-    """``key=value`` as the config gave it (the spec keeps the given values)."""
-    value = getattr(res.spec, key)
-    return f"{key}={override_value(list(value) if isinstance(value, tuple) else value)}"
+def _key(res: Resolved, *keys: str) -> str:
+    """``key=value`` of each key as the config gave it (the spec keeps the given values)."""
+    return " ".join(f"{key}={override_value(getattr(res.spec, key))}" for key in keys)
+
+
+def _over(key: str, estimate: str, limit: str) -> ConfigError:
+    """The one-line refusal: the key that drives the estimate, the estimate, the limit."""
+    return ConfigError(f"{key}: {estimate} exceed {limit} {FORCE_HINT}")
 
 
 def _starts(ests: Sequence[Estimate]) -> list[Estimate]:
@@ -184,13 +185,8 @@ def _starts(ests: Sequence[Estimate]) -> list[Estimate]:
     return [e for i, e in enumerate(ests) if i == 0 or e.world != ests[i - 1].world]
 
 
-def _throughput(e: Estimate | Resolved) -> Throughput:
-    return THROUGHPUT.get((e.device, e.backend), THROUGHPUT[("cpu", "gloo")])
-
-
-def _total_seconds(ests: Sequence[Estimate], machine: Machine) -> float:
-    starts = sum(_throughput(e).start_s * max(1.0, e.ranks / machine.cores) for e in _starts(ests))
-    return sum(e.seconds for e in ests) + starts
+def _total_seconds(ests: Sequence[Estimate]) -> float:
+    return sum(e.seconds for e in ests) + sum(e.start_s for e in _starts(ests))
 
 
 def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -> tuple[float, str]:
@@ -203,7 +199,7 @@ def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -
     worlds = sorted({f"{e.device}/{e.backend}" for e in ests})
     peak = max(ests, key=lambda e: e.ranks * e.rank_bytes)
     slow = min(e.busbw_Bps for e in ests)
-    return _total_seconds(ests, machine), (
+    return _total_seconds(ests), (
         f"{', '.join(worlds)}, {len(_starts(ests))} rank starts, at ~{slow / 1e9:.3g} GB/s busbw; "
         f"peak {peak.ranks} ranks x ~{_size(peak.rank_bytes)}")
 
@@ -212,20 +208,17 @@ def _check_point(res: Resolved, machine: Machine) -> Estimate:
     """Raise ConfigError when one point exceeds the machine; else its estimate."""
     spec = res.spec
     if spec.world_size > machine.max_ranks:
-        extra = f" bystanders={spec.bystanders}" if spec.bystanders else ""
-        raise ConfigError(
-            f"cp_size={spec.cp_size}{extra}: {spec.world_size} rank processes exceed this machine's limit of "
-            f"{machine.max_ranks} ({machine.max_ranks_source}) {FORCE_HINT}")
+        key = _key(res, "cp_size", *(["bystanders"] if spec.bystanders else []))
+        raise _over(key, f"{spec.world_size} rank processes",
+                    f"this machine's limit of {machine.max_ranks} ({machine.max_ranks_source})")
     e = estimate(res, machine)
     if e.ranks * e.rank_bytes > machine.memory_bytes:
-        raise ConfigError(
-            f"{_key(res, e.memory_key)}: {e.ranks} ranks x ~{_size(e.rank_bytes)} exceed this machine's "
-            f"{_size(machine.memory_bytes)} {machine.memory_source} {FORCE_HINT}")
+        raise _over(_key(res, e.memory_key), f"{e.ranks} ranks x ~{_size(e.rank_bytes)}",
+                    f"this machine's {_size(machine.memory_bytes)} {machine.memory_source}")
     per_gpu = math.ceil(e.ranks / machine.gpus) if e.device == "cuda" and machine.gpus else 0
     if per_gpu * e.device_bytes > machine.gpu_bytes:
-        raise ConfigError(
-            f"{_key(res, e.memory_key)}: {per_gpu} ranks per GPU x ~{_size(e.device_bytes)} exceed the "
-            f"{_size(machine.gpu_bytes)} of this machine's GPU {FORCE_HINT}")
+        raise _over(_key(res, e.memory_key), f"{per_gpu} ranks per GPU x ~{_size(e.device_bytes)}",
+                    f"the {_size(machine.gpu_bytes)} of this machine's GPU")
     return e
 
 
@@ -245,18 +238,15 @@ def check_sweep(points: Sequence[Resolved], *, runs_here: bool, machine: Machine
         for res in todo:
             e = estimate(res, node)
             if e.rank_bytes > REMOTE_MAX_RANK_BYTES:
-                raise ConfigError(
-                    f"{_key(res, e.memory_key)}: ~{_size(e.rank_bytes)} per rank exceed any node's memory "
-                    f"(taken as {_size(REMOTE_MAX_RANK_BYTES)}) {FORCE_HINT}")
+                raise _over(_key(res, e.memory_key), f"~{_size(e.rank_bytes)} per rank",
+                            f"any node's memory (taken as {_size(REMOTE_MAX_RANK_BYTES)})")
         return
     machine = machine or this_machine()
     ests = [_check_point(res, machine) for res in todo]
-    total = _total_seconds(ests, machine)
+    total = _total_seconds(ests)
     if total > MAX_SWEEP_S:
-        i = max(range(len(ests)), key=lambda j: ests[j].seconds)
-        big, e = todo[i], ests[i]
+        big, e = max(zip(todo, ests), key=lambda pair: pair[1].seconds)
         raise ConfigError(
-            f"{_key(big, 'cp_size')} {_key(big, 'hidden_size')} {_key(big, 'seq_lens')}: the sweep's "
-            f"{len(todo)} points would take ~{_minutes(total)} on this machine ({e.device}/{e.backend} at "
-            f"~{e.busbw_Bps / 1e9:.3g} GB/s busbw; this point ~{_minutes(e.seconds)}), over the "
-            f"{_minutes(MAX_SWEEP_S)} limit {FORCE_HINT}")
+            f"{_key(big, 'cp_size', 'hidden_size', 'seq_lens')}: the sweep's {len(todo)} points would take "
+            f"~{_minutes(total)} on this machine ({e.device}/{e.backend} at ~{e.busbw_Bps / 1e9:.3g} GB/s busbw; "
+            f"this point ~{_minutes(e.seconds)}), over the {_minutes(MAX_SWEEP_S)} limit {FORCE_HINT}")

@@ -93,7 +93,15 @@ class Part:
     appendix: list[str] = field(default_factory=list)
 
 
-Section = Callable[[pd.DataFrame], Part]
+@dataclass(frozen=True)
+class Derived:
+    """What several parts of one report read, computed once per report."""
+
+    pairs: pd.DataFrame  # :func:`ratios`: padded vs legacy on even points
+    plans: pd.DataFrame  # :func:`_plans`: one row per distinct split plan
+
+
+Section = Callable[[pd.DataFrame, Derived], Part]
 
 
 # --- helpers
@@ -124,8 +132,8 @@ def even_ratio(pairs: pd.DataFrame) -> dict[str, float]:
     return {"n": len(r), "median": float(r.median()), "q1": float(r.quantile(0.25)), "q3": float(r.quantile(0.75))}
 
 
-def verdict_line(df: pd.DataFrame) -> str:
-    """The report's first line: what a reviewer acts on."""
+def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
+    """The report's first line: what a reviewer acts on (``pairs``: :func:`ratios` of ``df``)."""
     points = int(df[PAIR].nunique())
     bad, failing = len(_incorrect(df)), len(_failing(df))
     checked = int(df["status"].ne("skipped").sum())
@@ -134,7 +142,7 @@ def verdict_line(df: pd.DataFrame) -> str:
     parts.append(f"**!!! {bad} INCORRECT RESULT(S) !!!**" if bad else "correct everywhere checked")
     parts.append(f"**{failing} failed, error or timeout point(s)**" if failing
                  else "none failed, errored or timed out")
-    er = even_ratio(ratios(df))
+    er = even_ratio(pairs)
     if er["n"]:
         parts.append(f"padded/legacy round trip on even plans (cp > 1): median {er['median']:.2f} "
                      f"(quartiles {er['q1']:.2f}-{er['q3']:.2f} over {er['n']} points)")
@@ -185,7 +193,7 @@ def _failing(df: pd.DataFrame) -> pd.DataFrame:
 # --- sections
 
 
-def verdicts(df: pd.DataFrame) -> Part:
+def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     status = df["status"]
     order = list(STATUSES) + sorted(set(status) - set(STATUSES))
@@ -252,7 +260,7 @@ def _plans(df: pd.DataFrame) -> pd.DataFrame:
     return plans.assign(padding_rows=plans["padded_total"] - plans["total_tokens"])
 
 
-def claim(df: pd.DataFrame) -> Part:
+def claim(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part(main=[
         "Claim: the padded gather buffer `max_rank_len * cp` equals `ceil_align(sum(seq_lens), cp)`, "
         "the size the existing cp alignment already gives the batch. Where it holds, every rank's shard "
@@ -261,7 +269,7 @@ def claim(df: pd.DataFrame) -> Part:
         "it held, must refuse the plan.",
         "",
     ])
-    plans = _plans(df)
+    plans = derived.plans
     if plans.empty:
         part.main.append("_(no row has a claim verdict)_")
         return part
@@ -303,7 +311,7 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pairs
 
 
-def latency(df: pd.DataFrame) -> Part:
+def latency(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     rows = df[timed(df) & round_trip(df)]
     part.main += a2a_lines(df)
@@ -338,7 +346,7 @@ def latency(df: pd.DataFrame) -> Part:
             "",
         ]
 
-    pairs = ratios(df)
+    pairs = derived.pairs
     part.main += ["### Padded vs legacy on even points (ratio = padded / legacy round-trip p50)", ""]
     if pairs.empty:
         part.main.append("_(no even point has both padded and legacy timings)_")
@@ -407,7 +415,7 @@ def _layout(plans: pd.DataFrame) -> pd.Series:
     return plans["policy"].map(_label).where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
 
 
-def bandwidth(df: pd.DataFrame) -> Part:
+def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     # cp=1 moves nothing: its bus bandwidth is 0 by definition, not a measurement
     rows = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1) & round_trip(df)]
@@ -474,7 +482,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     return runs.assign(_unknown=unknown).sort_values(["_unknown", "started"], kind="stable").drop(columns="_unknown")
 
 
-def environment(df: pd.DataFrame) -> Part:
+def environment(df: pd.DataFrame, derived: Derived) -> Part:
     """One line per field would be a screen; the fields run on in one paragraph."""
     fields = []
     for col in ENV_FIELDS:
@@ -515,17 +523,17 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
 )
 
 
-def plot_takeaways(df: pd.DataFrame) -> dict[str, str]:
+def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
     """One line per plot: what to read off it, from the same rows it draws."""
     out: dict[str, str] = {}
-    er = even_ratio(ratios(df))
+    er = even_ratio(derived.pairs)
     uneven = df[timed(df) & round_trip(df) & df["impl"].eq("padded") & _is(df["is_even"], False)]
     text = (f"Takeaway: on even plans (cp > 1) padded's round trip is a median {er['median']:.2f}x legacy's "
             f"({er['n']} points)" if er["n"] else "Takeaway: no even plan with cp > 1 has both impls timed")
     text += (f"; on {len(uneven)} uneven points only the padded path runs (legacy refuses them)." if len(uneven)
              else ".")
     out[plots.LATENCY_PNG] = text
-    plans = _plans(df)
+    plans = derived.plans
     if plans.empty or not plans["padding_frac"].gt(0).any():
         out[plots.PADDING_PNG] = "Takeaway: no plan pads: every rank's shard has the same length."
     else:
@@ -586,7 +594,8 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
         source = f"Source: `{run.files[0]}` ({counted})."
     else:
         source = f"Source: {len(run.files)} files under `{run.value}` ({counted})."
-    lines = ["# nsa-cp-comm matrix report", "", verdict_line(df), "", source]
+    derived = Derived(pairs=ratios(df), plans=_plans(df))
+    lines = ["# nsa-cp-comm matrix report", "", verdict_line(df, derived.pairs), "", source]
     if run.duplicates:
         lines.append(f"Duplicates: {run.duplicate_note()} ([appendix]({APPENDIX_FILE})).")
     if run.upgraded:
@@ -598,7 +607,7 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     appendix += duplicates(run)
     for title, section in SECTIONS:
-        part = section(df)
+        part = section(df, derived)
         while part.main and not part.main[-1]:
             part.main.pop()
         lines += [f"## {title}", "", *part.main, ""]
@@ -613,7 +622,7 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     if model is not None:
         lines += ["## Collectives predicted from nccl-tests (a model)", "", *designs.model_section(df, model), ""]
     lines += ["## Plots", ""]
-    for name, takeaway in plot_takeaways(df).items():
+    for name, takeaway in plot_takeaways(df, derived).items():
         lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
     lines += [f"Long lists (each failing point, per-point ratios, plans, overrides, duplicates): "
               f"[{APPENDIX_FILE}]({APPENDIX_FILE})", ""]

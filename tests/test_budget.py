@@ -121,6 +121,21 @@ def test_this_machine_is_read():
         assert 0 <= m.max_ranks < per_core and "leaves room for" in m.max_ranks_source, m
 
 
+def test_the_gpus_are_read_once_per_process(monkeypatch):
+    """Resolving a sweep reads the devices once, not once per point."""
+    import torch
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    machine.gpus.cache_clear()
+    try:
+        on_this = [resolve(cfg(cp_size=cp, hidden_size=64)) for cp in (1, 2, 4)]
+        assert [r.backend for r in on_this] == ["gloo"] * 3 and machine.this_machine().gpus == 0
+        assert len(asked) == 1
+    finally:
+        machine.gpus.cache_clear()  # the next caller reads the real devices
+
+
 CGROUP_V2 = {"/proc/self/cgroup": "0::/job\n", "/proc/meminfo": "MemTotal: 64000000 kB\nMemAvailable: 32000000 kB\n"}
 
 

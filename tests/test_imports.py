@@ -1,6 +1,7 @@
 """The import graph: every module of the matrix app imports alone (first, in a
-fresh state), the app's modules import each other without a cycle (module-level
-and function-level imports alike), and the library never imports its harness."""
+fresh state), the app's modules and the library's (its harness included)
+import each other without a cycle (module-level and function-level imports
+alike), and the library never imports its harness."""
 
 from __future__ import annotations
 
@@ -63,8 +64,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
-    mods = package_modules(folder, package)
-    return {m: {n for n in imports_of(p, m) if n in mods and n != m} for m, p in mods.items()}
+    """Each module of the package and its subpackages -> the ones it imports.
+    A module's own packages are left out: Python imports them before the
+    module, and ``from . import sibling`` needs the sibling, not them."""
+    mods: dict[str, Path] = {}
+    for sub in sorted(p.parent for p in folder.rglob("__init__.py")):
+        mods.update(package_modules(sub, ".".join([package, *sub.relative_to(folder).parts])))
+    return {m: {n for n in imports_of(p, m) if n in mods and n != m and not m.startswith(n + ".")}
+            for m, p in mods.items()}
 
 
 def test_the_matrix_app_has_no_import_cycle():
@@ -76,21 +83,35 @@ def test_the_matrix_app_has_no_import_cycle():
     assert "matrix.point" not in graph["matrix.budget"]
 
 
+def test_the_library_and_its_harness_have_no_import_cycle():
+    graph = import_graph(LIBRARY, "nsa_cp_comm")
+    assert {"nsa_cp_comm.plan", "nsa_cp_comm.harness.ranks", "nsa_cp_comm.harness.rank_state"} <= set(graph)
+    assert find_cycle(graph) == []
+
+
 def make_package(root: Path, **sources: str) -> Path:
-    """A package ``pkg`` under ``root`` with modules of these sources."""
+    """A package ``pkg`` under ``root`` with modules of these sources
+    (``sub__x``: module ``x`` of the subpackage ``pkg.sub``)."""
     pkg = root / "pkg"
-    pkg.mkdir()
     for name, text in {"__init__": "", **sources}.items():
-        (pkg / f"{name}.py").write_text(text)
+        path = pkg / f"{name.replace('__', '/') if name != '__init__' else name}.py"
+        for folder in reversed(path.relative_to(root).parents[:-1]):
+            (root / folder).mkdir(exist_ok=True)
+            (root / folder / "__init__.py").touch()
+        path.write_text(text)
     return pkg
 
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
-    """The check above can fail: a function-level import closing a loop counts."""
-    pkg = make_package(tmp_path, a="from .b import f\n", b="def f():\n    from . import a\n", c="from pkg.a import f\n")
+    """The checks above can fail: a function-level import closing a loop
+    counts, also through a subpackage."""
+    pkg = make_package(tmp_path, a="from .b import f\n", b="def f():\n    from . import a\n", c="from pkg.a import f\n",
+                       sub__x="def g():\n    from ..c import f\n", sub__y="from .x import g\n")
     assert find_cycle(import_graph(pkg, "pkg")) == ["pkg.a", "pkg.b", "pkg.a"]
     (pkg / "b.py").write_text("def f():\n    pass\n")
     assert find_cycle(import_graph(pkg, "pkg")) == []
+    (pkg / "c.py").write_text("from pkg.a import f\n\ndef h():\n    from .sub.y import g\n")
+    assert find_cycle(import_graph(pkg, "pkg")) == ["pkg.c", "pkg.sub.y", "pkg.sub.x", "pkg.c"]
 
 
 def harness_imports(folder: Path, package: str) -> list[str]:

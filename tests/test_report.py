@@ -244,6 +244,26 @@ def test_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixt
     assert "cp_size=2,4 policy=zigzag,round_robin" in appendix and "cp_size=2,4 policy" not in md
 
 
+def test_pairs_and_plans_are_computed_once_per_report(run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The verdict line, the Latency section and the plot takeaways read one
+    table of padded/legacy pairs; the claim check and the takeaways one table
+    of plans."""
+    calls = {"ratios": 0, "_plans": 0}
+    for name in calls:
+        def counted(df: pd.DataFrame, real=getattr(report, name), name=name) -> pd.DataFrame:
+            calls[name] += 1
+            return real(df)
+        monkeypatch.setattr(report, name, counted)
+    assert report.main([str(run_dir)]) == 0
+    assert calls == {"ratios": 1, "_plans": 1}
+    md, _ = md_of(run_dir)
+    # each reader got the one table: the ratio of every even pair, and the uneven plan
+    assert "median 1.10 (quartiles 1.10-1.10 over 8 points)" in md.splitlines()[2]
+    assert "a median 1.10x legacy's (8 points)" in section(md, "Plots")
+    assert "zigzag_page" in section(md, "Claim check") and "zigzag_page p64 at cp=4" in section(md, "Plots")
+
+
 def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [
         # difference 5 us, spread 20 us: noise

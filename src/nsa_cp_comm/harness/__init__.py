@@ -8,7 +8,8 @@ to serve: a serving engine imports :mod:`nsa_cp_comm` alone.
 
 from .fold import ImplResult
 from .measure import run_point
-from .ranks import RankPool, RankResult, run_on_ranks
+from .rank_result import RankResult
+from .ranks import RankPool, run_on_ranks
 from .spec import PointSpec
 
 __all__ = ["ImplResult", "PointSpec", "RankPool", "RankResult", "run_on_ranks", "run_point"]

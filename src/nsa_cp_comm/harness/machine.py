@@ -162,8 +162,13 @@ def _task_room() -> tuple[int, str] | None:
     return min(rooms, default=None)
 
 
+@functools.lru_cache(maxsize=1)
 def gpus() -> tuple[int, float]:
-    """(GPUs this process sees, memory of the smallest); (0, 0.0) without CUDA."""
+    """(GPUs this process sees, memory of the smallest); (0, 0.0) without CUDA.
+
+    Read once per process: the devices a process sees do not change while it
+    runs (CUDA fixes them as it starts), and a sweep resolves every point
+    against them (matrix.resolve)."""
     import torch
 
     if not torch.cuda.is_available():

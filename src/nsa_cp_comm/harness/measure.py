@@ -29,7 +29,8 @@ from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports, origin_of
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
-from .ranks import RankPool, RankResult, rank_device, summarize_failure
+from .rank_result import RankResult, summarize_failure
+from .ranks import RankPool, rank_device
 from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, PointSpec, make_shard
 from .steps import CONTROL, RoundTripSteps, control_steps, dispatch_steps, full_steps

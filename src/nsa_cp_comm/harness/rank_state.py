@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .rank_result import summarize_failure
+
 _START: dict[str, Any] = {}
 
 
@@ -52,8 +54,6 @@ def changes() -> str:
 def check_pool(pool: Any, timeout_s: float) -> str:
     """"" when every rank of ``pool`` is as it started; else the problem in
     one line (naming the ranks), and the pool is closed."""
-    from .ranks import summarize_failure
-
     results = pool.run(changes, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         _, reason = summarize_failure(results)

@@ -40,13 +40,14 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 from .machine import cgroup_dirs
+from .rank_result import STOPPED, RankResult, summarize_failure
+from .rank_state import remember
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -58,47 +59,6 @@ _POLL_S = 0.05
 # The rank's entry point, run by path (see its docstring for why not ``-m``).
 WORKER_PATH = Path(__file__).resolve().with_name("_worker.py")
 STORE_PREFIX = ".rendezvous-"
-
-
-@dataclass
-class RankResult:
-    """What one rank gave back for one task.
-
-    ``status``: ``ok`` (``value`` holds the return value), ``error`` (the task
-    raised; ``error`` is ``"Type: message"``), ``crashed`` (the process died),
-    ``timeout`` (still running at the deadline) or ``aborted`` (killed because
-    another rank failed first).
-    """
-
-    rank: int
-    status: str
-    value: Any = None
-    error: str = ""
-    traceback: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-_STOPPED = " (stopped)"
-
-
-def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
-    """``(status, reason)`` of a failed task, with status in error/timeout: the
-    first rank that failed by itself names the failure."""
-    for kind in ("crashed", "error", "timeout"):
-        bad = [r for r in results if r.status == kind]
-        if bad:
-            ranks = ",".join(str(r.rank) for r in bad)
-            detail = bad[0].error.replace(_STOPPED, "")
-            # a stopped rank is the one that never answered; its peers wait for it
-            stopped = [str(r.rank) for r in bad if r.error.endswith(_STOPPED)]
-            if stopped:
-                detail += f"; rank {','.join(stopped)} never answered: its process is stopped (SIGSTOP?)"
-            status = "timeout" if kind == "timeout" else "error"
-            return status, f"rank {ranks} {kind}: {detail}".strip().rstrip(":")
-    return "ok", ""
 
 
 _WORKER_DEVICE = None
@@ -168,8 +128,6 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         started.set()
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
-    from .rank_state import remember
-
     remember()
     started.set()
     conn.send(("ready", "ok", None, ""))
@@ -467,7 +425,7 @@ class RankPool:
         for r in range(self.world_size):
             if r not in got:
                 if timed_out:
-                    stopped = _STOPPED if _is_stopped(self._procs[r].pid) else ""
+                    stopped = STOPPED if _is_stopped(self._procs[r].pid) else ""
                     got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s{stopped}")
                 else:
                     got[r] = RankResult(r, "aborted", error="killed after another rank failed")
