@@ -139,7 +139,7 @@ def measure_tests(args: list[str]) -> dict[str, Any]:
     if proc.returncode != 0 or not counts.get("passed"):
         sys.exit(f"the test suite failed (exit {proc.returncode}); no figures written:\n{proc.stdout[-2000:]}")
     return {
-        "command": "pytest " + " ".join(args),
+        "command": "pytest " + shlex.join(args),  # quoted: runs as printed
         "counts": counts,
         "wall_s": wall,
         "load_before": before,

@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_times_are_of_the_commands_nox_runs():
     # of today's command: checking the old figure there would refuse every
     # change to the command's arguments.
     if os.environ.get(readme_times.MEASURING) != "tests":
-        assert data["tests"]["command"] == "pytest " + " ".join(NOX.PYTEST_ARGS)
+        assert data["tests"]["command"] == "pytest " + shlex.join(NOX.PYTEST_ARGS)
     assert data["sweep"]["command"] == "python -m matrix " + " ".join(NOX.matrix_overrides([]))
 
 
