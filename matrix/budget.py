@@ -111,13 +111,13 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     # routes every gathered row in float64, then accumulates in float32.
     # (Measured peaks of CPU ranks came 3-25 % below this.)
     check = P * row * 6 + P * H * 8 + m * row * 3
-    # Timed loop, all implementations at once: rotated input sets and partials,
-    # the scratch and the pre-sized gathered buffer, and the copy of the first
-    # timed iteration's outputs when it is not the last.
-    kept = (P + m) * row if spec.iters > 1 else 0
-    per_full = rotation((m + P) * row) * (m + P) * row + 2 * P * row + kept
+    # Timed loop, all implementations at once: per FULL implementation its
+    # input rows, its form's gathered buffer and partials, and the check of
+    # every iteration (its partials pattern, the expected sum); every rank's
+    # rows once, which that check compares with.
+    per_full = 2 * m * row + 3 * P * row
     per_dispatch = rotation(2 * m * row) * m * row + 2 * P * min(topk, cp) * row
-    timed = sum(per_full if k == "full" else per_dispatch for k in kinds)
+    timed = sum(per_full if k == "full" else per_dispatch for k in kinds) + P * row
     buffers = max(check, timed) + m * row * 2  # plus the shard and its copy
     if res.device == "cuda":
         rank_bytes, dev = CUDA_RANK_HOST_BYTES, CUDA_CONTEXT_BYTES + weights + buffers

@@ -326,6 +326,114 @@ diverging_form = RoundTripImpl("diverging_form", _gather, _scatter, prepare=_div
                                doc="a production form whose reused buffer takes the rows at the packed offset")
 
 
+# --- timed forms that cheat: right when checked, wrong when timed -----------------
+# Each wraps padded's own production form (buffers reused across calls, as
+# serving code runs it) and cheats the way a timed form can: the checked calls
+# are padded's, so only the check of every timed iteration can see it.
+def _cheating(name, cheat, doc):
+    def prepare(plan, hidden, dtype, device, group):
+        return cheat(padded_form(plan, hidden, dtype, device, group), plan, hidden, dtype, device, group)
+
+    return RoundTripImpl(name, _gather, _scatter, prepare=prepare, doc=doc)
+
+
+def _counted(fn, when):
+    """``fn`` on the calls ``when(count)`` allows (counting from 1); else what
+    the last real call returned, without its collective (a stale buffer)."""
+    calls, last = [0], [None]
+
+    def call(*args):
+        calls[0] += 1
+        if calls[0] == 1 or when(calls[0]):
+            last[0] = fn(*args)
+        return last[0]
+
+    return call
+
+
+def _wrong_way(form, plan, hidden, dtype, device, group):
+    # The staging copy the wrong way round: the caller's rows overwritten by
+    # the slot's (zeros), and zeros gathered.
+    from nsa_cp_comm.roundtrip import padded_buffer
+
+    full, slot = padded_buffer(plan, hidden, dtype=dtype, device=device, group=group)
+    rank, m = dist.get_rank(group), plan.max_rank_len
+
+    def gather(local):
+        all_gather_into(full, full[rank * m : (rank + 1) * m], group)
+        return full
+
+    return dataclasses.replace(form, gather=gather, stage=lambda local: local.copy_(slot))
+
+
+def _stops_gathering(form, plan, hidden, dtype, device, group):
+    # The workspace is reused; after three calls the all-gather is no longer issued.
+    return dataclasses.replace(form, gather=_counted(form.gather, lambda n: n <= 3))
+
+
+def _memoised(form, plan, hidden, dtype, device, group):
+    # Results remembered per input buffer (its address), as a cache keyed on
+    # a tensor's identity does: the same buffer with new rows gets old results.
+    seen: dict[int, torch.Tensor] = {}
+    gather = form.gather
+
+    def memo(local):
+        key = local.data_ptr()
+        if key not in seen:
+            seen[key] = gather(local).clone()
+        return seen[key]
+
+    return dataclasses.replace(form, gather=memo)
+
+
+def _zeroes_caller(form, plan, hidden, dtype, device, group):
+    stage = form.stage
+
+    def stage_then_zero(local):
+        stage(local)
+        local.zero_()  # "done with it": the caller's rows are gone
+
+    return dataclasses.replace(form, stage=stage_then_zero)
+
+
+def _idle_between(form, plan, hidden, dtype, device, group):
+    # Works in warm-up, the first timed iteration and from the fifth call on;
+    # idle on calls 3 and 4 (stale buffers, no collectives).
+    works = lambda n: not 3 <= n <= 4  # noqa: E731
+    return dataclasses.replace(form, gather=_counted(form.gather, works), scatter=_counted(form.scatter, works))
+
+
+def _every_other(form, plan, hidden, dtype, device, group):
+    return dataclasses.replace(form, gather=_counted(form.gather, lambda n: n % 2 == 1))
+
+
+def _rare_corruption(form, plan, hidden, dtype, device, group):
+    # One call in ten returns a scatter output with one element changed.
+    calls, scatter = [0], form.scatter
+
+    def corrupt(*args):
+        calls[0] += 1
+        out = scatter(*args)
+        if calls[0] % 10 == 7 and out.numel():
+            out.view(-1)[-1] += 1
+        return out
+
+    return dataclasses.replace(form, scatter=corrupt)
+
+
+CHEATS = {
+    "wrong_way_stage": (_wrong_way, "stages the wrong way round: local.copy_(slot)"),
+    "stops_gathering": (_stops_gathering, "reuses its workspace and stops issuing the all-gather after 3 calls"),
+    "memoised": (_memoised, "remembers results per input buffer address"),
+    "zeroes_caller": (_zeroes_caller, "zeroes the caller's rows after staging them"),
+    "idle_between": (_idle_between, "idle (stale buffers) on calls 3 and 4"),
+    "every_other": (_every_other, "the all-gather on odd calls only"),
+    "rare_corruption": (_rare_corruption, "one scatter output in ten has one element changed"),
+}
+for _name, (_cheat, _doc) in CHEATS.items():
+    globals()[_name] = _cheating(_name, _cheat, _doc)
+
+
 # --- bad references -------------------------------------------------------------
 def raising_factory():
     """A factory (a zero-argument callable) that cannot build its implementation."""

@@ -76,9 +76,9 @@ class RoundTripImpl:
     ``needs_even``: the implementation must refuse uneven plans on every rank,
     before any collective. ``legacy_bits_on_even``: on even plans its results
     must equal legacy's bit for bit. ``prepare(plan, hidden, dtype, device,
-    group) -> Production``: the production form the timed loop runs; its
-    outputs must equal ``gather``'s and ``scatter``'s for the same inputs
-    (without it, the timed loop runs ``gather`` and ``scatter``).
+    group) -> Production``: the production form the timed loop runs, under
+    the same contract as ``gather`` and ``scatter``, checked at every
+    iteration (without it, the timed loop runs ``gather`` and ``scatter``).
     """
 
     name: str

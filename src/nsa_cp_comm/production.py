@@ -4,10 +4,10 @@ Serving code sizes its buffers once and reuses them at every layer: it
 gathers into a pre-sized buffer and reduce-scatters into a chunk of a
 pre-sized one. A :class:`~nsa_cp_comm.impls.RoundTripImpl` may give that form
 with ``prepare(plan, hidden, dtype, device, group) -> Production``; the timed
-loop runs it (:mod:`.steps`), and the matrix compares its first and last
-timed iteration with what the implementation's checked ``gather`` /
-``scatter`` return for the same inputs (the ``production_form`` check), so
-the form that is timed is held to the form that is checked. An
+loop runs it (:mod:`.harness.steps`) on new inputs every iteration and checks
+every iteration's outputs against what the plan says every rank contributed
+(the ``production_form`` check, :mod:`.harness.verify`), so the form that is
+timed is held to the same contract as the checked calls. An
 implementation without ``prepare`` is timed as its checked calls
 (:func:`calls_form`), allocation included.
 

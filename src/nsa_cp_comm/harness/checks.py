@@ -5,8 +5,9 @@ the thing checked and see it fail (tests/test_checks.py, tests/test_plugins.py).
 :data:`CHECKS` says what each one proves, in the order they run; the table
 in docs/design.md is rendered from it (docs/doc_tables.py).
 Light checks (``run_point(..., checks="light")``, FULL mode) leave out
-``reference_moe``, ``even_bitwise`` and ``production_form``, for production
-shapes where the reference MoE does not fit (:func:`check_light`).
+``reference_moe`` and ``even_bitwise``, for production shapes where the
+reference MoE does not fit (:func:`check_light`). ``production_form``, every
+timed iteration's outputs, is checked during the timed loop (:mod:`.verify`).
 
 Checks run on the correctness group: a process group created with torch's
 collective-consistency checking (TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper),
@@ -32,12 +33,11 @@ from ..moe import ReferenceMoE, max_rel_err, tolerance
 from ..plan import CPPlan
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
-from .steps import RoundTripSteps
 
 
 # Every name a row's ``failed_check`` can hold, and what passing it proves
 # (with the mistake it catches), in the order they run. FULL mode: from
-# ``input_mutated`` to ``group``, then ``production_form`` after the timed loop.
+# ``input_mutated`` to ``group``, then ``production_form`` during the timed loop.
 # SCATTERED mode: ``passthrough`` for the CP communicator; an a2a implementation
 # gets ``input_mutated``, ``dispatch_rows`` and ``reference_moe``. The last
 # three are found over ranks (:mod:`.fold`, :mod:`.measure`), not here.
@@ -67,12 +67,14 @@ CHECKS: dict[str, str] = {
              "process's global rank",
     "passthrough": "in SCATTERED mode the CP communicator hands the MoE its own rows untouched",
     "dispatch_rows": "a dispatch delivered exactly the rows routed to this rank's experts",
-    "production_form": "after the timed loop, the production form that was timed returned, in its first and last "
-                       "timed iteration, the gathered buffer byte-exact and the scatter output byte-exact (or within "
-                       "`reference_moe`'s tolerance, for a form that sums in another order) that the checked "
-                       "`gather` and `scatter` return for the same inputs, recomputed then on the correctness group; "
-                       "the outputs are copied aside untimed (`Steps.after`), so the comparison costs no timed time "
-                       "and two round trips per implementation and point",
+    "production_form": "every iteration of the timed loop (warm-up included), on inputs no earlier iteration had "
+                       "(each rank's rows XORed with a per-iteration mask, the partials a per-iteration pattern whose "
+                       "sums are exact), returned the gathered buffer with every rank's rows of that iteration "
+                       "byte-exact at the layout's offsets and zero padding, and the scatter output equal byte for "
+                       "byte to the ranks' partials summed, and left the caller's rows as given: checked untimed "
+                       "right after each phase against a reference drawn from the seed, not from what the form was "
+                       "given (a cache, a stale shared buffer, a form right only some of the time or that writes into "
+                       "its input fails); the reason counts the wrong iterations",
     "rank_agreement": "every rank reached the same outcome: none refused or passed through while others ran",
     "collective_skipped": "every rank entered the same collectives (from the pool: some ranks returned while others "
                           "waited in a collective; or the correctness group found ranks in different collectives): "
@@ -96,6 +98,7 @@ class ImplReport:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (check, message)
     samples: dict[str, list[float]] = field(default_factory=dict)
     rows_sent: int | None = None  # dispatch implementations: rows this rank sent
+    verify_s: float = 0.0  # seconds spent checking the timed iterations' outputs (untimed)
 
     def fail(self, check: str, message: str) -> None:
         self.failures.append((check, message))
@@ -336,33 +339,3 @@ def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
     _compare_to_reference(rep, out, before, moe, spec, plan, "a2a round trip")
     rep.correct = not rep.failures
     return rep
-
-
-def _rows_differ(got: torch.Tensor, want: torch.Tensor) -> str:
-    """Which rows of two same-shaped tensors differ in their bytes."""
-    bad = (got.contiguous().view(torch.uint8) != want.contiguous().view(torch.uint8)).reshape(got.shape[0], -1)
-    rows = bad.any(dim=1).nonzero().flatten().tolist()
-    return f"{len(rows)} row(s) differ, first {rows[0]}, last {rows[-1]}" if rows else ""
-
-
-def check_production(impl: impl_registry.RoundTripImpl, steps: RoundTripSteps, spec: PointSpec, plan: CPPlan,
-                     group, rep: ImplReport) -> None:
-    """``production_form``: what the timed form returned in its first and last
-    timed iteration (``steps.kept``) against the checked ``gather`` and
-    ``scatter`` on the same inputs. Every rank calls it for the same steps
-    (the checked calls are collectives)."""
-    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
-    for k, (i, gathered, out) in sorted(steps.kept.items()):
-        local, partials = steps.inputs[i]
-        want_gathered = impl.gather(local.clone(), plan, group)
-        want_out = impl.scatter(partials.clone(), plan, group)
-        where = f"timed iteration {k} (input set {i})"
-        diff = unlike(gathered, want_gathered)
-        if diff or not bitwise_equal(gathered, want_gathered):
-            rep.fail("production_form", f"{where}: the production form's gathered buffer differs from the checked "
-                     f"gather's: {diff or _rows_differ(gathered, want_gathered)}")
-        diff = unlike(out, want_out)
-        err = max_rel_err(out, want_out) if not diff else math.inf
-        if diff or not (bitwise_equal(out, want_out) or err <= tol):
-            rep.fail("production_form", f"{where}: the production form's scatter output differs from the checked "
-                     f"scatter's: {diff or f'max_rel_err {err:.3g} > {tol:.3g}'}")

@@ -22,7 +22,6 @@ from .checks import (
     check_full,
     check_light,
     check_passthrough,
-    check_production,
     checked_group,
 )
 from .cpgroup import cp_group, group_rank_of
@@ -33,7 +32,7 @@ from .rank_result import RankResult, summarize_failure
 from .ranks import RankPool, rank_device
 from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, PointSpec, make_shard
-from .steps import CONTROL, RoundTripSteps, control_steps, dispatch_steps, full_steps
+from .steps import CONTROL, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
 
 # The correctness group's own timeout: a collective one rank skipped fails
@@ -56,17 +55,19 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
 
 def check_point(
     spec: PointSpec, backend: str, device: torch.device, group, moe: ReferenceMoE | None = None,
-    *, checks: str = "full",
+    *, checks: str = "full", shards: list[torch.Tensor] | None = None,
 ) -> dict[str, ImplReport]:
     """The correctness phase on this rank: every implementation's checks
     (``moe``: the point's :func:`reference_moe`, built here when not given;
-    none with ``checks="light"``, FULL mode only: :func:`.checks.check_light`)."""
+    none with ``checks="light"``, FULL mode only: :func:`.checks.check_light`;
+    ``shards``: every rank's rows, generated here when not given)."""
     rank = dist.get_rank(group)  # the CP group's rank, not the world's
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
     # Every rank's rows, generated once; each implementation gets its own copy
     # of this rank's, so one that writes into its input cannot fail the next.
-    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    if shards is None:
+        shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     light = checks == "light"
     if light and mode is not ScatterMode.FULL:
         raise ValueError(f"checks='light' covers mode FULL only, not mode={spec.mode}")
@@ -96,10 +97,12 @@ def check_point(
     return reports
 
 
-def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[str, dict[str, Any]]:
+def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
+                  verify: bool = True) -> dict[str, dict[str, Any]]:
     """Runs on every rank: checks (on the correctness group), then timings of
-    the implementations that passed on every rank (on the plain group);
-    ``checks``: see :func:`run_point`.
+    the implementations that passed on every rank (on the plain group), every
+    timed iteration's outputs checked (:mod:`.verify`; ``verify=False`` only
+    to measure what that costs); ``checks``: see :func:`run_point`.
 
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
@@ -110,7 +113,9 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[s
         return {}  # a bystander: in the world, not in the CP group
     light = checks == "light"
     moe = None if light else reference_moe(spec, device)
-    reports = check_point(spec, backend, device, group, moe, checks=checks)
+    plan = spec.plan()
+    shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
@@ -119,7 +124,6 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[s
     # collectives meets its peers' collective here, and the group's
     # consistency check turns the would-be hang into an error on every rank.
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
-    plan = spec.plan()
     rank = dist.get_rank(plain)
     steps = []
     for name, bad in zip(names, failed.tolist()):
@@ -130,7 +134,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[s
         if impl.mode == "SCATTERED":
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
         else:
-            steps.append(full_steps(impl, spec, plan, rank, device, plain, keep=not light))
+            steps.append(full_steps(impl, spec, plan, rank, device, plain, shards, verify=verify))
     out: dict[str, dict[str, Any]] = {}
     if steps:
         if not light:
@@ -142,16 +146,14 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full") -> dict[s
             out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
             reports[name].samples = phases
-        # The timed forms against the checked calls, in the same order on
-        # every rank (the checked calls are collectives), once the loop's
-        # buffers are gone.
-        kept = [s for s in steps if isinstance(s, RoundTripSteps) and s.kept]
-        steps.clear()
-        flush = None
-        for s in kept:
-            s.release()
-        for s in kept:
-            check_production(impl_registry.get(s.name), s, spec, plan, group, reports[s.name])
+        for s in steps:
+            check = getattr(s, "timed_check", None)
+            if check is not None:
+                reports[s.name].verify_s = check.seconds
+                wrong = check.reason(spec.warmup + spec.iters)
+                if wrong:
+                    reports[s.name].fail("production_form", wrong)
+                    reports[s.name].correct = False
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 
@@ -267,17 +269,19 @@ def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
     return [ImplResult(name, status, reason=reason, failed_check=check, origin=origin_of(name)) for name in spec.impls]
 
 
-def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full") -> list[ImplResult]:
+def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full",
+              verify: bool = True) -> list[ImplResult]:
     """Run one point on a warm pool. A rank that raises, dies or hangs yields
     ``error``/``timeout`` results (the pool is then closed); never raises for
     what happens on the ranks.
 
     ``checks="full"`` (the matrix's): every check of :mod:`.checks`, then the
-    timed loop with the A/A control, then the ``production_form`` check.
-    ``checks="light"`` (FULL mode only; the benchmark's production shapes):
-    the layout, rows, padding, chunk, refusal and group checks byte-exact, but
-    no reference MoE (``reference_moe``, ``even_bitwise``), no
-    ``production_form`` check and no A/A control, so that a point holds only
+    timed loop with the A/A control, every iteration's outputs checked
+    (``production_form``). ``checks="light"`` (FULL mode only; the
+    benchmark's production shapes): the layout, rows, padding, chunk, refusal
+    and group checks byte-exact, and every timed iteration's, but no
+    reference MoE (``reference_moe``, ``even_bitwise``) and no A/A control,
+    so that a point holds only
     its implementations' buffers: rows of a failed check are ``failed`` as
     with full checks, and ``samples`` has no ``control``."""
     if checks not in CHECKS:
@@ -287,7 +291,7 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
     plan = spec.plan()
-    results = pool.run(point_on_rank, spec, pool.backend, checks, timeout_s=timeout_s)
+    results = pool.run(point_on_rank, spec, pool.backend, checks, verify, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         return failed_run(spec, results)
     # In the CP group's rank order, bystanders left out.

@@ -10,18 +10,18 @@ collectives; rows that a producer writes in place (``padded_zero_copy``;
 ``pad_at_split``, padded once at the split before attention) written untimed
 in ``reset``, like nccl-tests' in-place column. Implementations without a
 production form (the alternatives, most outside ones) are timed as their
-``gather``/``scatter`` calls, allocation included. With ``keep``, the first
-timed iteration's outputs are copied aside (untimed) and the last one's held
-for the ``production_form`` check. Dispatch implementations time ``dispatch`` as the
-gather phase and ``combine`` as the scatter phase (routing and the experts
-are not timed).
+``gather``/``scatter`` calls, allocation included. Every iteration's inputs
+are new, written untimed before it, and its outputs are checked untimed
+after each phase (:mod:`.verify`). Dispatch implementations time
+``dispatch`` as the gather phase and ``combine`` as the scatter phase
+(routing and the experts are not timed).
 
 No step checks its inputs: the ranks agreed on them in the correctness phase.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -32,8 +32,9 @@ from ..moe import ReferenceMoE
 from ..plan import CPPlan
 from .spec import DTYPES, PointSpec, make_shard
 from .timing import Steps
+from .verify import TimedCheck
 
-# Input sets rotate so a small point does not time a warm cache.
+# A dispatch implementation's input sets rotate so a small point does not time a warm cache.
 MAX_SETS = 4
 CACHE_BYTES = 64 << 20
 
@@ -44,84 +45,52 @@ def rotation(set_bytes: int) -> int:
     return max(1, min(MAX_SETS, -(-CACHE_BYTES // max(set_bytes, 1))))
 
 
-def _partials(rows: int, spec: PointSpec, n_sets: int, device) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(spec.seed + 104729)
-    dtype = DTYPES[spec.dtype]
-    return [torch.randn(rows, spec.hidden_size, generator=g).to(device=device, dtype=dtype) for _ in range(n_sets)]
-
-
-def _aside(x: object) -> object:
-    return x.detach().clone() if isinstance(x, torch.Tensor) else x
-
-
 @dataclass
 class RoundTripSteps(Steps):
-    """A FULL-mode implementation's timed steps, with its input sets
-    (``inputs[i]``: this rank's rows and the scatter's partials) and, with
-    ``keep``, what its first timed iteration returned (copies) and its last
-    returned (the form's own buffers) (``kept[k] = (input set, gathered
-    buffer, scatter output)``)."""
+    """A FULL-mode implementation's timed steps, with the check of every
+    iteration's outputs (:class:`~.verify.TimedCheck`; None when off)."""
 
-    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    kept: dict[int, tuple[int, object, object]] = field(default_factory=dict)
-
-    def release(self) -> None:
-        """After the loop: drop the production form's buffers and the input
-        sets no kept iteration used, keeping what the ``production_form``
-        check reads (so its checked calls do not add to the loop's peak)."""
-        self.phases, self.reset, self.after = [], None, None
-        used = {i for i, _, _ in self.kept.values()}
-        self.inputs = {i: v for i, v in self.inputs.items() if i in used}
+    timed_check: TimedCheck | None = None
 
 
 def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-               group: dist.ProcessGroup | None, *, keep: bool = False) -> RoundTripSteps:
+               group: dist.ProcessGroup | None, shards: list[torch.Tensor], *, verify: bool = True) -> RoundTripSteps:
     """The timed form of a FULL-mode implementation at this point: its
-    production form, whatever the implementation (no branch on its name)."""
+    production form, whatever the implementation (no branch on its name).
+    ``shards``: every rank's rows (the checks'). Each iteration's inputs are
+    new (written untimed before it) and, with ``verify`` (off only to measure
+    what the checks cost), its outputs are checked untimed after each phase."""
     dtype = DTYPES[spec.dtype]
-    rows = impl.buffer_rows(plan)
-    set_bytes = (plan.per_rank_tokens[rank] + rows) * spec.hidden_size * dtype.itemsize
-    n_sets = rotation(set_bytes)
-    locals_ = [make_shard(spec, plan, rank, device, salt=i) for i in range(n_sets)]
-    partials = _partials(rows, spec, n_sets, device)
+    local = torch.empty((plan.per_rank_tokens[rank], spec.hidden_size), dtype=dtype, device=device)
     form = impl.production(plan, spec.hidden_size, dtype, device, group)
     produced = form.stage if form.produced else None
     timed_stage = form.stage if not form.produced else None
-    out: dict[str, object] = {}
-    kept: dict[int, tuple[int, object, object]] = {}
+    check = TimedCheck(impl, plan, rank, shards, spec.hidden_size, spec.seed, device, spec.warmup)
 
-    def reset(i: int) -> None:
-        form.partials.copy_(partials[i])  # the scatter consumes its input
+    def reset(it: int) -> None:
+        # New rows and partials (the scatter consumes its input), so no cache can answer.
+        check.inputs(it, local, form.partials)
         if produced is not None:
-            produced(locals_[i])  # the producer writes its rows in place
+            produced(local)  # the producer writes its rows in place
 
-    # Outputs are held only to be kept: a held fresh buffer would double a
-    # calls form's peak memory.
-    def gather(i: int) -> None:
-        g = form.gather(locals_[i])
-        if keep:
-            out["gathered"] = g
+    def gather(i: int) -> object:
+        return form.gather(local)
 
-    def scatter(i: int) -> None:
-        o = form.scatter()
-        if keep:
-            out["scattered"] = o
+    def scatter(i: int) -> object:
+        return form.scatter()
 
-    def keep_ends(i: int, k: int, iters: int) -> None:
-        # The last iteration's outputs stay valid in the form's buffers after
-        # the loop (nothing writes them later): held, not copied. The first's
-        # are copied aside before the next iteration overwrites them.
-        if k == iters - 1:
-            kept[k] = (i, out["gathered"], out["scattered"])
-        elif k == 0:
-            kept[k] = (i, _aside(out["gathered"]), _aside(out["scattered"]))
-        out.clear()
+    def verify_phase(phase: str, it: int, out: object) -> None:
+        # Right after the phase, before any later call can write the same buffer.
+        if phase == "gather":
+            check.gathered(it, out)
+        elif phase == "scatter":
+            check.scattered(it, out, local)
 
     phases = [("gather", gather), ("scatter", scatter)]
     if timed_stage is not None:
-        phases.insert(0, ("local", lambda i: timed_stage(locals_[i])))
-    return RoundTripSteps(impl.name, phases, reset=reset, n_sets=n_sets, after=keep_ends if keep else None,
-                          inputs=dict(enumerate(zip(locals_, partials))), kept=kept)
+        phases.insert(0, ("local", lambda i: timed_stage(local)))
+    return RoundTripSteps(impl.name, phases, reset=reset, check=verify_phase if verify else None,
+                          timed_check=check if verify else None)
 
 
 def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,

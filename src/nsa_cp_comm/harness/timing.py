@@ -77,20 +77,22 @@ class CacheFlusher:
 
 @dataclass
 class Steps:
-    """What the timed loop runs for one implementation, per iteration ``i``.
+    """What the timed loop runs for one implementation, per iteration.
 
-    ``reset(i)`` runs untimed first (e.g. refill the buffer a scatter consumes);
-    then each ``(phase, fn)`` of ``phases`` in order, timed one by one. Phases
-    are named from :data:`PHASES`; an implementation without local work has
-    no ``local`` phase. ``after(i, k, iters)`` runs untimed after the phases
-    of timed iteration ``k`` of ``iters`` (input set ``i``): what it does to
-    look at the iteration's outputs is outside every phase's time."""
+    ``reset(it)`` runs untimed first, given the iteration's number ``it``
+    (from 0, warm-up included; e.g. write the iteration's inputs); then each
+    ``(phase, fn)`` of ``phases`` in order, timed one by one, each called with
+    the input set ``it % n_sets``. Phases are named from :data:`PHASES`; an
+    implementation without local work has no ``local`` phase. ``check(phase,
+    it, returned)`` runs untimed right after each phase with what the phase
+    returned, before anything else runs on this rank: what it does to look at
+    the outputs is outside every phase's time."""
 
     name: str
     phases: list[tuple[str, Callable[[int], object]]]
     reset: Callable[[int], object] | None = None
     n_sets: int = 1
-    after: Callable[[int, int, int], object] | None = None
+    check: Callable[[str, int, object], object] | None = None
 
 
 def timed_loop(
@@ -116,20 +118,21 @@ def timed_loop(
             s = steps[(it + k) % n]
             i = it % s.n_sets
             if s.reset is not None:
-                s.reset(i)
+                s.reset(it)
             if flush is not None:
                 flush()
             for phase, fn in s.phases:
                 clock.sync()
                 dist.barrier(group=group)
                 t0 = clock.mark()
-                fn(i)
+                out = fn(i)
                 t1 = clock.mark()
                 clock.sync()
                 if it >= warmup:
                     samples[s.name][phase].append(clock.elapsed_us(t0, t1))
-            if it >= warmup and s.after is not None:
-                s.after(i, it - warmup, iters)
+                if s.check is not None:
+                    s.check(phase, it, out)
+                del out  # a fresh output buffer is not held into the next phase
     return samples
 
 

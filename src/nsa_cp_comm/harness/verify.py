@@ -1,0 +1,193 @@
+"""Every iteration of the timed loop, checked against a reference the implementation cannot touch.
+
+The timed loop runs an implementation's production form: outside code that
+may cache results, share a workspace with its checked calls, write into the
+caller's rows, or work only some of the time. So every iteration (warm-up
+included) gets inputs no earlier iteration had, and what it returns is
+checked, untimed, right after the phase that returned it (before any later
+call can write the same buffer), against what the plan says every rank
+contributed. The inputs are the reference's, not the implementation's: a
+form that corrupts its input cannot corrupt the reference with it.
+
+- Gather. Rank ``r``'s rows at iteration ``k`` are its shard with a mask row
+  XORed into every row: per column, the sign bit and the low mantissa bits
+  (exact and cheap; a finite value stays finite). The gathered buffer must
+  hold every rank's masked rows byte-exact at the layout's offsets and zeros
+  in the padding; after the round trip, the caller's rows must be as given.
+- Scatter. Rank ``j``'s partials at iteration ``k`` are a fixed pattern
+  ``P_j`` (generated block by block, so any rank can make any block) plus a
+  row ``v_(j,k)``, all small multiples of 1/8 whose sums over ranks are exact
+  in bfloat16 and float32 in any order. This rank's output must equal
+  ``sum_j P_j[its rows] + sum_j v_(j,k)`` byte-exact.
+
+Every rank draws the masks and rows of every rank from one generator seeded
+by the point's seed, so no check needs a collective and the ranks stay in
+step whatever they find.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import torch
+
+from ..plan import CPPlan
+from .checks import unlike
+from .spec import shard_seed
+
+# Per dtype: the integer view, the sign bit in it, and how many low mantissa bits the mask flips.
+_BITS: dict[torch.dtype, tuple[torch.dtype, int, int]] = {
+    torch.float32: (torch.int32, -(2**31), 16),
+    torch.bfloat16: (torch.int16, -(2**15), 7),
+}
+# How many failed iterations a reason describes (the count covers them all).
+_SHOWN = 2
+
+
+def _amplitude(cp: int) -> int:
+    """Largest |integer| per partial value (in eighths): a rank's value is at
+    most twice it, and a sum over ``cp`` ranks stays within 240 eighths,
+    exact in bfloat16's 8 significant bits."""
+    return max(1, min(3, 120 // (2 * cp)))
+
+
+def _generator(*key: int) -> torch.Generator:
+    seed = 0
+    for part in key:
+        seed = (seed * 1_000_003 + part) % (2**63 - 1)
+    return torch.Generator().manual_seed(seed)
+
+
+class TimedCheck:
+    """One FULL-mode implementation's timed iterations on one rank: writes
+    each iteration's inputs (:meth:`inputs`) and checks its outputs
+    (:meth:`gathered`, :meth:`scattered`), counting the iterations that were
+    wrong. ``shards``: every rank's rows, as the checks generated them."""
+
+    def __init__(self, impl, plan: CPPlan, rank: int, shards: list[torch.Tensor], hidden: int, seed: int,
+                 device, warmup: int) -> None:
+        dtype = shards[rank].dtype
+        if dtype not in _BITS:
+            raise ValueError(f"no timed-iteration check for dtype {dtype}")
+        self.int_dtype, self.sign, self.low_bits = _BITS[dtype]
+        self.impl, self.plan, self.rank, self.device, self.warmup = impl, plan, rank, device, warmup
+        self.cp, self.hidden, self.dtype = plan.cp_size, hidden, dtype
+        self.shards = [s.view(self.int_dtype) for s in shards]
+        self.starts = impl.starts(plan)
+        self.n = plan.per_rank_tokens
+        padded = impl.layout == "rank_major_padded"
+        self.block = [impl.stride(plan) if padded else self.n[r] for r in range(self.cp)]
+        self.padded = padded
+        self.seed = seed
+        self.amp = _amplitude(self.cp)
+        # The draws of every iteration: one generator, the same sequence on every
+        # rank; another per implementation, so no two share an input to memoise.
+        self.draws = _generator(shard_seed(seed, 0), zlib.crc32(impl.name.encode()), 0x7E57)
+        self.masks = self.v = self.v_sum = None
+        # Partials in eighths, as small ints: exact in every dtype, a quarter of float32's memory.
+        self.base = self._own_partials()
+        self.summed = self._summed_rows()
+        # One buffer every comparison writes its expected rows into: no allocation per iteration.
+        self.scratch = torch.empty((plan.max_rank_len, hidden), dtype=dtype, device=device)
+        self.scratch_int = self.scratch.view(self.int_dtype)
+        self.wrong: dict[int, list[str]] = {}
+        self.seconds = 0.0  # spent checking, for the cost figure
+
+    # --- inputs -----------------------------------------------------------------
+    def _block(self, j: int, b: int) -> torch.Tensor:
+        """Block ``b`` of rank ``j``'s partials pattern, in eighths."""
+        g = _generator(shard_seed(self.seed, j), b, 0xB10C)
+        ints = torch.randint(-self.amp, self.amp + 1, (self.block[b], self.hidden), generator=g, dtype=torch.int8)
+        return ints.to(self.device)
+
+    def _own_partials(self) -> torch.Tensor:
+        rows = self.impl.buffer_rows(self.plan)
+        out = torch.zeros((rows, self.hidden), dtype=torch.int8, device=self.device)
+        for b in range(self.cp):
+            out[self.starts[b] : self.starts[b] + self.block[b]] = self._block(self.rank, b)
+        return out
+
+    def _summed_rows(self) -> torch.Tensor:
+        r, n = self.rank, self.n[self.rank]
+        acc = torch.zeros((n, self.hidden), dtype=torch.int16, device=self.device)
+        for j in range(self.cp):
+            acc += self._block(j, r)[:n]
+        return acc
+
+    def inputs(self, it: int, local: torch.Tensor, partials: torch.Tensor) -> None:
+        """Write iteration ``it``'s rows into ``local`` and partials into
+        ``partials`` (untimed, before the iteration)."""
+        g = self.draws
+        low = torch.randint(1, 2**self.low_bits, (self.cp, self.hidden), generator=g, dtype=torch.int32)
+        sign = torch.randint(0, 2, (self.cp, self.hidden), generator=g, dtype=torch.int32) * self.sign
+        self.masks = (low | sign).to(self.int_dtype).to(self.device)
+        v = torch.randint(-self.amp, self.amp + 1, (self.cp, self.hidden), generator=g, dtype=torch.int16)
+        self.v = v.to(device=self.device, dtype=self.dtype)  # eighths
+        self.v_sum = v.sum(0).to(device=self.device, dtype=self.dtype)
+        torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=local.view(self.int_dtype))
+        partials.copy_(self.base)
+        partials.add_(self.v[self.rank])
+        partials.mul_(0.125)
+
+    def expected_sum(self) -> torch.Tensor:
+        """This rank's rows of the ranks' partials summed, this iteration (a view of the scratch buffer)."""
+        want = self.scratch[: self.n[self.rank]]
+        want.copy_(self.summed)
+        want.add_(self.v_sum)
+        return want.mul_(0.125)
+
+    # --- checks ---------------------------------------------------------------------
+    def _where(self, it: int) -> str:
+        return f"iteration {it}" + (" (warm-up)" if it < self.warmup else f" (timed {it - self.warmup})")
+
+    def _fail(self, it: int, what: str) -> None:
+        self.wrong.setdefault(it, []).append(what)
+
+    def _like(self, shape: tuple[int, ...]) -> torch.Tensor:
+        # What ``unlike`` compares with: shape, dtype and device, one element of storage.
+        return torch.empty_strided(shape, (0,) * len(shape), dtype=self.dtype, device=self.device)
+
+    def gathered(self, it: int, full: object) -> None:
+        """The gathered buffer of iteration ``it``: every rank's masked rows at
+        its offset, zeros in the padding."""
+        t0 = time.perf_counter()
+        diff = unlike(full, self._like((self.impl.buffer_rows(self.plan), self.hidden)))
+        if diff:
+            self._fail(it, f"gathered buffer: {diff}")
+        else:
+            ints = full.view(self.int_dtype)
+            for r in range(self.cp):
+                s, n = self.starts[r], self.n[r]
+                want = torch.bitwise_xor(self.shards[r], self.masks[r], out=self.scratch_int[:n])
+                if not torch.equal(ints[s : s + n], want):
+                    self._fail(it, f"gathered rows of rank {r} (at row {s}) are not rank {r}'s rows of this iteration")
+                if self.padded:
+                    pad = full[s + n : s + self.block[r]]
+                    if pad.numel() and bool(pad.ne(0).any()):
+                        self._fail(it, f"padding rows of rank {r} are not zero")
+        self.seconds += time.perf_counter() - t0
+
+    def scattered(self, it: int, out: object, local: torch.Tensor) -> None:
+        """The scatter's output of iteration ``it`` (this rank's rows summed
+        over ranks), and the caller's rows after the round trip."""
+        t0 = time.perf_counter()
+        want = self.expected_sum()
+        diff = unlike(out, self._like(tuple(want.shape)))
+        if diff:
+            self._fail(it, f"scatter output: {diff}")
+        elif not torch.equal(out.view(self.int_dtype), want.view(self.int_dtype)):
+            bad = (out.view(self.int_dtype) != want.view(self.int_dtype)).any(dim=1).nonzero().flatten().tolist()
+            self._fail(it, f"scatter output: {len(bad)} of {want.shape[0]} row(s) are not the ranks' partials "
+                           f"summed (first {bad[0]})")
+        mine = torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=self.scratch_int[: self.n[self.rank]])
+        if not torch.equal(local.view(self.int_dtype), mine):
+            self._fail(it, "the caller's rows changed during the round trip (the gather must leave them untouched)")
+        self.seconds += time.perf_counter() - t0
+
+    def reason(self, total: int) -> str:
+        """'' when every iteration was right; else how many were wrong, and the first ones."""
+        if not self.wrong:
+            return ""
+        shown = "; ".join(f"{self._where(it)}: {', '.join(what)}" for it, what in sorted(self.wrong.items())[:_SHOWN])
+        return f"wrong in {len(self.wrong)} of {total} iterations of the timed loop: {shown}"

@@ -1,0 +1,128 @@
+"""Every timed iteration is checked against a reference the implementation
+cannot touch (nsa_cp_comm.harness.verify): timed forms that cheat fail on
+every point they run, and pass once the check is off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import broken_impls
+from nsa_cp_comm.harness import PointSpec, run_point
+from nsa_cp_comm.harness.verify import TimedCheck, _amplitude
+from nsa_cp_comm.impls import get
+from nsa_cp_comm.plan import plan_split
+
+CHEATS = tuple(f"tests.broken_impls:{name}" for name in broken_impls.CHEATS)
+HONEST = ("padded", "legacy", "pad_at_split", "padded_zero_copy", "sumlen_allreduce")
+
+
+def _run(rank_pool, cp, lens, *, verify=True, dtype="bfloat16"):
+    spec = PointSpec(lens, cp, policy="zigzag", impls=(*HONEST, *CHEATS), hidden_size=32, dtype=dtype, warmup=1,
+                     iters=12)
+    return {r.impl: r for r in run_point(spec, rank_pool(cp), timeout_s=120, verify=verify)}
+
+
+@pytest.mark.parametrize("cp, lens, dtype", [(2, (4, 4), "bfloat16"), (2, (3, 3), "float32"),
+                                             (3, (1001, 300), "bfloat16")])
+def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, lens, dtype):
+    rows = _run(rank_pool, cp, lens, dtype=dtype)
+    for name in HONEST:
+        assert rows[name].status in ("ok", "refused"), (name, rows[name].reason)
+    for name in CHEATS:
+        r = rows[name]
+        assert (r.status, r.failed_check) == ("failed", "production_form"), (name, r.status, r.reason)
+        assert "iterations of the timed loop" in r.reason and not r.stats, (name, r.reason)
+    # The count is of wrong iterations, out of all of them (warm-up included).
+    assert "wrong in 1 of 13 iterations" in rows["tests.broken_impls:rare_corruption"].reason
+    assert "wrong in 2 of 13 iterations" in rows["tests.broken_impls:idle_between"].reason
+    zeroed = rows["tests.broken_impls:zeroes_caller"].reason
+    assert "the caller's rows changed during the round trip" in zeroed
+
+
+def test_without_the_check_every_cheat_would_pass(rank_pool):
+    # The verdicts above come from the check of every timed iteration: with it
+    # off, the same forms (padded's checked calls) are ok.
+    rows = _run(rank_pool, 2, (3, 3), verify=False)
+    for name in CHEATS:
+        assert rows[name].status == "ok", (name, rows[name].reason)
+
+
+def _check(cp=4, lens=(5, 3, 9), dtype=torch.bfloat16, impl="padded", rank=1, seed=3):
+    plan = plan_split(lens, cp, policy="zigzag")
+    shards = [torch.randn(n, 16).to(dtype) for n in plan.per_rank_tokens]
+    return TimedCheck(get(impl), plan, rank, shards, 16, seed, "cpu", warmup=1), plan, shards
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_every_iteration_has_new_inputs_and_every_element_changes(dtype):
+    check, plan, shards = _check(dtype=dtype)
+    local = torch.empty_like(shards[1])
+    partials = torch.empty((get("padded").buffer_rows(plan), 16), dtype=dtype)
+    seen_local, seen_partials = [], []
+    for it in range(20):
+        check.inputs(it, local, partials)
+        # XOR of the sign and low mantissa bits: every element changed, none made infinite or NaN
+        assert bool((local.view(check.int_dtype) != shards[1].view(check.int_dtype)).all())
+        assert bool(torch.isfinite(local).all())
+        assert all(not torch.equal(local, x) for x in seen_local)
+        assert all(not torch.equal(partials, x) for x in seen_partials)
+        seen_local.append(local.clone())
+        seen_partials.append(partials.clone())
+
+
+def test_the_draws_differ_between_implementations():
+    a, plan, shards = _check(impl="padded")
+    b, _, _ = _check(impl="padded_zero_copy")
+    la, lb = torch.empty_like(shards[1]), torch.empty_like(shards[1])
+    p = torch.empty((get("padded").buffer_rows(plan), 16), dtype=torch.bfloat16)
+    a.inputs(0, la, p)
+    b.inputs(0, lb, p.clone())
+    assert not torch.equal(la, lb)  # no memo shared by two names of one plug-in can answer
+
+
+@pytest.mark.parametrize("cp", [2, 3, 8, 16, 64, 128])
+def test_the_partials_sum_exactly_in_bfloat16_at_any_cp(cp):
+    # A rank's value is at most 2 * amplitude eighths; the sum over cp ranks
+    # must stay within bfloat16's exact integers (256) in any order.
+    amp = _amplitude(cp)
+    assert amp >= 1 and 2 * amp * cp <= 256
+    worst = torch.full((cp,), 2 * amp / 8, dtype=torch.bfloat16)
+    acc = torch.zeros((), dtype=torch.bfloat16)
+    for x in worst:
+        acc = acc + x
+    assert float(acc) == 2 * amp * cp / 8
+
+
+def test_a_wrong_gather_a_wrong_scatter_and_a_changed_caller_are_each_counted():
+    check, plan, shards = _check()
+    local = torch.empty_like(shards[1])
+    partials = torch.empty((get("padded").buffer_rows(plan), 16), dtype=torch.bfloat16)
+    m = plan.max_rank_len
+
+    def right_gather():
+        full = torch.zeros((m * plan.cp_size, 16), dtype=torch.bfloat16)
+        for r in range(plan.cp_size):
+            full[r * m : r * m + plan.per_rank_tokens[r]].view(check.int_dtype).copy_(
+                torch.bitwise_xor(check.shards[r], check.masks[r]))
+        return full
+
+    def right_scatter():
+        return check.expected_sum().clone()
+
+    check.inputs(0, local, partials)
+    check.gathered(0, right_gather())
+    check.scattered(0, right_scatter(), local)
+    assert check.reason(3) == ""
+    check.inputs(1, local, partials)
+    stale = right_gather()
+    check.inputs(2, local, partials)
+    check.gathered(2, stale)  # the previous iteration's buffer
+    out = right_scatter()
+    out[0, 0] += 0.125
+    local[0, 0] = 0
+    check.scattered(2, out, local)
+    reason = check.reason(3)
+    assert reason.startswith("wrong in 1 of 3 iterations"), reason
+    assert "gathered rows of rank 0" in reason and "scatter output: 1 of" in reason
+    assert "the caller's rows changed" in reason
