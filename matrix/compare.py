@@ -28,8 +28,8 @@ input (one line):
   and ratios, a drop for ``*_GBps``) by more than ``--fail-above`` **and**
   beyond the noise: where both rows have per-iteration samples
   (``samples.jsonl``, matrix.samples), the samples differ by a one-sided
-  Mann-Whitney U test at false discovery rate 1% over the rows tested
-  (matrix.significance); elsewhere worse by more than the rows' spread
+  Mann-Whitney U test, Benjamini-Hochberg at false discovery rate 1% over
+  the rows tested (matrix.significance); elsewhere worse by more than the rows' spread
   (``roundtrip_iqr_us``), for the paired metric on ``roundtrip_p50_us``
   instead. A change beyond the threshold that the noise covers is marked
   ``within noise`` and does not gate;
@@ -561,7 +561,7 @@ def rule_line(metric: str, threshold: float, j: pd.DataFrame | None = None) -> s
     rules = []
     if tested:
         rules.append(f"{tested} row(s) with samples on both sides: AND significantly (one-sided Mann-Whitney U on "
-                     f"the per-iteration samples, false discovery rate {ALPHA * 100:g}% over those rows)")
+                     f"the per-iteration samples, Benjamini-Hochberg false discovery rate {ALPHA * 100:g}% over those rows)")
     if fallback:
         rules.append(f"{fallback} row(s) without samples on both sides: on {ABSOLUTE_FALLBACK} (absolute, moves with the load) "
                      f"AND by more than its spread (mean {SPREAD} of the two rows)")

@@ -227,6 +227,36 @@ def test_false_discovery_adjustment():
     assert np.isnan(adj[2]) and list(np.round(adj[[0, 1, 3]], 6)) == [0.03, 0.04, 0.04]
 
 
+def _bh(ps: list[float]) -> list[float]:
+    """Benjamini-Hochberg by its definition: min over k >= rank of p_(k) * m / k."""
+    order = sorted(range(len(ps)), key=ps.__getitem__)
+    m = len(ps)
+    out = [0.0] * m
+    for i, idx in enumerate(order):
+        out[idx] = min(1.0, min(ps[order[k]] * m / (k + 1) for k in range(i, m)))
+    return out
+
+
+def _holm(ps: list[float]) -> list[float]:
+    order = sorted(range(len(ps)), key=ps.__getitem__)
+    m, out, running = len(ps), [0.0] * len(ps), 0.0
+    for i, idx in enumerate(order):
+        running = max(running, min(1.0, ps[idx] * (m - i)))
+        out[idx] = running
+    return out
+
+
+def test_the_docs_name_the_correction_the_code_applies():
+    """The module's docstring named Holm while the code applies Benjamini-Hochberg."""
+    from matrix import significance
+
+    ps = [0.004, 0.03, 0.02, 0.5, 0.011]
+    assert list(adjusted(ps)) == pytest.approx(_bh(ps)) and _bh(ps) != pytest.approx(_holm(ps))
+    review = (Path(__file__).resolve().parents[1] / "docs" / "review.md").read_text()
+    for text in (significance.__doc__, review, compare.__doc__):
+        assert "Benjamini-Hochberg" in text and "Holm" not in text and "family-wise" not in text.lower()
+
+
 def test_samples_sidecar_round_trips(tmp_path: Path):
     rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}, {"point_id": "a", "impl": "legacy", "timestamp": "t"}]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}, {}])
