@@ -135,12 +135,13 @@ def even_ratio(pairs: pd.DataFrame) -> dict[str, float]:
 def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     """The report's first line: what a reviewer acts on (``pairs``: :func:`ratios` of ``df``)."""
     points = int(df[PAIR].nunique())
-    bad, failing = len(_incorrect(df)), len(_failing(df))
+    bad, failing = _incorrect(df), _failing(df)
     checked = int(df["status"].ne("skipped").sum())
-    state = "FAIL" if bad or failing else ("NOTHING CHECKED" if not checked else "PASS")
+    state = "FAIL" if len(bad) or len(failing) else ("NOTHING CHECKED" if not checked else "PASS")
     parts = [f"{points} points, {len(df)} rows (a row: one point and one impl)"]
-    parts.append(f"**!!! {bad} INCORRECT RESULT(S) !!!**" if bad else "correct everywhere checked")
-    parts.append(f"**{failing} failed, error or timeout point(s)**" if failing
+    parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
+                 else "correct everywhere checked")
+    parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
                  else "none failed, errored or timed out")
     er = even_ratio(pairs)
     if er["n"]:
@@ -149,6 +150,12 @@ def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     else:
         parts.append("no even plan with cp > 1 has both padded and legacy timed")
     return f"**Verdict: {state}**: " + "; ".join(parts) + "."
+
+
+def _rows_of_points(rows: pd.DataFrame) -> str:
+    """``3 rows of 2 points``: rows counted as rows, the points they fall on as points."""
+    n, points = len(rows), int(rows[PAIR].nunique())
+    return f"{n} row{'s' if n != 1 else ''} of {points} point{'s' if points != 1 else ''}"
 
 
 def _mixed(df: pd.DataFrame) -> list[str]:

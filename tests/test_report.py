@@ -176,14 +176,29 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
     assert table_row(verdicts, "refused")[-2] == "0"
-    assert "1 failed, error or timeout point(s)" in md
+    assert "failed, error or timeout: 1 row of 1 point" in md
+
+
+def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Two failing rows of one point read "2 failed, error or timeout point(s)"."""
+    rows = [make_row("padded", status="error", correct=None, reason="boom"),
+            make_row("legacy", status="timeout", correct=None, reason="hung"),
+            make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
+            make_row("legacy", cp=4)]
+    append(tmp_path, rows)
+    assert report.main([str(tmp_path)]) == 0
+    verdict = md_of(tmp_path)[0].splitlines()[2]
+    assert verdict.startswith("**Verdict: FAIL**: 2 points, 4 rows"), verdict
+    assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
+    assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
     banner = md.index("**Verdict: FAIL**")
-    assert "2 INCORRECT RESULT(S)" in md.splitlines()[2]
+    assert "INCORRECT RESULTS: 2 rows of 2 points" in md.splitlines()[2]
     loud = md.index("### !!! INCORRECT RESULTS: 2 point(s) !!!")
     assert banner < md.index("## Verdicts") < loud < md.index("## Claim check")
     assert "[777,333]" in md and "[999,1]" in md
