@@ -215,14 +215,14 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
     if len(unchecked):
-        part.main += [f"**warning:** {len(unchecked)} ok point(s) carry no correctness verdict (`correct` is empty).",
+        part.main += [f"**warning:** {_rows_of_points(unchecked)} are ok without a correctness verdict (`correct` is empty).",
                       ""]
 
     bad = _incorrect(df)
     cols = POINT + ["status", "correct", "even_bitwise_equal", "failed_check", "max_rel_err"]
     if len(bad):
         part.main += [
-            f"### !!! INCORRECT RESULTS: {len(bad)} point(s) !!!",
+            f"### !!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!",
             "",
             "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
             "(an even plan where the padded algorithm's bytes differ from legacy's):",
@@ -241,7 +241,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     if failing.empty:
         part.main += ["No failed, error or timeout point.", ""]
     else:
-        part.main += [f"### Failed, error and timeout points: {len(failing)}", ""]
+        part.main += [f"### Failed, error and timeout: {_rows_of_points(failing)}", ""]
         why = failing["failed_check"].where(failing["failed_check"].str.strip().ne(""), failing["reason"])
         groups = (
             failing.assign(why=why.map(lambda r: one_line(r, 90) or "(no reason)"))
@@ -256,7 +256,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     if len(skipped):
         reasons = skipped["reason"].map(lambda r: one_line(r, 100) or "(no reason)").value_counts()
         frame = reasons.rename_axis("reason").reset_index(name="points")
-        part.main += [f"### Skipped points: {len(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
+        part.main += [f"### Skipped: {_rows_of_points(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
         part.appendix += ["## Skipped points", "", *_whole(skipped[POINT + ["reason"]]), ""]
     return part
 

@@ -192,6 +192,9 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
     assert verdict.startswith("**Verdict: FAIL**: 2 points, 4 rows"), verdict
     assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
     assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
+    verdicts = section(md_of(tmp_path)[0], "Verdicts")  # the section's headings count alike
+    assert "### Failed, error and timeout: 3 rows of 2 points" in verdicts
+    assert "### !!! INCORRECT RESULTS: 1 row of 1 point !!!" in verdicts
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +202,7 @@ def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.Captu
     md, appendix = md_of(run_dir)
     banner = md.index("**Verdict: FAIL**")
     assert "INCORRECT RESULTS: 2 rows of 2 points" in md.splitlines()[2]
-    loud = md.index("### !!! INCORRECT RESULTS: 2 point(s) !!!")
+    loud = md.index("### !!! INCORRECT RESULTS: 2 rows of 2 points !!!")
     assert banner < md.index("## Verdicts") < loud < md.index("## Claim check")
     assert "[777,333]" in md and "[999,1]" in md
     assert "python -m matrix impl=allgatherv cp_size=2" in appendix  # repro of the incorrect point
@@ -209,7 +212,7 @@ def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: p
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
     failing = section(md, "Verdicts")[section(md, "Verdicts").index("### Failed"):]
-    assert "### Failed, error and timeout points: 3" in failing
+    assert "### Failed, error and timeout: 3 rows of 3 points" in failing
     assert "reference_moe" in failing and "ValueError: boom" in failing and "timed out after 60 s" in failing
     detail = appendix[appendix.index("## Failed, error and timeout points"):]
     assert "max_rel_err 0.5" in detail and "python -m matrix impl=a2a cp_size=4" in detail
