@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from matrix import _review, compare
-from matrix.results import COLUMNS, RESULTS_FILE, append_rows
+from matrix.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE, append_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -373,7 +373,17 @@ def test_last_row_per_point_is_used(base: str, tmp_path: Path, capsys: pytest.Ca
     assert got == code
     assert counts(out)["rows"] == "10" and counts(out)["points"] == "6"
     assert (f"note: NEW={new}: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "(the latest run) is used") in out
+            "and impl (the latest run) is used") in out
+
+
+def test_duplicates_of_two_impls_of_one_point_are_one_point(base: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Padded and legacy of one configuration rerun: 2 rows of 1 point, not "of 2 point(s)"."""
+    rows = base_rows()
+    assert all(rows[0][k] == rows[2][k] for k in CONFIG_COLUMNS if k != "impl" and k in rows[0])
+    new = write_run(tmp_path / "new", rows + [rows[0], rows[2]])
+    code, out, _ = run([base, new], capsys)
+    assert code == 0 and f"note: NEW={new}: 2 duplicate row(s) of 1 point(s) dropped" in out
 
 
 # --- big runs

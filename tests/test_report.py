@@ -316,7 +316,7 @@ def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: py
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 points)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 points, 2 rows")
     assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "(the latest run) is used") in md
+            "and impl (the latest run) is used") in md
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "ok")[-2] == "2" and table_row(verdicts, "error")[-2] == "0"
     assert "error -> ok" in appendix and "the last" in appendix
