@@ -340,9 +340,8 @@ def noise(j: pd.DataFrame, metric: str) -> dict[str, float]:
     runs themselves; ``points``, how many rows that is. NaN where not known."""
     out = {"within": math.nan, "between_p50": math.nan, "between_p90": math.nan, "points": 0}
     # rows the gate found unchanged: the drift of the runs themselves (all
-    # timed rows when every one changed)
-    # one unit: the paired rows where any were tested, not the absolute times
-    # of rows that fell back
+    # timed rows when every one changed), in one unit: the tested rows where
+    # any were, not beside the absolute times of rows that fell back
     pool = j["tested"] if j["tested"].any() else j["timed"]
     timed = j[pool & ~j["regressed"] & ~j["improved"]]
     if timed.empty:
@@ -467,12 +466,13 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
     fb = j["fallback"]
     basis = f"{ABSOLUTE_FALLBACK}, no samples: "
     base_was = pd.Series(np.where(j["_merge"].eq("right_only"), "no row", sb), index=j.index)
+    by_spread = ~j["tested"] & ~fb
     spread_rule_marks = [
         when(j["regressed"] & fb, f"REGRESSED ({basis}beyond {pct} and the spread)"),
-        when(j["regressed"] & ~j["tested"] & ~fb & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
-        when(j["regressed"] & ~j["tested"] & ~fb & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
-        when(j["within_noise"] & ~j["tested"] & fb, f"within noise ({basis}beyond {pct} but not the spread " + spread + ")"),
-        when(j["within_noise"] & ~j["tested"] & ~fb, "within noise (beyond " + pct + " but not the spread " + spread + ")"),
+        when(j["regressed"] & by_spread & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
+        when(j["regressed"] & by_spread & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
+        when(j["within_noise"] & fb, f"within noise ({basis}beyond {pct} but not the spread " + spread + ")"),
+        when(j["within_noise"] & by_spread, "within noise (beyond " + pct + " but not the spread " + spread + ")"),
     ]
     parts = [
         when(j["missing"], "MISSING in NEW (allowed)" if allow_missing else "MISSING in NEW"),
@@ -546,7 +546,7 @@ def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, col
     return out
 
 
-def rule_line(metric: str, threshold: float, j: pd.DataFrame | None = None) -> str:
+def rule_line(metric: str, threshold: float, j: pd.DataFrame) -> str:
     """How rows were gated on the metric, naming only the rules that applied to ``j``'s rows."""
     direction = "higher" if higher_is_better(metric) else "lower"
     pct = f"{threshold * 100:g}%"
@@ -554,17 +554,16 @@ def rule_line(metric: str, threshold: float, j: pd.DataFrame | None = None) -> s
             if metric == PAIRED else metric)
     head = (f"metric: {what} ({direction} is better); a row regresses when it is timed in both runs "
             f"and worse by more than {pct}")
-    if j is None:
-        j = pd.DataFrame({c: pd.Series(dtype=bool) for c in ("timed", "tested", "fallback", "unverified")})
     tested, fallback, unverified = int(j["tested"].sum()), int(j["fallback"].sum()), int(j["unverified"].sum())
     by_spread = int((j["timed"] & ~j["tested"] & ~j["fallback"]).sum())
     rules = []
     if tested:
-        rules.append(f"{tested} row(s) with samples on both sides: AND significantly (one-sided Mann-Whitney U on "
-                     f"the per-iteration samples, Benjamini-Hochberg false discovery rate {ALPHA * 100:g}% over those rows)")
+        rules.append(f"{tested} row(s) with samples on both sides: AND significantly (one-sided Mann-Whitney U "
+                     f"on the per-iteration samples, Benjamini-Hochberg false discovery rate {ALPHA * 100:g}% "
+                     "over those rows)")
     if fallback:
-        rules.append(f"{fallback} row(s) without samples on both sides: on {ABSOLUTE_FALLBACK} (absolute, moves with the load) "
-                     f"AND by more than its spread (mean {SPREAD} of the two rows)")
+        rules.append(f"{fallback} row(s) without samples on both sides: on {ABSOLUTE_FALLBACK} (absolute, moves "
+                     f"with the load) AND by more than its spread (mean {SPREAD} of the two rows)")
     if by_spread:
         rule = spread_rule(metric)
         if rule == "absolute":

@@ -215,8 +215,8 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
     if len(unchecked):
-        part.main += [f"**warning:** {_rows_of_points(unchecked)} are ok without a correctness verdict (`correct` is empty).",
-                      ""]
+        part.main += [f"**warning:** ok without a correctness verdict (`correct` is empty): "
+                      f"{_rows_of_points(unchecked)}.", ""]
 
     bad = _incorrect(df)
     cols = POINT + ["status", "correct", "even_bitwise_equal", "failed_check", "max_rel_err"]

@@ -185,16 +185,17 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
     rows = [make_row("padded", status="error", correct=None, reason="boom"),
             make_row("legacy", status="timeout", correct=None, reason="hung"),
             make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
-            make_row("legacy", cp=4)]
+            make_row("legacy", cp=4), make_row("padded", cp=8, correct=None), make_row("legacy", cp=8, correct=None)]
     append(tmp_path, rows)
     assert report.main([str(tmp_path)]) == 0
     verdict = md_of(tmp_path)[0].splitlines()[2]
-    assert verdict.startswith("**Verdict: FAIL**: 2 points, 4 rows"), verdict
+    assert verdict.startswith("**Verdict: FAIL**: 3 points, 6 rows"), verdict
     assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
     assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
     verdicts = section(md_of(tmp_path)[0], "Verdicts")  # the section's headings count alike
     assert "### Failed, error and timeout: 3 rows of 2 points" in verdicts
     assert "### !!! INCORRECT RESULTS: 1 row of 1 point !!!" in verdicts
+    assert "**warning:** ok without a correctness verdict (`correct` is empty): 2 rows of 1 point." in verdicts
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
