@@ -130,7 +130,7 @@ class Run:
 
     @property
     def duplicates(self) -> int:
-        """Rows dropped because a later row of the same point superseded them."""
+        """Rows dropped because a later row of the same point and impl superseded them."""
         return len(self.raw) - len(self.latest)
 
     def duplicate_note(self) -> str:
@@ -138,10 +138,12 @@ class Run:
         if not self.duplicates:
             return ""
         keys = self.raw[POINT_KEY]
-        points = keys[keys.duplicated(keep=False)].nunique()
+        # points as configurations: the impls of one point count once
+        where = self.config.loc[keys.duplicated(keep=False), [c for c in self.config.columns if c != "impl"]]
+        points = len(where.drop_duplicates())
         return (
             f"{self.duplicates} duplicate row(s) of {points} point(s) dropped: "
-            "the last row in file order of each point (the latest run) is used"
+            "the last row in file order of each point and impl (the latest run) is used"
         )
 
     def unknown_runs_note(self) -> str:

@@ -1,29 +1,43 @@
-"""Compare two results tables point by point and gate on what got worse.
+"""Compare two results tables row by row and gate on what got worse.
 
     python -m matrix.compare BASE NEW [--metric roundtrip_vs_control] [--fail-above 15%]
-                                      [--allow-missing] [--all]
+                                      [--allow-missing] [--allow-unverified] [--all]
 
 BASE and NEW are results directories or CSV files (resolved as by
-``matrix.report``). A point is a configuration (``matrix.results.CONFIG_COLUMNS``,
-``impl`` included); when a file holds several rows of one point, the last in
-file order (the latest run) is used and a note says how many were dropped.
+``matrix.report``). A point is a configuration (``matrix.results.CONFIG_COLUMNS``
+less ``impl``); a row is one point and one impl, and rows are what compare
+joins, marks and counts (its summary gives both: ``points=`` and ``rows=``,
+every other count in rows). When a file holds several rows of one point and
+impl, the last in file order (the latest run) is used and a note says how many
+were dropped.
 
-Exit status 1 when any gate trips, else 0; 2 on bad input (one line):
-- missing: a point of BASE has no row in NEW (``--allow-missing`` lets it pass);
+Exit status 1 when nothing was compared or any gate trips, else 0; 2 on bad
+input (one line):
+- nothing compared: no row of NEW joins one of BASE, or every joined row is
+  skipped in one run; a pass would vouch for nothing (``--allow-missing``
+  does not change this);
+- missing: a row of BASE has none in NEW (``--allow-missing`` lets it pass);
 - status worse: BASE ok/refused/passthrough, NEW failed/error/timeout (or a
   status the schema does not know); ``skipped`` is neutral either side;
+- failing in NEW: a failed/error/timeout (or unknown) row of NEW whose BASE
+  row was failing too, skipped or absent: correctness is absolute, time is
+  relative;
 - correctness lost: ``correct`` True in BASE and not True in NEW (unless NEW
   skipped the point);
 - regressed: both rows are timed and the metric got worse (a rise for times
   and ratios, a drop for ``*_GBps``) by more than ``--fail-above`` **and**
-  significantly: the per-iteration samples beside each run
-  (``samples.jsonl``, matrix.samples) differ by a one-sided Mann-Whitney U
-  test at false discovery rate 1% over the points compared
-  (matrix.significance). Where either run has no samples (a file written
-  before they were kept; metrics other than round trips), the old rule
-  applies: worse by more than the rows' spread (``roundtrip_iqr_us``).
-  A change beyond the threshold that the samples do not support is marked
-  ``within noise`` and does not gate.
+  beyond the noise: where both rows have per-iteration samples
+  (``samples.jsonl``, matrix.samples), the samples differ by a one-sided
+  Mann-Whitney U test, Benjamini-Hochberg at false discovery rate 1% over
+  the rows tested (matrix.significance); elsewhere worse by more than the rows' spread
+  (``roundtrip_iqr_us``), for the paired metric on ``roundtrip_p50_us``
+  instead. A change beyond the threshold that the noise covers is marked
+  ``within noise`` and does not gate;
+- unverified: a row timed in both runs that neither rule could check: for
+  the paired metric, samples unusable on a side (no line, an empty control,
+  a NaN) and no ``roundtrip_p50_us`` with a spread to fall back on; for
+  another metric, a value on one side only (``--allow-unverified`` lets it
+  pass).
 
 The default metric, ``roundtrip_vs_control``, is each iteration's round trip
 over the A/A control's round trip timed in the same iteration (a bare
@@ -74,12 +88,12 @@ METRICS: tuple[str, ...] = (PAIRED, *TIMING_COLUMNS)
 SPREAD = "roundtrip_iqr_us"
 # Timings from different machines or stacks are not comparable; say so, don't refuse.
 ENV_COLUMNS = ("host", "torch_version", "nccl_version", "device", "device_name")
-# Up to this many points, every one is listed; above, only points with a mark
+# Up to this many rows, every one is listed; above, only rows with a mark
 # (the rest are unchanged within the threshold), and each list is cut here too.
 LIST_LIMIT = 200
 
 # The gates, as the summary line names them.
-GATES = ("missing", "status-worse", "correctness-lost", "regressed")
+GATES = ("missing", "status-worse", "failing-in-new", "correctness-lost", "regressed", "unverified")
 
 
 def sampled(metric: str) -> bool:
@@ -138,9 +152,9 @@ def _samples_of(run: Run, samples: Samples, metric: str) -> list[np.ndarray | No
 
 
 def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame:
-    """One row per point (the run's latest rows): its canonical config, the
+    """One row per point and impl (the run's latest rows): its canonical config, the
     metric, status, correctness, the round trip's spread and median, and the
-    point's samples of the metric (``samples`` column, None where absent)."""
+    row's samples of the metric (``samples`` column, None where absent)."""
     lat = run.latest
     frame = run.latest_config.copy()
     per_point = _samples_of(run, samples or Samples(), metric)
@@ -157,7 +171,7 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
 
 
 def check_metric(run: Run, metric: str) -> None:
-    """InputError (one line) when a point's metric is text but not a finite,
+    """InputError (one line) when a row's metric is text but not a finite,
     non-negative number: a NaN compares as neither better nor worse and a
     negative latency as a gain, so either would pass unmarked. Empty cells
     (an untimed row) are not data, and are left alone."""
@@ -168,7 +182,7 @@ def check_metric(run: Run, metric: str) -> None:
         first = run.latest_config.loc[bad[bad].index[0]]
         where = f"cp_size={first['cp_size']} seq_lens={first['seq_lens']} impl={first['impl']}"
         raise InputError(f"{run.arg}={run.value}: bad data: {metric}={text[bad].iloc[0]} in {int(bad.sum())} "
-                         f"point(s) (first: {where}); a time or size is a finite number >= 0")
+                         f"row(s) (first: {where}); a time or size is a finite number >= 0")
 
 
 def columns_read(metric: str) -> tuple[str, ...]:
@@ -193,7 +207,7 @@ def _true(series: pd.Series) -> pd.Series:
 
 
 def _spread(j: pd.DataFrame, metric: str) -> pd.Series:
-    """The noise margin of each joined point in the metric's unit (NaN: none known).
+    """The noise margin of each joined row in the metric's unit (NaN: none known).
 
     Mean of the two rows' spreads, or the one that exists (a BASE written before
     the spread column still gets NEW's)."""
@@ -206,6 +220,26 @@ def _spread(j: pd.DataFrame, metric: str) -> pd.Series:
         rel = rel.replace([np.inf, -np.inf], np.nan).mean(axis=1)
         return rel * j["value_base"].abs()
     return pd.Series(np.nan, index=j.index)
+
+
+def _present(col: pd.Series) -> pd.Series:
+    """Cells holding a sample array (not None, not the NaN of an unjoined side)."""
+    return col.map(lambda x: isinstance(x, np.ndarray)).astype(bool)
+
+
+def _unverified_why(j: pd.DataFrame, metric: str, sampled_b: pd.Series, sampled_n: pd.Series) -> pd.Series:
+    """What a timed row lacks to be verified, for its mark."""
+    def side(has_b: pd.Series, has_n: pd.Series) -> np.ndarray:
+        return np.where(~has_b & ~has_n, "BASE and NEW", np.where(~has_b, "BASE", "NEW"))
+
+    if metric != PAIRED:
+        vb, vn = j["value_base"].notna(), j["value_new"].notna()
+        return pd.Series("no " + metric + " in " + side(vb, vn), index=j.index, dtype=object)
+    pb, pn = j["p50_base"].notna(), j["p50_new"].notna()
+    lacks = "no samples in " + side(sampled_b, sampled_n)
+    absolute = np.where(pb & pn, f"{ABSOLUTE_FALLBACK} without a spread",
+                        f"no {ABSOLUTE_FALLBACK} in " + side(pb, pn))
+    return pd.Series(lacks + "; " + absolute, index=j.index, dtype=object)
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
@@ -226,18 +260,44 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
 
     sb, sn = j["status_base"].fillna(""), j["status_new"].fillna("")
     new_skipped = sn.isin(NEUTRAL)
-    j["status_worse"] = both & sb.isin(GOOD) & ~sn.isin(GOOD) & ~new_skipped
+    # Correctness is absolute: a failing row of NEW gates whatever BASE had
+    # (good: status worse; failing too, skipped or absent: failing in NEW).
+    failing = j["status_new"].notna() & ~sn.isin(GOOD) & ~new_skipped
+    j["status_worse"] = both & sb.isin(GOOD) & failing
+    j["failing_new"] = failing & ~j["status_worse"]
     j["status_changed"] = both & sb.ne(sn)
     j["correctness_lost"] = both & _true(j["correct_base"]) & ~_true(j["correct_new"]) & ~new_skipped
 
+    both_ok = both & sb.eq("ok") & sn.eq("ok")
+    sampled_b, sampled_n = _present(j["samples_base"]), _present(j["samples_new"])
     b, n = j["value_base"], j["value_new"]
-    timed = both & sb.eq("ok") & sn.eq("ok") & b.notna() & n.notna()
+    if metric == PAIRED:
+        # A row without the paired samples on both sides falls back to its
+        # absolute time, which moves with the load: only with a spread to
+        # tell a change from noise; without one it is unverified.
+        tested = both_ok & sampled_b & sampled_n
+        p50b, p50n = j["p50_base"], j["p50_new"]
+        abs_spread = _spread(j, ABSOLUTE_FALLBACK)
+        fallback = both_ok & ~tested & p50b.notna() & p50n.notna() & abs_spread.notna()
+        untimed = ~(sampled_b | sampled_n | p50b.notna() | p50n.notna())
+        unverified = both_ok & ~tested & ~fallback & ~untimed
+        # shown in the table: the absolute times of rows without the paired samples
+        absolute = fallback | unverified
+        b, n = b.where(~absolute, p50b), n.where(~absolute, p50n)
+        timed = tested | fallback
+        spread = abs_spread.where(fallback)
+    else:
+        # A metric measured on one side only cannot be compared; on neither
+        # (bandwidth at cp 1, where nothing moves) there is nothing to compare.
+        timed = both_ok & b.notna() & n.notna()
+        tested = timed & sampled_b & sampled_n
+        fallback = pd.Series(False, index=j.index)
+        unverified = both_ok & (b.notna() ^ n.notna())
+        spread = _spread(j, metric).where(timed & ~tested)
+    j["value_base"], j["value_new"] = b, n
     worse_by = (b - n) if higher_is_better(metric) else (n - b)
-    spread = _spread(j, metric).where(timed)
     beyond_threshold = worse_by.abs() > threshold * b.abs()
     beyond_spread = spread.isna() | (worse_by.abs() > spread)
-    # Points with samples on both sides gate on the test, the others on the spread.
-    tested = timed & j["samples_base"].map(lambda x: x is not None) & j["samples_new"].map(lambda x: x is not None)
     p_worse, p_better = _pvalues(j, tested, higher_is_better(metric))
     significant_worse = pd.Series(p_worse < ALPHA, index=j.index)
     significant_better = pd.Series(p_better < ALPHA, index=j.index)
@@ -245,8 +305,11 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     supported_better = (tested & significant_better) | (~tested & beyond_spread)
     j["timed"] = timed
     j["tested"] = tested
+    j["fallback"] = fallback
+    j["unverified"] = unverified
+    j["unverified_why"] = _unverified_why(j, metric, sampled_b, sampled_n).where(unverified, "")
     j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
-    j["spread"] = spread.where(~tested)
+    j["spread"] = spread
     j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
     j["improved"] = timed & (worse_by < 0) & beyond_threshold & supported_better
     j["within_noise"] = timed & beyond_threshold & ~j["regressed"] & ~j["improved"]
@@ -259,7 +322,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
 
 def _pvalues(j: pd.DataFrame, tested: pd.Series, higher_better: bool) -> tuple[np.ndarray, np.ndarray]:
     """Adjusted p-values (NaN where not tested) that the metric got worse, and
-    that it got better, per joined point; each family adjusted on its own."""
+    that it got better, per joined row; each family adjusted on its own."""
     worse = np.full(len(j), np.nan)
     better = np.full(len(j), np.nan)
     for i in np.flatnonzero(tested.to_numpy()):
@@ -271,16 +334,18 @@ def _pvalues(j: pd.DataFrame, tested: pd.Series, higher_better: bool) -> tuple[n
 
 def noise(j: pd.DataFrame, metric: str) -> dict[str, float]:
     """What the two runs can resolve, measured on them: ``within``, the median
-    point's relative spread of its samples (IQR over median, both runs);
+    row's relative spread of its samples (IQR over median, both runs);
     ``between``, the median and 90th percentile of the absolute change of the
-    metric over the timed points the gate found unchanged: the drift of the
-    runs themselves. NaN where not known."""
+    metric over the timed rows the gate found unchanged: the drift of the
+    runs themselves; ``points``, how many rows that is. NaN where not known."""
     out = {"within": math.nan, "between_p50": math.nan, "between_p90": math.nan, "points": 0}
-    # points the gate found unchanged: the drift of the runs themselves (all
-    # timed points when every one changed)
-    timed = j[j["timed"] & ~j["regressed"] & ~j["improved"]]
+    # rows the gate found unchanged: the drift of the runs themselves (all
+    # timed rows when every one changed), in one unit: the tested rows where
+    # any were, not beside the absolute times of rows that fell back
+    pool = j["tested"] if j["tested"].any() else j["timed"]
+    timed = j[pool & ~j["regressed"] & ~j["improved"]]
     if timed.empty:
-        timed = j[j["timed"]]
+        timed = j[pool]
     if timed.empty:
         return out
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -306,8 +371,8 @@ def noise_lines(j: pd.DataFrame, metric: str, threshold: float) -> list[str]:
     if not nz["points"]:
         return []
     pct = lambda v: "n/a" if math.isnan(v) else f"{v * 100:.1f}%"  # noqa: E731
-    lines = [f"noise measured: between the runs the median unchanged point moved {pct(nz['between_p50'])} "
-             f"(90th percentile {pct(nz['between_p90'])}, {nz['points']} points); within a run a point's "
+    lines = [f"noise measured: between the runs the median unchanged row moved {pct(nz['between_p50'])} "
+             f"(90th percentile {pct(nz['between_p90'])}, {nz['points']} rows); within a run a row's "
              f"samples spread {pct(nz['within'])} (median IQR/median)"]
     if threshold < nz["between_p50"] * 2:
         lines.append(f"warning: --fail-above={threshold * 100:g}% is finer than these runs resolve (twice the median "
@@ -318,7 +383,7 @@ def noise_lines(j: pd.DataFrame, metric: str, threshold: float) -> list[str]:
     if len(tested):
         fewest = min(min(len(a), len(b)) for a, b in zip(tested["samples_base"], tested["samples_new"]))
         if smallest_p(fewest) >= ALPHA:
-            lines.append(f"warning: a point has only {fewest} samples a side: no difference can be significant "
+            lines.append(f"warning: a row has only {fewest} samples a side: no difference can be significant "
                          f"at {ALPHA:g} with so few (the smallest p-value is {smallest_p(fewest):.2g}); run with "
                          "more iters")
     return lines
@@ -346,16 +411,33 @@ def _sort_key(value: object) -> tuple[int, float, str]:
         return (1, 0.0, str(value))
 
 
-def gating(j: pd.DataFrame, allow_missing: bool) -> pd.Series:
+def gating(j: pd.DataFrame, allow_missing: bool, allow_unverified: bool = False) -> pd.Series:
     """Rows that make the exit status 1."""
-    gate = j["status_worse"] | j["correctness_lost"] | j["regressed"]
-    return gate | (j["missing"] & (not allow_missing))
+    gate = j["status_worse"] | j["failing_new"] | j["correctness_lost"] | j["regressed"]
+    return gate | (j["missing"] & (not allow_missing)) | (j["unverified"] & (not allow_unverified))
 
 
 def remarkable(j: pd.DataFrame) -> pd.Series:
-    """Rows that get a mark other than "no timing": something changed."""
-    flags = ["missing", "only_new", "status_changed", "correctness_lost", "regressed", "within_noise", "improved"]
+    """Rows that get a mark other than "no timing": something changed, or could not be verified."""
+    flags = ["missing", "only_new", "status_changed", "failing_new", "correctness_lost", "regressed", "within_noise",
+             "improved", "unverified"]
     return j[flags].any(axis=1)
+
+
+def compared(j: pd.DataFrame) -> pd.Series:
+    """Rows that ran in both runs (joined, skipped in neither): what the gate can compare."""
+    return j["_merge"].eq("both") & ~j["status_base"].isin(NEUTRAL) & ~j["status_new"].isin(NEUTRAL)
+
+
+def nothing_compared(j: pd.DataFrame) -> str:
+    """Why no row was compared (the gate then fails: a pass would vouch for nothing), or ''."""
+    joined = int(j["_merge"].eq("both").sum())
+    if compared(j).any():
+        return ""
+    if not joined:
+        return ("nothing compared: no row of NEW is at a point and impl of BASE (different configurations, "
+                "e.g. other iters or seq_lens)")
+    return f"nothing compared: each of the {joined} joined row(s) is skipped in BASE or NEW"
 
 
 def _join_marks(parts: list[pd.Series]) -> pd.Series:
@@ -366,8 +448,8 @@ def _join_marks(parts: list[pd.Series]) -> pd.Series:
     return out
 
 
-def marks(j: pd.DataFrame, threshold: float, allow_missing: bool) -> pd.Series:
-    """The mark column: what happened to each point, and which rule applied."""
+def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverified: bool = False) -> pd.Series:
+    """The mark column: what happened to each row, and which rule applied."""
     pct = f"{threshold * 100:g}%"
     blank = pd.Series("", index=j.index, dtype=object)
 
@@ -379,19 +461,33 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool) -> pd.Series:
     cn = j["correct_new"].astype(object).map(fmt).replace("", "-")
     spread = j["spread"].map(fmt)
     pval = j["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
-    no_timing = j["_merge"].eq("both") & ~j["timed"]
+    no_timing = j["_merge"].eq("both") & ~j["timed"] & ~j["unverified"]
+    # rows of the paired metric gated on their absolute time name it
+    fb = j["fallback"]
+    basis = f"{ABSOLUTE_FALLBACK}, no samples: "
+    base_was = pd.Series(np.where(j["_merge"].eq("right_only"), "no row", sb), index=j.index)
+    by_spread = ~j["tested"] & ~fb
+    spread_rule_marks = [
+        when(j["regressed"] & fb, f"REGRESSED ({basis}beyond {pct} and the spread)"),
+        when(j["regressed"] & by_spread & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
+        when(j["regressed"] & by_spread & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
+        when(j["within_noise"] & fb, f"within noise ({basis}beyond {pct} but not the spread " + spread + ")"),
+        when(j["within_noise"] & by_spread, "within noise (beyond " + pct + " but not the spread " + spread + ")"),
+    ]
     parts = [
         when(j["missing"], "MISSING in NEW (allowed)" if allow_missing else "MISSING in NEW"),
         when(j["only_new"], "only in NEW"),
         when(j["status_worse"], "STATUS WORSE " + sb + "->" + sn),
-        when(j["status_changed"] & ~j["status_worse"], "status " + sb + "->" + sn),
+        when(j["failing_new"], "FAILING in NEW: " + sn + " (BASE: " + base_was + ")"),
+        when(j["status_changed"] & ~j["status_worse"] & ~j["failing_new"], "status " + sb + "->" + sn),
         when(j["correctness_lost"], "CORRECTNESS LOST (correct " + cb + "->" + cn + ")"),
         when(j["regressed"] & j["tested"], "REGRESSED (beyond " + pct + ", significant: p=" + pval + ")"),
-        when(j["regressed"] & ~j["tested"] & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
-        when(j["regressed"] & ~j["tested"] & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
+        *spread_rule_marks,
         when(j["within_noise"] & j["tested"], "within noise (beyond " + pct + " but not significant: p=" + pval + ")"),
-        when(j["within_noise"] & ~j["tested"], "within noise (beyond " + pct + " but not the spread " + spread + ")"),
-        when(j["improved"], "improved"),
+        when(j["improved"] & fb, f"improved ({ABSOLUTE_FALLBACK}, no samples)"),
+        when(j["improved"] & ~fb, "improved"),
+        when(j["unverified"], ("unverified (allowed: " if allow_unverified else "UNVERIFIED (")
+             + j["unverified_why"].astype(str) + ")"),
         when(no_timing, "no timing"),
     ]
     return _join_marks([blank, *parts])
@@ -435,7 +531,7 @@ def table(j: pd.DataFrame, mark: pd.Series, columns: list[str]) -> str:
 
 def common_config(j: pd.DataFrame) -> str:
     same = [f"{c}={j[c].iloc[0]}" for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) == 1]
-    return f"common to all points: {', '.join(same)}" if same else ""
+    return f"common to all rows: {', '.join(same)}" if same else ""
 
 
 def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, columns: list[str],
@@ -444,37 +540,55 @@ def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, col
     if rows.empty:
         return []
     shown = rows if everything else rows.head(LIST_LIMIT)
-    out = [table(shown, marks(shown, threshold, args.allow_missing), columns)]
+    out = [table(shown, marks(shown, threshold, args.allow_missing, args.allow_unverified), columns)]
     if len(shown) < len(rows):
         out.append(f"... {len(rows) - len(shown)} more {what} not listed (--all lists them)")
     return out
 
 
-def rule_line(metric: str, threshold: float, tested: int = 0) -> str:
+def rule_line(metric: str, threshold: float, j: pd.DataFrame) -> str:
+    """How rows were gated on the metric, naming only the rules that applied to ``j``'s rows."""
     direction = "higher" if higher_is_better(metric) else "lower"
     pct = f"{threshold * 100:g}%"
     what = (f"{metric} (per iteration: round trip / the A/A control's round trip in the same iteration; median)"
             if metric == PAIRED else metric)
-    head = (f"metric: {what} ({direction} is better); a point regresses when both rows are timed "
-            f"and it is worse by more than {pct}")
+    head = (f"metric: {what} ({direction} is better); a row regresses when it is timed in both runs "
+            f"and worse by more than {pct}")
+    tested, fallback, unverified = int(j["tested"].sum()), int(j["fallback"].sum()), int(j["unverified"].sum())
+    by_spread = int((j["timed"] & ~j["tested"] & ~j["fallback"]).sum())
+    rules = []
     if tested:
-        return (head + f" AND significantly (one-sided Mann-Whitney U on the per-iteration samples, "
-                f"false discovery rate {ALPHA * 100:g}% over {tested} points); points without samples: the spread")
-    rule = spread_rule(metric)
-    if rule == "absolute":
-        return (head + f" AND by more than its spread (mean {SPREAD} of the two rows);"
-                f" rows without a spread: {pct} alone")
-    if rule == "relative":
-        return (head + f" AND by more than its spread ({SPREAD} / roundtrip_p50_us of the two rows, times BASE);"
-                f" rows without a spread: {pct} alone")
-    return head + " (a size: exact, no spread)"
+        rules.append(f"{tested} row(s) with samples on both sides: AND significantly (one-sided Mann-Whitney U "
+                     f"on the per-iteration samples, Benjamini-Hochberg false discovery rate {ALPHA * 100:g}% "
+                     "over those rows)")
+    if fallback:
+        rules.append(f"{fallback} row(s) without samples on both sides: on {ABSOLUTE_FALLBACK} (absolute, moves "
+                     f"with the load) AND by more than its spread (mean {SPREAD} of the two rows)")
+    if by_spread:
+        rule = spread_rule(metric)
+        if rule == "absolute":
+            rules.append(f"{by_spread} row(s) without samples on both sides: AND by more than the spread "
+                         f"(mean {SPREAD} of the two rows; none: {pct} alone)")
+        elif rule == "relative":
+            rules.append(f"{by_spread} row(s): AND by more than the spread ({SPREAD} / roundtrip_p50_us of the two "
+                         f"rows, times BASE; none: {pct} alone)")
+        else:
+            rules.append(f"{by_spread} row(s): {pct} alone (a size: exact, no spread)")
+    if unverified:
+        rules.append(f"{unverified} timed row(s) that neither rule could check: unverified, failing unless "
+                     "--allow-unverified")
+    if not rules:
+        return head + "; no row is timed in both runs: none was gated on the metric"
+    return head + "; " + "; ".join(rules)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=" ".join(command("compare")),
-        description="Compare two results tables point by point; exit 1 when a point is missing, "
-        "got a worse status, lost correctness or regressed beyond the threshold and its spread.",
+        description="Compare two results tables row by row (a row: one point and one impl); exit 1 when "
+        "nothing was compared, or a row is missing, failing in NEW (failed, error or timeout, whatever BASE had), "
+        "lost correctness, regressed beyond the threshold and the noise, or is timed but could not be checked "
+        "(unverified).",
     )
     parser.add_argument("base", metavar="BASE", help="baseline results directory or CSV file")
     parser.add_argument("new", metavar="NEW", help="new results directory or CSV file")
@@ -488,11 +602,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--allow-missing", action="store_true",
-        help="points of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)",
+        help="rows of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)",
+    )
+    parser.add_argument(
+        "--allow-unverified", action="store_true",
+        help="timed rows compare could not check (the paired metric's samples missing on a side and no "
+        f"{ABSOLUTE_FALLBACK} with a spread to fall back on; a metric measured on one side only) are listed "
+        "but do not fail",
     )
     parser.add_argument(
         "--all", action="store_true", dest="list_all",
-        help=f"list every point (by default, above {LIST_LIMIT} points only those with a mark are listed)",
+        help=f"list every row (by default, above {LIST_LIMIT} rows only those with a mark are listed)",
     )
     return parser
 
@@ -522,49 +642,68 @@ def main(argv: list[str] | None = None) -> int:
     sb, sn = run_samples(base), run_samples(new)
     notes = [f"note: {run.arg}={run.value}: {smp.skipped_lines} unreadable line(s) of {SAMPLES_FILE} skipped"
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
-    if metric == PAIRED and not (sb.found and sn.found):
-        lacking = [r.arg for r, smp in ((base, sb), (new, sn)) if not smp.found]
-        notes.append(f"note: {' and '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no {SAMPLES_FILE} "
-                     f"(written before samples were kept): comparing {ABSOLUTE_FALLBACK}, absolute times, which "
-                     "move with the machine's load")
-        metric = ABSOLUTE_FALLBACK
+    if metric == PAIRED:
+        notes += [_no_samples_note(run) for run, smp in ((base, sb), (new, sn)) if not smp.found]
     j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold)
-    gate = gating(j, args.allow_missing)
+    gate = gating(j, args.allow_missing, args.allow_unverified)
+    empty = nothing_compared(j)
 
-    lines = [*base.notes(), *new.notes(), *notes, rule_line(metric, threshold, int(j["tested"].sum())),
+    lines = [*base.notes(), *new.notes(), *notes, rule_line(metric, threshold, j),
              *noise_lines(j, metric, threshold)]
     common, cols = common_config(j), varying(j)
     lines += [common] if common else []
     if len(j) <= LIST_LIMIT or args.list_all:
-        lines += ["", *_listing(j, args, threshold, cols, True, "points")]
+        lines += ["", *_listing(j, args, threshold, cols, True, "rows")]
     else:
         marked = j[remarkable(j)]
-        lines += ["", f"{len(j) - len(marked)} of {len(j)} points show no change (same status, within the "
+        lines += ["", f"{len(j) - len(marked)} of {len(j)} rows show no change (same status, within the "
                   f"threshold or not timed; --all lists them); {len(marked)} with a mark:"]
-        lines += ["", *_listing(marked, args, threshold, cols, False, "marked points")]
+        lines += ["", *_listing(marked, args, threshold, cols, False, "marked rows")]
 
     counts = {
-        "points": len(j),
+        "points": points(j),
+        "rows": len(j),
         "joined": int(j["_merge"].eq("both").sum()),
         "missing": int(j["missing"].sum()),
         "only-in-new": int(j["only_new"].sum()),
         "status-worse": int(j["status_worse"].sum()),
+        "failing-in-new": int(j["failing_new"].sum()),
         "correctness-lost": int(j["correctness_lost"].sum()),
         "regressed": int(j["regressed"].sum()),
+        "unverified": int(j["unverified"].sum()),
         "within-noise": int(j["within_noise"].sum()),
         "improved": int(j["improved"].sum()),
     }
-    fail = bool(gate.any())
-    if fail:
-        tripped = ", ".join(f"{name} {counts[name]}" for name in GATES
-                            if counts[name] and (name != "missing" or not args.allow_missing))
-        lines += ["", f"FAIL: {int(gate.sum())} point(s) trip a gate ({tripped}):", ""]
-        lines += _listing(j[gate], args, threshold, cols, args.list_all, "failing points")
-    allowed = " (allowed)" if args.allow_missing and counts["missing"] else ""
-    summary = " ".join(f"{k}={v}" + (allowed if k == "missing" else "") for k, v in counts.items())
+    allowed = {"missing": args.allow_missing, "unverified": args.allow_unverified}
+    fail = bool(gate.any()) or bool(empty)
+    if empty:
+        lines += ["", f"FAIL: {empty}"]
+    if gate.any():
+        tripped = ", ".join(f"{name} {counts[name]}" for name in GATES if counts[name] and not allowed.get(name))
+        lines += ["", f"FAIL: {int(gate.sum())} row(s) of {points(j[gate])} point(s) trip a gate ({tripped}):", ""]
+        lines += _listing(j[gate], args, threshold, cols, args.list_all, "failing rows")
+    summary = " ".join(f"{k}={v}" + (" (allowed)" if allowed.get(k) and v else "") for k, v in counts.items())
     lines += ["", f"summary: {summary} -> {'FAIL' if fail else 'PASS'}"]
     print("\n".join(lines))
     return 1 if fail else 0
+
+
+def points(j: pd.DataFrame) -> int:
+    """Distinct points (configurations; the impl apart) among ``j``'s rows."""
+    cols = [c for c in CONFIG_COLUMNS if c != "impl"]
+    return int(len(j[cols].drop_duplicates())) if len(j) else 0
+
+
+def _no_samples_note(run: Run) -> str:
+    """Why a run has no samples file, as far as its rows tell, and what compare does instead."""
+    timed = int((run.latest["status"].astype(str).str.strip().eq("ok")
+                 & pd.to_numeric(run.latest[ABSOLUTE_FALLBACK], errors="coerce").notna()).sum())
+    if not timed:
+        return f"note: {run.arg}={run.value} has no {SAMPLES_FILE}, and none of its rows is timed"
+    return (f"note: {run.arg}={run.value} has no {SAMPLES_FILE} although {timed} of its rows are timed (written "
+            f"before samples were kept, or not copied with its results): those rows are gated on "
+            f"{ABSOLUTE_FALLBACK}, absolute times that move with the machine's load, where a spread is known, "
+            "else unverified")
 
 
 if __name__ == "__main__":

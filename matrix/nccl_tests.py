@@ -6,7 +6,9 @@ test), ``config`` (``nthreads``, ``ngpus``, ``devices``: one entry per
 process) and ``results``, one per message size: ``size`` (bytes of the whole
 buffer: the gathered output of an all-gather, the input of a reduce-scatter),
 and ``out_of_place`` / ``in_place`` objects with ``time`` (microseconds),
-``alg_bw``, ``bus_bw`` (GB/s) and ``nwrong``.
+``alg_bw``, ``bus_bw`` (GB/s) and ``nwrong``. The model takes the
+out_of_place times (in_place only in a file without them), one per size, at
+least three sizes (:func:`curve_points`).
 
 :class:`Model` predicts a collective's time at any buffer size ``S`` by
 interpolating the measured times linearly in log(size)-log(time) (below the
@@ -136,15 +138,40 @@ def read(path: Path | str) -> Curve:
             if isinstance(wrong, (int, float)) and not isinstance(wrong, bool) and wrong > 0:
                 raise _fail(path, f"results[{i}].{placement}.nwrong={wrong:g}: nccl-tests saw wrong results")
             points[placement].append((size, float(t)))
-    # The CP round trips run in place (the gather into its own block, the
-    # reduce-scatter into its chunk of the input); out of place where absent.
-    placement = "in_place" if points["in_place"] else "out_of_place"
-    pts = sorted(dict(points[placement]).items())
+    placement, sizes, times = curve_points(path, points)
+    return Curve(op, nranks, placement, sizes, times, str(path))
+
+
+MIN_SIZES = 3  # a curve, not a point or a line: the model interpolates and extrapolates from it
+
+
+def curve_points(path: Path, points: dict[str, list[tuple[int, float]]]) -> tuple[str, np.ndarray, np.ndarray]:
+    """The placement a model is built from and its (sizes, times), ascending.
+
+    ``points``: per placement, ``(size, time_us)`` in file order. out_of_place
+    is used, in_place only when no result has out_of_place: out_of_place is
+    nccl-tests' first column and the one a run measures at every size, and a
+    curve must not be taken from a placement present at a few sizes only (one
+    in_place size would make the whole model). A size measured twice is
+    refused, not merged: two times for one size are two runs (other settings,
+    another machine) that one curve cannot hold; and fewer than
+    :data:`MIN_SIZES` sizes are refused: no curve to interpolate."""
+    placement = "out_of_place" if points["out_of_place"] else "in_place"
+    pts = points[placement]
     if not pts:
         raise _fail(path, "no result has an in_place or out_of_place time")
-    sizes = np.array([s for s, _ in pts], dtype=float)
-    times = np.array([t for _, t in pts], dtype=float)
-    return Curve(op, nranks, placement, sizes, times, str(path))
+    seen: dict[int, int] = {}
+    for size, _ in pts:
+        seen[size] = seen.get(size, 0) + 1
+    repeated = [s for s, n in seen.items() if n > 1]
+    if repeated:
+        raise _fail(path, f"size {repeated[0]} has {seen[repeated[0]]} {placement} times (results repeat "
+                          f"{len(repeated)} size(s)): one measurement per size; keep one run's results")
+    if len(pts) < MIN_SIZES:
+        raise _fail(path, f"{len(pts)} size(s) with an {placement} time: a model needs at least {MIN_SIZES} "
+                          "(run nccl-tests over a range, e.g. -b 8 -e 128M -f 2)")
+    pts = sorted(pts)
+    return placement, np.array([s for s, _ in pts], dtype=float), np.array([t for _, t in pts], dtype=float)
 
 
 @dataclass(frozen=True)

@@ -135,12 +135,13 @@ def even_ratio(pairs: pd.DataFrame) -> dict[str, float]:
 def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     """The report's first line: what a reviewer acts on (``pairs``: :func:`ratios` of ``df``)."""
     points = int(df[PAIR].nunique())
-    bad, failing = len(_incorrect(df)), len(_failing(df))
+    bad, failing = _incorrect(df), _failing(df)
     checked = int(df["status"].ne("skipped").sum())
-    state = "FAIL" if bad or failing else ("NOTHING CHECKED" if not checked else "PASS")
+    state = "FAIL" if len(bad) or len(failing) else ("NOTHING CHECKED" if not checked else "PASS")
     parts = [f"{points} points, {len(df)} rows (a row: one point and one impl)"]
-    parts.append(f"**!!! {bad} INCORRECT RESULT(S) !!!**" if bad else "correct everywhere checked")
-    parts.append(f"**{failing} failed, error or timeout point(s)**" if failing
+    parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
+                 else "correct everywhere checked")
+    parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
                  else "none failed, errored or timed out")
     er = even_ratio(pairs)
     if er["n"]:
@@ -149,6 +150,12 @@ def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     else:
         parts.append("no even plan with cp > 1 has both padded and legacy timed")
     return f"**Verdict: {state}**: " + "; ".join(parts) + "."
+
+
+def _rows_of_points(rows: pd.DataFrame) -> str:
+    """``3 rows of 2 points``: rows counted as rows, the points they fall on as points."""
+    n, points = len(rows), int(rows[PAIR].nunique())
+    return f"{n} row{'s' if n != 1 else ''} of {points} point{'s' if points != 1 else ''}"
 
 
 def _mixed(df: pd.DataFrame) -> list[str]:
@@ -208,14 +215,14 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
     if len(unchecked):
-        part.main += [f"**warning:** {len(unchecked)} ok point(s) carry no correctness verdict (`correct` is empty).",
-                      ""]
+        part.main += [f"**warning:** ok without a correctness verdict (`correct` is empty): "
+                      f"{_rows_of_points(unchecked)}.", ""]
 
     bad = _incorrect(df)
     cols = POINT + ["status", "correct", "even_bitwise_equal", "failed_check", "max_rel_err"]
     if len(bad):
         part.main += [
-            f"### !!! INCORRECT RESULTS: {len(bad)} point(s) !!!",
+            f"### !!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!",
             "",
             "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
             "(an even plan where the padded algorithm's bytes differ from legacy's):",
@@ -234,7 +241,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     if failing.empty:
         part.main += ["No failed, error or timeout point.", ""]
     else:
-        part.main += [f"### Failed, error and timeout points: {len(failing)}", ""]
+        part.main += [f"### Failed, error and timeout: {_rows_of_points(failing)}", ""]
         why = failing["failed_check"].where(failing["failed_check"].str.strip().ne(""), failing["reason"])
         groups = (
             failing.assign(why=why.map(lambda r: one_line(r, 90) or "(no reason)"))
@@ -249,7 +256,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     if len(skipped):
         reasons = skipped["reason"].map(lambda r: one_line(r, 100) or "(no reason)").value_counts()
         frame = reasons.rename_axis("reason").reset_index(name="points")
-        part.main += [f"### Skipped points: {len(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
+        part.main += [f"### Skipped: {_rows_of_points(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
         part.appendix += ["## Skipped points", "", *_whole(skipped[POINT + ["reason"]]), ""]
     return part
 

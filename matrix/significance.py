@@ -3,15 +3,18 @@
 A regression is a difference the samples support, not two medians apart:
 the one-sided Mann-Whitney U test (rank-sum; no assumption on the shape of the
 distributions, robust to the long upper tail that timings have) gives a
-p-value per point, and Holm's step-down correction keeps the chance of any
-false alarm over all the points compared at most ``alpha`` when nothing
-changed (as asv does, a difference must be significant *and* beyond a
-threshold). The U statistic's null distribution is taken in its normal
-distribution is exact when no value ties and the samples are small (the
-matrix's iters: 8 to a few dozen), else its normal approximation with tie and
-continuity corrections. Over many points Benjamini-Hochberg's step-up keeps
-the false discovery rate at ``alpha``; when nothing changed (an A/A pair) that
-is also the chance of any false alarm.
+p-value per row (:func:`p_greater`). The U statistic's null distribution is
+exact when no value ties and neither sample holds more than ``EXACT_MAX``
+values (the matrix's iters: 8 to a few dozen), else its normal approximation
+with tie and continuity corrections.
+
+Over the rows compared, Benjamini-Hochberg's step-up adjustment
+(:func:`adjusted`) turns the p-values into ones whose rows below ``alpha``
+are discoveries at false discovery rate ``alpha``: of the rows flagged, a
+fraction ``alpha`` at most is expected to be false. When nothing changed (an
+A/A pair) every discovery is false, so that is also the chance of any false
+alarm in one compare. As asv does, a difference must be significant *and*
+beyond a threshold.
 
 Samples of two runs are not exchangeable on a shared machine (a run-wide
 drift moves all of one run's samples), so significance alone flags drift: a
@@ -26,7 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# Family-wise false-alarm rate of one compare, over all its points.
+# The false discovery rate of one compare over its rows; with nothing changed,
+# also the chance of any false alarm.
 ALPHA = 0.01
 
 

@@ -43,8 +43,9 @@ def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> s
 
 def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[str], list[str]]:
     """``points``: (config, point_id). Counts of the points' latest rows by
-    status (``points`` and ``missing``: points, and points without a row),
-    read from the results files, and the results files read."""
+    status, read from the results files, and the results files read; counts
+    of points: ``points``, ``missing`` (points without a row) and ``failing
+    points`` (points with a failed, error or timeout row)."""
     by_dir: dict[str, set[str]] = {}
     pts = list(points)
     for cfg, pid in pts:
@@ -62,21 +63,31 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[
             counts["missing"] += 1
         for row in got:
             counts[row.get("status") or "missing"] += 1
+        counts["failing points"] += any(row.get("status") in BAD_STATUSES for row in got)
     files = [str(results_path(d)) for d in sorted(by_dir)]
     return counts, files
 
 
 def render(counts: Counter[str], files: list[str], *, single: bool = False) -> str:
-    """``matrix summary: 4 points, 8 rows: ok 6, refused 2, failed 0, ...``."""
+    """``matrix summary: 4 points, 8 rows: ok 6, refused 2, failed 0, ...``: rows
+    by status, then points: those with a failing row, those with none."""
     points = counts["points"]
     rows = sum(counts[s] for s in ORDER if s != "missing")
-    parts = ", ".join(f"{s} {counts[s]}" for s in ORDER if counts[s] or s in ("ok", "failed", "error", "timeout"))
-    line = f"matrix summary: {points} point{'s' if points != 1 else ''}, {rows} row{'s' if rows != 1 else ''}: {parts}"
+    parts = ", ".join(f"{s} {counts[s]}" for s in ORDER
+                      if s != "missing" and (counts[s] or s in ("ok", "failed", "error", "timeout")))
+    line = f"matrix summary: {_n(points, 'point')}, {_n(rows, 'row')}: {parts}"
+    failing_rows = sum(counts[s] for s in BAD_STATUSES)
+    if failing_rows:
+        line += f"; failed, error or timeout: {_n(failing_rows, 'row')} of {_n(counts['failing points'], 'point')}"
     if counts["missing"]:
-        line += " (missing: points that wrote no row)"
+        line += f"; missing {_n(counts['missing'], 'point')} (wrote no row)"
     if single:
         line += " (a single point: sweep with -m key=a,b or a preset such as +matrix=smoke)"
     return line + (f"\nresults: {', '.join(files)}" if files else "")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 # What the sweep's exit status says (pytest's codes where they mean the same).

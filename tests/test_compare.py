@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from matrix import _review, compare
-from matrix.results import COLUMNS, RESULTS_FILE, append_rows
+from matrix.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE, append_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,6 +35,7 @@ def make_row(impl: str = "padded", cp: int = 2, seq_lens: str = "[512,512]", p50
         policy="zigzag", is_even=True, claim_holds=True, status=status, reason="",
         correct={"ok": True, "refused": True, "passthrough": True, "failed": False}.get(status),
         roundtrip_p50_us=p50 if timed else None, busbw_padded_GBps=1e4 / p50 if timed else None,
+        roundtrip_iqr_us=1.0 if timed else None,
         device_name="cpu", overrides="cp_size=2,4",
     )
     row.update(extra)
@@ -115,8 +116,8 @@ def test_run_against_itself_passes(base: str, capsys: pytest.CaptureFixture[str]
     code, out, err = run([base, base], capsys)
     assert code == 0, out
     assert summary(out) == (
-        "summary: points=10 joined=10 missing=0 only-in-new=0 status-worse=0 correctness-lost=0 regressed=0 "
-        "within-noise=0 improved=0 -> PASS"
+        "summary: points=6 rows=10 joined=10 missing=0 only-in-new=0 status-worse=0 failing-in-new=0 "
+        "correctness-lost=0 regressed=0 unverified=0 within-noise=0 improved=0 -> PASS"
     )
     assert err == ""  # same environment: no warning
     assert "+0.0%" in out
@@ -131,7 +132,7 @@ def test_missing_point_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFi
     code, out, _ = run([base, new], capsys)
     assert code == 1
     assert counts(out)["missing"] == "1" and summary(out).endswith("FAIL")
-    assert "MISSING in NEW" in marks(out) and "FAIL: 1 point(s) trip a gate (missing 1)" in out
+    assert "MISSING in NEW" in marks(out) and "FAIL: 1 row(s) of 1 point(s) trip a gate (missing 1)" in out
 
 
 def test_missing_point_allowed(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,12 +142,17 @@ def test_missing_point_allowed(base: str, tmp_path: Path, capsys: pytest.Capture
     assert "missing=1 (allowed)" in summary(out) and "MISSING in NEW (allowed)" in marks(out)
 
 
-def test_point_only_in_new_does_not_gate(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = base_rows() + [make_row("padded", 8, p50=1e6, status="failed")]  # a new point, slow and broken
-    new = write_run(tmp_path / "new", rows)
-    code, out, _ = run([base, new], capsys)
+def test_point_only_in_new_gates_only_when_failing(base: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    slow = write_run(tmp_path / "slow", base_rows() + [make_row("padded", 8, p50=1e6)])  # a new point, slow
+    code, out, _ = run([base, slow], capsys)
     assert code == 0
     assert counts(out)["only-in-new"] == "1" and marks(out).count("only in NEW") == 1
+    # broken: correctness is absolute, whether BASE had the point or not
+    broken = write_run(tmp_path / "broken", base_rows() + [make_row("padded", 8, status="failed")])
+    code, out, _ = run([base, broken], capsys)
+    assert code == 1 and counts(out)["failing-in-new"] == "1"
+    assert "only in NEW; FAILING in NEW: failed (BASE: no row)" in marks(out)
 
 
 # --- statuses
@@ -180,13 +186,23 @@ def test_status_change(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[
     assert f"{word} {old['status']}->{new_status}" in out
 
 
-def test_bad_to_good_and_bad_to_bad_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    errors = [make_row(status="error"), make_row(cp=4, status="timeout")]
+def test_bad_to_good_passes_and_bad_to_bad_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row failing in NEW fails the gate whatever BASE had: both runs broken is no pass."""
+    errors = [make_row(status="error"), make_row(cp=4, status="timeout"), make_row(cp=8, status="skipped")]
     base = write_run(tmp_path / "base", errors)
-    new = write_run(tmp_path / "new", [make_row(status="ok"), make_row(cp=4, status="failed")])
-    code, out, _ = run([base, new], capsys)
-    assert code == 0 and counts(out)["status-worse"] == "0"
-    assert "status error->ok" in out and "status timeout->failed" in out
+    fixed = write_run(tmp_path / "fixed", [make_row(status="ok"), make_row(cp=4, status="ok"),
+                                           make_row(cp=8, status="skipped")])
+    code, out, _ = run([base, fixed], capsys)
+    assert code == 0 and counts(out)["status-worse"] == "0" and counts(out)["failing-in-new"] == "0"
+    assert "status error->ok" in out and "status timeout->ok" in out
+    still = write_run(tmp_path / "still", [make_row(status="ok"), make_row(cp=4, status="failed"),
+                                           make_row(cp=8, status="error")])
+    code, out, _ = run([base, still], capsys)
+    assert code == 1, out
+    assert counts(out)["failing-in-new"] == "2" and counts(out)["status-worse"] == "0"
+    assert "FAILING in NEW: failed (BASE: timeout); no timing" in marks(out)
+    assert "FAILING in NEW: error (BASE: skipped); no timing" in marks(out)
+    assert "FAIL: 2 row(s) of 2 point(s) trip a gate (failing-in-new 2)" in out
 
 
 # --- correctness
@@ -209,15 +225,48 @@ def test_skipped_point_is_no_correctness_loss(base: str, tmp_path: Path, capsys:
 # --- the metric: threshold and spread
 
 
-def test_20_percent_slower_without_spread_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_20_percent_slower_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.2))
     code, out, _ = run([base, new], capsys)
     assert code == 1
     assert counts(out)["regressed"] == "1" and summary(out).endswith("FAIL")
-    assert "+20.0%" in out and "REGRESSED (beyond 5%; no spread)" in out
+    assert "+20.0%" in out and "REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)" in out
     # a looser threshold lets it pass, in either spelling
     for threshold in ("25%", "0.25"):
         assert compare.main([base, new, "--fail-above", threshold]) == 0
+
+
+def _without_spread(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [{**r, "roundtrip_iqr_us": None} for r in rows]
+
+
+def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_run(tmp_path / "b", _without_spread(base_rows()))
+    new = write_run(tmp_path / "n", _without_spread(changed(FIRST, roundtrip_p50_us=210.0 * 1.2)))
+    code, out, _ = run([base, new, "--metric", "roundtrip_p50_us"], capsys)
+    assert code == 1 and "REGRESSED (beyond 5%; no spread)" in marks(out)
+    assert "none: 5% alone" in out  # the rule that applied is named
+    assert compare.main([base, new, "--metric", "roundtrip_p50_us", "--fail-above", "25%"]) == 0
+
+
+def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Absolute times move with the load: without samples, and no spread to
+    judge them by, a row is neither a pass nor a fail but unverified."""
+    base = write_run(tmp_path / "b", _without_spread(base_rows()))
+    new = write_run(tmp_path / "n", _without_spread(changed(FIRST, roundtrip_p50_us=210.0 * 3)))
+    code, out, _ = run([base, new, "--fail-above", "15%"], capsys)
+    assert code == 1, out
+    assert counts(out)["unverified"] == "8" and counts(out)["regressed"] == "0"
+    assert marks(out).count("UNVERIFIED (no samples in BASE and NEW; roundtrip_p50_us without a spread)") == 16
+    assert "+200.0%" in out  # the absolute change is shown
+    assert "FAIL: 8 row(s) of 4 point(s) trip a gate (unverified 8)" in out
+    assert "8 timed row(s) that neither rule could check: unverified" in out
+    assert "a size" not in out  # the rule line names the rules that applied, nothing else
+    code, out, _ = run([base, new, "--fail-above", "15%", "--allow-unverified"], capsys)
+    assert code == 0 and "unverified=8 (allowed)" in summary(out)
+    assert "unverified (allowed: no samples in BASE and NEW; roundtrip_p50_us without a spread)" in marks(out)
 
 
 def test_4_percent_slower_passes(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,7 +285,7 @@ def test_regression_beyond_threshold_and_spread_fails(tmp_path: Path, capsys: py
     base, new = _spread_runs(tmp_path, 10.0, 20.0, 1.2)  # +42 us against a spread of 15 us
     code, out, _ = run([base, new], capsys)
     assert code == 1 and counts(out)["regressed"] == "1"
-    assert "REGRESSED (beyond 5% and the spread)" in out
+    assert "REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)" in out
     assert "mean roundtrip_iqr_us of the two rows" in out  # the rule is named
 
 
@@ -245,7 +294,7 @@ def test_regression_within_spread_is_noise(tmp_path: Path, capsys: pytest.Captur
     code, out, _ = run([base, new], capsys)
     assert code == 0
     assert counts(out)["regressed"] == "0" and counts(out)["within-noise"] == "1"
-    assert "within noise (beyond 5% but not the spread 50)" in out
+    assert "within noise (roundtrip_p50_us, no samples: beyond 5% but not the spread 50)" in out
 
 
 def test_spread_of_one_side_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -288,11 +337,20 @@ def test_rows_without_timings_never_gate_on_the_metric(base: str, tmp_path: Path
     assert code == 0 and counts(out)["regressed"] == "0"
 
 
-def test_missing_value_is_shown_but_does_not_gate(base: str, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=None))
-    code, out, _ = run([base, new], capsys)
-    assert code == 0 and "no timing" in marks(out)
+@pytest.mark.parametrize("metric", ["roundtrip_vs_control", "roundtrip_p50_us", "busbw_padded_GBps"])
+def test_a_timing_missing_on_one_side_is_unverified(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    metric: str) -> None:
+    """An ok row of NEW without its time passed as "no timing"; measured on
+    neither side (bandwidth where nothing moves), there is nothing to verify."""
+    column = "roundtrip_p50_us" if metric == "roundtrip_vs_control" else metric
+    new = write_run(tmp_path / "new", changed(FIRST, **{column: None}))
+    code, out, _ = run([base, new, "--metric", metric], capsys)
+    assert code == 1 and counts(out)["unverified"] == "1", out
+    assert any(m.startswith("UNVERIFIED (no ") and m.endswith(" in NEW)") for m in marks(out)), marks(out)
+    assert run([base, new, "--metric", metric, "--allow-unverified"], capsys)[0] == 0
+    neither = write_run(tmp_path / "neither", changed(FIRST, **{column: None}))
+    code, out, _ = run([neither, new, "--metric", metric], capsys)
+    assert code == 0 and counts(out)["unverified"] == "0" and "no timing" in marks(out)
 
 
 def test_faster_is_improved_not_failed(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -313,9 +371,19 @@ def test_last_row_per_point_is_used(base: str, tmp_path: Path, capsys: pytest.Ca
     new = write_run(tmp_path / "new", base_rows()[1:] + rerun)
     got, out, _ = run([base, new], capsys)
     assert got == code
-    assert counts(out)["points"] == "10"
+    assert counts(out)["rows"] == "10" and counts(out)["points"] == "6"
     assert (f"note: NEW={new}: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "(the latest run) is used") in out
+            "and impl (the latest run) is used") in out
+
+
+def test_duplicates_of_two_impls_of_one_point_are_one_point(base: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Padded and legacy of one configuration rerun: 2 rows of 1 point, not "of 2 point(s)"."""
+    rows = base_rows()
+    assert all(rows[0][k] == rows[2][k] for k in CONFIG_COLUMNS if k != "impl" and k in rows[0])
+    new = write_run(tmp_path / "new", rows + [rows[0], rows[2]])
+    code, out, _ = run([base, new], capsys)
+    assert code == 0 and f"note: NEW={new}: 2 duplicate row(s) of 1 point(s) dropped" in out
 
 
 # --- big runs
@@ -328,8 +396,8 @@ def test_big_run_lists_only_marked_points(tmp_path: Path, capsys: pytest.Capture
     new = write_run(tmp_path / "n", rows)
     code, out, _ = run([base, new], capsys)
     assert code == 1
-    assert f"{compare.LIST_LIMIT + 49} of {compare.LIST_LIMIT + 50} points show no change" in out
-    assert marks(out) == ["REGRESSED (beyond 5%; no spread)"] * 2  # listed once, then under FAIL
+    assert f"{compare.LIST_LIMIT + 49} of {compare.LIST_LIMIT + 50} rows show no change" in out
+    assert marks(out) == ["REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)"] * 2  # and under FAIL
     code, out, _ = run([base, new, "--all"], capsys)
     assert len(marks(out)) == compare.LIST_LIMIT + 50 + 1
 
@@ -435,6 +503,6 @@ def test_a_nan_or_impossible_metric_is_bad_data(tmp_path: Path, capsys: pytest.C
     assert code == 2 and out == "", out
     arg = "NEW" if which == "new" else "BASE"
     assert err.strip().splitlines() == [
-        f"error: {arg}={bad}: bad data: roundtrip_p50_us={shown} in 1 point(s) "
+        f"error: {arg}={bad}: bad data: roundtrip_p50_us={shown} in 1 row(s) "
         "(first: cp_size=2 seq_lens=[512,512] impl=padded); a time or size is a finite number >= 0"
     ], err

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from matrix import designs
+from matrix import designs, report
 from matrix.nccl_tests import NcclTestsError, load_model, read
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,11 +19,11 @@ RS = REPO / "benchmarks" / "data" / "nccl_tests_sample_reduce_scatter.json"
 
 def test_sample_files_read_as_the_format_says():
     ag, rs = read(AG), read(RS)
-    assert (ag.op, ag.nranks, ag.placement) == ("all_gather", 8, "in_place")
+    assert (ag.op, ag.nranks, ag.placement) == ("all_gather", 8, "out_of_place")
     assert rs.op == "reduce_scatter"
     doc = json.loads(AG.read_text())
     first = doc["results"][3]
-    assert ag.time_us(first["size"], 8) == pytest.approx(first["in_place"]["time"])
+    assert ag.time_us(first["size"], 8) == pytest.approx(first["out_of_place"]["time"])
 
 
 def test_interpolation_and_extrapolation():
@@ -64,6 +64,53 @@ def test_bad_files_are_refused_with_one_line(tmp_path, edit, needle):
     with pytest.raises(NcclTestsError) as exc:
         read(p)
     assert needle in str(exc.value) and str(p) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _results(doc, keep):
+    """``doc`` with each result's placements filtered by ``keep(index, placement)``."""
+    out = []
+    for i, r in enumerate(doc["results"]):
+        out.append({k: v for k, v in r.items() if k not in ("in_place", "out_of_place") or keep(i, k)})
+    return {**doc, "results": out}
+
+
+def test_out_of_place_makes_the_model_even_beside_a_stray_in_place_size(tmp_path):
+    """in_place on one 8-byte size beside 12 out_of_place sizes made a model
+    of the single size (280412 us predicted against 14 us from the curve)."""
+    doc = json.loads(AG.read_text())
+    stray = _results(doc, lambda i, k: (k == "in_place") == (i == 0))  # in_place at size 8 only, the rest out
+    c = read(_write(tmp_path, stray))
+    assert c.placement == "out_of_place" and len(c.sizes) == len(doc["results"]) - 1
+    mid = doc["results"][6]
+    assert c.time_us(mid["size"]) == pytest.approx(mid["out_of_place"]["time"])
+    # a file of in_place times only: those are the curve
+    only_in = read(_write(tmp_path, _results(doc, lambda i, k: k == "in_place"), "all_gather_in.json"))
+    assert only_in.placement == "in_place" and only_in.time_us(mid["size"]) == pytest.approx(mid["in_place"]["time"])
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("duplicate", "size 2048 has 2 out_of_place times (results repeat 1 size(s)): one measurement per size"),
+    ("two sizes", "2 size(s) with an out_of_place time: a model needs at least 3"),
+])
+def test_a_file_that_is_no_curve_is_refused_in_one_line(tmp_path, capsys, case, needle):
+    doc = json.loads(AG.read_text())
+    if case == "duplicate":  # the last of two times for one size won, silently
+        again = {**doc["results"][4], "out_of_place": {**doc["results"][4]["out_of_place"], "time": 1e6}}
+        doc = {**doc, "results": doc["results"] + [again]}
+    else:
+        doc = {**doc, "results": doc["results"][:2]}
+    p = _write(tmp_path, doc)
+    with pytest.raises(NcclTestsError) as exc:
+        read(p)
+    assert str(exc.value).startswith(f"--nccl-tests={p}: {needle}") and "\n" not in str(exc.value)
+    # at the command line: one line, exit 2, nothing written
+    code = report.main([str(tmp_path / "results"), "--nccl-tests", str(p)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [f"error: {exc.value}"]
+    assert not (tmp_path / "results").exists()
+    # three distinct sizes are a curve
+    doc = json.loads(AG.read_text())
+    assert len(read(_write(tmp_path, {**doc, "results": doc["results"][:3]})).sizes) == 3
 
 
 def test_two_files_of_one_collective_are_refused():

@@ -176,15 +176,34 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
     assert table_row(verdicts, "refused")[-2] == "0"
-    assert "1 failed, error or timeout point(s)" in md
+    assert "failed, error or timeout: 1 row of 1 point" in md
+
+
+def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Two failing rows of one point read "2 failed, error or timeout point(s)"."""
+    rows = [make_row("padded", status="error", correct=None, reason="boom"),
+            make_row("legacy", status="timeout", correct=None, reason="hung"),
+            make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
+            make_row("legacy", cp=4), make_row("padded", cp=8, correct=None), make_row("legacy", cp=8, correct=None)]
+    append(tmp_path, rows)
+    assert report.main([str(tmp_path)]) == 0
+    verdict = md_of(tmp_path)[0].splitlines()[2]
+    assert verdict.startswith("**Verdict: FAIL**: 3 points, 6 rows"), verdict
+    assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
+    assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
+    verdicts = section(md_of(tmp_path)[0], "Verdicts")  # the section's headings count alike
+    assert "### Failed, error and timeout: 3 rows of 2 points" in verdicts
+    assert "### !!! INCORRECT RESULTS: 1 row of 1 point !!!" in verdicts
+    assert "**warning:** ok without a correctness verdict (`correct` is empty): 2 rows of 1 point." in verdicts
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
     banner = md.index("**Verdict: FAIL**")
-    assert "2 INCORRECT RESULT(S)" in md.splitlines()[2]
-    loud = md.index("### !!! INCORRECT RESULTS: 2 point(s) !!!")
+    assert "INCORRECT RESULTS: 2 rows of 2 points" in md.splitlines()[2]
+    loud = md.index("### !!! INCORRECT RESULTS: 2 rows of 2 points !!!")
     assert banner < md.index("## Verdicts") < loud < md.index("## Claim check")
     assert "[777,333]" in md and "[999,1]" in md
     assert "python -m matrix impl=allgatherv cp_size=2" in appendix  # repro of the incorrect point
@@ -194,7 +213,7 @@ def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: p
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
     failing = section(md, "Verdicts")[section(md, "Verdicts").index("### Failed"):]
-    assert "### Failed, error and timeout points: 3" in failing
+    assert "### Failed, error and timeout: 3 rows of 3 points" in failing
     assert "reference_moe" in failing and "ValueError: boom" in failing and "timed out after 60 s" in failing
     detail = appendix[appendix.index("## Failed, error and timeout points"):]
     assert "max_rel_err 0.5" in detail and "python -m matrix impl=a2a cp_size=4" in detail
@@ -298,7 +317,7 @@ def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: py
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 points)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 points, 2 rows")
     assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "(the latest run) is used") in md
+            "and impl (the latest run) is used") in md
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "ok")[-2] == "2" and table_row(verdicts, "error")[-2] == "0"
     assert "error -> ok" in appendix and "the last" in appendix

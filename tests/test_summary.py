@@ -1,0 +1,24 @@
+"""The sweep's closing summary line (matrix.summary): rows counted as rows, points as points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matrix import summary
+
+from test_compare import make_row, write_run
+
+
+def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Path) -> None:
+    """Two failing rows of one point are one failing point; a point without a row is one missing point."""
+    write_run(tmp_path, [make_row("padded", status="error", point_id="p1"),
+                         make_row("legacy", status="timeout", point_id="p1"),
+                         make_row("padded", cp=4, point_id="p2"), make_row("legacy", cp=4, point_id="p2")])
+    cfg = {"results_dir": str(tmp_path)}
+    counts, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
+    line = summary.render(counts, [])
+    assert line == ("matrix summary: 3 points, 4 rows: ok 2, failed 0, error 1, timeout 1; "
+                    "failed, error or timeout: 2 rows of 1 point; missing 1 point (wrote no row)")
+    assert summary.exit_code(counts) == summary.EXIT_BAD
+    counts, _ = summary.summarize([(cfg, "p2")])
+    assert summary.render(counts, []) == "matrix summary: 1 point, 2 rows: ok 2, failed 0, error 0, timeout 0"
