@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import command
+from .paths import CONF_DIR
 from .config import (
     BOOLS,
     CHOICES,
@@ -25,7 +26,6 @@ from .config import (
     override_value,
 )
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 HELP_FLAGS = ("--help", "-h")
 
 # What each key means: one line each (ranges and choices come from validation).

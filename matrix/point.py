@@ -106,6 +106,10 @@ def environment() -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _environment(pid: int) -> dict[str, Any]:
     try:
+        # An installed package is no checkout: no sha (a venv inside some
+        # other repository would otherwise report that one's).
+        if not (REPO / ".git").exists():
+            raise OSError("not a checkout")
         sha = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
         ).stdout.strip()

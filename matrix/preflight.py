@@ -23,18 +23,17 @@ from datetime import datetime
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from .config import KEYS, ConfigError, register, validate
+from .paths import CONF_DIR
 from .results import check_schema, results_path
 
 if TYPE_CHECKING:
     from .resolve import Resolved
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # Launchers whose jobs run on this machine: the machine checks apply here.
 LOCAL_LAUNCHERS = (
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",

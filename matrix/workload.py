@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from .paths import CONF_DIR, ROOT
+
 KINDS: tuple[str, ...] = ("lognormal", "trace")
-REPO = Path(__file__).resolve().parents[1]
-WORKLOAD_DIR = REPO / "conf" / "workload"
+WORKLOAD_DIR = CONF_DIR / "workload"
 SEQ_LEN_MAX = 1 << 24  # as the matrix's own bound on one request
 BUDGET_MAX = 1 << 26
 BATCHES_MAX = 2_000_000
@@ -193,7 +194,7 @@ def draw(w: Workload) -> Batches:
 
 def _trace_path(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() or p.exists() else REPO / p
+    return p if p.is_absolute() or p.exists() else ROOT / p
 
 
 def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:

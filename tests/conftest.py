@@ -135,6 +135,8 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
     "tests/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
     "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
+    "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "
+                                                                             "sweep in a fresh interpreter",
 }
 
 
