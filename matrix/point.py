@@ -252,19 +252,24 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
 
 def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -> list[ImplResult]:
     """The point's results, unless it left its ranks changed (a destroyed group,
-    another default dtype or device): then its rows that would say ok get
-    the error, and the next point gets fresh ranks (the pool is closed)."""
+    a torch global setting or a torch.distributed function not as the ranks
+    started, :mod:`nsa_cp_comm.harness.rank_state`): then its rows that would
+    not say failed, error or timeout say ``failed`` (``rank_state``) with what
+    changed, untimed, and the next point gets fresh ranks (the pool is closed).
+    Ranks that do not answer the check give ``error``."""
     from dataclasses import replace
 
     from nsa_cp_comm.harness.rank_state import check_pool
 
     if not pool.alive:  # a failed point closed it: the next point starts fresh ranks anyway
         return results
-    problem = check_pool(pool, timeout_s)
+    failed_check, problem = check_pool(pool, timeout_s)
     if not problem:
         return results
+    status = "failed" if failed_check else "error"
     return [r if r.status in ("failed", "error", "timeout") else
-            replace(r, status="error", reason=problem, correct=None, stats={}, samples={}) for r in results]
+            replace(r, status=status, reason=problem, failed_check=failed_check, correct=None, stats={}, samples={})
+            for r in results]
 
 
 def run(

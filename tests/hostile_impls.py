@@ -1,8 +1,9 @@
 """Round-trip implementations that are correct but hostile to the harness:
 each does something outside code may do (a huge error message, a helper
-process left running, a changed global default), and the matrix must keep
-its rows true and its processes reaped (tests/test_hostile_sweeps.py runs
-them as ``impl=tests.hostile_impls:<name>``)."""
+process left running, a changed global default or thread count, a wrapped
+collective), and the matrix must keep its rows true and its processes reaped
+(tests/test_hostile_sweeps.py runs them as ``impl=tests.hostile_impls:<name>``;
+tests/test_rank_state.py runs the state-changing ones on a warm pool)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,43 @@ def _float64_scatter(full, plan, group):
 
 
 sets_float64 = RoundTripImpl("sets_float64", _gather, _float64_scatter, doc="sets the default dtype to float64")
+
+
+_THREADS: list[int] = []
+
+
+def _threads_gather(local, plan, group):
+    if not _THREADS:  # 7, unless the rank started with 7
+        _THREADS.append(5 if torch.get_num_threads() == 7 else 7)
+    torch.set_num_threads(_THREADS[0])  # a global changed and never restored
+    return _gather(local, plan, group)
+
+
+sets_threads = RoundTripImpl("sets_threads", _threads_gather, _scatter, doc="sets torch's intra-op threads to 7")
+
+
+def _wrap_all_gather() -> None:
+    """Wrap the all-gather of torch.distributed and of distributed_c10d, as a
+    tracing or profiling plug-in would, and leave the wrappers installed."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from nsa_cp_comm.collectives import ALL_GATHER_NAME
+
+    for module in (dist, distributed_c10d):
+        fn = getattr(module, ALL_GATHER_NAME)
+        if not getattr(fn, "traced", False):
+            def traced(*args, _fn=fn, **kwargs):
+                return _fn(*args, **kwargs)
+
+            traced.traced = True
+            setattr(module, ALL_GATHER_NAME, traced)
+
+
+def _wrapping_gather(local, plan, group):
+    _wrap_all_gather()
+    return _gather(local, plan, group)
+
+
+wraps_all_gather = RoundTripImpl("wraps_all_gather", _wrapping_gather, _scatter,
+                                 doc="wraps torch.distributed's all-gather on its first call")

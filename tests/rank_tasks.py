@@ -328,5 +328,82 @@ def leave_rank_changed(*hows: str, helper_s: int = 987653) -> None:
             import subprocess
 
             subprocess.Popen(["sleep", str(helper_s)])
+        elif how == "interop_threads":
+            torch.set_num_interop_threads(torch.get_num_interop_threads() + 3)  # once per process: no way back
         else:
             raise ValueError(f"how={how!r}")
+
+
+def _wrapped(fn, name: str):
+    """A wrapper of ``fn`` that lies where it can: an all-reduce applied twice,
+    a world one larger (a check that calls what it checks would be fooled)."""
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if name == "all_reduce":
+            fn(*args, **kwargs)
+        return out + 1 if name == "get_world_size" else out
+
+    return wrapped
+
+
+def _state_change(how: str):
+    """Apply one change of a rank's recorded state; returns its undo."""
+    from torch.distributed import distributed_c10d
+
+    if how.startswith("wrap:"):  # wrap:<where>.<name>, where: dist, c10d or ProcessGroup
+        where, _, name = how.removeprefix("wrap:").partition(".")
+        owner = {"dist": dist, "c10d": distributed_c10d, "ProcessGroup": dist.ProcessGroup}[where]
+        saved = vars(owner)[name]
+        setattr(owner, name, _wrapped(getattr(owner, name), name))
+        return lambda: setattr(owner, name, saved)
+    if how == "intra_threads":
+        before = torch.get_num_threads()
+        torch.set_num_threads(before + 1)
+        return lambda: torch.set_num_threads(before)
+    if how == "grad_mode":
+        torch.set_grad_enabled(False)
+        return lambda: torch.set_grad_enabled(True)
+    # the flags torch.use_deterministic_algorithms sets, without the seconds it
+    # spends importing inductor's config on its first call
+    if how == "deterministic":
+        torch._C._set_deterministic_algorithms(True)
+        return lambda: torch._C._set_deterministic_algorithms(False)
+    if how == "deterministic_warn_only":
+        torch._C._set_deterministic_algorithms(False, warn_only=True)
+        return lambda: torch._C._set_deterministic_algorithms(False)
+    if how == "flush_denormal":
+        torch.set_flush_denormal(True)
+        return lambda: torch.set_flush_denormal(False)
+    if how == "default_dtype":
+        torch.set_default_dtype(torch.float64)
+        return lambda: torch.set_default_dtype(torch.float32)
+    if how == "default_device":
+        torch.set_default_device("meta")
+        return lambda: torch.set_default_device(None)
+    raise ValueError(f"how={how!r}")
+
+
+def state_changes_seen(how: str) -> tuple[str, str]:
+    """``rank_state.changes()`` with one item of this rank's state changed,
+    then again once it is undone (the pool stays usable)."""
+    from nsa_cp_comm.harness.rank_state import changes
+
+    undo = _state_change(how)
+    try:
+        seen = changes()
+    finally:
+        undo()
+    return seen, changes()
+
+
+def rand_after_point(spec, backend: str, noise: str) -> list[float]:
+    """What torch's global RNG draws right after a point (point_on_rank) that
+    followed ``noise``: draws, a fixed seed, or nothing."""
+    from nsa_cp_comm.harness.measure import point_on_rank
+
+    if noise == "draws":
+        torch.rand(1000)
+    elif noise == "seed":
+        torch.manual_seed(1234)
+    point_on_rank(spec, backend)
+    return torch.rand(4).tolist()

@@ -367,13 +367,33 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_hostile_sweeps",
     ),
     FaultCase(
-        "a plug-in that destroys the process group, or changes the default dtype or device",
+        "a plug-in that destroys the process group, or changes a torch global setting (intra- or inter-op threads, "
+        "grad mode, deterministic algorithms, flush-denormal, default dtype or device)",
         "warm ranks reused by the next point",
-        "after every point each rank is checked (group alive by one all-reduce, default dtype and device as at "
-        "start): the point that changed them gets `error` naming the rank and the change; the next point gets "
+        "after every point each rank is checked (group alive by one all-reduce, every setting as at start): the "
+        "point that changed them gets `failed` rows (`failed_check` `rank_state`) naming each change, its old and "
+        "new value and the global ranks; rows already failed, errored or timed out keep theirs; the next point gets "
         "fresh ranks",
-        "test_a_point_that_changes_its_ranks_gets_the_error_not_the_next_point",
+        "test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point",
         "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "a plug-in that wraps a `torch.distributed` function (the all-gather, in `torch.distributed` and "
+        "`distributed_c10d`) and leaves the wrapper installed",
+        "warm ranks reused by the next point (every later all-gather through the wrapper)",
+        "every `torch.distributed` and `distributed_c10d` function the harness calls, and the process group's "
+        "methods, must be the objects the rank started with: as above, `failed` (`rank_state`) naming the wrapper "
+        "and what it replaced, and fresh ranks for the next point; the check's own all-reduce uses the originals",
+        "test_a_plug_in_that_changes_its_ranks_gets_failed_rank_state_rows_and_the_next_point_fresh_ranks",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "a plug-in that calls `torch.manual_seed(1234)` or draws from torch's global RNG",
+        "the next point's draws on the same warm ranks",
+        "every point first seeds torch's global RNG from (its `seed`, the CP group rank): a point draws the same "
+        "whatever ran before it",
+        "test_a_point_is_seeded_from_its_seed_and_rank_whatever_ran_before",
+        "test_rank_state",
     ),
     FaultCase(
         "`impl=sys:exit` (a factory raising SystemExit or KeyboardInterrupt)",

@@ -199,7 +199,7 @@ EMITTED = re.compile(r"""\.fail\(\s*"(\w+)"|\bcheck = "(\w+)"|return "(\w+)", |\
 
 def emitted_checks() -> set[str]:
     names = set()
-    for module in ("checks.py", "measure.py", "fold.py"):
+    for module in ("checks.py", "measure.py", "fold.py", "rank_state.py"):
         path = REPO / "src" / "nsa_cp_comm" / "harness" / module
         names |= {name for groups in EMITTED.findall(path.read_text()) for name in groups if name}
     return names

@@ -55,12 +55,12 @@ def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):
     assert not left, f"orphaned helper processes: {left}"
 
 
-def test_a_point_that_changes_its_ranks_gets_the_error_not_the_next_point(tmp_path):
+def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_path):
     run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:sets_float64,legacy", *SMALL)
     rows = {r["impl"]: r for r in run.rows()}
     hostile = rows[f"{HOSTILE}:sets_float64"]
-    assert hostile["status"] == "error", hostile
-    assert "rank 0: default dtype is torch.float64 (was torch.float32)" in hostile["reason"]
+    assert (hostile["status"], hostile["failed_check"]) == ("failed", "rank_state"), hostile
+    assert "global ranks 0,1: default dtype is torch.float64 (was torch.float32)" in hostile["reason"]
     assert rows["legacy"]["status"] == "refused", rows["legacy"]  # uneven plan: legacy refuses, on fresh ranks
     assert run.returncode == 1
 

@@ -1,27 +1,135 @@
 """A warm rank is checked after every point: a task that destroyed its process
-group or changed a global default is found, the pool is closed (the next point
-gets fresh ranks), and what a task started on a rank dies with its rank."""
+group, changed one of torch's global settings or replaced a torch.distributed
+function is found, the pool is closed (the next point gets fresh ranks), and
+what a task started on a rank dies with its rank. Every point seeds torch's
+RNG from (seed, rank), whatever ran before it."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
+
+import pytest
 
 import rank_tasks
 from matrix_cli import live_processes
 from nsa_cp_comm.harness import RankPool
 from nsa_cp_comm.harness.rank_state import check_pool
 
+SMALL = dict(hidden_size=64, dtype="float32", warmup=1, iters=2)
+HOSTILE = "tests.hostile_impls"
+
+
+@pytest.mark.parametrize("how, named", [
+    ("intra_threads", "intra-op threads is "),
+    ("grad_mode", "grad mode is False (was True)"),
+    ("deterministic", "deterministic algorithms is True (was False)"),
+    ("deterministic_warn_only", "deterministic algorithms warn-only is True (was False)"),
+    ("flush_denormal", "flush-denormal is True (was False)"),
+    ("default_dtype", "default dtype is torch.float64 (was torch.float32)"),
+    ("default_device", "default device is meta (was cpu)"),
+    *[(f"wrap:dist.{name}", f"torch.distributed.{name} is rank_tasks._wrapped.<locals>.wrapped (was torch.")
+      for name in ("all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "reduce_scatter_tensor",
+                   "all_reduce", "barrier", "get_rank", "get_world_size", "new_group")],
+    *[(f"wrap:c10d.{name}", f"torch.distributed.distributed_c10d.{name} is rank_tasks._wrapped.<locals>.wrapped "
+                            f"(was torch.distributed.distributed_c10d.{name})")
+      for name in ("all_gather_single", "all_reduce", "_new_group_with_tag")],
+    ("wrap:ProcessGroup._allgather_base", "torch.distributed.ProcessGroup._allgather_base is rank_tasks._wrapped."),
+])
+def test_each_recorded_item_changed_by_a_task_is_named(rank_pool, how, named):
+    """Each item alone, undone by the same task, so the warm pool stays clean
+    (the check's own all-reduce goes through the functions the rank started
+    with: a wrapped all_reduce or get_world_size still gives the right answer)."""
+    pool = rank_pool(2)
+    for r in pool.run(rank_tasks.state_changes_seen, how, timeout_s=60):
+        assert r.ok, r.error
+        seen, after = r.value
+        assert seen.startswith(named) and "; " not in seen, seen  # that item, and only it
+        assert after == ""
+
 
 def test_a_warm_pool_passes_and_a_changed_rank_is_found_and_its_pool_closed(rank_pool):
     pool = rank_pool(2)  # warm, as the tests before left it: every task must have left it as it started
-    assert check_pool(pool, 60) == "" and pool.alive
+    assert check_pool(pool, 60) == ("", "") and pool.alive
+    # inter-op threads can be set once per process and never back: this pool is closed anyway
     assert all(r.ok for r in pool.run(rank_tasks.leave_rank_changed, "default_dtype@0", "default_device@1",
-                                      timeout_s=60))
-    problem = check_pool(pool, 60)
-    assert problem == ("the point left its ranks changed: rank 0: default dtype is torch.float64 (was torch.float32); "
-                       "rank 1: default device is meta (was cpu)"), problem
+                                      "interop_threads", timeout_s=60))
+    check, problem = check_pool(pool, 60)
+    assert check == "rank_state"
+    assert problem.startswith("the point left its ranks changed: global rank 0: inter-op threads is "), problem
+    assert "(was " in problem and problem.endswith(
+        "); default dtype is torch.float64 (was torch.float32); global rank 1: inter-op threads is "
+        f"{problem.split('inter-op threads is ')[1].split(' ')[0]} "
+        f"(was {problem.split('(was ')[1].split(')')[0]}); default device is meta (was cpu)"), problem
     assert not pool.alive
+    fresh = rank_pool(2)  # what the next point gets: ranks as they started
+    assert fresh is not pool and check_pool(fresh, 60) == ("", "")
+
+
+def test_a_point_is_seeded_from_its_seed_and_rank_whatever_ran_before(rank_pool):
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    pool = rank_pool(2)
+    spec = PointSpec((10, 6), 2, "zigzag", impls=("padded",), seed=3, **SMALL)
+    draws = {noise: [r.value for r in pool.run(rank_tasks.rand_after_point, spec, pool.backend, noise, timeout_s=60)]
+             for noise in ("draws", "seed", "none")}
+    assert draws["draws"] == draws["seed"] == draws["none"], draws
+    assert draws["none"][0] != draws["none"][1]  # the rank is mixed in
+    other = PointSpec((10, 6), 2, "zigzag", impls=("padded",), seed=4, **SMALL)
+    assert pool.run(rank_tasks.rand_after_point, other, pool.backend, "none", timeout_s=60)[0].value != draws["none"][0]
+
+
+def test_a_plug_in_that_changes_its_ranks_gets_failed_rank_state_rows_and_the_next_point_fresh_ranks(rank_pool):
+    """Through the matrix's after-point check: the point's ok rows become
+    ``failed`` (rank_state) naming the change and the ranks, a row that had
+    already failed keeps its own check, and the next point's ranks are clean."""
+    from matrix import point
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    pool = rank_pool(2)
+    impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order")
+    spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **SMALL)
+    rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
+    assert rows["tests.broken_impls:wrong_order"].failed_check == "gather_rows"
+    for name in impls[:2]:
+        row = rows[name]
+        assert (row.status, row.failed_check, row.correct, row.stats) == ("failed", "rank_state", None, {}), row
+        threads = re.match(r"the point left its ranks changed: global ranks 0,1: "
+                           r"intra-op threads is (\d+) \(was (\d+)\)", row.reason)
+        assert threads and threads[1] != threads[2], row.reason
+        for fn in ("torch.distributed", "torch.distributed.distributed_c10d"):
+            assert f"{fn}.all_gather_single is tests.hostile_impls._wrap_all_gather.<locals>.traced (was " in row.reason
+    assert not pool.alive
+    fresh = rank_pool(2)
+    ok = point._after_point_check(fresh, run_point(PointSpec((10, 6), 2, "zigzag", impls=("padded",), **SMALL), fresh,
+                                                   timeout_s=60), 60)
+    assert [r.status for r in ok] == ["ok"] and fresh.alive, ok
+
+
+def test_ranks_that_do_not_answer_the_state_check_give_error_rows_not_a_check():
+    """A stand-in pool whose state check raised on one rank (the pool then
+    closes itself): ``error`` rows without a ``failed_check``, since nothing was
+    compared; a row that had already failed keeps its own."""
+    from matrix import point
+    from nsa_cp_comm.harness.fold import ImplResult
+    from nsa_cp_comm.harness.rank_result import RankResult
+
+    class AnswerlessPool:
+        alive = True
+
+        def run(self, fn, *args, timeout_s):
+            self.alive = False
+            return [RankResult(0, "aborted", error="killed after another rank failed"),
+                    RankResult(1, "error", error="RuntimeError: no state")]
+
+    results = [ImplResult("padded", "ok", correct=True), ImplResult("x", "failed", failed_check="gather_rows")]
+    rows = point._after_point_check(AnswerlessPool(), results, 60)
+    assert [(r.status, r.failed_check, r.correct) for r in rows] == [
+        ("error", "", None), ("failed", "gather_rows", None)]
+    assert rows[0].reason == ("the ranks did not answer a state check after the point "
+                              "(rank 1 error: RuntimeError: no state)"), rows[0].reason
 
 
 def test_a_destroyed_group_is_found_and_a_tasks_helper_process_dies_with_its_rank(pool_workdir):
@@ -31,9 +139,8 @@ def test_a_destroyed_group_is_found_and_a_tasks_helper_process_dies_with_its_ran
         assert all(r.ok for r in pool.run(rank_tasks.leave_rank_changed, "start_helper", "destroy_group",
                                           helper_s=int(helper.split()[1]), timeout_s=60))
         assert len(live_processes(helper)) == 2
-        problem = check_pool(pool, 60)
-        assert problem == ("the point left its ranks changed: rank 0: its default process group was destroyed; "
-                           "rank 1: its default process group was destroyed"), problem
+        assert check_pool(pool, 60) == (
+            "rank_state", "the point left its ranks changed: global ranks 0,1: its default process group was destroyed")
         assert not pool.alive
     finally:
         pool.close(graceful=False)

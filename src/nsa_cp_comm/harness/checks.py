@@ -40,7 +40,8 @@ from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
 # ``input_mutated`` to ``group``, then ``production_form`` during the timed loop.
 # SCATTERED mode: ``passthrough`` for the CP communicator; an a2a implementation
 # gets ``input_mutated``, ``dispatch_rows`` and ``reference_moe``. The last
-# three are found over ranks (:mod:`.fold`, :mod:`.measure`), not here.
+# four are found over ranks (:mod:`.fold`, :mod:`.measure`; ``rank_state``
+# after the point, :mod:`.rank_state`), not here.
 CHECKS: dict[str, str] = {
     "input_mutated": "the gather (or dispatch) left the caller's rows untouched",
     "gather_shape": "the gathered buffer has the layout's size",
@@ -84,6 +85,12 @@ CHECKS: dict[str, str] = {
                          "correctness group): the row names each rank's, and what happens without the check (gloo: "
                          "'invalid tensor size' on some ranks while the others wait, or SIGABRT; NCCL: torch's size "
                          "error on some ranks while the others hang)",
+    "rank_state": "after the point every rank is as it started (asked by the pool after every point): its process "
+                  "group alive, torch's intra- and inter-op threads, grad mode, deterministic algorithms (and "
+                  "warn-only), flush-denormal, default dtype and device unchanged, and every torch.distributed "
+                  "function the harness calls the same object; the reason names each change with its old and new "
+                  "value and the global ranks, and the next point gets fresh ranks. The mistake: a global left "
+                  "set, or a collective wrapped, that would change the next point's rows",
 }
 
 @dataclass

@@ -29,6 +29,7 @@ from .fold import ImplResult, fold_reports, origin_of
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_result import RankResult, summarize_failure
+from .rank_state import begin_point
 from .ranks import RankPool, rank_device
 from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, PointSpec, make_shard
@@ -106,6 +107,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
 
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
+    begin_point(spec.seed, group_rank_of(dist.get_rank(), spec.cp_size, spec.bystanders))
     device = rank_device()
     group = checked_group(CHECK_TIMEOUT_S, spec.bystanders)
     plain = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False)

@@ -1,11 +1,22 @@
 """A warm rank's state after a point: what the next point on it relies on.
 
-Ranks are reused across points, so a point that leaves a rank changed (its
-process group destroyed, another default dtype or device) would fail, or
-silently change, the next, unrelated point. :func:`remember` records the
-state a rank starts with; after every point :func:`check_pool` asks each rank
-for its differences, and a pool with any is closed so the next point starts
-fresh ranks, while the point that changed them gets the error.
+Ranks are reused across points, so a point that leaves a rank changed would
+fail, or silently change, the next, unrelated point: its process group
+destroyed; torch's global settings (intra- and inter-op threads, grad mode,
+deterministic algorithms, flush-denormal, default dtype and device) changed;
+a ``torch.distributed`` function the harness calls replaced by a wrapper (a
+plug-in that wraps the all-gather at import slows every later point on those
+ranks). :func:`remember` records the state a rank starts with; after every
+point :func:`check_pool` asks each rank for its differences, and a pool with
+any is closed so the next point starts fresh ranks, while the point that
+changed them gets ``failed`` rows (``failed_check`` ``rank_state``).
+
+The RNG is not compared but reset: :func:`begin_point` seeds torch's global
+generator from the point's seed and the rank, so what ran before on a warm
+rank cannot change what a point draws.
+
+Every snapshot is cheap (a few getters, one 1-element tensor, a few hundred
+identity comparisons): it runs after every point.
 """
 
 from __future__ import annotations
@@ -14,52 +25,142 @@ from typing import Any
 
 from .rank_result import summarize_failure
 
+# torch.distributed functions the harness and the built-in implementations
+# call (with :data:`nsa_cp_comm.collectives.COLLECTIVES`), looked up in both
+# ``torch.distributed`` and ``distributed_c10d``: a plug-in may wrap either.
+DIST_FUNCTIONS: tuple[str, ...] = (
+    "get_rank", "get_world_size", "get_backend", "is_initialized", "new_group", "_new_group_with_tag",
+    "destroy_process_group", "broadcast_object_list",
+)
+# A float32 denormal: multiplied by 1.0 it stays itself unless flush-denormal is on.
+_DENORMAL = 1e-40
+# (seed, rank) is mixed as the shard data's seed is (spec.shard_seed), then
+# moved off that stream: a plug-in's torch.randn must not replay the inputs.
+RNG_OFFSET = 1 << 62
+# The rank :func:`begin_point` mixes in on a bystander (no CP group rank).
+BYSTANDER_RANK = (1 << 20) - 1
+
 _START: dict[str, Any] = {}
+_START_FUNCTIONS: dict[str, Any] = {}
 
 
-def _now() -> dict[str, Any]:
+def _settings() -> dict[str, Any]:
+    """torch's global settings a point could change, compared by value."""
     import torch
 
-    state = {"default dtype": torch.get_default_dtype()}
+    state = {
+        "intra-op threads": torch.get_num_threads(),
+        "inter-op threads": torch.get_num_interop_threads(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic algorithms warn-only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        # no getter: probe it (explicit dtype and device, whatever the defaults now are)
+        "flush-denormal": torch.full((1,), _DENORMAL, dtype=torch.float32, device="cpu").mul_(1.0).item() == 0.0,
+        "default dtype": torch.get_default_dtype(),
+    }
     get_device = getattr(torch, "get_default_device", None)
     if get_device is not None:
         state["default device"] = get_device()
     return state
 
 
+def _functions() -> dict[str, Any]:
+    """The torch.distributed functions the harness calls, compared by identity
+    (``is``): its module functions, their ``distributed_c10d`` originals and
+    the process group's methods they end in."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from ..collectives import COLLECTIVES
+
+    found: dict[str, Any] = {}
+    for prefix, module in (("torch.distributed", dist), ("torch.distributed.distributed_c10d", distributed_c10d)):
+        for name in (*COLLECTIVES, *DIST_FUNCTIONS):
+            fn = getattr(module, name, None)
+            if fn is not None:
+                found[f"{prefix}.{name}"] = fn
+    for name, fn in vars(dist.ProcessGroup).items():
+        if callable(fn) and not name.startswith("__"):
+            found[f"torch.distributed.ProcessGroup.{name}"] = fn
+    return found
+
+
+def _name(fn: Any) -> str:
+    if fn is None:
+        return "missing"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if module else qualname
+
+
 def remember() -> None:
     """Record this rank's state as it starts (once its group is up)."""
-    _START.update(_now())
+    _START.update(_settings())
+    _START_FUNCTIONS.update(_functions())
+
+
+def begin_point(seed: int, rank: int | None) -> None:
+    """Seed torch's global RNG (CPU and every CUDA device) from the point's
+    ``seed`` and this rank's CP group ``rank`` (None: a bystander), so a point
+    draws the same numbers whatever ran before it on this warm rank."""
+    import torch
+
+    from .spec import shard_seed
+
+    torch.manual_seed(shard_seed(seed, BYSTANDER_RANK if rank is None else rank) + RNG_OFFSET)
+
+
+def differences() -> list[str]:
+    """How this rank's settings and functions differ from its start, one item each."""
+    found = [f"{key} is {value} (was {_START[key]})" for key, value in _settings().items()
+             if key in _START and value != _START[key]]
+    now = _functions()
+    found += [f"{key} is {_name(now.get(key))} (was {_name(fn)})" for key, fn in _START_FUNCTIONS.items()
+              if now.get(key) is not fn]
+    return found
 
 
 def changes() -> str:
     """Rank task: how this rank differs from its start ("" when it does not);
-    its group alive is proven by one all-reduce over every rank."""
+    its group alive is proven by one all-reduce over every rank, through the
+    functions it started with (a wrapper left behind is not trusted)."""
     import torch
-    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
-    found = [f"{key} is {value} (was {_START[key]})" for key, value in _now().items()
-             if key in _START and value != _START[key]]
-    if not dist.is_initialized():
+    def original(name: str):
+        return _START_FUNCTIONS.get(f"torch.distributed.distributed_c10d.{name}") or getattr(distributed_c10d, name)
+
+    found = differences()
+    if not original("is_initialized")():
         return "; ".join(["its default process group was destroyed", *found])
     # dtype and device said: a rank whose defaults changed must still send what its peers expect
     # (gloo aborts the process on a size mismatch)
-    t = torch.ones(1, dtype=torch.float32, device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t)
-    if int(t.item()) != dist.get_world_size():
-        found.append(f"an all-reduce of ones gave {int(t.item())}, not {dist.get_world_size()}")
+    device = "cuda" if original("get_backend")() == "nccl" else "cpu"
+    t = torch.ones(1, dtype=torch.float32, device=device)
+    original("all_reduce")(t)
+    world = original("get_world_size")()
+    if int(t.item()) != world:
+        found.append(f"an all-reduce of ones gave {int(t.item())}, not {world}")
     return "; ".join(found)
 
 
-def check_pool(pool: Any, timeout_s: float) -> str:
-    """"" when every rank of ``pool`` is as it started; else the problem in
-    one line (naming the ranks), and the pool is closed."""
+def check_pool(pool: Any, timeout_s: float) -> tuple[str, str]:
+    """``(failed_check, reason)`` of ``pool``'s ranks after a point:
+    ``("", "")`` when every rank is as it started; ``("rank_state", what
+    changed, per global rank)``; ``("", why)`` when the ranks did not answer
+    (an error, not a check). The pool is closed unless every rank is as it
+    started."""
     results = pool.run(changes, timeout_s=timeout_s)
-    if not all(r.ok for r in results):
+    if not all(r.ok for r in results):  # the pool closed itself
         _, reason = summarize_failure(results)
-        return f"the ranks did not answer a state check after the point ({reason})"
-    bad = [f"rank {r.rank}: {r.value}" for r in results if r.value]
-    if not bad:
-        return ""
+        return "", f"the ranks did not answer a state check after the point ({reason})"
+    by_change: dict[str, list[int]] = {}
+    for r in results:
+        if r.value:
+            by_change.setdefault(r.value, []).append(r.rank)
+    if not by_change:
+        return "", ""
     pool.close(graceful=False)
-    return "the point left its ranks changed: " + "; ".join(bad)
+    bad = [f"global rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {change}"
+           for change, ranks in by_change.items()]
+    return "rank_state", "the point left its ranks changed: " + "; ".join(bad)
