@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,6 +143,27 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     start_s = tp.start_s * max(1.0, ranks / machine.cores)
     key = _memory_key(res, weights, buffers)
     return Estimate(ranks, res.backend, res.device, rank_bytes, dev, key, seconds, start_s, busbw)
+
+
+# The least time ranks get to start, and how many times the estimate a start may take:
+# on a loaded 2-core machine, 8 ranks took over 180 s where 12 s is the idle estimate.
+STARTUP_MIN_S = 60.0
+STARTUP_MARGIN = 10.0
+
+
+def startup_timeout_s(res: Resolved, machine: Machine | None = None, load: float | None = None) -> float:
+    """How long a point's ranks get to start (``startup_timeout_s=null``): ten
+    times the estimate for its world on this machine, scaled by how far the
+    1-minute load average exceeds the cores (``load``: read here when not
+    given), never below :data:`STARTUP_MIN_S`."""
+    machine = machine or this_machine()
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+    start_s = estimate(res, machine).start_s
+    return max(STARTUP_MIN_S, STARTUP_MARGIN * start_s * max(1.0, load / machine.cores))
 
 
 def _memory_key(res: Resolved, weights: float, buffers: float) -> str:

@@ -56,6 +56,8 @@ class MatrixConfig:
     seed: int = 0
     flush_l2: bool = False
     timeout_s: float = 120.0  # per point, once its ranks are up
+    # null: from the point's world and this machine (matrix.budget.startup_timeout_s)
+    startup_timeout_s: Optional[float] = None
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
     force: bool = False  # run even where preflight estimates the sweep exceeds this machine
@@ -150,9 +152,12 @@ def validate_value(key: str, value: Any) -> None:
     elif key in BOOLS:
         if not isinstance(value, bool):
             raise _fail(key, value, "must be true or false")
-    elif key == "timeout_s":
+    elif key in ("timeout_s", "startup_timeout_s"):
+        if key == "startup_timeout_s" and value is None:
+            return
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= TIMEOUT_MAX_S:
-            raise _fail(key, value, f"must be a number of seconds in (0, {TIMEOUT_MAX_S:g}]")
+            raise _fail(key, value, f"must be a number of seconds in (0, {TIMEOUT_MAX_S:g}]"
+                        + (" or null" if key == "startup_timeout_s" else ""))
     elif key == "seq_lens":
         if not isinstance(value, (list, tuple)) or not value:
             raise _fail(key, value, "must be a non-empty list of positive integers, e.g. [1000,300]")

@@ -53,6 +53,8 @@ MEANING: dict[str, str] = {
     "seed": "data seed; each rank's rows come from (seed, rank)",
     "flush_l2": "evict caches between iterations",
     "timeout_s": "per point, once its ranks are up",
+    "startup_timeout_s": "for a point's ranks to start (a timed-out start is retried once); null: ten times the "
+                         "estimate for its world, scaled by the machine's load",
     "results_dir": "where results.csv and samples.jsonl go; ${now:...} is taken once per sweep",
     "resume": "rerun only points without a row or whose rows are error/timeout",
     "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
@@ -68,8 +70,8 @@ def _allowed(key: str) -> str:
         return f"int in [{lo}, {hi}]" + (" or null" if key in OPTIONAL_INTS else "")
     if key in BOOLS:
         return "true | false"
-    if key == "timeout_s":
-        return f"seconds in (0, {TIMEOUT_MAX_S:g}]"
+    if key in ("timeout_s", "startup_timeout_s"):
+        return f"seconds in (0, {TIMEOUT_MAX_S:g}]" + (" or null" if key == "startup_timeout_s" else "")
     return ""
 
 

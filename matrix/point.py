@@ -43,9 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
-# The least time ranks get to start (a point's start-up is bounded by its
-# timeout_s, or this when that is shorter).
-START_TIMEOUT_MIN_S = 60.0
+# Keys that change how a sweep runs, not what a point measures: no column.
+NOT_IN_ROWS = ("force", "startup_timeout_s")
 
 
 def point_id(cfg: Mapping[str, Any]) -> str:
@@ -90,7 +89,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     neither ``point_id`` nor resume reads it."""
     parts = command()
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("force", "bystanders") and cfg[k] in (False, 0)):
+        if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s") and cfg[k] in (False, 0, None)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)
@@ -146,7 +145,7 @@ def build_rows(
     """The results rows of one point (shared with matrix.torchrun_point)."""
     spec = res.spec
     plan = spec.plan()
-    base: dict[str, Any] = {k: cfg[k] for k in KEYS if k != "force"}
+    base: dict[str, Any] = {k: cfg[k] for k in KEYS if k not in NOT_IN_ROWS}
     base.update(
         workload=workload_name(cfg.get("workload")),
         seq_lens=override_value(cfg["seq_lens"]),
@@ -235,11 +234,8 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        # start-up is bounded by the point's timeout too (a rank stopped while
-        # starting cost a fixed 180 s), but never below what importing torch
-        # can take on a loaded machine
         pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
-                        start_timeout_s=max(cfg["timeout_s"], START_TIMEOUT_MIN_S))
+                        start_timeout_s=startup_bound(cfg, res), start_retries=1)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     try:
@@ -248,6 +244,16 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
         pool.close(graceful=False)
         return every_impl(res, "error", one_line_error(exc))
     return _after_point_check(pool, results, cfg["timeout_s"])
+
+
+def startup_bound(cfg: Mapping[str, Any], res: Resolved) -> float:
+    """Seconds a point's ranks get to start: ``startup_timeout_s``, or the
+    budget's bound for its world on this machine under its current load."""
+    if cfg.get("startup_timeout_s") is not None:
+        return float(cfg["startup_timeout_s"])
+    from .budget import startup_timeout_s
+
+    return startup_timeout_s(res)
 
 
 def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -> list[ImplResult]:

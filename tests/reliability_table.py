@@ -433,9 +433,17 @@ FAULTS: tuple[FaultCase, ...] = (
     FaultCase(
         "a rank stopped while the ranks start",
         "a point's rank start-up",
-        "bounded by the point's `timeout_s`, or 60 s when that is shorter (no longer a fixed 180 s); the point's "
-        "rows say `error`",
-        "test_a_point_bounds_rank_start_up_by_its_timeout",
+        "bounded by `startup_timeout_s` (null: ten times the estimate for the world on this machine, scaled by its "
+        "load, at least 60 s); ranks still starting at the bound are started again once, a rank that failed is "
+        "not; then the point's rows say `error`",
+        "test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "ranks slow to start on a loaded machine",
+        "a point's rank start-up",
+        "a start whose ranks were all still starting (none failed) at the bound is tried once more",
+        "test_a_start_that_times_out_is_retried_and_one_that_fails_is_not",
         "test_rank_state",
     ),
     FaultCase(

@@ -150,11 +150,12 @@ def test_a_destroyed_group_is_found_and_a_tasks_helper_process_dies_with_its_ran
     assert live_processes(helper) == {}
 
 
-def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
-    """A rank stopped while starting cost the pool's 180 s whatever timeout_s said."""
+def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch, tmp_path):
+    """Start-up has its own bound: startup_timeout_s, else the budget's for the
+    world on this machine under its load; a timed-out start is retried once."""
     import dataclasses
 
-    from matrix import point
+    from matrix import budget, point
     from matrix.config import MatrixConfig
     from nsa_cp_comm.harness import ranks
 
@@ -165,11 +166,67 @@ def test_a_point_bounds_rank_start_up_by_its_timeout(monkeypatch, tmp_path):
         raise RuntimeError("no ranks here")
 
     monkeypatch.setattr(ranks, "get_pool", fake_pool)
-    cfg = {**dataclasses.asdict(MatrixConfig()), "cp_size": 2, "seq_lens": [10], "timeout_s": 7.0, "results_dir": str(tmp_path)}
+    cfg = {**dataclasses.asdict(MatrixConfig()), "cp_size": 2, "seq_lens": [10], "timeout_s": 7.0,
+           "results_dir": str(tmp_path)}
     res = point.resolve(cfg)
     results = point._results_for(cfg, res, tmp_path)
-    assert seen["start_timeout_s"] == point.START_TIMEOUT_MIN_S == 60.0  # never below a loaded start-up
+    assert seen["start_timeout_s"] == budget.startup_timeout_s(res) >= budget.STARTUP_MIN_S == 60.0
+    assert seen["start_retries"] == 1
     assert {r.status for r in results} == {"error"}
-    cfg["timeout_s"] = 100.0
+    cfg["startup_timeout_s"] = 100.0
     point._results_for(cfg, res, tmp_path)
     assert seen["start_timeout_s"] == 100.0
+
+
+def test_the_start_up_bound_grows_with_the_world_and_the_load():
+    import dataclasses
+
+    from matrix import budget, point
+    from matrix.config import MatrixConfig
+    from nsa_cp_comm.harness.machine import Machine
+
+    two_cores = dataclasses.replace(budget.this_machine(), cores=2)
+    cfg = {**dataclasses.asdict(MatrixConfig()), "seq_lens": [10], "hidden_size": 64}
+    small = point.resolve({**cfg, "cp_size": 2})
+    large = point.resolve({**cfg, "cp_size": 8})
+    idle = budget.startup_timeout_s(large, two_cores, load=0.0)
+    assert budget.startup_timeout_s(small, two_cores, load=0.0) == budget.STARTUP_MIN_S
+    assert idle > budget.STARTUP_MIN_S
+    assert budget.startup_timeout_s(large, two_cores, load=10.0) == pytest.approx(5 * idle)
+    assert isinstance(two_cores, Machine)
+
+
+def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch, tmp_path):
+    from nsa_cp_comm.harness import ranks
+
+    calls = []
+
+    def flaky(kind, fails):
+        class Pool:
+            alive = True
+
+            def __init__(self, *args, **kwargs):
+                calls.append(kind)
+                if len(calls) <= fails:
+                    raise kind("starting 2 gloo/cpu ranks failed: rank 1 still starting")
+
+            def close(self):
+                pass
+
+        return Pool
+
+    monkeypatch.setattr(ranks, "_POOLS", {})
+    monkeypatch.setattr(ranks, "RankPool", flaky(ranks.StartTimeout, 1))
+    assert ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1).alive
+    assert len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(ranks, "_POOLS", {})
+    monkeypatch.setattr(ranks, "RankPool", flaky(ranks.StartTimeout, 2))
+    with pytest.raises(ranks.StartTimeout, match=r"tried 2 time\(s\), 5 s each"):
+        ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_timeout_s=5, start_retries=1)
+    calls.clear()
+    monkeypatch.setattr(ranks, "_POOLS", {})
+    monkeypatch.setattr(ranks, "RankPool", flaky(RuntimeError, 1))
+    with pytest.raises(RuntimeError):  # a rank that failed to start is not slow: no second try
+        ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
+    assert len(calls) == 1

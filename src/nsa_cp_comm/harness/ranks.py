@@ -64,6 +64,10 @@ STORE_PREFIX = ".rendezvous-"
 _WORKER_DEVICE = None
 
 
+class StartTimeout(RuntimeError):
+    """Ranks were still starting when the start-up bound ran out (none failed)."""
+
+
 def rank_device():
     """The torch device this rank's tensors live on (inside a pool task)."""
     if _WORKER_DEVICE is None:
@@ -364,7 +368,10 @@ class RankPool:
         ready = self._collect("ready", start_timeout_s)
         if not all(r.ok for r in ready):
             _, reason = summarize_failure(ready)
-            raise RuntimeError(
+            # Only ranks still starting at the deadline: slow, not broken (a
+            # loaded machine importing torch), so a caller may try again.
+            slow = all(r.ok or r.status == "timeout" for r in ready)
+            raise (StartTimeout if slow else RuntimeError)(
                 f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
 
     @property
@@ -482,16 +489,25 @@ REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 
 
 def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str],
-             start_timeout_s: float = 180.0) -> RankPool:
+             start_timeout_s: float = 180.0, start_retries: int = 0) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
     no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
-    set of ranks holds the machine's cores at a time."""
+    set of ranks holds the machine's cores at a time. A start whose ranks were
+    still starting at ``start_timeout_s`` (:class:`StartTimeout`) is tried
+    again up to ``start_retries`` times; any other failure raises at once."""
     key = (world_size, backend, device)
     pool = _POOLS.get(key)
     if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
         return pool
     close_pools()
-    pool = RankPool(world_size, backend=backend, device=device, workdir=workdir, start_timeout_s=start_timeout_s)
+    for attempt in range(start_retries + 1):
+        try:
+            pool = RankPool(world_size, backend=backend, device=device, workdir=workdir,
+                            start_timeout_s=start_timeout_s)
+            break
+        except StartTimeout as exc:
+            if attempt == start_retries:
+                raise StartTimeout(f"{exc} (tried {attempt + 1} time(s), {start_timeout_s:g} s each)") from None
     _POOLS[key] = pool
     return pool
 
