@@ -7,13 +7,13 @@ README sentences that quote them between `<!-- readme_times:NAME -->` and
 `<!-- /readme_times -->`; tests/test_setup.py fails when the README and the
 JSON disagree.
 
-    python benchmarks/readme_times.py              # measure both, write JSON and README (minutes)
-    python benchmarks/readme_times.py --only sweep # measure one, keep the other's figures
+    python benchmarks/readme_times.py --write      # measure both, write JSON and README (minutes)
+    python benchmarks/readme_times.py --only sweep # measure one and print it; --write keeps the other's figures
     python benchmarks/readme_times.py --render     # README from the committed JSON, no measuring
     python benchmarks/readme_times.py --check      # exit 1 when the README is out of date
 
 A trial that leaves the committed figures alone:
-    python benchmarks/readme_times.py --json /tmp/t.json --no-readme --pytest-args "tests/test_plan.py -q"
+    python benchmarks/readme_times.py --write --json /tmp/t.json --no-readme --pytest-args "tests/test_plan.py -q"
 Run it on a machine doing nothing else: the load average is recorded so a
 reader can tell, not corrected for.
 """
@@ -162,7 +162,7 @@ def render(name: str, data: dict[str, Any]) -> str:
     if name == "sweep":
         s = data["sweep"]
         text = (
-            f"Measured with `python benchmarks/readme_times.py`: {s['points']} points in "
+            f"Measured with `python benchmarks/readme_times.py --write`: {s['points']} points in "
             f"{s['wall_s']:.0f} s on {_on(s)}; {_load_text(s)}; not counting the "
             f"shared environment's first set-up."
         )
@@ -171,7 +171,7 @@ def render(name: str, data: dict[str, Any]) -> str:
         c = t["counts"]
         counted = ", ".join(f"{c[k]} {k}" for k in ("passed", "failed", "error", "skipped", "xfailed", "deselected") if c.get(k))
         text = (
-            f"Measured with `python benchmarks/readme_times.py`: `{t['command']}` "
+            f"Measured with `python benchmarks/readme_times.py --write`: `{t['command']}` "
             f"({counted}) took {t['wall_s']:.0f} s on {_on(t)}; {_load_text(t)}."
         )
     else:
@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=NAMES, help="measure one; the other keeps its recorded figures")
     ap.add_argument("--json", type=Path, default=JSON_PATH, help="where the figures go (default: the committed file)")
     ap.add_argument("--readme", type=Path, default=README)
-    ap.add_argument("--no-readme", action="store_true", help="write the JSON only")
+    ap.add_argument("--write", action="store_true",
+                    help="record the figures: the JSON, and the README (without it, measure and print only)")
+    ap.add_argument("--no-readme", action="store_true", help="with --write: the JSON only")
     ap.add_argument("--render", action="store_true", help="README from the JSON, without measuring")
     ap.add_argument("--check", action="store_true", help="exit 1 when the README differs from the JSON")
     ap.add_argument("--pytest-args", help="instead of what `nox -s tests` runs (for a trial)")
@@ -226,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         test_args = shlex.split(args.pytest_args) if args.pytest_args else pytest_argv()
         data["tests"] = {**measure_tests(test_args), **where}
         print(f"tests: {data['tests']}", flush=True)
+    if not args.write:
+        print("nothing written (--write records these figures in the JSON and the README)")
+        return 0
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.json}")

@@ -26,6 +26,7 @@ from .point import point_id, run as run_point
 from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, composed_once, preflight
 from .results import SchemaError
 from .workload import WorkloadError, expand_argv
+from .words import count
 
 register()
 DRY_RUN_FLAG = "--dry-run"
@@ -127,9 +128,9 @@ def dry_run(points: list[Point]) -> str:
 
     if points and points[0].runs_here:
         seconds, detail = sweep_estimate([p.resolved for p in points])
-        lines.append(f"estimate: {len(points)} points, about {seconds / 60:.1f} min on this machine ({detail})")
+        lines.append(f"estimate: {count(len(points), 'point')}, about {seconds / 60:.1f} min on this machine ({detail})")
     else:
-        lines.append(f"{len(points)} points, run by a remote launcher")
+        lines.append(f"{count(len(points), 'point')}, run by a remote launcher")
     return "\n".join(lines)
 
 

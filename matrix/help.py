@@ -9,6 +9,7 @@ own help stays at ``--hydra-help``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -76,12 +77,20 @@ def _allowed(key: str) -> str:
 
 
 def _comment(path: Path) -> str:
-    """The first comment line of a conf file that is not Hydra's package line."""
+    """The first sentence of a conf file's first comment (Hydra's package line
+    left out), whole even when it runs over several lines."""
+    words: list[str] = []
     for line in path.read_text().splitlines():
         text = line.strip()
-        if text.startswith("#") and "@package" not in text:
-            return text.lstrip("# ").strip()
-    return ""
+        if not text.startswith("#") or "@package" in text:
+            if words:
+                break
+            continue
+        words.extend(text.lstrip("#").split())
+        sentence = " ".join(words)
+        if re.search(r"[.!?](\s|$)", sentence):
+            return re.split(r"(?<=[.!?])\s", sentence, maxsplit=1)[0]
+    return " ".join(words)
 
 
 def _group(name: str) -> list[str]:

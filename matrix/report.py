@@ -46,6 +46,7 @@ from ._review import (
     typed,
 )
 from .results import CONFIG_COLUMNS
+from .words import count
 
 REPORT_FILE = "report.md"
 APPENDIX_FILE = "report_appendix.md"
@@ -138,7 +139,7 @@ def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     bad, failing = _incorrect(df), _failing(df)
     checked = int(df["status"].ne("skipped").sum())
     state = "FAIL" if len(bad) or len(failing) else ("NOTHING CHECKED" if not checked else "PASS")
-    parts = [f"{points} points, {len(df)} rows (a row: one point and one impl)"]
+    parts = [f"{count(points, 'point')}, {count(len(df), 'row')} (a row: one point and one impl)"]
     parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
                  else "correct everywhere checked")
     parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
@@ -146,7 +147,7 @@ def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     er = even_ratio(pairs)
     if er["n"]:
         parts.append(f"padded/legacy round trip on even plans (cp > 1): median {er['median']:.2f} "
-                     f"(quartiles {er['q1']:.2f}-{er['q3']:.2f} over {er['n']} points)")
+                     f"(quartiles {er['q1']:.2f}-{er['q3']:.2f} over {count(er['n'], 'point')})")
     else:
         parts.append("no even plan with cp > 1 has both padded and legacy timed")
     return f"**Verdict: {state}**: " + "; ".join(parts) + "."
@@ -209,7 +210,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     counts["all"] = counts.sum(axis=1)
     counts.index.name, counts.columns.name = "status", None
     counts["meaning"] = [STATUS_MEANING.get(s, "not a status of the schema; counted as failing.") for s in order]
-    part.main += [f"Rows per status and impl ({len(df)} rows of {df[PAIR].nunique()} points; a row is one point "
+    part.main += [f"Rows per status and impl ({count(len(df), 'row')} of {count(df[PAIR].nunique(), 'point')}; a row is one point "
                   "and one impl):", ""]
     part.main += [frame_md(counts, index=True), ""]
 
@@ -349,7 +350,7 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
         share = (local["local_p50_us"] / local["roundtrip_p50_us"]).median()
         part.main += [
             f"The padded path's local work (zeroing pad rows, copying the shard into its slot) is a median "
-            f"{share:.0%} of its round trip ({len(local)} points; `local_p50_us` / `roundtrip_p50_us`).",
+            f"{share:.0%} of its round trip ({count(len(local), 'point')}; `local_p50_us` / `roundtrip_p50_us`).",
             "",
         ]
 
@@ -365,7 +366,7 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
             f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
             f"straight from the shard. That copy is the padded path's extra cost there: ratio "
             f"{one['ratio'].median():.2f} with it, {one['ratio_without_local'].median():.2f} without "
-            f"(median over {len(one)} points). The verdict's ratio counts cp > 1 only.",
+            f"(median over {count(len(one), 'point')}). The verdict's ratio counts cp > 1 only.",
             "",
         ]
     aggregates = dict(
@@ -472,7 +473,7 @@ def wall_times(df: pd.DataFrame) -> list[str]:
         span = (ends[ok].max() - starts.min()).total_seconds()
         out.append(f"sweep wall time {span:.0f} s (first point's start to last point's end)")
     if walls.notna().any():
-        out.append(f"{walls.sum():.0f} s inside {int(walls.notna().sum())} points (each point once)")
+        out.append(f"{walls.sum():.0f} s inside {count(int(walls.notna().sum()), 'point')} (each point once)")
     return out
 
 
@@ -498,7 +499,7 @@ def environment(df: pd.DataFrame, derived: Derived) -> Part:
         if len(counts) <= 1:
             value = f"`{counts.index[0]}`" if len(counts) else "(empty)"
         else:
-            value = ", ".join(f"`{v}` ({n} points)" for v, n in counts.head(4).items())
+            value = ", ".join(f"`{v}` ({count(n, 'point')})" for v, n in counts.head(4).items())
             value += f", ... {len(counts) - 4} more" if len(counts) > 4 else ""
         fields.append(f"{col} {value}")
     stamps = df["timestamp"].str.strip()
@@ -536,7 +537,7 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
     er = even_ratio(derived.pairs)
     uneven = df[timed(df) & round_trip(df) & df["impl"].eq("padded") & _is(df["is_even"], False)]
     text = (f"Takeaway: on even plans (cp > 1) padded's round trip is a median {er['median']:.2f}x legacy's "
-            f"({er['n']} points)" if er["n"] else "Takeaway: no even plan with cp > 1 has both impls timed")
+            f"({count(er['n'], 'point')})" if er["n"] else "Takeaway: no even plan with cp > 1 has both impls timed")
     text += (f"; on {len(uneven)} uneven points only the padded path runs (legacy refuses them)." if len(uneven)
              else ".")
     out[plots.LATENCY_PNG] = text
@@ -558,7 +559,7 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
     else:
         lost = 1 - (bw["busbw_useful_GBps"] / bw["busbw_padded_GBps"]).median()
         out[plots.BUSBW_PNG] = (
-            f"Takeaway: where the padded path pads ({len(bw)} points, cp > 1), a median {lost:.0%} of the bus "
+            f"Takeaway: where the padded path pads ({count(len(bw), 'point')}, cp > 1), a median {lost:.0%} of the bus "
             f"bandwidth it achieves carries padding rather than tokens (hollow markers below filled ones).")
     return out
 
@@ -596,7 +597,8 @@ def prepare(run: Run) -> pd.DataFrame:
 
 def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
     """(report.md, report_appendix.md) as markdown."""
-    counted = f"{len(run.raw)} rows read; the latest of each point and impl: {len(df)} rows of {df[PAIR].nunique()} points"
+    counted = (f"{count(len(run.raw), 'row')} read; the latest of each point and impl: {count(len(df), 'row')} of "
+               f"{count(df[PAIR].nunique(), 'point')}")
     if len(run.files) == 1:
         source = f"Source: `{run.files[0]}` ({counted})."
     else:

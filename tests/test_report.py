@@ -314,8 +314,8 @@ def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: py
     assert report.main([str(tmp_path)]) == 0
     md, appendix = md_of(tmp_path)
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
-    assert "(3 rows read; the latest of each point and impl: 2 rows of 1 points)" in md
-    assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 points, 2 rows")
+    assert "(3 rows read; the latest of each point and impl: 2 rows of 1 point)" in md
+    assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 point, 2 rows")
     assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
             "and impl (the latest run) is used") in md
     verdicts = section(md, "Verdicts")
