@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import command, summary
 from .config import ConfigError, register, validate_overrides
+from .inputs import error_line
 from .point import point_id, run as run_point
 from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, composed_once, preflight
 from .results import SchemaError
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         # every point of the sweep, before Hydra writes anything
         points = preflight(argv, budget=not dry, start=start)
     except (ConfigError, SchemaError, WorkloadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
     if dry:
         print(dry_run(points))

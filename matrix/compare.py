@@ -58,7 +58,7 @@ from ._review import (
     point_codes,
 )
 from .results import CONFIG_COLUMNS, TIMING_COLUMNS
-from .inputs import BadInputFile
+from .inputs import BadInputFile, error_line
 from .samples import SAMPLES_FILE, Samples, read_samples
 from .significance import ALPHA, adjusted, p_greater, smallest_p
 
@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         check_metric(base, column), check_metric(new, column)
         sb, sn = run_samples(base), run_samples(new)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
 
     for warning in _env_warnings(base, new):

@@ -35,6 +35,7 @@ class BadInputFile(ValueError):
 JSON_DEPTH_MAX = 64
 NUMBER_DIGITS_MAX = 40  # far past any size, time or count a file of ours holds
 MESSAGE_CHARS_MAX = 120  # a quoted value in an error message
+ERROR_CHARS_MAX = 1000  # a whole error line
 
 
 def cut(value: object, limit: int = MESSAGE_CHARS_MAX) -> str:
@@ -43,6 +44,14 @@ def cut(value: object, limit: int = MESSAGE_CHARS_MAX) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def error_line(message: object, limit: int = ERROR_CHARS_MAX) -> str:
+    """An error message as the one line a command prints: line breaks folded,
+    cut to about ``limit`` characters with the whole length stated (a value
+    quoted from a file can be megabytes long)."""
+    text = " ".join(str(message).splitlines())
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _kind(mode: int) -> str:

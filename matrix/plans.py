@@ -36,6 +36,7 @@ from nsa_cp_comm.pad_at_split import split_align
 from nsa_cp_comm.plan import POLICIES
 
 from . import command
+from .inputs import error_line
 from .outputs import check_dir, write_atomic
 from .workload import Batches, WorkloadError, draw, load
 
@@ -196,7 +197,7 @@ def _ints(name: str, text: str, lo: int, hi: int) -> list[int]:
 
 
 def _usage(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"error: {error_line(msg)}", file=sys.stderr)
     return 2
 
 

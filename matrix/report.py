@@ -45,6 +45,7 @@ from ._review import (
     point_codes,
     typed,
 )
+from .inputs import error_line
 from .outputs import check_dir, write_atomic
 from .results import CONFIG_COLUMNS
 
@@ -694,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
     for note in run.notes():
         print(note)

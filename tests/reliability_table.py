@@ -249,6 +249,8 @@ FILES: tuple[FileCase, ...] = (
     FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace whose header is 20 MB without `seq_len`",
              "error: workload.path=*/t.csv: line 1: no seq_len column in header ['hhhh*... (20000004 characters)",
              ("t.csv:wide", "w.yaml:t.csv")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a workload file whose `kind` is 1 MB of text",
+             "error: workload.kind='kkkk*... (1000* characters)", ("w.yaml:kind",)),
     FileCase("plans", ("--nccl-tests", "{tmp}/fifo", *PLANS), "nccl-tests JSON that is a FIFO",
              f"error: --nccl-tests=*/fifo: {FIFO_SAYS}", ("fifo",)),
     FileCase("report", ("{tmp}/res", "--nccl-tests", "{tmp}/fifo"), "nccl-tests JSON that is a FIFO",
@@ -634,7 +636,9 @@ NOTES = """\
   every ordinary directory writable and no read-only mount is available. Tried:
   a path below a regular file (works for root), a directory of `/proc/sys`
   (not writable even for root; skipped where it is), and a mode-0555 directory
-  (skipped when running as root).
+  (skipped when running as root). Output folders (`--out` of plans and report)
+  are also tried on a read-only tmpfs, mounted by the test where it can be
+  (root), and a full disk on a small tmpfs filled by the test.
 - A failed point costs its rows, never the sweep: its rank processes are killed
   and reaped, the next point starts fresh ranks, and the sweep exits 1 at the
   end. Rows are appended with one `write(2)` under `flock`, so a kill at any
