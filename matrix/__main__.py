@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     start = datetime.now()
     argv = freeze_now(argv, start)
     try:
+        given = argv  # the resume hint repeats workload=NAME, not the seq_lens it expands to
         argv = expand_argv(argv)  # workload=NAME: a sweep over its batches' seq_lens
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     stdout_guard.guard()
     app = task(machine_checked=bool(points) and points[0].runs_here)
     argv = _pin_results_dir(argv, points)
-    _ACTIVE["argv"] = argv
+    _ACTIVE["argv"] = argv if given == argv else _pin_results_dir(given, points)
     sys.argv = [sys.argv[0], *argv]
     # Hydra prints a job's exception as a traceback; here it comes to the handlers below
     os.environ["HYDRA_FULL_ERROR"] = "1"

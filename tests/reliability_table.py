@@ -584,6 +584,13 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_a_workload_file_by_absolute_path_runs",
     ),
     FaultCase(
+        "Ctrl-C in a `workload=/abs/x.yaml` sweep",
+        "`python -m matrix` (the resume hint)",
+        "the hint repeats `workload=/abs/x.yaml` and the pinned `results_dir`, not the `seq_lens` it expands to "
+        "(which `workload=` refuses) nor the name Hydra was given for the file",
+        "test_the_resume_hint_of_a_workload_sweep_names_the_workload_file",
+    ),
+    FaultCase(
         "two sweeps into one `results_dir`",
         "Hydra's records (`multirun.yaml`, each job's `.hydra`)",
         "each command's under `results_dir/hydra/START-PID/`: neither overwrites the other's",

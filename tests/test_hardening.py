@@ -340,6 +340,29 @@ def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
     assert not (tmp_path / "res").exists()
 
 
+def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, capsys, monkeypatch):
+    """The hint used to repeat the expanded seq_lens (refused with workload=) and
+    the name Hydra was given for the file (unknown to a new process)."""
+    import matrix.__main__ as cli
+    from matrix import signals, stdout_guard
+
+    (tmp_path / "t.csv").write_text("seq_len\n100\n")
+    (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")))
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "task", lambda machine_checked: interrupted)
+    monkeypatch.setattr(signals, "install", lambda: None)
+    monkeypatch.setattr(stdout_guard, "guard", lambda: None)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
+    assert cli.main([f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 130
+    hint = capsys.readouterr().err.strip().splitlines()[-1]
+    assert hint == (f"interrupted; finish the sweep with: python -m matrix workload={tmp_path / 'w.yaml'} "
+                    f"results_dir={tmp_path / 'res'} resume=true"), hint
+
+
 def test_hydra_records_go_to_a_folder_per_command(tmp_path):
     """Two sweeps into one results_dir overwrote each other's multirun.yaml and
     job records (results_dir/0/.hydra)."""
