@@ -42,6 +42,7 @@ MATRIX_BATCHES_MAX = 64  # a matrix point per batch, on real ranks
 TRACE_ROWS_MAX = 10_000_000
 TRACE_BYTES_MAX = 1 << 30  # ten million requests take ~100 MB
 YAML_BYTES_MAX = 1 << 20
+TRACE_LINE_MAX = 1 << 16
 SIGMA_MAX = 4.0
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -246,7 +247,7 @@ def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
     hi = min(SEQ_LEN_MAX, budget)
     with f:
         try:
-            reader = csv.reader(f)
+            reader = csv.reader(_lines(f, label))
             header = next(reader, None)
             if header is None:
                 raise WorkloadError(f"{label}: empty file (expected a header with seq_len)")
@@ -288,6 +289,18 @@ def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
         raise WorkloadError(f"{label}: batch {inputs.cut(ids[b])} holds {int(totals[b])} tokens, "
                             f"over the budget {budget}")
     return arr, sizes
+
+
+def _lines(f, label: str):
+    """The lines of a trace, each at most :data:`TRACE_LINE_MAX` characters
+    (read so, whatever the line's length): a request is a number or two."""
+    n = 0
+    while line := f.readline(TRACE_LINE_MAX + 1):
+        n += 1
+        if len(line) > TRACE_LINE_MAX and not line.endswith("\n"):
+            raise WorkloadError(f"{label}: line {n} is longer than {TRACE_LINE_MAX} characters: not a trace "
+                                "(a header with seq_len, then one request a line)")
+        yield line
 
 
 def _group(lens: np.ndarray, batch_ids: list[str], label: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
