@@ -632,10 +632,11 @@ def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, 
     return latest
 
 
-def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
+def latest_statuses(path: Path, warn: bool = True) -> dict[str, dict[str, str]]:
     """``{point_id: {impl: status}}`` of :func:`latest_rows`."""
     return {
-        pid: {impl: row.get("status") or "" for impl, row in rows.items()} for pid, rows in latest_rows(path).items()
+        pid: {impl: row.get("status") or "" for impl, row in rows.items()}
+        for pid, rows in latest_rows(path, warn=warn).items()
     }
 
 
@@ -648,10 +649,10 @@ def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
     if read_header(path) is None:
         return set()
     check_schema(path)
-    set_aside_malformed(path)
+    set_aside_malformed(path)  # its warning line says what became of them
     return {
         pid
-        for pid, statuses in latest_statuses(path).items()
+        for pid, statuses in latest_statuses(path, warn=False).items()
         if all(s and s not in RERUN_STATUSES for s in statuses.values())
     }
 

@@ -534,6 +534,14 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_results_file",
     ),
     FaultCase(
+        "a full disk while a resume rewrites results.csv",
+        "`matrix.results.set_aside_malformed`",
+        "results.csv and its side file exactly as they were (the set-aside undone); one warning line saying the "
+        "lines stay in the file; the readers still skip them and the resume goes on",
+        "test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were",
+        "test_results_file",
+    ),
+    FaultCase(
         "an append that opened results.csv just before a resume rewrote it",
         "`matrix.results.append_rows`",
         "once it holds the lock it sees the name holds another file, opens it again and appends there: no row lost",

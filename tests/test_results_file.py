@@ -282,6 +282,23 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
     assert completed_point_ids(tmp_path) == {"a", "b", "c"} and capsys.readouterr().err == ""
 
 
+def test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were(tmp_path, monkeypatch, capsys):
+    append_rows(tmp_path, [row("a"), row("b")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + [lines[2].replace(",b,", ',"b,', 1)]))
+    before = path.read_bytes()
+
+    def full(p, data):
+        raise OSError(errno.ENOSPC, f"cannot write {p}: No space left on device")
+
+    monkeypatch.setattr(results, "write_atomic", full)
+    assert completed_point_ids(tmp_path) == {"a"}
+    assert path.read_bytes() == before and torn_path(path).read_bytes() == b""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "they stay in the file: cannot rewrite it" in err[0], err
+
+
 def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
     """A sweep appending while a resume rewrote the file: its rows go to the new file."""
     append_rows(tmp_path, [row("a"), row("b")])
