@@ -624,6 +624,10 @@ def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, 
     read = read_rows(path)
     if warn and read.malformed:
         print(read.warning(path), file=sys.stderr, flush=True)
+    return _latest(read)
+
+
+def _latest(read: Rows) -> dict[str, dict[str, dict[str, str]]]:
     latest: dict[str, dict[str, dict[str, str]]] = {}
     for _, row in read.rows:
         pid = row.get("point_id")
@@ -632,11 +636,10 @@ def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, 
     return latest
 
 
-def latest_statuses(path: Path, warn: bool = True) -> dict[str, dict[str, str]]:
+def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
     """``{point_id: {impl: status}}`` of :func:`latest_rows`."""
     return {
-        pid: {impl: row.get("status") or "" for impl, row in rows.items()}
-        for pid, rows in latest_rows(path, warn=warn).items()
+        pid: {impl: row.get("status") or "" for impl, row in rows.items()} for pid, rows in latest_rows(path).items()
     }
 
 
@@ -649,12 +652,12 @@ def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
     if read_header(path) is None:
         return set()
     check_schema(path)
-    set_aside_malformed(path)  # its warning line says what became of them
-    return {
-        pid
-        for pid, statuses in latest_statuses(path, warn=False).items()
-        if all(s and s not in RERUN_STATUSES for s in statuses.values())
-    }
+    read = read_rows(path)
+    if read.malformed:  # moved aside, so pandas reads the file; the warning line says what became of them
+        set_aside_malformed(path)
+        read = read_rows(path)
+    statuses = {pid: [row.get("status") or "" for row in rows.values()] for pid, rows in _latest(read).items()}
+    return {pid for pid, ss in statuses.items() if all(s and s not in RERUN_STATUSES for s in ss)}
 
 
 def set_aside_malformed(path: Path) -> list[int]:
