@@ -330,8 +330,8 @@ def _replaced(fd: int, path: Path) -> bool:
     malformed lines aside and renamed a rewritten file into place)."""
     try:
         st = path.stat()
-    except OSError:
-        return True
+    except OSError:  # cannot tell: the open file it is
+        return False
     own = os.fstat(fd)
     return (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino)
 
