@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import command, summary
 from .config import ConfigError, register, validate_overrides
+from .inputs import error_line
 from .point import point_id, run as run_point
 from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, composed_once, preflight
 from .results import SchemaError
@@ -153,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     start = datetime.now()
     argv = freeze_now(argv, start)
     try:
+        given = argv  # the resume hint repeats workload=NAME, not the seq_lens it expands to
         argv = expand_argv(argv)  # workload=NAME: a sweep over its batches' seq_lens
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
         # every point of the sweep, before Hydra writes anything
         points = preflight(argv, budget=not dry, start=start)
     except (ConfigError, SchemaError, WorkloadError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
     if dry:
         print(dry_run(points))
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     stdout_guard.guard()
     app = task(machine_checked=bool(points) and points[0].runs_here)
     argv = _pin_results_dir(argv, points)
-    _ACTIVE["argv"] = argv
+    _ACTIVE["argv"] = argv if given == argv else _pin_results_dir(given, points)
     sys.argv = [sys.argv[0], *argv]
     # Hydra prints a job's exception as a traceback; here it comes to the handlers below
     os.environ["HYDRA_FULL_ERROR"] = "1"

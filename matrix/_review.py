@@ -27,11 +27,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import inputs
 from .results import (
     BAD_STATUSES,
     CONFIG_COLUMNS,
     COLUMNS,
     GOOD_STATUSES,
+    RESULTS_BYTES_MAX,
     RESULTS_FILE,
     STATUS_VALUES,
     TIMING_COLUMNS,
@@ -307,7 +309,7 @@ READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3}
 def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
     try:
-        data = path.read_bytes()
+        data = inputs.read_bytes(path, where, RESULTS_BYTES_MAX, InputError)
     except OSError as exc:
         raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
     # Strings throughout: the writer's exact text is what `compare` joins on,
@@ -347,7 +349,11 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         if col in wanted and col not in frame.columns and not (layout == 3 and col in META_COLUMNS):
             frame[col] = ""
     file = _File(frame, layout, malformed=malformed)
-    READERS[layout](file, read_runs(path.parent) if layout == 3 else Runs(), wanted)
+    try:
+        runs = read_runs(path.parent) if layout == 3 else Runs()
+    except inputs.BadInputFile as exc:
+        raise InputError(f"{where}: {exc}") from None
+    READERS[layout](file, runs, wanted)
     file.frame[SOURCE] = str(path)
     return file
 

@@ -72,6 +72,7 @@ from ._review import (
     point_codes,
 )
 from .results import CONFIG_COLUMNS, TIMING_COLUMNS
+from .inputs import BadInputFile, error_line
 from .samples import SAMPLES_FILE, Samples, read_samples
 from .significance import ALPHA, adjusted, p_greater, smallest_p
 
@@ -136,7 +137,10 @@ def run_samples(run: Run) -> Samples:
     """The samples beside each of the run's results files, merged."""
     merged = Samples()
     for f in run.files:
-        one = read_samples(f.parent / SAMPLES_FILE)
+        try:
+            one = read_samples(f.parent / SAMPLES_FILE)
+        except BadInputFile as exc:
+            raise InputError(f"{run.arg}={run.value}: {exc}") from None
         merged.found |= one.found
         merged.skipped_lines += one.skipped_lines
         merged.by_key.update(one.by_key)
@@ -633,13 +637,13 @@ def main(argv: list[str] | None = None) -> int:
         # the CSV column the gate may read: the metric, or the paired metric's fallback
         column = ABSOLUTE_FALLBACK if metric == PAIRED else metric
         check_metric(base, column), check_metric(new, column)
+        sb, sn = run_samples(base), run_samples(new)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
 
     for warning in _env_warnings(base, new):
         print(warning, file=sys.stderr)
-    sb, sn = run_samples(base), run_samples(new)
     notes = [f"note: {run.arg}={run.value}: {smp.skipped_lines} unreadable line(s) of {SAMPLES_FILE} skipped"
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
     if metric == PAIRED:

@@ -19,6 +19,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -170,6 +171,9 @@ def validate_value(key: str, value: Any) -> None:
     elif key == "results_dir":
         if not isinstance(value, str) or not value:
             raise _fail(key, value, "must be a directory path")
+        if "\n" in value or "\r" in value:
+            # a row keeps one line, so its results_dir cell could not name this path
+            raise ConfigError(f"results_dir={value!r}: must not contain a line break")
         if "${" in value:
             # Hydra's job directories interpolate results_dir, and read this as a reference
             raise _fail(key, value, "must not contain '${' (Hydra would read it as an interpolation)")
@@ -354,11 +358,24 @@ def job_minutes(timeout_s: float) -> int:
     return math.ceil(float(timeout_s) / 60) + 10
 
 
+# Hydra's records of one command (multirun.yaml, each job's .hydra folder) go to
+# a folder of its own under results_dir/hydra: two sweeps into one results_dir
+# (a resume, a second sweep) keep each other's records.
+_RUN_FOLDER = f"{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+
+
+def run_folder() -> str:
+    """This process's folder name under ``<results_dir>/hydra`` (its start and pid)."""
+    return _RUN_FOLDER
+
+
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("matrix.sweep_max"):
         OmegaConf.register_new_resolver("matrix.sweep_max", _sweep_max)
+    if not OmegaConf.has_resolver("matrix.run_folder"):
+        OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
     if not OmegaConf.has_resolver("matrix.job_minutes"):
         OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
 

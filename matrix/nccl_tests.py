@@ -21,13 +21,14 @@ output that uses it says so.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import inputs
 
 OPS: dict[str, str] = {"all_gather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf"}
 PLACEMENTS = ("in_place", "out_of_place")
@@ -103,21 +104,18 @@ def _nranks(path: Path, config: object) -> int:
     return n
 
 
+def _parse_file(path: Path) -> object:
+    """The file's JSON, read as matrix.inputs reads every input: a regular file
+    of at most :data:`MAX_BYTES` (a FIFO or /dev/zero refused, not waited on),
+    nesting and numbers bounded; NcclTestsError (one line) otherwise."""
+    label = f"--nccl-tests={path}"
+    return inputs.loads_json(inputs.read_bytes(path, label, MAX_BYTES, NcclTestsError), label, NcclTestsError)
+
+
 def read(path: Path | str) -> Curve:
     """One nccl-tests JSON file as a :class:`Curve`; NcclTestsError (one line) otherwise."""
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_BYTES:
-            raise _fail(path, f"larger than {MAX_BYTES >> 20} MiB: not an nccl-tests JSON")
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _fail(path, f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise _fail(path, "not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    data = _parse_file(path)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or not data["results"]:
         raise _fail(path, "no results list (write it with nccl-tests' -J FILE)")
     op = _op(path, data)

@@ -36,6 +36,8 @@ from nsa_cp_comm.pad_at_split import split_align
 from nsa_cp_comm.plan import POLICIES
 
 from . import command
+from .inputs import error_line
+from .outputs import check_dir, write_atomic
 from .workload import Batches, WorkloadError, draw, load
 
 DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
@@ -195,7 +197,7 @@ def _ints(name: str, text: str, lo: int, hi: int) -> list[int]:
 
 
 def _usage(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"error: {error_line(msg)}", file=sys.stderr)
     return 2
 
 
@@ -231,6 +233,11 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16)):
         if not 1 <= v <= hi:
             raise SystemExit(_usage(f"{name}={v}: must be an integer in [1, {hi}]"))
+    if args.out is not None:  # before the work: a place the results cannot go is found now
+        try:
+            check_dir(args.out, f"--out={args.out}", ValueError)
+        except ValueError as exc:
+            raise SystemExit(_usage(str(exc))) from None
     overrides = {"batches": args.batches}
     if args.seed is not None:
         overrides["seed"] = args.seed
@@ -247,7 +254,10 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         except NcclTestsError as exc:
             raise SystemExit(_usage(str(exc))) from None
     t0 = time.perf_counter()
-    batches = draw(w)
+    try:
+        batches = draw(w)  # a trace is read here: its errors are bad input too
+    except WorkloadError as exc:
+        raise SystemExit(_usage(str(exc))) from None
     t_draw = time.perf_counter() - t0
     rows = []
     for pol in policies:
@@ -260,16 +270,22 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
             "dtype": args.dtype, "draw_s": round(t_draw, 3), "plans_s": round(t_plans, 3),
             "model": model.describe() if model is not None else None}
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        tmp = args.out / "plans.json.tmp"
-        tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-        tmp.replace(args.out / "plans.json")
-        if not args.no_plot:
-            from .plots import png
-
-            fig = plot(rows, f"Gathered rows over tokens per design and cp\n{w.describe()}")
-            (args.out / PLOT).write_bytes(png(fig))
+        try:
+            _write(args.out, meta, rows, None if args.no_plot else w.describe())
+        except OSError as exc:
+            raise SystemExit(_usage(f"--out={args.out}: {' '.join(str(exc.strerror or exc).split())}")) from None
     return rows, meta
+
+
+def _write(out: Path, meta: dict, rows: list[dict], plot_title: str | None) -> None:
+    """plans.json and (with a title) the plot, each whole or not at all."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "plans.json", json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    if plot_title is not None:
+        from .plots import png
+
+        fig = plot(rows, f"Gathered rows over tokens per design and cp\n{plot_title}")
+        write_atomic(out / PLOT, png(fig))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,8 @@ from ._review import (
     point_codes,
     typed,
 )
+from .inputs import error_line
+from .outputs import check_dir, write_atomic
 from .results import CONFIG_COLUMNS
 from .words import count
 
@@ -649,13 +651,14 @@ def build(run: Run, model=None) -> tuple[str, str, dict[str, bytes]]:
 
 
 def write(out: Path, markdown: str, appendix: str, pngs: dict[str, bytes]) -> list[Path]:
+    """Every file through a temporary name and a rename: a full disk leaves
+    the files as they were (or none), never a truncated one."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, data in pngs.items():
-        (out / name).write_bytes(data)
-        written.append(out / name)
-    (out / APPENDIX_FILE).write_text(appendix, encoding="utf-8")
-    (out / REPORT_FILE).write_text(markdown, encoding="utf-8")
+        written.append(write_atomic(out / name, data))
+    write_atomic(out / APPENDIX_FILE, appendix)
+    write_atomic(out / REPORT_FILE, markdown)
     return [out / REPORT_FILE, out / APPENDIX_FILE, *written]
 
 
@@ -693,14 +696,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(str(exc)) from None
         run = load_run("RESULTS", args.results, READ)
         out = Path(args.out) if args.out is not None else run.home
+        where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
+        check_dir(out, where, InputError)  # before the report is built
         markdown, appendix, pngs = build(run, model)
         try:
             written = write(out, markdown, appendix, pngs)
         except OSError as exc:
-            where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
             raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
     for note in run.notes():
         print(note)

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import inputs
+from .outputs import write_atomic
 from .runs import SCHEMA_VERSION, layout_version, record_run, runs_path
 
 RESULTS_FILE = "results.csv"
@@ -32,6 +34,8 @@ FULL_TEXT_FILE = "results.full-text.jsonl"
 # The longest cell of a free-text column (reason, overrides, ...): a plug-in's error
 # can be a compiler log. Configuration columns are bounded by the config's own limits.
 MAX_CELL_CHARS = 4096
+# The largest results file the readers take: a million rows of a wide schema.
+RESULTS_BYTES_MAX = 4 << 30
 # Readers accept any row the writer can write: Python's csv module refuses fields over
 # 131072 characters by default, and a long seq_lens is longer than that.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
@@ -321,6 +325,32 @@ def _open_for_append(path: Path) -> int:
         raise _path_error(path, exc) from None
 
 
+def _replaced(fd: int, path: Path) -> bool:
+    """Whether ``path`` no longer names the open file ``fd`` (a resume set
+    malformed lines aside and renamed a rewritten file into place)."""
+    try:
+        st = path.stat()
+    except OSError:  # cannot tell: the open file it is
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino)
+
+
+def _locked(path: Path) -> int:
+    """``path`` opened for appending under an exclusive lock: the file the name
+    holds once the lock is held (a rewrite may have replaced it meanwhile)."""
+    while True:
+        fd = _open_for_append(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not _replaced(fd, path):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
 def _last_line_start(fd: int, size: int) -> int:
     """Offset just past the last newline of the file's first ``size`` bytes (0 if none)."""
     end = size
@@ -476,9 +506,8 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
     path = results_path(results_dir)
     rows = _with_run_id(rows, run)
     rows, full_texts = bound_cells(rows)
-    fd = _open_for_append(path)
+    fd = _locked(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
         if size:
             check_schema(path)  # before changing anything
@@ -561,11 +590,10 @@ def read_rows(path: Path) -> Rows:
     cell types checked); the others are counted, never merged into a row.
     Bytes that are not UTF-8 are read as U+FFFD; a byte-order mark is skipped."""
     try:
-        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
-            lines = f.read().split("\n")
+        data = inputs.read_bytes(path, f"results_dir={path.parent}: {path.name}", RESULTS_BYTES_MAX, ResultsPathError)
     except OSError as exc:
         raise _path_error(path, exc) from None
-    lines = [line.removesuffix("\r") for line in lines]
+    lines = [line.removesuffix("\r") for line in data.decode("utf-8-sig", "replace").split("\n")]
     header: list[str] = []
     rows: list[tuple[int, dict[str, str]]] = []
     malformed: list[int] = []
@@ -596,6 +624,10 @@ def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, 
     read = read_rows(path)
     if warn and read.malformed:
         print(read.warning(path), file=sys.stderr, flush=True)
+    return _latest(read)
+
+
+def _latest(read: Rows) -> dict[str, dict[str, dict[str, str]]]:
     latest: dict[str, dict[str, dict[str, str]]] = {}
     for _, row in read.rows:
         pid = row.get("point_id")
@@ -620,8 +652,53 @@ def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
     if read_header(path) is None:
         return set()
     check_schema(path)
-    return {
-        pid
-        for pid, statuses in latest_statuses(path).items()
-        if all(s and s not in RERUN_STATUSES for s in statuses.values())
-    }
+    read = read_rows(path)
+    if read.malformed:  # moved aside, so pandas reads the file; the warning line says what became of them
+        set_aside_malformed(path)
+        read = read_rows(path)
+    statuses = {pid: [row.get("status") or "" for row in rows.values()] for pid, rows in _latest(read).items()}
+    return {pid for pid, ss in statuses.items() if all(s and s not in RERUN_STATUSES for s in ss)}
+
+
+def set_aside_malformed(path: Path) -> list[int]:
+    """Move the lines of ``path`` that are not whole rows (:func:`read_rows`'s
+    ``malformed``) to :func:`torn_path` and rewrite ``path`` without them, under
+    the append lock: the rest is written to a temporary file and renamed into
+    place, so ``pandas.read_csv`` reads the file again and a kill leaves the old
+    file or the new one. Returns the line numbers moved (one warning line on
+    stderr). Where the rewrite cannot be done (a full disk) the file stays as it
+    was and the warning says so; readers still skip the lines."""
+    read = read_rows(path)
+    if not read.malformed:
+        return []
+    fd = _locked(path)
+    try:
+        read = read_rows(path)  # again, under the lock: an append may have come first
+        if not read.malformed:
+            return []
+        data = inputs.read_bytes(path, f"results_dir={path.parent}: {path.name}", RESULTS_BYTES_MAX,
+                                 ResultsPathError)
+        lines = data.split(b"\n")
+        bad = set(read.malformed)
+        kept = b"\n".join(line for i, line in enumerate(lines, start=1) if i not in bad)
+        moved = b"".join(lines[i - 1].removesuffix(b"\r") + b"\n" for i in read.malformed)
+        warning = read.warning(path)
+        try:
+            side_size = _set_aside(path, moved[:-1])
+            try:
+                write_atomic(path, kept)
+            except OSError:
+                side = os.open(torn_path(path), os.O_WRONLY)
+                try:
+                    _truncate(side, side_size)
+                finally:
+                    os.close(side)
+                raise
+        except OSError as exc:
+            print(f"{warning}; they stay in the file: cannot rewrite it ({' '.join(str(exc).split())})",
+                  file=sys.stderr, flush=True)
+            return []
+        print(f"{warning}; moved to {torn_path(path)}", file=sys.stderr, flush=True)
+        return read.malformed
+    finally:
+        os.close(fd)

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import inputs
+
 SCHEMA_VERSION = 3
 RUNS_FILE = "runs.jsonl"
+RUNS_BYTES_MAX = 1 << 30  # a line per run: millions of runs
 
 # The fields of a run's line that readers join onto each of its rows, as
 # columns of these names: a row of layout 2 carries the first four itself.
@@ -130,7 +133,7 @@ def record_run(results_dir: str | os.PathLike[str], meta: Mapping[str, object]) 
 def read_line(line: bytes | str) -> dict[str, object]:
     """One line of ``runs.jsonl`` as a dict; ``{}`` for a line that is not a JSON object."""
     try:
-        obj = json.loads(line)
+        obj = inputs.loads_json(line, "runs.jsonl", inputs.BadInputFile)
     except ValueError:
         return {}
     return obj if isinstance(obj, dict) else {}
@@ -149,10 +152,10 @@ class Runs:
 def read_runs(results_dir: str | os.PathLike[str]) -> Runs:
     """The runs written beside the results in ``results_dir`` (none when there is no ``runs.jsonl``)."""
     out = Runs()
-    try:
-        data = runs_path(results_dir).read_bytes()
-    except OSError:
+    path = runs_path(results_dir)
+    if not os.path.lexists(path):
         return out
+    data = inputs.read_bytes(path, str(path), RUNS_BYTES_MAX, inputs.BadInputFile)
     for line in data.splitlines():
         if not line.strip():
             continue

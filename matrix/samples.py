@@ -31,9 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import inputs
+from .results import ResultsWriteError
 from .runs import SCHEMA_VERSION
 
 SAMPLES_FILE = "samples.jsonl"
+SAMPLES_BYTES_MAX = 8 << 30  # a line of up to 100000 timings per (point, impl)
 
 
 def samples_path(results_dir: str | os.PathLike[str]) -> Path:
@@ -67,15 +70,27 @@ def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[s
     if not data:
         return
     path = samples_path(results_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ResultsWriteError(path, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         # A torn line left by a kill mid-write would glue onto ours: start afresh.
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
-        os.write(fd, data)
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise ResultsWriteError(path, f"short write ({written} of {len(data)} bytes; is the disk full?)")
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, size)  # no part of a line left behind
+            except OSError:
+                pass
+            raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(path, exc)) from None
     finally:
         os.close(fd)
 
@@ -118,15 +133,14 @@ def _newer(version: object) -> bool:
 def read_samples(path: Path) -> Samples:
     """The samples of ``path`` (a ``samples.jsonl``); empty when there is none."""
     out = Samples()
-    try:
-        f = path.open("rb")
-    except OSError:
+    if not os.path.lexists(path):
         return out
+    f = inputs.open_binary(path, str(path), SAMPLES_BYTES_MAX, inputs.BadInputFile)
     out.found = True
     with f:
         for line in f:
             try:
-                obj = json.loads(line)
+                obj = inputs.loads_json(line, str(path), inputs.BadInputFile)
             except ValueError:
                 out.skipped_lines += bool(line.strip())
                 continue

@@ -11,7 +11,8 @@ A workload is a small mapping (``conf/workload/NAME.yaml``):
 
 Requests are packed in arrival order into batches of at most ``budget``
 tokens (a batch takes requests while its total stays within the budget; a
-trace's ``batch`` column, where present, groups them instead). ``batches``
+trace's ``batch`` column, where present, groups them instead: one batch
+per id, even where an id comes back after other batches). ``batches``
 (K) batches are drawn, seeded by ``seed``: the first K of a fresh draw, or K
 of the trace's batches picked with replacement. Every value has a range; bad
 input raises :class:`WorkloadError` with one line naming the field and value.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from . import inputs
 from .paths import CONF_DIR, ROOT
 
 KINDS: tuple[str, ...] = ("lognormal", "trace")
@@ -37,6 +40,9 @@ BUDGET_MAX = 1 << 26
 BATCHES_MAX = 2_000_000
 MATRIX_BATCHES_MAX = 64  # a matrix point per batch, on real ranks
 TRACE_ROWS_MAX = 10_000_000
+TRACE_BYTES_MAX = 1 << 30  # ten million requests take ~100 MB
+YAML_BYTES_MAX = 1 << 20
+TRACE_LINE_MAX = 1 << 16
 SIGMA_MAX = 4.0
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -123,16 +129,45 @@ def from_mapping(cfg: Mapping[str, Any], *, batches_max: int = BATCHES_MAX) -> W
     return Workload(kind, budget, k, seed, path=path)
 
 
+def _is_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml"))
+
+
+def _store_file(name: str) -> str:
+    """Offer the workload file ``name`` to Hydra's config group ``workload``
+    (its config store) under a name derived from its path; returns that name.
+    The rows record the file's ``name`` field, else its path."""
+    import hashlib
+
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    path = Path(name).expanduser().absolute()
+    cfg = OmegaConf.to_container(OmegaConf.create(
+        inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError)))
+    cfg.setdefault("name", str(path))
+    choice = "file_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    ConfigStore.instance().store(group="workload", name=choice, node=cfg)
+    _STORED[choice] = str(path)
+    return choice
+
+
+# Names :func:`_store_file` gave workload files in this process: {name: path}.
+_STORED: dict[str, str] = {}
+
+
 def load(name: str, overrides: Mapping[str, Any] | None = None, **kw) -> Workload:
     """``conf/workload/NAME.yaml`` (or a YAML path), with ``overrides`` on top."""
     from omegaconf import OmegaConf
 
-    path = Path(name) if name.endswith((".yaml", ".yml")) else WORKLOAD_DIR / f"{name}.yaml"
+    name = _STORED.get(name, name)
+    path = Path(name).expanduser() if _is_file(name) else WORKLOAD_DIR / f"{name}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
         raise WorkloadError(f"workload={name}: no such workload (one of {', '.join(names)}, or a .yaml path)")
+    text = inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError)
     try:
-        cfg = OmegaConf.to_container(OmegaConf.load(path))
+        cfg = OmegaConf.to_container(OmegaConf.create(text))
     except Exception as exc:  # noqa: BLE001 - any YAML error is one line
         raise WorkloadError(f"workload={name}: cannot read {path}: {type(exc).__name__}") from None
     if not isinstance(cfg, dict):
@@ -200,59 +235,91 @@ def _trace_path(path: str) -> Path:
 def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """``(lens, sizes)`` of a CSV trace: a header with ``seq_len`` (and
     optionally ``batch``), one request a line. Raises WorkloadError naming the
-    file, the line and the value."""
-    try:
-        f = open(path, newline="", encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadError(f"workload.path={path}: cannot open: {exc.strerror or exc}") from None
+    file, the line and the value. The file is read as matrix.inputs reads
+    every input (a regular file of at most :data:`TRACE_BYTES_MAX` bytes,
+    a byte-order mark read past). A batch id that comes back after other
+    batches gathers its requests into one batch, in file order (one note
+    line on stderr)."""
+    label = f"workload.path={path}"
+    f = inputs.open_text(path, label, TRACE_BYTES_MAX, WorkloadError)
     lens: list[int] = []
     batch_ids: list[str] = []
+    hi = min(SEQ_LEN_MAX, budget)
     with f:
         try:
-            reader = csv.reader(f)
+            reader = csv.reader(_lines(f, label))
             header = next(reader, None)
             if header is None:
-                raise WorkloadError(f"workload.path={path}: empty file (expected a header with seq_len)")
+                raise WorkloadError(f"{label}: empty file (expected a header with seq_len)")
             header = [h.strip() for h in header]
             if "seq_len" not in header:
-                raise WorkloadError(f"workload.path={path}: line 1: no seq_len column in header {header!r}")
+                raise WorkloadError(f"{label}: line 1: no seq_len column in header {inputs.cut(header)}")
             col = header.index("seq_len")
             bcol = header.index("batch") if "batch" in header else None
             for lineno, rec in enumerate(reader, start=2):
                 if not rec or all(not c.strip() for c in rec):
                     continue
                 if len(rec) != len(header):
-                    raise WorkloadError(
-                        f"workload.path={path}: line {lineno}: {len(rec)} fields, the header has {len(header)}")
+                    raise WorkloadError(f"{label}: line {lineno}: {len(rec)} fields, the header has {len(header)}")
                 raw = rec[col].strip()
-                if not raw.isdigit() or not 1 <= int(raw) <= min(SEQ_LEN_MAX, budget):
-                    raise WorkloadError(f"workload.path={path}: line {lineno}: seq_len={raw!r} must be an integer "
-                                        f"in [1, {min(SEQ_LEN_MAX, budget)}] (the budget)")
-                lens.append(int(raw))
+                value = inputs.parse_int(raw, 1, hi)
+                if value is None:
+                    raise WorkloadError(f"{label}: line {lineno}: seq_len={inputs.cut(raw)} must be an integer "
+                                        f"in [1, {hi}] (the budget)")
+                lens.append(value)
                 if bcol is not None:
                     batch_ids.append(rec[bcol].strip())
                 if len(lens) > TRACE_ROWS_MAX:
-                    raise WorkloadError(f"workload.path={path}: more than {TRACE_ROWS_MAX} requests")
+                    raise WorkloadError(f"{label}: more than {TRACE_ROWS_MAX} requests")
         except UnicodeDecodeError:
-            raise WorkloadError(f"workload.path={path}: not UTF-8 text") from None
+            raise WorkloadError(f"{label}: not UTF-8 text") from None
         except csv.Error as exc:
-            raise WorkloadError(f"workload.path={path}: not a CSV file: {exc}") from None
+            raise WorkloadError(f"{label}: not a CSV file: {inputs.cut(str(exc))}") from None
     if not lens:
-        raise WorkloadError(f"workload.path={path}: no requests (only a header)")
+        raise WorkloadError(f"{label}: no requests (only a header)")
     arr = np.asarray(lens, dtype=np.int64)
     if bcol is None:
         sizes, _ = _pack(arr, budget, len(arr))
         return arr, sizes
-    change = np.flatnonzero(np.asarray(batch_ids[1:], dtype=object) != np.asarray(batch_ids[:-1], dtype=object))
-    bounds = np.concatenate(([0], change + 1, [len(arr)]))
-    sizes = np.diff(bounds).astype(np.int64)
-    totals = np.add.reduceat(arr, bounds[:-1])
+    arr, sizes, ids = _group(arr, batch_ids, label)
+    totals = np.add.reduceat(arr, np.concatenate(([0], np.cumsum(sizes)[:-1])))
     over = np.flatnonzero(totals > budget)
     if len(over):
         b = int(over[0])
-        raise WorkloadError(f"workload.path={path}: batch {batch_ids[int(bounds[b])]!r} holds {int(totals[b])} "
-                            f"tokens, over the budget {budget}")
+        raise WorkloadError(f"{label}: batch {inputs.cut(ids[b])} holds {int(totals[b])} tokens, "
+                            f"over the budget {budget}")
     return arr, sizes
+
+
+def _lines(f, label: str):
+    """The lines of a trace, each at most :data:`TRACE_LINE_MAX` characters
+    (read so, whatever the line's length): a request is a number or two."""
+    n = 0
+    while line := f.readline(TRACE_LINE_MAX + 1):
+        n += 1
+        if len(line) > TRACE_LINE_MAX and not line.endswith("\n"):
+            raise WorkloadError(f"{label}: line {n} is longer than {TRACE_LINE_MAX} characters: not a trace "
+                                "(a header with seq_len, then one request a line)")
+        yield line
+
+
+def _group(lens: np.ndarray, batch_ids: list[str], label: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Requests grouped by batch id, batches in order of first appearance and
+    requests in file order within each: ``(lens, sizes, ids)``. An id that
+    comes back after another batch (``a, b, a``) is one batch all the same;
+    a note on stderr says so, naming the first such line."""
+    first: dict[str, int] = {}
+    codes = np.fromiter((first.setdefault(b, len(first)) for b in batch_ids), dtype=np.int64, count=len(batch_ids))
+    back = np.flatnonzero(codes[1:] < np.maximum.accumulate(codes)[:-1])
+    if len(back):
+        i = int(back[0]) + 1
+        print(f"note: {label}: batch {inputs.cut(batch_ids[i])} comes back at request {i + 1} after other "
+              f"batches; its requests are taken as one batch ({len(back)} request(s) regrouped)",
+              file=sys.stderr, flush=True)
+        order = np.argsort(codes, kind="stable")
+        lens, codes = lens[order], codes[order]
+    sizes = np.bincount(codes, minlength=len(first)).astype(np.int64)
+    return lens, sizes, list(first)
 
 
 def expand_argv(argv: list[str]) -> list[str]:
@@ -268,8 +335,14 @@ def expand_argv(argv: list[str]) -> list[str]:
         raise WorkloadError(f"{given[-1]}: one workload per command line (its batches are the sweep)")
     if any(a.startswith(("seq_lens=", "+seq_lens=")) for a in argv):
         raise WorkloadError(f"{given[-1]}: the workload sets seq_lens (its batches); drop seq_lens=")
-    batches = draw(load(name, batches_max=MATRIX_BATCHES_MAX))
+    w = load(name, batches_max=MATRIX_BATCHES_MAX)
+    batches = draw(w)
     values = list(dict.fromkeys("[" + ",".join(map(str, batches.batch(i))) + "]" for i in range(len(batches))))
+    if _is_file(name):
+        # Hydra reads workload=NAME as conf/workload/NAME: a file's mapping is
+        # offered to it under a name of its own
+        choice = _store_file(name)
+        argv = [f"workload={choice}" if a.startswith("workload=") else a for a in argv]
     out = [*argv, "seq_lens=" + ",".join(values)]
     return out if any(a in ("-m", "--multirun") for a in argv) else ["-m", *out]
 

@@ -201,6 +201,8 @@ CLI: tuple[CliCase, ...] = (
             doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup="dev_null"),
     CliCase(("results_dir=/proc/sys/matrix-results",),
             "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
+    CliCase(("results_dir='{tmp}/a\nb'",), "error: results_dir='*/a\\nb': must not contain a line break", VALUE,
+            doc="results_dir='DIR/a<newline>b' (a line break in the path, quoted)"),
     CliCase(("results_dir={tmp}/old", "resume=true"),
             "error: results_dir=*/old: results.csv has another schema (missing *); "
             "use a new results_dir or move the old file away", POINT,
@@ -210,6 +212,80 @@ CLI: tuple[CliCase, ...] = (
 
 def cli_doc(case: CliCase) -> str:
     return case.doc or " ".join(case.args)
+
+
+# --- files the commands read and write: one line, exit 2, before any work ----------------
+
+
+@dataclass(frozen=True)
+class FileCase:
+    command: str  # "plans", "report", "compare" or "matrix" (python -m matrix.COMMAND / python -m matrix)
+    args: tuple[str, ...]  # {tmp} is the test's folder; files made by ``setup``
+    doc: str  # the input, as the document states it
+    expect: str  # the one stderr line
+    setup: tuple[str, ...] = ()  # what tests/test_hardening.py:_file_setup makes under {tmp}
+    # "ro_mount": a read-only tmpfs (skipped where none can be mounted); "proc_sys": /proc/sys not writable
+    needs: str = ""
+
+
+PLANS = ("--batches", "20", "--cp", "8", "--no-plot")
+FIFO_SAYS = "is a FIFO, not a regular file"
+FILES: tuple[FileCase, ...] = (
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace that is a FIFO",
+             f"error: workload.path=*/fifo: {FIFO_SAYS}", ("fifo", "w.yaml:fifo")),
+    FileCase("matrix", ("--dry-run", "workload={tmp}/w.yaml"), "a trace that is a FIFO",
+             f"error: workload.path=*/fifo: {FIFO_SAYS}", ("fifo", "w.yaml:fifo")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace that is /dev/zero",
+             "error: workload.path=/dev/zero: is a character device, not a regular file", ("w.yaml:/dev/zero",)),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace with `seq_len` 0",
+             "error: workload.path=*/t.csv: line 3: seq_len='0' must be an integer in [1, 16384] (the budget)",
+             ("t.csv:zero", "w.yaml:t.csv")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace with `seq_len` `²`",
+             "error: workload.path=*/t.csv: line 3: seq_len='²' must be an integer in [1, 16384] (the budget)",
+             ("t.csv:superscript", "w.yaml:t.csv")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace with a `seq_len` of 5000 digits",
+             "error: workload.path=*/t.csv: line 3: seq_len='99999*... (5002 characters) must be an integer in "
+             "[1, 16384] (the budget)", ("t.csv:digits", "w.yaml:t.csv")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace whose header is 20 MB without `seq_len`",
+             "error: workload.path=*/t.csv: line 1 is longer than 65536 characters: not a trace (a header with "
+             "seq_len, then one request a line)",
+             ("t.csv:wide", "w.yaml:t.csv")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a workload file whose `kind` is 1 MB of text",
+             "error: workload.kind='kkkk*... (1000* characters)", ("w.yaml:kind",)),
+    FileCase("plans", ("--nccl-tests", "{tmp}/fifo", *PLANS), "nccl-tests JSON that is a FIFO",
+             f"error: --nccl-tests=*/fifo: {FIFO_SAYS}", ("fifo",)),
+    FileCase("report", ("{tmp}/res", "--nccl-tests", "{tmp}/fifo"), "nccl-tests JSON that is a FIFO",
+             f"error: --nccl-tests=*/fifo: {FIFO_SAYS}", ("fifo", "res")),
+    FileCase("plans", ("--nccl-tests", "{tmp}/ag.json", *PLANS), "nccl-tests JSON nested 200,000 `[` deep",
+             "error: --nccl-tests=*/ag.json: nested 200000 deep, over the 64 a JSON file of ours may be",
+             ("ag.json:deep",)),
+    FileCase("report", ("{tmp}/res", "--nccl-tests", "{tmp}/ag.json"), "nccl-tests JSON with `\"size\": 10**400`",
+             "error: --nccl-tests=*/ag.json: a number of 401 characters, over the 40 digits a JSON file of ours "
+             "may hold",
+             ("ag.json:huge", "res")),
+    FileCase("report", ("{tmp}/res",), "`runs.jsonl` beside results.csv that is a FIFO",
+             f"error: RESULTS=*/res: */res/runs.jsonl: {FIFO_SAYS}", ("res", "res/runs.jsonl:fifo")),
+    FileCase("compare", ("{tmp}/res", "{tmp}/res"), "`samples.jsonl` beside results.csv that is a FIFO",
+             f"error: BASE=*/res: */res/samples.jsonl: {FIFO_SAYS}", ("res", "res/samples.jsonl:fifo")),
+    FileCase("plans", ("--out", "{tmp}/file", *PLANS), "`--out` onto a regular file",
+             "error: --out=*/file: */file exists and is not a directory", ("file",)),
+    FileCase("plans", ("--out", "{tmp}/file/plans", *PLANS), "`--out` below a regular file",
+             "error: --out=*/file/plans: */file is not a directory", ("file",)),
+    FileCase("plans", ("--out", "/proc/sys/plans", *PLANS), "`--out` under /proc/sys",
+             "error: --out=/proc/sys/plans: /proc/sys is not a writable directory", needs="proc_sys"),
+    FileCase("plans", ("--out", "{tmp}/ro/plans", *PLANS), "`--out` on a read-only mount",
+             "error: --out=*/ro/plans: */ro is not a writable directory (Read-only file system)", needs="ro_mount"),
+    FileCase("report", ("{tmp}/res", "--out", "{tmp}/file/report"), "`--out` below a regular file",
+             "error: --out=*/file/report: */file is not a directory", ("res", "file")),
+    FileCase("report", ("{tmp}/res", "--out", "{tmp}/ro/report"), "`--out` on a read-only mount",
+             "error: --out=*/ro/report: */ro is not a writable directory (Read-only file system)", ("res",),
+             needs="ro_mount"),
+)
+
+
+def file_doc(case: FileCase) -> str:
+    shown = " ".join(a for a in case.args if a not in PLANS).replace("{tmp}/", "")
+    return f"python -m {'matrix.' + case.command if case.command != 'matrix' else 'matrix'} {shown}"
 
 
 # --- faults and interruptions ----------------------------------------------------------
@@ -476,6 +552,87 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_resume_reruns_points_whose_latest_rows_errored_or_timed_out",
         "test_results_file",
     ),
+    FaultCase(
+        "`resume=true` over a results.csv with a malformed line (a stray quote from an editor)",
+        "`matrix.results.completed_point_ids`",
+        "the line is moved to `results.csv.torn` and results.csv rewritten without it (a temporary file renamed "
+        "into place, under the append lock; an append waiting on the lock follows the new file): "
+        "`pandas.read_csv` reads it; one warning line",
+        "test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a full disk while a resume rewrites results.csv",
+        "`matrix.results.set_aside_malformed`",
+        "results.csv and its side file exactly as they were (the set-aside undone); one warning line saying the "
+        "lines stay in the file; the readers still skip them and the resume goes on",
+        "test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were",
+        "test_results_file",
+    ),
+    FaultCase(
+        "an append that opened results.csv just before a resume rewrote it",
+        "`matrix.results.append_rows`",
+        "once it holds the lock it sees the name holds another file, opens it again and appends there: no row lost",
+        "test_an_append_waiting_on_the_lock_follows_a_rewrite",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a full disk while writing samples.jsonl",
+        "`matrix.samples.append_samples`",
+        "`ResultsWriteError`: one line naming the file (no bare `[Errno 28]`); the file is as it was",
+        "test_a_full_disk_while_writing_samples_names_the_file",
+    ),
+    FaultCase(
+        "a full disk under `python -m matrix.plans --out`",
+        "the plot, after the work",
+        "one line naming the file and the error, exit 2; plans.json whole, no PNG and no temporary file left",
+        "test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file",
+    ),
+    FaultCase(
+        "a full disk under `python -m matrix.report --out`",
+        "report.md, its appendix, the PNGs",
+        "one line, exit 2; every file there whole (written under a temporary name and renamed), none truncated",
+        "test_report_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file",
+    ),
+    FaultCase(
+        "a write that fails half way (a full disk, without a tmpfs to fill)",
+        "`matrix.outputs.write_atomic`",
+        "an OSError naming the file; the old file unchanged, the temporary file removed",
+        "test_write_atomic_on_a_full_disk_leaves_the_old_file",
+    ),
+    FaultCase(
+        "a trace starting with a UTF-8 byte-order mark (a spreadsheet's CSV export)",
+        "`matrix.workload.read_trace`",
+        "read past: the header is `seq_len`",
+        "test_a_trace_with_a_byte_order_mark_reads",
+    ),
+    FaultCase(
+        "a trace whose batch ids come back (`a, b, a`)",
+        "`matrix.workload.read_trace`",
+        "one batch per id, in order of first appearance, requests in file order (`[10, 30]`, `[20]`): the padding "
+        "statistics are those of the grouped batches; one note line on stderr",
+        "test_a_batch_id_that_comes_back_is_one_batch",
+    ),
+    FaultCase(
+        "`workload=/abs/x.yaml` (a workload file outside conf/workload)",
+        "`python -m matrix`",
+        "runs, as the error text offers: the file's mapping is given to Hydra's `workload` group under a name of "
+        "its own; rows record its `name` (else its path)",
+        "test_a_workload_file_by_absolute_path_runs",
+    ),
+    FaultCase(
+        "Ctrl-C in a `workload=/abs/x.yaml` sweep",
+        "`python -m matrix` (the resume hint)",
+        "the hint repeats `workload=/abs/x.yaml` and the pinned `results_dir`, not the `seq_lens` it expands to "
+        "(which `workload=` refuses) nor the name Hydra was given for the file",
+        "test_the_resume_hint_of_a_workload_sweep_names_the_workload_file",
+    ),
+    FaultCase(
+        "two sweeps into one `results_dir`",
+        "Hydra's records (`multirun.yaml`, each job's `.hydra`)",
+        "each command's under `results_dir/hydra/START-PID/`: neither overwrites the other's",
+        "test_hydra_records_go_to_a_folder_per_command",
+    ),
 )
 
 
@@ -523,7 +680,9 @@ NOTES = """\
   every ordinary directory writable and no read-only mount is available. Tried:
   a path below a regular file (works for root), a directory of `/proc/sys`
   (not writable even for root; skipped where it is), and a mode-0555 directory
-  (skipped when running as root).
+  (skipped when running as root). Output folders (`--out` of plans and report)
+  are also tried on a read-only tmpfs, mounted by the test where it can be
+  (root), and a full disk on a small tmpfs filled by the test.
 - A failed point costs its rows, never the sweep: its rank processes are killed
   and reaped, the next point starts fresh ranks, and the sweep exits 1 at the
   end. Rows are appended with one `write(2)` under `flock`, so a kill at any
@@ -574,6 +733,22 @@ def render() -> str:
         "| --- | --- | --- |",
     ]
     out += [f"| `{_cell(cli_doc(c))}` | {c.stage} | `{_cell(c.expect)}` |" for c in CLI]
+    out += [
+        "",
+        "## Bad files and output folders",
+        "",
+        "Every file a command reads (a trace, nccl-tests JSON, results.csv, samples.jsonl,",
+        "runs.jsonl) is opened without waiting and checked to be a regular file of bounded",
+        "size before it is read, and JSON is parsed with bounded nesting and number size",
+        "(`matrix.inputs`); every output folder is checked writable before the work and",
+        "every output file is written under a temporary name and renamed",
+        "(`matrix.outputs`). The command exits 2 with exactly this one line on stderr",
+        "and writes nothing (`test_a_bad_file_or_output_folder_is_one_line_before_any_work`).",
+        "",
+        "| command | input | stderr |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| `{_cell(file_doc(c))}` | {_cell(c.doc)} | `{_cell(c.expect)}` |" for c in FILES]
     out += [
         "",
         "## Faults and interruptions",

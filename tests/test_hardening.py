@@ -175,6 +175,300 @@ def test_cli_bad_input_through_the_real_cli(which, tmp_path):
         assert path.read_bytes() == data
 
 
+# --- bad files and output folders: one line, exit 2, before any work --------------------
+
+# A command that hangs on a FIFO or fills the memory from /dev/zero is stopped here.
+HANG_GUARD_S = 30
+
+
+def _workload_yaml(trace: str) -> str:
+    return f"name: t\nkind: trace\npath: {trace}\nbudget: 16384\nbatches: 4\nseed: 0\n"
+
+
+TRACES = {
+    "zero": "seq_len\n10\n0\n",
+    "superscript": "seq_len\n10\n\u00b2\n",
+    "digits": "seq_len\n10\n" + "9" * 5000 + "\n",
+    "wide": "h" * 20_000_000 + "\n10\n",
+}
+NCCL_JSON = {
+    "deep": "[" * 200_000,
+    "huge": '{"args": ["all_gather_perf"], "config": {"devices": [0, 1]}, '
+            '"results": [{"size": 1' + "0" * 400 + ', "in_place": {"time": 1.0}}]}',
+}
+
+
+def mount_tmpfs(where: Path, options: str) -> bool:
+    """A small tmpfs at ``where`` (root only); False where none can be mounted."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+    return done.returncode == 0
+
+
+def umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _file_setup(specs: tuple[str, ...], tmp: Path) -> None:
+    from matrix.results import append_rows
+
+    for spec in specs:
+        name, _, what = spec.partition(":")
+        path = tmp / name
+        if name == "w.yaml" and what == "kind":
+            path.write_text(_workload_yaml("t.csv").replace("kind: trace", "kind: " + "k" * 1_000_000))
+        elif name == "w.yaml":
+            path.write_text(_workload_yaml(what if what.startswith("/") else str(tmp / what)))
+        elif name == "fifo" or what == "fifo":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(path)
+        elif name == "file":
+            path.write_text("not a directory\n")
+        elif name == "res":
+            append_rows(path, [{"point_id": "p", "impl": "padded", "status": "ok", "cp_size": 2,
+                                "seq_lens": "[10]", "run_id": "run-1"}])
+        elif name == "t.csv":
+            path.write_text(TRACES[what])
+        elif name == "ag.json":
+            path.write_text(NCCL_JSON[what])
+
+
+def _no_work(monkeypatch) -> None:
+    """Every file and folder is checked before the work: the work must not start."""
+    import matrix.compare
+    import matrix.plans
+    import matrix.report
+
+    def work(*a, **k):
+        raise AssertionError("the work started before the bad file or folder was found")
+
+    monkeypatch.setattr(matrix.plans, "plan_stats", work)
+    monkeypatch.setattr(matrix.report, "build", work)
+    monkeypatch.setattr(matrix.compare, "compare", work, raising=False)
+
+
+def _command(name: str):
+    import importlib
+
+    return importlib.import_module("matrix.__main__" if name == "matrix" else f"matrix.{name}").main
+
+
+class _Hung(Exception):
+    pass
+
+
+@pytest.mark.parametrize("case", table.FILES, ids=lambda c: f"{c.command}: {c.doc}")
+def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path, capsys, monkeypatch):
+    if case.needs == "proc_sys":
+        import tempfile
+
+        try:
+            fd, name = tempfile.mkstemp(dir="/proc/sys")
+        except OSError:
+            pass
+        else:
+            os.close(fd)
+            os.unlink(name)
+            pytest.skip("/proc/sys is writable here")
+    mounted = None
+    if case.needs == "ro_mount":
+        if not mount_tmpfs(tmp_path / "ro", "ro,size=64k"):
+            pytest.skip("no tmpfs can be mounted here (needs root)")
+        mounted = tmp_path / "ro"
+    try:
+        _file_setup(case.setup, tmp_path)
+        before = _listing(tmp_path)
+        _no_work(monkeypatch)
+        args = [a.replace("{tmp}", str(tmp_path)) for a in case.args]
+
+        def hung(*_):
+            raise _Hung
+
+        old = signal.signal(signal.SIGALRM, hung)
+        signal.alarm(HANG_GUARD_S)
+        try:
+            code = _command(case.command)(args)
+        except _Hung:
+            pytest.fail(f"still reading after {HANG_GUARD_S} s (a FIFO waited on, or /dev/zero read)")
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        out, err = capsys.readouterr()
+        assert code == 2, (code, err[-2000:])
+        assert out == ""
+        lines = err.splitlines()
+        assert len(lines) == 1 and table.matches(lines[0], case.expect), err[:2000]
+        assert len(lines[0]) < 1100  # matrix.inputs.ERROR_CHARS_MAX and the stated length
+        assert _listing(tmp_path) == before  # nothing written
+    finally:
+        if mounted is not None:
+            umount(mounted)
+
+
+def test_a_trace_with_a_byte_order_mark_reads(tmp_path):
+    from matrix.workload import read_trace
+
+    (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbfseq_len,batch\r\n10,a\r\n20,a\r\n")
+    lens, sizes = read_trace(tmp_path / "t.csv", 100)
+    assert lens.tolist() == [10, 20] and sizes.tolist() == [2]
+
+
+def test_a_batch_id_that_comes_back_is_one_batch(tmp_path, capsys):
+    """``a, b, a`` used to be three batches: ``[10, 30]`` never appeared and the
+    padding statistics changed."""
+    from matrix.plans import plan_stats
+    from matrix.workload import Batches, read_trace
+
+    (tmp_path / "t.csv").write_text("seq_len,batch\n10,a\n20,b\n30,a\n")
+    lens, sizes = read_trace(tmp_path / "t.csv", 100)
+    assert (lens.tolist(), sizes.tolist()) == ([10, 30, 20], [2, 1])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"note: workload.path={tmp_path / 't.csv'}: batch 'a' comes back")
+    (tmp_path / "c.csv").write_text("seq_len,batch\n10,a\n30,a\n20,b\n")
+    same = plan_stats(Batches(*read_trace(tmp_path / "c.csv", 100)), 2, "zigzag")
+    got = plan_stats(Batches(lens, sizes), 2, "zigzag")
+    assert got["total"].tolist() == same["total"].tolist() == [40, 20]
+    assert all(got["rows"][d].tolist() == same["rows"][d].tolist() for d in got["rows"])
+    assert capsys.readouterr().err == ""  # contiguous batches: no note
+
+
+def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
+    """The error text offers "or a .yaml path"; Hydra used to look for conf/workload//x.yaml."""
+    from matrix.__main__ import main
+
+    (tmp_path / "t.csv").write_text("seq_len,batch\n100,a\n200,a\n300,b\n")
+    (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")).replace("batches: 4", "batches: 8"))
+    assert main(["--dry-run", f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 0
+    out, err = capsys.readouterr()
+    assert "estimate: 2 points" in out and "seq_lens=[300]" in out, (out, err)  # the batches [100, 200] and [300]
+    assert not (tmp_path / "res").exists()
+
+
+def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, capsys, monkeypatch):
+    """The hint used to repeat the expanded seq_lens (refused with workload=) and
+    the name Hydra was given for the file (unknown to a new process)."""
+    import matrix.__main__ as cli
+    from matrix import signals, stdout_guard
+
+    (tmp_path / "t.csv").write_text("seq_len\n100\n")
+    (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")))
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "task", lambda machine_checked: interrupted)
+    monkeypatch.setattr(signals, "install", lambda: None)
+    monkeypatch.setattr(stdout_guard, "guard", lambda: None)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
+    assert cli.main([f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 130
+    hint = capsys.readouterr().err.strip().splitlines()[-1]
+    assert hint == (f"interrupted; finish the sweep with: python -m matrix workload={tmp_path / 'w.yaml'} "
+                    f"results_dir={tmp_path / 'res'} resume=true"), hint
+
+
+def test_hydra_records_go_to_a_folder_per_command(tmp_path):
+    """Two sweeps into one results_dir overwrote each other's multirun.yaml and
+    job records (results_dir/0/.hydra)."""
+    from matrix.config import run_folder
+
+    cfg = _compose(f"results_dir={tmp_path}")
+    folder = str(tmp_path / "hydra" / run_folder())
+    assert (cfg.hydra.sweep.dir, cfg.hydra.run.dir) == (folder, folder)
+    assert run_folder().endswith(f"-{os.getpid()}")  # another process: another folder
+
+
+def _full_disk(tmp_path: Path, free: int) -> Path:
+    """A tmpfs with about ``free`` bytes left (skipped where none can be mounted)."""
+    where = tmp_path / "full"
+    if not mount_tmpfs(where, "size=256k"):
+        pytest.skip("no tmpfs can be mounted here (needs root)")
+    st = os.statvfs(where)
+    (where / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - free))
+    return where
+
+
+def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
+    from matrix.plans import main
+
+    disk = _full_disk(tmp_path, 8 << 10)  # plans.json fits, the plot does not
+    try:
+        assert main(["--batches", "20", "--cp", "8", "--out", str(disk / "p")]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'p'}: cannot write "), err
+        assert "No space left on device" in err[0]
+        assert sorted(p.name for p in (disk / "p").iterdir()) == ["plans.json"]  # no PNG, no temporary file
+    finally:
+        umount(disk)
+
+
+def test_report_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
+    from matrix.report import main
+
+    _file_setup(("res",), tmp_path)
+    disk = _full_disk(tmp_path, 16 << 10)
+    try:
+        assert main([str(tmp_path / "res"), "--out", str(disk / "r")]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "No space left on device" in err[0], err
+        left = {p.name: p.stat().st_size for p in (disk / "r").iterdir()}
+        assert not any(name.endswith(".tmp") or name.startswith(".") for name in left), left
+        for name in left:  # whole files or none, never a truncated one
+            data = (disk / "r" / name).read_bytes()
+            assert data.endswith(b"IEND\xaeB`\x82") if name.endswith(".png") else data, name
+    finally:
+        umount(disk)
+
+
+def test_write_atomic_on_a_full_disk_leaves_the_old_file(tmp_path, monkeypatch):
+    """Without a mountable tmpfs: the write fails half way, as on a full disk."""
+    import errno
+
+    from matrix import outputs
+
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+    real = os.fdopen
+
+    class Half:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(outputs.os, "fdopen", lambda fd, mode: Half(real(fd, mode)))
+    with pytest.raises(OSError) as info:
+        outputs.write_atomic(target, b"new data")
+    assert info.value.errno == errno.ENOSPC and str(target) in str(info.value)
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
+
+
+def test_a_full_disk_while_writing_samples_names_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from matrix import samples
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(samples.os, "write", full)
+    with pytest.raises(OSError) as info:
+        samples.append_samples(tmp_path, [{"point_id": "p", "impl": "padded", "timestamp": "t"}],
+                               [{"roundtrip": [1.0], "control": [1.0]}])
+    monkeypatch.undo()
+    msg = str(info.value)
+    assert info.value.errno == errno.ENOSPC and str(tmp_path / "samples.jsonl") in msg, msg
+    assert "\n" not in msg and (tmp_path / "samples.jsonl").read_bytes() == b""
+
+
 # --- injected faults: one row each, nothing left behind, the next point runs -------------
 
 

@@ -260,6 +260,69 @@ def test_a_stray_quote_sets_its_line_aside_and_merges_no_rows(tmp_path, capsys):
     assert len(err) == 1 and "1 malformed row(s) set aside (line 3)" in err[0], err
 
 
+def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, capsys):
+    """Resume used to leave a line with a stray quote in results.csv and append
+    after it: the project's readers skipped it, ``pandas.read_csv`` failed."""
+    import pandas as pd
+
+    append_rows(tmp_path, [row("a"), row("b"), row("c")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    bad = lines[2].replace(",b,", ',"b,', 1)
+    path.write_text("".join(lines[:2] + [bad] + lines[3:]))
+    assert completed_point_ids(tmp_path) == {"a", "c"}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"1 malformed row(s) set aside (line 3): not whole rows of this schema; "
+                                             f"moved to {torn_path(path)}"), err
+    assert torn_path(path).read_text() == bad
+    append_rows(tmp_path, [row("b")])  # the rerun
+    frame = pd.read_csv(path)
+    assert frame["point_id"].tolist() == ["a", "c", "b"]
+    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c", "b"]
+    assert completed_point_ids(tmp_path) == {"a", "b", "c"} and capsys.readouterr().err == ""
+
+
+def test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were(tmp_path, monkeypatch, capsys):
+    append_rows(tmp_path, [row("a"), row("b")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + [lines[2].replace(",b,", ',"b,', 1)]))
+    before = path.read_bytes()
+
+    def full(p, data):
+        raise OSError(errno.ENOSPC, f"cannot write {p}: No space left on device")
+
+    monkeypatch.setattr(results, "write_atomic", full)
+    assert completed_point_ids(tmp_path) == {"a"}
+    assert path.read_bytes() == before and torn_path(path).read_bytes() == b""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "they stay in the file: cannot rewrite it" in err[0], err
+
+
+def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
+    """A sweep appending while a resume rewrote the file: its rows go to the new file."""
+    append_rows(tmp_path, [row("a"), row("b")])
+    path = results_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + [lines[2].replace(",b,", ',"b,', 1)]))
+    real = results._open_for_append
+    opened = []
+
+    def open_then_rewrite(p):
+        fd = real(p)
+        opened.append(fd)
+        if len(opened) == 1:  # this append opened the old file; a resume rewrites it before the lock is taken
+            monkeypatch.setattr(results, "_open_for_append", real)
+            results.set_aside_malformed(p)
+            monkeypatch.setattr(results, "_open_for_append", open_then_rewrite)
+        return fd
+
+    monkeypatch.setattr(results, "_open_for_append", open_then_rewrite)
+    append_rows(tmp_path, [row("c")])
+    assert len(opened) == 2  # opened again: the name held another file once locked
+    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c"]
+
+
 @pytest.mark.parametrize("damage", ["missing_field", "extra_field", "bad_status", "bad_cp_size"])
 def test_a_row_of_the_wrong_shape_or_types_is_set_aside(tmp_path, damage):
     append_rows(tmp_path, [row("a"), {**row("b"), "cp_size": 2}, row("c")])

@@ -1,0 +1,69 @@
+"""Writing the files a command produces: checked before the work, whole or not at all.
+
+:func:`check_dir` finds out, before a command spends its time computing, that
+its output directory can be created and written (a file in the way, a path
+below a file, a read-only mount, ``/proc/sys``): it creates and removes a
+probe file in the nearest directory that exists, the one test that holds for
+root too (``os.access`` calls every directory writable for root).
+:func:`write_atomic` writes a file under a temporary name beside it and
+renames it into place, so a full disk or a kill leaves the old file or none,
+never a truncated one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+# Errors worth naming in a refusal (/proc/sys says "no such file", which misleads).
+_TELLING = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def check_dir(path: str | os.PathLike[str], label: str, error: type[Exception]) -> None:
+    """Raise ``error`` (one line, ``label: why``) unless ``path`` is a directory,
+    or can be made one, that this process can write into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise error(f"{label}: {path} exists and is not a directory")
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise error(f"{label}: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".write-probe-")
+    except OSError as exc:
+        why = f" ({exc.strerror})" if exc.errno in _TELLING else ""
+        raise error(f"{label}: {probe} is not a writable directory{why}") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same directory
+    and a rename. On any error the temporary file is removed, ``path`` is as it
+    was, and the OSError (naming ``path``) is raised."""
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+    return path
