@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nsa_cp_comm import impls as impl_registry
+from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.machine import Machine, this_machine
 from nsa_cp_comm.harness.spec import DTYPES
 from nsa_cp_comm.harness.steps import rotation
@@ -128,18 +129,22 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     tp = THROUGHPUT.get((res.device, res.backend), THROUGHPUT[("cpu", "gloo")])
     share = 1.0 if res.backend == "nccl" else min(1.0, machine.cores / ranks)  # ranks share the cores
     busbw, flops, elements = tp.busbw_Bps * share, tp.flops * share, tp.elements * share
-    bus, iters = max(cp - 1, 1) / cp, spec.warmup + spec.iters
+    bus, iters = max(cp - 1, 1) / cp, spec.warmup + spec.max_iters
     seconds = POINT_OVERHEAD_S
+    loop_s = 0.0
     for k in kinds:
         full = k == "full"
         moved = P * row * bus * (1 if full else min(topk, cp))
-        seconds += iters * (4 * tp.latency_s + 2 * moved / busbw) + 2 * P * H * experts * 2 / flops
+        loop_s += iters * (4 * tp.latency_s + 2 * moved / busbw)
+        seconds += 2 * P * H * experts * 2 / flops
         # checks: ~6 collectives, every rank's shard regenerated and compared
         # (~10 passes over the gathered buffer), routing every gathered row,
         # the experts; a dispatch's checks: ~4 collectives and the routing
         seconds += (6 if full else 4) * (tp.latency_s + moved / busbw)
         if full:
             seconds += 10 * P * H / elements + 2 * P * topk * H * FFN_SIZE * 4 / flops
+    # iters=auto stops at its time cap, if not before
+    seconds += min(loop_s, calibrate.TIME_CAP_S) if calibrate.is_auto(spec.iters) else loop_s
     start_s = tp.start_s * max(1.0, ranks / machine.cores)
     key = _memory_key(res, weights, buffers)
     return Estimate(ranks, res.backend, res.device, rank_bytes, dev, key, seconds, start_s, busbw)

@@ -35,9 +35,12 @@ input (one line):
   ``within noise`` and does not gate;
 - unverified: a row timed in both runs that neither rule could check: for
   the paired metric, samples unusable on a side (no line, an empty control,
-  a NaN) and no ``roundtrip_p50_us`` with a spread to fall back on; for
+  a NaN) and no ``roundtrip_p50_us`` with a spread to fall back on, or
+  samples too few a side for any difference to be significant (fewer than
+  5: e.g. the smoke preset's iters=3, whose smallest p-value is 0.05); for
   another metric, a value on one side only (``--allow-unverified`` lets it
-  pass).
+  pass). A sampled metric other than the paired one with too few samples is
+  gated by the spread rule instead.
 
 The default metric, ``roundtrip_vs_control``, is each iteration's round trip
 over the A/A control's round trip timed in the same iteration (a bare
@@ -74,7 +77,7 @@ from ._review import (
 from .results import CONFIG_COLUMNS, TIMING_COLUMNS
 from .inputs import BadInputFile, error_line
 from .samples import SAMPLES_FILE, Samples, read_samples
-from .significance import ALPHA, adjusted, p_greater, smallest_p
+from .significance import ALPHA, MIN_SAMPLES, adjusted, p_greater, smallest_p
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -246,6 +249,19 @@ def _unverified_why(j: pd.DataFrame, metric: str, sampled_b: pd.Series, sampled_
     return pd.Series(lacks + "; " + absolute, index=j.index, dtype=object)
 
 
+def fewest_samples(j: pd.DataFrame) -> pd.Series:
+    """Per joined row, the smaller side's number of samples (0 where a side has none)."""
+    size = lambda x: len(x) if isinstance(x, np.ndarray) else 0  # noqa: E731
+    return pd.concat([j["samples_base"].map(size), j["samples_new"].map(size)], axis=1).min(axis=1)
+
+
+def _too_few_why(j: pd.DataFrame) -> pd.Series:
+    fewest = fewest_samples(j)
+    return pd.Series([f"{k} sample(s) a side: no difference can be significant at {ALPHA:g} with so few (the "
+                      f"smallest p-value is {smallest_p(k):.2g}); time with iters={MIN_SAMPLES} or more, or "
+                      "iters=auto" for k in fewest], index=j.index, dtype=object)
+
+
 def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
     """The outer join of two keyed runs, sorted by configuration, with one boolean
     column per verdict (see the module docstring) and ``change_pct``/``spread``."""
@@ -274,19 +290,23 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
 
     both_ok = both & sb.eq("ok") & sn.eq("ok")
     sampled_b, sampled_n = _present(j["samples_base"]), _present(j["samples_new"])
+    # Samples too few for any difference to be significant: the test could
+    # never flag the row, so it does not count as tested.
+    few = both_ok & sampled_b & sampled_n & (fewest_samples(j) < MIN_SAMPLES)
     b, n = j["value_base"], j["value_new"]
     if metric == PAIRED:
         # A row without the paired samples on both sides falls back to its
         # absolute time, which moves with the load: only with a spread to
-        # tell a change from noise; without one it is unverified.
-        tested = both_ok & sampled_b & sampled_n
+        # tell a change from noise; without one, or with too few samples to
+        # test, it is unverified.
+        tested = both_ok & sampled_b & sampled_n & ~few
         p50b, p50n = j["p50_base"], j["p50_new"]
         abs_spread = _spread(j, ABSOLUTE_FALLBACK)
-        fallback = both_ok & ~tested & p50b.notna() & p50n.notna() & abs_spread.notna()
+        fallback = both_ok & ~tested & ~few & p50b.notna() & p50n.notna() & abs_spread.notna()
         untimed = ~(sampled_b | sampled_n | p50b.notna() | p50n.notna())
         unverified = both_ok & ~tested & ~fallback & ~untimed
         # shown in the table: the absolute times of rows without the paired samples
-        absolute = fallback | unverified
+        absolute = fallback | (unverified & ~few)
         b, n = b.where(~absolute, p50b), n.where(~absolute, p50n)
         timed = tested | fallback
         spread = abs_spread.where(fallback)
@@ -294,7 +314,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
         # A metric measured on one side only cannot be compared; on neither
         # (bandwidth at cp 1, where nothing moves) there is nothing to compare.
         timed = both_ok & b.notna() & n.notna()
-        tested = timed & sampled_b & sampled_n
+        tested = timed & sampled_b & sampled_n & ~few  # too few: the spread rule instead
         fallback = pd.Series(False, index=j.index)
         unverified = both_ok & (b.notna() ^ n.notna())
         spread = _spread(j, metric).where(timed & ~tested)
@@ -311,7 +331,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     j["tested"] = tested
     j["fallback"] = fallback
     j["unverified"] = unverified
-    j["unverified_why"] = _unverified_why(j, metric, sampled_b, sampled_n).where(unverified, "")
+    why = _unverified_why(j, metric, sampled_b, sampled_n).where(~few, _too_few_why(j))
+    j["unverified_why"] = why.where(unverified, "")
     j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
     j["spread"] = spread
     j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
@@ -383,13 +404,6 @@ def noise_lines(j: pd.DataFrame, metric: str, threshold: float) -> list[str]:
                      f"drift between them is {pct(2 * nz['between_p50'])}): differences that small are not told "
                      "apart from the machine's drift; use the paired metric (default), quieter runs, more iters, "
                      "or a larger threshold")
-    tested = j[j["tested"]]
-    if len(tested):
-        fewest = min(min(len(a), len(b)) for a, b in zip(tested["samples_base"], tested["samples_new"]))
-        if smallest_p(fewest) >= ALPHA:
-            lines.append(f"warning: a row has only {fewest} samples a side: no difference can be significant "
-                         f"at {ALPHA:g} with so few (the smallest p-value is {smallest_p(fewest):.2g}); run with "
-                         "more iters")
     return lines
 
 
@@ -611,7 +625,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-unverified", action="store_true",
         help="timed rows compare could not check (the paired metric's samples missing on a side and no "
-        f"{ABSOLUTE_FALLBACK} with a spread to fall back on; a metric measured on one side only) are listed "
+        f"{ABSOLUTE_FALLBACK} with a spread to fall back on, or too few of them to be significant; a metric "
+        "measured on one side only) are listed "
         "but do not fail",
     )
     parser.add_argument(

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
 
 
@@ -53,7 +54,9 @@ class MatrixConfig:
     num_experts: Optional[int] = None  # null: two experts per rank
     topk: int = 2
     warmup: int = 5
-    iters: int = 20
+    # timed iterations, or auto: sample until the paired ratio's median is known
+    # to CI_WIDTH, or a cap (nsa_cp_comm.harness.calibrate)
+    iters: Any = 20
     seed: int = 0
     flush_l2: bool = False
     timeout_s: float = 120.0  # per point, once its ranks are up
@@ -100,6 +103,8 @@ TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
 # its length (matrix.hydra_lists), so this bounds how long the checks take.
 SEQ_LENS_MAX_ENTRIES = 1 << 16
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
+# A point with iters=auto: room for its time cap and the checks before the loop.
+AUTO_TIMEOUT_MIN_S = 2 * calibrate.TIME_CAP_S
 BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
 # Config groups and Hydra's own keys that may appear on the command line.
@@ -141,11 +146,11 @@ def validate_value(key: str, value: Any) -> None:
             raise _fail(key, value, f"must be one of {', '.join(CHOICES[key])}")
     elif key in INT_RANGES:
         lo, hi = INT_RANGES[key]
-        if key in OPTIONAL_INTS and value is None:
+        if (key in OPTIONAL_INTS and value is None) or (key == "iters" and calibrate.is_auto(value)):
             return
         if not _is_int(value) or not lo <= value <= hi:
-            null = " or null" if key in OPTIONAL_INTS else ""
-            raise _fail(key, value, f"must be an integer in [{lo}, {hi}]{null}")
+            other = " or null" if key in OPTIONAL_INTS else f" or {calibrate.AUTO}" if key == "iters" else ""
+            raise _fail(key, value, f"must be an integer in [{lo}, {hi}]{other}")
     elif key == "impl":
         _check_impl(value)
     elif key == "workload":
@@ -313,6 +318,9 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
     if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
+    if calibrate.is_auto(cfg["iters"]) and cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:
+        raise _fail("timeout_s", cfg["timeout_s"], f"must be at least {AUTO_TIMEOUT_MIN_S:g} with iters=auto "
+                    f"(its timed loop runs up to {calibrate.TIME_CAP_S:g} s, and the checks before it take time too)")
     if cfg["align"] is not None and sum(cfg["seq_lens"]) + cfg["align"] > TOTAL_TOKENS_MAX:
         raise _fail("align", cfg["align"], f"pads the batch past {TOTAL_TOKENS_MAX} tokens")
 

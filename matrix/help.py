@@ -13,6 +13,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+from nsa_cp_comm.harness import calibrate
+
 from . import command
 from .paths import CONF_DIR
 from .config import (
@@ -26,6 +28,7 @@ from .config import (
     MatrixConfig,
     override_value,
 )
+from .significance import MIN_SAMPLES as MIN_FLAGGABLE
 
 HELP_FLAGS = ("--help", "-h")
 
@@ -50,7 +53,10 @@ MEANING: dict[str, str] = {
     "num_experts": "experts of the reference MoE (a multiple of cp_size); null: two per rank",
     "topk": "experts per token (at most num_experts)",
     "warmup": "untimed iterations before the timed ones",
-    "iters": "timed iterations (compare needs 8 or more to tell a change from noise)",
+    "iters": (f"timed iterations (fewer than {MIN_FLAGGABLE}: compare can flag nothing), or auto: until each "
+              f"implementation's median round trip over the A/A control's is known within "
+              f"{calibrate.CI_WIDTH:.0%} (95% interval), at least {calibrate.MIN_ITERS}, at most "
+              f"{calibrate.MAX_ITERS} or {calibrate.TIME_CAP_S:g} s"),
     "seed": "data seed; each rank's rows come from (seed, rank)",
     "flush_l2": "evict caches between iterations",
     "timeout_s": "per point, once its ranks are up",
@@ -68,7 +74,8 @@ def _allowed(key: str) -> str:
         return " | ".join(CHOICES[key])
     if key in INT_RANGES:
         lo, hi = INT_RANGES[key]
-        return f"int in [{lo}, {hi}]" + (" or null" if key in OPTIONAL_INTS else "")
+        other = " or null" if key in OPTIONAL_INTS else f" or {calibrate.AUTO}" if key == "iters" else ""
+        return f"int in [{lo}, {hi}]{other}"
     if key in BOOLS:
         return "true | false"
     if key in ("timeout_s", "startup_timeout_s"):

@@ -315,5 +315,5 @@ def run(
 def write_point(results_dir: str | Path, rows: list[dict[str, Any]], results: list[ImplResult]) -> None:
     """A point's raw samples, then its rows: a kill between them leaves samples
     that no row reads, never a row whose samples compare would miss."""
-    append_samples(results_dir, rows, [r.samples for r in results])
+    append_samples(results_dir, rows, [r.samples for r in results], [r.calibration for r in results])
     append_rows(results_dir, rows, run=environment())

@@ -4,7 +4,13 @@ A row of ``results.csv`` keeps percentiles; compare needs the samples behind
 them to tell a difference from noise. One JSON line per timed (point, impl):
 
     {"schema_version": 3, "point_id": ..., "impl": ..., "run_id": ..., "timestamp": ...,
-     "roundtrip_us": [...], "control_us": [...]}
+     "roundtrip_us": [...], "control_us": [...], "iters": N}
+
+plus, for a point run with ``iters=auto``, ``"calibration": {"iters": N,
+"ci_width": W, "target": T, "reached": true}``: how many timed iterations it
+took, the widest relative 95% interval of a median paired ratio when it
+stopped, the target width, and whether it was reached before a cap
+(nsa_cp_comm.harness.calibrate).
 
 (Lines of schema 2 say ``"v": 1`` instead and have no run_id; they read the
 same. A line of a schema newer than the reader's is skipped and counted.)
@@ -47,26 +53,33 @@ def _us(xs: Sequence[float]) -> list[float]:
     return [round(float(x), 3) for x in xs]
 
 
-def lines_for(rows: Sequence[Mapping[str, object]], samples: Sequence[Mapping[str, Sequence[float]]]) -> str:
-    """The sidecar lines of one point: ``rows`` and ``samples`` in the same
-    order (one per implementation); rows without samples write nothing."""
+def lines_for(rows: Sequence[Mapping[str, object]], samples: Sequence[Mapping[str, Sequence[float]]],
+              calibration: Sequence[Mapping[str, object]] | None = None) -> str:
+    """The sidecar lines of one point: ``rows``, ``samples`` and
+    ``calibration`` (empty where iters was a number) in the same order (one
+    per implementation); rows without samples write nothing."""
     out = []
-    for row, s in zip(rows, samples):
+    for i, (row, s) in enumerate(zip(rows, samples)):
         if not s.get("roundtrip"):
             continue
-        out.append(json.dumps({
+        line = {
             "schema_version": SCHEMA_VERSION, "point_id": row["point_id"], "impl": row["impl"],
             "run_id": row.get("run_id") or "", "timestamp": row["timestamp"],
             "roundtrip_us": _us(s["roundtrip"]), "control_us": _us(s.get("control") or []),
-        }, separators=(",", ":")) + "\n")
+            "iters": len(s["roundtrip"]),
+        }
+        if calibration is not None and calibration[i]:
+            line["calibration"] = dict(calibration[i])
+        out.append(json.dumps(line, separators=(",", ":")) + "\n")
     return "".join(out)
 
 
 def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[str, object]],
-                   samples: Sequence[Mapping[str, Sequence[float]]]) -> None:
+                   samples: Sequence[Mapping[str, Sequence[float]]],
+                   calibration: Sequence[Mapping[str, object]] | None = None) -> None:
     """Append one point's sample lines in one ``write(2)`` under an exclusive lock.
     Raises OSError as the results append does (the caller reports it)."""
-    data = lines_for(rows, samples).encode()
+    data = lines_for(rows, samples, calibration).encode()
     if not data:
         return
     path = samples_path(results_dir)

@@ -111,3 +111,14 @@ def smallest_p(n: int) -> float:
     """The smallest one-sided p-value two samples of ``n`` each can give (no
     ties: every new value above every base value)."""
     return 1.0 / math.comb(2 * n, n) if n > 0 else 1.0
+
+
+def min_samples(alpha: float = ALPHA) -> int:
+    """The fewest samples a side with which a difference can be significant at ``alpha``."""
+    n = 1
+    while smallest_p(n) >= alpha:
+        n += 1
+    return n
+
+
+MIN_SAMPLES = min_samples()

@@ -182,11 +182,21 @@ def test_the_noise_measured_is_stated_and_a_too_fine_threshold_warned(tmp_path: 
     assert "warning: --fail-above=1% is finer than these runs resolve" in out
 
 
-def test_too_few_iterations_are_named(tmp_path: Path, capsys):
+def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path: Path, capsys):
+    # iters=3 (the smoke preset): the smallest p-value is 0.05, so a 3x slowdown
+    # could never be flagged; the rows are unverified, which the exit says
     base = write_sampled(tmp_path / "b", {"p1": ([100.0, 101, 99], [100.0] * 3)})
     new = write_sampled(tmp_path / "n", {"p1": ([300.0, 301, 299], [100.0] * 3)})
     code, out = gate(base, new, capsys)
-    assert code == 0 and "only 3 samples a side" in out
+    assert code == 1 and "UNVERIFIED (3 sample(s) a side: no difference can be significant" in out
+    assert "unverified=1" in summary(out) and summary(out).endswith("FAIL")
+    code, out = gate(base, new, capsys, "--allow-unverified")
+    assert code == 0 and "unverified (allowed: 3 sample(s) a side" in out
+    # from MIN_SAMPLES a side the test can decide: the slowdown is flagged
+    five = lambda v: ([v, v + 1, v - 1, v + 2, v - 2], [100.0] * 5)  # noqa: E731
+    code, out = gate(write_sampled(tmp_path / "b5", {"p1": five(100.0)}),
+                     write_sampled(tmp_path / "n5", {"p1": five(300.0)}), capsys)
+    assert code == 1 and "regressed=1" in summary(out) and "unverified=0" in summary(out)
 
 
 def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path: Path, capsys):

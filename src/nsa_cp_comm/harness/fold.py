@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import impls as impl_registry
 from ..plan import CPPlan
+from .calibrate import CALIBRATION
 from .spec import DTYPES, PointSpec
 from .steps import CONTROL
 from .timing import fold_phases, roundtrip_bandwidth, summarize
@@ -44,6 +45,8 @@ class ImplResult:
     # ``control``, the A/A control's round trip in the same iterations (empty
     # without one). Empty when not timed.
     samples: dict[str, list[float]] = field(default_factory=dict)
+    # iters=auto: how the timed loop's length was decided (.calibrate.Calibrator.record).
+    calibration: dict[str, Any] = field(default_factory=dict)
 
 
 def origin_of(name: str) -> str:
@@ -93,6 +96,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
             folded = fold_phases([rep["samples"] for rep in reps])
             res.stats = {phase: summarize(xs) for phase, xs in folded.items()}
             res.samples = {**folded, "control": control_rt}
+            res.calibration = dict(per_rank[0].get(CALIBRATION) or {})
             _bandwidth(res, reps, spec, plan, itemsize)
         results.append(res)
     return results

@@ -33,6 +33,7 @@ from .rank_state import begin_point
 from .ranks import RankPool, rank_device
 from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import DTYPES, PointSpec, make_shard
+from .calibrate import CALIBRATION, Calibrator, is_auto
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
 
@@ -142,8 +143,13 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         if not light:
             steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
-        samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
-                             flush=flush)
+        calib = (Calibrator(control=None if light else CONTROL, group=plain, device=device)
+                 if is_auto(spec.iters) else None)
+        samples = timed_loop(steps, warmup=spec.warmup, iters=spec.max_iters, clock=Clock(device), group=plain,
+                             flush=flush, stop=calib)
+        timed = len(next(iter(next(iter(samples.values())).values())))
+        if calib is not None:
+            out[CALIBRATION] = calib.record()
         if CONTROL in samples:
             out[CONTROL] = {"samples": samples.pop(CONTROL)}
         for name, phases in samples.items():
@@ -152,7 +158,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
             check = getattr(s, "timed_check", None)
             if check is not None:
                 reports[s.name].verify_s = check.seconds
-                wrong = check.reason(spec.warmup + spec.iters)
+                wrong = check.reason(spec.warmup + timed)
                 if wrong:
                     reports[s.name].fail("production_form", wrong)
                     reports[s.name].correct = False

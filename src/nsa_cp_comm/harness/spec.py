@@ -36,7 +36,7 @@ class PointSpec:
     num_experts: int | None = None  # None: two experts per rank
     topk: int = 2
     warmup: int = 5
-    iters: int = 20
+    iters: int | str = 20  # or "auto": calibrated as it runs (.calibrate)
     seed: int = 0
     flush_l2: bool = False
     bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
@@ -49,10 +49,10 @@ class PointSpec:
         ScatterMode(self.mode)
         for name in self.impls:
             impl_registry.get(name)
-        for key in ("hidden_size", "topk", "iters"):
+        for key in ("hidden_size", "topk", *(("iters",) if self.iters != "auto" else ())):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{key}={v!r} must be a positive int")
+                raise ValueError(f"{key}={v!r} must be a positive int" + (' or "auto"' if key == "iters" else ""))
         if not isinstance(self.bystanders, int) or isinstance(self.bystanders, bool) or self.bystanders < 0:
             raise ValueError(f"bystanders={self.bystanders!r} must be a non-negative int")
         if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
@@ -67,6 +67,13 @@ class PointSpec:
     @property
     def experts(self) -> int:
         return self.num_experts if self.num_experts is not None else 2 * self.cp_size
+
+    @property
+    def max_iters(self) -> int:
+        """The most timed iterations the point runs (``iters=auto``: the calibration's cap)."""
+        from .calibrate import MAX_ITERS
+
+        return MAX_ITERS if self.iters == "auto" else int(self.iters)
 
     @property
     def world_size(self) -> int:

@@ -103,9 +103,15 @@ def timed_loop(
     clock: Clock,
     group: dist.ProcessGroup | None = None,
     flush: Callable[[], None] | None = None,
+    stop: Callable[[dict[str, dict[str, list[float]]]], bool] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Run every implementation's steps ``warmup + iters`` times on this rank
     and return ``{name: {phase: [us per timed iteration]}}``.
+
+    ``stop`` (e.g. :class:`.calibrate.Calibrator`), called after every timed
+    iteration with the samples so far, ends the loop early when it returns
+    True; it must answer the same on every rank (it may run collectives on
+    ``group``), and ``iters`` is then the most iterations timed.
 
     Implementations take turns within every iteration, starting from a rotating
     one, so drift in the machine's state hits them alike. Every rank must call
@@ -133,6 +139,8 @@ def timed_loop(
                 if s.check is not None:
                     s.check(phase, it, out)
                 del out  # a fresh output buffer is not held into the next phase
+        if it >= warmup and stop is not None and stop(samples):
+            break
     return samples
 
 

@@ -1,0 +1,160 @@
+"""``iters=auto``: how many timed iterations a point needs, decided as it runs.
+
+As pyperf and Google Benchmark calibrate a benchmark's repetitions, a point
+with ``iters=auto`` samples until what compare's gate reads is known well
+enough: the median of each implementation's paired ratio (its round trip over
+the A/A control's in the same iteration; the round trip itself where no
+control runs) has a distribution-free 95% confidence interval no wider than
+:data:`CI_WIDTH` of the median. It never stops before :data:`MIN_ITERS`
+timed iterations, and stops at :data:`MAX_ITERS` or once the timed loop has
+run :data:`TIME_CAP_S` seconds, whether or not the target was reached (the
+samples say which).
+
+Every rank must run the same number of iterations (each phase starts with a
+barrier): the decision is taken on the same numbers on every rank. Each
+check all-reduces (MAX) every rank's per-iteration phase times and elapsed
+time over the timing group, so every rank folds the slowest rank's times as
+the results do (:func:`.timing.fold_phases`) and reaches the same decision.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .timing import PHASES
+
+AUTO = "auto"
+# Its record's key in a rank's report: never an implementation's name (a
+# leading underscore is not a valid registry name).
+CALIBRATION = "_calibration"
+CI_WIDTH = 0.15  # the 95% interval of a median, relative to it
+CONFIDENCE = 0.95
+MIN_ITERS = 20
+MAX_ITERS = 2000
+TIME_CAP_S = 30.0
+CHECK_EVERY = 10  # timed iterations between two checks (each is one small collective)
+
+
+def is_auto(iters: object) -> bool:
+    return iters == AUTO
+
+
+def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Distribution-free interval for the median: the order statistics
+    ``x_(k)`` and ``x_(n+1-k)`` with the largest ``k`` whose binomial(n, 1/2)
+    coverage is at least ``confidence``; ``(nan, nan)`` when ``n`` is too
+    small for any."""
+    x = np.sort(np.asarray(xs, dtype=float))
+    n = len(x)
+    best = 0
+    tail = 0.0  # P(B <= k - 1), B ~ binomial(n, 1/2)
+    log_total = n * math.log(2)
+    for k in range(1, n // 2 + 1):
+        j = k - 1
+        tail += math.exp(math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) - log_total)
+        if 1 - 2 * tail < confidence:
+            break
+        best = k
+    if not best:
+        return math.nan, math.nan
+    return float(x[best - 1]), float(x[n - best])
+
+
+def relative_width(xs: Sequence[float]) -> float:
+    """The median's confidence interval over the median (inf when unknown)."""
+    lo, hi = median_ci(xs)
+    med = float(np.median(xs)) if len(xs) else math.nan
+    if math.isnan(lo) or not med > 0:
+        return math.inf
+    return (hi - lo) / med
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool
+    reached: bool  # every implementation's interval within the target
+    width: float  # the widest relative interval
+
+
+def decide(metric: Mapping[str, Sequence[float]], *, elapsed_s: float, target: float = CI_WIDTH,
+           min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS, time_cap_s: float = TIME_CAP_S) -> Decision:
+    """Whether to stop, from ``metric`` (per implementation, its per-iteration
+    values so far: all the same length) and the timed loop's ``elapsed_s``."""
+    n = min((len(v) for v in metric.values()), default=0)
+    width = max((relative_width(v) for v in metric.values()), default=math.inf)
+    reached = width <= target
+    if n < min_iters:
+        return Decision(False, reached, width)
+    return Decision(reached or n >= max_iters or elapsed_s >= time_cap_s, reached, width)
+
+
+def paired_metric(folded: Mapping[str, Sequence[float]], control: str | None) -> dict[str, np.ndarray]:
+    """Per implementation, its round trip over the control's per iteration
+    (its round trip alone without a control): what compare's gate reads."""
+    ctl = np.asarray(folded[control], dtype=float) if control in folded else None
+    out = {}
+    for name, rt in folded.items():
+        if name == control:
+            continue
+        rt = np.asarray(rt, dtype=float)
+        if ctl is None:
+            out[name] = rt
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = rt / ctl
+            out[name] = np.where(np.isfinite(r), r, np.inf)
+    return out
+
+
+class Calibrator:
+    """The timed loop's ``stop``: checks every :data:`CHECK_EVERY` timed
+    iterations, on the slowest rank's times all-reduced over ``group`` (every
+    rank of it must use one, as every rank runs the loop)."""
+
+    def __init__(self, *, control: str | None, group: dist.ProcessGroup | None, device: torch.device | str,
+                 target: float = CI_WIDTH, min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS,
+                 time_cap_s: float = TIME_CAP_S, check_every: int = CHECK_EVERY) -> None:
+        self.control, self.group, self.device = control, group, torch.device(device)
+        self.target, self.min_iters, self.max_iters = target, min_iters, max_iters
+        self.time_cap_s, self.check_every = time_cap_s, check_every
+        self.t0: float | None = None
+        self.last = Decision(False, False, math.inf)
+        self.iters = 0
+
+    def __call__(self, samples: Mapping[str, Mapping[str, list[float]]]) -> bool:
+        if self.t0 is None:
+            self.t0 = time.perf_counter()  # the first timed iteration's end
+        names = sorted(samples)
+        n = len(next(iter(samples[names[0]].values()))) if names else 0
+        self.iters = n
+        due = n >= self.max_iters or (n >= self.min_iters and (n - self.min_iters) % self.check_every == 0)
+        if not due:
+            return False
+        # [steps, phases, n] of this rank's times (0 for a phase a step lacks), and the elapsed time
+        times = torch.zeros(len(names) * len(PHASES) * n + 1, dtype=torch.float64)
+        grid = times[:-1].view(len(names), len(PHASES), n)
+        for i, name in enumerate(names):
+            for j, phase in enumerate(PHASES):
+                if phase in samples[name]:
+                    grid[i, j] = torch.tensor(samples[name][phase], dtype=torch.float64)
+        times[-1] = time.perf_counter() - self.t0
+        times = times.to(self.device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.group)
+        times = times.cpu()
+        folded = {name: times[:-1].view(len(names), len(PHASES), n)[i].sum(0).numpy() for i, name in enumerate(names)}
+        self.last = decide(paired_metric(folded, self.control), elapsed_s=float(times[-1]), target=self.target,
+                           min_iters=self.min_iters, max_iters=self.max_iters, time_cap_s=self.time_cap_s)
+        return self.last.stop
+
+    def record(self) -> dict[str, object]:
+        """What the samples keep of the calibration."""
+        width = self.last.width
+        return {"iters": self.iters, "ci_width": round(width, 4) if math.isfinite(width) else None,
+                "target": self.target, "reached": self.last.reached}
