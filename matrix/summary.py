@@ -4,7 +4,9 @@ The summary is read back from the results files after the sweep, for the
 points preflight expanded: it is the same whichever launcher ran the points
 (in this process, or as jobs on other machines), and a point that never wrote
 a row counts as ``missing``. The exit code is 1 when any point is failed,
-error, timeout or missing, else 0.
+error, timeout or missing, else 0. Timed rows with too few samples for
+compare to flag a change (iters below MIN_SAMPLES) are named on a line of
+their own: compare, not the sweep, fails them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
+from .significance import MIN_SAMPLES
 
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
 
@@ -64,8 +67,19 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[
         for row in got:
             counts[row.get("status") or "missing"] += 1
         counts["failing points"] += any(row.get("status") in BAD_STATUSES for row in got)
+        counts["unflaggable rows"] += sum(unflaggable(row) for row in got)
     files = [str(results_path(d)) for d in sorted(by_dir)]
     return counts, files
+
+
+def unflaggable(row: Mapping[str, Any]) -> bool:
+    """A timed row with too few samples for compare to tell any change from
+    noise (fewer than MIN_SAMPLES: the smallest p-value is not below its alpha)."""
+    try:
+        iters = int(str(row.get("iters")))
+    except ValueError:
+        return False  # iters=auto: at least calibrate.MIN_ITERS
+    return row.get("status") == "ok" and row.get("roundtrip_p50_us") not in (None, "") and iters < MIN_SAMPLES
 
 
 def render(counts: Counter[str], files: list[str], *, single: bool = False) -> str:
@@ -83,6 +97,10 @@ def render(counts: Counter[str], files: list[str], *, single: bool = False) -> s
         line += f"; missing {_n(counts['missing'], 'point')} (wrote no row)"
     if single:
         line += " (a single point: sweep with -m key=a,b or a preset such as +matrix=smoke)"
+    if counts["unflaggable rows"]:
+        line += (f"\nsamples too few: {_n(counts['unflaggable rows'], 'timed row')} with fewer than {MIN_SAMPLES} "
+                 f"iterations: no change in them can be significant, and compare fails them as unverified; "
+                 f"time with iters={MIN_SAMPLES} or more, or iters=auto")
     return line + (f"\nresults: {', '.join(files)}" if files else "")
 
 

@@ -30,8 +30,8 @@ CHAINS: dict[str, tuple[str, ...]] = {
         "python -m matrix cp_size=2 'seq_lens=[1001,300]' hidden_size=256",
     ),
     "review": (
-        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=12 results_dir=results/base",
-        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=12 results_dir=results/new",
+        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/base",
+        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/new",
         "python -m matrix.report results/new",
         "python -m matrix.compare results/base results/new",
     ),
