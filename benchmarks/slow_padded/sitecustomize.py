@@ -2,38 +2,53 @@
 
 Loaded by Python at start-up (``site`` imports ``sitecustomize`` from the path)
 in every process of a sweep whose PYTHONPATH starts with this folder, rank
-processes included. When ``NSA_SLOW_PADDED`` names a JSON file of
-``{"cp:total_tokens:max_rank_len:hidden": delay_us}``, the padded path's local
-stage sleeps that long at each call: the padded round trip grows by about the
-delay, the checks still pass, and nothing else changes. Never on the product's
-path: only this benchmark puts this folder on PYTHONPATH.
+processes included. When ``NSA_SLOW_PADDED`` holds a fraction ``f`` (``0.3``),
+the padded implementation's production form, at the end of every round trip,
+busy-waits ``f`` times what its local, gather and scatter phases took on this
+rank in that round trip: the round trip takes ``1 + f`` times as long whatever
+the machine's load (as slower code would), the checks still pass, and nothing
+else changes. Never on the product's path: only this benchmark puts this
+folder on PYTHONPATH.
 """
 
-import json
 import os
 import time
 
-_MAP = os.environ.get("NSA_SLOW_PADDED")
-if _MAP:
-    with open(_MAP) as _f:
-        _DELAYS = json.load(_f)
+_FRACTION = os.environ.get("NSA_SLOW_PADDED")
+if _FRACTION:
+    import dataclasses
 
-    import nsa_cp_comm.roundtrip as _rt
+    from nsa_cp_comm import impls as _impls
 
-    _original = _rt.padded_stage
+    _fraction = float(_FRACTION)
+    _padded = _impls.REGISTRY["padded"]
+    _prepare = _padded.prepare
 
-    def _slow_padded_stage(full, local, plan, rank, *args, **kwargs):
-        out = _original(full, local, plan, rank, *args, **kwargs)
-        key = f"{plan.cp_size}:{plan.total_tokens}:{plan.max_rank_len}:{full.shape[1]}"
-        delay = _DELAYS.get(key, 0.0) * 1e-6
-        end = time.perf_counter() + delay
-        while time.perf_counter() < end:  # a busy wait: as a slower kernel would
-            pass
-        return out
+    def _slow_prepare(*args, **kwargs):
+        form = _prepare(*args, **kwargs)
+        spent = [0.0]
 
-    _rt.padded_stage = _slow_padded_stage
-    import sys
+        def timed(fn, first=False):
+            def run(*a):
+                t0 = time.perf_counter()
+                out = fn(*a)
+                spent[0] = (0.0 if first else spent[0]) + time.perf_counter() - t0
+                return out
+            return run
 
-    for _name, _mod in list(sys.modules.items()):  # modules that bound the original already
-        if _name.startswith("nsa_cp_comm") and getattr(_mod, "padded_stage", None) is _original:
-            _mod.padded_stage = _slow_padded_stage
+        gather = timed(form.gather, first=form.stage is None)
+
+        def scatter():
+            out = timed(form.scatter)()
+            # a busy wait, as slower code would: a sleep gives the core away,
+            # and on a loaded machine the rank comes back late for the next
+            # step (the control's), which then hides part of the slowdown
+            end = time.perf_counter() + _fraction * spent[0]
+            while time.perf_counter() < end:
+                pass
+            return out
+
+        stage = timed(form.stage, first=True) if form.stage is not None else None
+        return dataclasses.replace(form, gather=gather, scatter=scatter, stage=stage)
+
+    _impls.REGISTRY["padded"] = dataclasses.replace(_padded, prepare=_slow_prepare)
