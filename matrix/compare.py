@@ -259,7 +259,7 @@ def _too_few_why(j: pd.DataFrame) -> pd.Series:
     fewest = fewest_samples(j)
     return pd.Series([f"{k} sample(s) a side: no difference can be significant at {ALPHA:g} with so few (the "
                       f"smallest p-value is {smallest_p(k):.2g}); time with iters={MIN_SAMPLES} or more, or "
-                      "iters=auto" for k in fewest], index=j.index, dtype=object)
+                      "iters=auto" if k < MIN_SAMPLES else "" for k in fewest], index=j.index, dtype=object)
 
 
 def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:

@@ -199,6 +199,16 @@ def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path: Path, capsys)
     assert code == 1 and "regressed=1" in summary(out) and "unverified=0" in summary(out)
 
 
+def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path: Path, capsys):
+    # up to 2000 a side: C(2n, n) is past a float from n = 515
+    rng = np.random.default_rng(3)
+    many = lambda: (list(100 + rng.random(1200)), [100.0] * 1200)  # noqa: E731
+    base, new = write_sampled(tmp_path / "b", {"p1": many()}), write_sampled(tmp_path / "n", {"p1": many()})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and summary(out).endswith("PASS")
+    assert smallest_p(2000) == 0.0 and smallest_p(5) == pytest.approx(1 / 252)
+
+
 def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path: Path, capsys):
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     with (tmp_path / "b" / SAMPLES_FILE).open("a") as f:
