@@ -247,6 +247,10 @@ def render(data: dict[str, Any]) -> str:
         f"width on {sum(i['reached'] for i in its)} of {sum(i['rows'] for i in its)} rows"
         + (" (the rest stopped at a cap)." if sum(i["reached"] for i in its) < sum(i["rows"] for i in its) else ".")
     )
+    rerun = sum("aa_note" in t for t in trials)
+    if rerun:
+        text += (f" In {rerun} pair(s) compare itself raised (an overflow since fixed) and was run again on the "
+                 "same two runs (`aa_note` in the JSON).")
     if n < data.get("pairs_asked", n):
         text += f" ({data['pairs_asked']} pairs were asked; the run was cut after {n}.)"
     if "default_pair" in data:
