@@ -84,9 +84,9 @@ from .significance import ALPHA, MIN_SAMPLES, adjusted, p_greater, smallest_p
 PAIRED = "roundtrip_vs_control"
 ABSOLUTE_FALLBACK = "roundtrip_p50_us"
 DEFAULT_METRIC = PAIRED
-# Measured by benchmarks/compare_power.py on a 2-core machine (docs/review.md): the
-# paired metric's run-to-run drift stays under this, and a 2x slower path is
-# far beyond it.
+# Measured by benchmarks/compare_power.py on a 2-core machine (docs/review.md): with
+# iters=auto the paired metric's run-to-run drift stays under this, and a path
+# slowed 1.3x is beyond it on most points.
 DEFAULT_THRESHOLD = "15%"
 METRICS: tuple[str, ...] = (PAIRED, *TIMING_COLUMNS)
 SPREAD = "roundtrip_iqr_us"
