@@ -135,6 +135,10 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
     "tests/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
     "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
+    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was": "fault drill: waits out "
+                                                                                             "two hangs, six pools",
+    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed": "fault drill: waits out a hang, "
+                                                                                "four pools",
 }
 
 
