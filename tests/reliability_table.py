@@ -228,16 +228,23 @@ class FaultCase:
 BROKEN = "tests.broken_impls"
 # A failure must be noticed, not waited out: the faults that are not hangs get a
 # timeout far beyond the bound the tests allow (a minute, on a loaded machine).
-POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason)
-    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    "crash_rank": (600.0, "error", "rank 1 crashed: exited with code 17"),
-    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+# Reasons number ranks as the CP group does: in reverse world order, so the
+# failing last world rank is the group's rank 0 (an error's own text is quoted).
+_CP = " (ranks numbered as in the CP group)"
+POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason; * matches anything)
+    "raise_rank": (600.0, "error", f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on "
+                                   f"rank 1{_CP}"),
+    "crash_rank": (600.0, "error", f"in {BROKEN}:crash_rank's checks: rank 0 crashed: exited with code 17{_CP}"),
+    # where each rank waited, from its stack: the hung one in its sleep, its peer in the all-gather
+    "hang_rank": (3.0, "timeout", f"in {BROKEN}:hang_rank's checks: rank 0,1 timeout: no answer within 3s; where they "
+                                  f"waited: rank 0 at tests/broken_impls.py:* in _hang; rank 1 waiting in "
+                                  f"torch.distributed.*, called at tests/broken_impls.py:* in _gather{_CP}"),
 }
 TORCHRUN_FAULTS = {
-    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    # torchrun stops every rank once one exits; rank 0 may go before it posted its outcome
-    "crash_rank": (600.0, "error", "rank *1 crashed: no report: torchrun stopped the point after a rank exited"),
-    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+    "raise_rank": (600.0, "error", f"rank 0 error: RuntimeError: injected fault on rank 1{_CP}"),
+    # torchrun stops every rank once one exits; rank 1 may go before it posted its outcome
+    "crash_rank": (600.0, "error", f"rank 0* crashed: no report: torchrun stopped the point after a rank exited{_CP}"),
+    "hang_rank": (3.0, "timeout", f"rank 0,1 timeout: no answer within 3s{_CP}"),
 }
 
 FAULTS: tuple[FaultCase, ...] = (

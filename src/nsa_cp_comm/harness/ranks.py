@@ -97,6 +97,9 @@ def _marker_path(store_path: str | os.PathLike[str], rank: int, suffix: str = MA
 
 
 _FRAME = re.compile(r'File "(.+?)", line (\d+) in (\S+)')
+# Frames not worth naming as a collective's caller: torch's own, and the
+# project's shim and counter around torch's collectives.
+_WRAPPERS = (f"{os.sep}torch{os.sep}", f"nsa_cp_comm{os.sep}collectives.py")
 
 
 def waiting_in(dump: str) -> str:
@@ -105,7 +108,7 @@ def waiting_in(dump: str) -> str:
     or the innermost frame; '' when the dump holds no task thread."""
     block = next((b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if "in worker_main" in b), "")
     frames = _FRAME.findall(block)  # most recent call first
-    k = next((i for i, (path, _, _) in enumerate(frames) if f"{os.sep}torch{os.sep}" not in path), len(frames))
+    k = next((i for i, (path, _, _) in enumerate(frames) if not any(w in path for w in _WRAPPERS)), len(frames))
     if k == len(frames):
         return ""
     path, line, func = frames[k]
