@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .. import impls as impl_registry
-from ..collectives import Observed, all_gather_into, observing
+from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
 from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
@@ -241,10 +241,13 @@ def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
 
 
 def _share(code: int, group, device) -> list[int]:
-    """Every rank's ``code``, on every rank (a collective: every rank calls it)."""
-    mine = torch.tensor([code], dtype=torch.int64, device=device)
-    every = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    all_gather_into(every, mine, group)
+    """Every rank's ``code``, on every rank (a collective: every rank calls it).
+    An all-reduce, as the agreement after the checks is: a rank that skipped
+    an implementation's all-gather or reduce-scatter meets it in another
+    collective (``collective_skipped``), not in a like one of other shapes."""
+    every = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    every[dist.get_rank(group)] = code
+    dist.all_reduce(every, group=group)
     return every.tolist()
 
 
