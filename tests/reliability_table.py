@@ -267,6 +267,32 @@ FAULTS: tuple[FaultCase, ...] = (
         for f, (t, s, r) in TORCHRUN_FAULTS.items()
     ),
     FaultCase(
+        f"impl={BROKEN}:raise_rank with padded at the same point (a rank that raises in one implementation's "
+        "checks)",
+        "a point with several implementations (`run_point`)",
+        "the raising implementation's row only (`error`/`timeout`, naming the place: its checks, building its timed "
+        "form, its loop turn and iteration, the verification of its outputs); the others rerun on fresh ranks, "
+        "their own verdicts",
+        "test_a_raising_implementation_costs_its_own_row",
+        "test_blame",
+    ),
+    FaultCase(
+        f"impl={BROKEN}:extra_barrier_timed (a timed form issuing a barrier on one rank)",
+        "a point's timed loop",
+        "`timeout`, `collective_skipped`: the rank still in that implementation's turn and iteration while its peers "
+        "moved on, and where each waited (`torch.distributed.barrier`, called at the plug-in's line)",
+        "test_timed_forms_that_break_the_ranks_are_diagnosed",
+        "test_blame",
+    ),
+    FaultCase(
+        f"impl={BROKEN}:default_group_form bystanders=1 (a timed form built on the default group)",
+        "building a point's timed form",
+        "`error`, `group`: an index out of range only on the ranks whose global rank is past the CP group's ranks, "
+        "named with both numbers: the global rank where `dist.get_rank(group)` is meant",
+        "test_timed_forms_that_break_the_ranks_are_diagnosed",
+        "test_blame",
+    ),
+    FaultCase(
         "SIGKILL of `python -m matrix -m ...` mid-sweep",
         "the sweep process",
         "results.csv holds whole rows only (valid CSV); no rank process survives it; "
