@@ -140,3 +140,60 @@ def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
     assert f"in building {name}'s timed form (prepare): an index out of range" in bad.reason, bad.reason
     assert "rank 0 is global rank 2" in bad.reason, bad.reason
     assert res["padded"].status == "ok", res["padded"].reason
+
+
+# --- the diagnosis alone, on what ranks would hand back (no ranks) ---------------
+
+
+def _at(at, impl="", detail=""):
+    import json
+
+    return json.dumps({"at": list(at), "impl": impl, "detail": detail})
+
+
+def test_the_earliest_place_names_the_culprit_and_what_it_did():
+    from nsa_cp_comm.harness.blame import AT_CHECKS, AT_TIMED, diagnose, failed_run
+    from nsa_cp_comm.harness.rank_result import RankResult
+
+    spec = point(3, ("padded", "legacy"))  # group rank r is world rank 2 - r
+    late = dict(status="timeout", error="no answer within 8s")
+    results = [
+        RankResult(0, **late, doing=_at((AT_TIMED, 7), "_control", "iteration 2"),
+                   waiting="waiting in torch.distributed.barrier, called at harness/blame.py:65 in reset"),
+        RankResult(1, **late, doing=_at((AT_TIMED, 7), "_control", "iteration 2"),
+                   waiting="waiting in torch.distributed.barrier, called at harness/blame.py:65 in reset"),
+        RankResult(2, **late, doing=_at((AT_TIMED, 5), "legacy", "iteration 1"),
+                   waiting="waiting in torch.distributed.barrier, called at x/plugin.py:9 in gather"),
+    ]
+    got = diagnose(spec, results)
+    assert got.culprit == "legacy" and (got.status, got.failed_check) == ("timeout", "collective_skipped"), got
+    assert got.reason.startswith("rank 0 still in legacy's turn in the timed loop (iteration 1) while the others had "
+                                 "moved on (rank 1,2 in the A/A control's turn in the timed loop (iteration 2))")
+    assert "rank 0 waiting in torch.distributed.barrier, called at x/plugin.py:9 in gather" in got.reason
+    assert got.reason.endswith("(ranks numbered as in the CP group)")
+    # Where no one can rerun the others (torchrun), they say they were not run.
+    rows = {r.impl: r for r in failed_run(spec, results)}
+    assert rows["legacy"].status == "timeout" and rows["legacy"].failed_check == "collective_skipped"
+    assert rows["padded"].status == "error" and rows["padded"].failed_check == ""
+    assert rows["padded"].reason.startswith("not run: legacy brought the point's ranks down"), rows["padded"].reason
+    # A rank that never said where it was: nobody's failure in particular.
+    results[0].doing = ""
+    assert diagnose(spec, results).culprit == ""
+    assert {r.status for r in failed_run(spec, results)} == {"timeout"}
+    # Every rank in its checks' place, one raising: the raising rank's error, that implementation's row.
+    raised = [RankResult(0, "aborted", error="killed after another rank failed", doing=_at((AT_CHECKS, 0), "padded")),
+              RankResult(1, "error", error="ValueError: x", doing=_at((AT_CHECKS, 0), "padded")),
+              RankResult(2, "aborted", error="killed after another rank failed", doing=_at((AT_CHECKS, 0), "padded"))]
+    got = diagnose(spec, raised)
+    assert got.culprit == "padded" and got.reason == ("in padded's checks: rank 1 error: ValueError: x "
+                                                      "(ranks numbered as in the CP group)"), got
+
+
+def test_a_reason_numbers_ranks_as_the_cp_group_does():
+    from nsa_cp_comm.harness.blame import diagnose
+    from nsa_cp_comm.harness.rank_result import RankResult
+
+    spec = point(2, ("padded",), bystanders=1)  # world 0 is bystander 0; group rank r is world rank 2 - r
+    got = diagnose(spec, [RankResult(0, "error", error="OSError: y"), RankResult(1, "ok", value={}),
+                          RankResult(2, "error", error="ValueError: x")])
+    assert got.reason == "rank 0 and bystander 0 error: ValueError: x (ranks numbered as in the CP group)", got
