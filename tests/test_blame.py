@@ -197,3 +197,16 @@ def test_a_reason_numbers_ranks_as_the_cp_group_does():
     got = diagnose(spec, [RankResult(0, "error", error="OSError: y"), RankResult(1, "ok", value={}),
                           RankResult(2, "error", error="ValueError: x")])
     assert got.reason == "rank 0 and bystander 0 error: ValueError: x (ranks numbered as in the CP group)", got
+
+
+def test_returned_rows_are_found_wherever_they_are_in_the_gathered_buffer(monkeypatch):
+    import torch
+
+    from nsa_cp_comm.harness import checks
+
+    monkeypatch.setattr(checks, "_SEARCH_ROWS", 3)  # searched in blocks: matches across a block's edge too
+    full = torch.randn(20, 4).to(torch.bfloat16)
+    for at, k in [(0, 5), (7, 5), (15, 5), (19, 1), (0, 20)]:
+        assert checks._found_at(full, full[at : at + k].clone()) == at, (at, k)
+    assert checks._found_at(full, full[2:5] + 1) is None
+    assert checks._found_at(full, full[2:5].float()) is None  # another dtype is not the buffer's rows

@@ -225,6 +225,9 @@ def _global_reading_holds(codes: list[int], plan: CPPlan, bystanders: int) -> bo
     return True
 
 
+_SEARCH_ROWS = 4096
+
+
 def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
     """The first row of ``full`` from which ``out``'s rows follow byte-exact,
     or None (not a tensor of ``full``'s dtype and width, empty, or nowhere)."""
@@ -233,10 +236,17 @@ def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
         return None
     fb = full.contiguous().view(torch.uint8).reshape(full.shape[0], -1)
     ob = out.contiguous().view(torch.uint8).reshape(out.shape[0], -1)
-    k = ob.shape[0]
-    for at in (fb == ob[0]).all(dim=1).nonzero().flatten().tolist()[:limit]:
-        if at + k <= fb.shape[0] and torch.equal(fb[at : at + k], ob):
-            return int(at)
+    k, tried = ob.shape[0], 0
+    # In blocks of rows: one comparison of a production-sized buffer at once
+    # would hold a byte per element.
+    for lo in range(0, fb.shape[0] - k + 1, _SEARCH_ROWS):
+        block = fb[lo : min(lo + _SEARCH_ROWS, fb.shape[0] - k + 1)]
+        for at in (block == ob[0]).all(dim=1).nonzero().flatten().tolist():
+            if torch.equal(fb[lo + at : lo + at + k], ob):
+                return lo + at
+            tried += 1
+            if tried >= limit:
+                return None
     return None
 
 
