@@ -203,15 +203,41 @@ def _ranks(ranks: list[int], cp_size: int) -> str:
 NUMBERING = "ranks numbered as in the CP group"
 
 
+def _listed(ranks: list[int]) -> str:
+    return f"rank {','.join(map(str, ranks))}"
+
+
+def _grouped(by_rank: dict[int, str]) -> str:
+    """``rank a,b what; rank c other``: ranks with the same text together."""
+    texts: dict[str, list[int]] = {}
+    for rank, text in sorted(by_rank.items()):
+        texts.setdefault(text, []).append(rank)
+    return "; ".join(f"{_listed(ranks)} {text}" for text, ranks in texts.items())
+
+
+def _parted(first: _Where, known: dict[int, _Where], culprit: str) -> str:
+    """How the ranks parted, when some had moved past the earliest place."""
+    behind = [rank for rank, w in sorted(known.items()) if w.at == first.at]
+    ahead = {rank: f"in {w.describe()}" for rank, w in known.items() if w.at != first.at}
+    if not ahead:
+        return ""
+    text = f"{_listed(behind)} still in {first.describe()} while the others had moved on ({_grouped(ahead)})"
+    if culprit:
+        text += (f": {culprit} issued a collective on {_listed(behind)} that the others did not, or the others skipped "
+                 f"one")
+    return text
+
+
 def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
     """What a point whose ranks raised, died or hung did, and whose turn it
     was. Ranks that answered while others timed out skipped a collective
     their peers wait in; ranks the correctness group found in different
-    collectives skipped one too; ranks that had said (:func:`_announce`)
-    they were in different places parted in the earliest of them. Every rank
-    in the reason is numbered as in the CP group (the correctness group's
-    fingerprints number them so), bystanders as ``bystander k``, and the
-    reason says so."""
+    collectives skipped one too; ranks that had said (:func:`announce_place`)
+    they were in different places parted in the earliest of them; hung ranks
+    waiting in different collectives (their stacks) issued different ones.
+    Every rank in the reason is numbered as in the CP group (the correctness
+    group's fingerprints number them so), bystanders as ``bystander k``, and
+    the reason says so."""
     cp = spec.cp_size
     ours = {r.rank: group_rank_of(r.rank, cp, spec.bystanders) for r in results}
     # Bystanders after the CP ranks, as cp + k (bystander k is global rank k).
@@ -222,34 +248,20 @@ def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
     check = ""
     done = [r.rank for r in cp_results if r.ok]
     stuck = [r.rank for r in cp_results if r.status == "timeout"]
+    failed = [r for r in cp_results if r.status in ("error", "crashed")]
     mismatch_check, mismatch = _mismatch(cp_results)
     wheres = {r.rank: _where(r.doing) for r in cp_results}
     known = {rank: w for rank, w in wheres.items() if w is not None}
     first = min(known.values(), key=lambda w: w.at) if known and len(known) == len(wheres) else None
     culprit = first.impl if first is not None and first.impl not in ("", CONTROL) else ""
-    parted = ""
-    if first is not None:
-        behind = [rank for rank, w in known.items() if w.at == first.at]
-        ahead = {rank: w for rank, w in known.items() if w.at != first.at}
-        # Only where no rank failed by itself: a rank that raised or died is the story.
-        if ahead and not done and not any(r.status in ("error", "crashed") for r in cp_results):
-            places: dict[str, list[int]] = {}
-            for rank, w in sorted(ahead.items()):
-                places.setdefault(w.describe(), []).append(rank)
-            moved = "; ".join(f"rank {','.join(map(str, ranks))} in {what}" for what, ranks in places.items())
-            parted = (f"rank {','.join(map(str, behind))} still in {first.describe()} while the others had moved on "
-                      f"({moved})")
-            if culprit:
-                parted += (f": {culprit} issued a collective on rank {','.join(map(str, behind))} that the others did "
-                           f"not, or the others skipped one")
-    oob = [r for r in cp_results if r.status == "error" and r.error.startswith("IndexError")]
+    # Only where no rank failed by itself: a rank that raised or died is the story.
+    parted = _parted(first, known, culprit) if first is not None and not done and not failed else ""
+    waits = {r.rank: r.waiting for r in cp_results if r.waiting}
+    calls = {what.split(",")[0] for what in waits.values() if what.startswith("waiting in ")}
     global_of = cp_ranks(cp, spec.bystanders)
-    waits: dict[str, list[int]] = {}
-    for r in cp_results:
-        if r.waiting:
-            waits.setdefault(r.waiting, []).append(r.rank)
-    waited = "; ".join(f"rank {','.join(map(str, ranks))} {what}" for what, ranks in waits.items())
-    calls = {what.split(",")[0] for what in waits if what.startswith("waiting in ")}
+    # Only the ranks whose global rank is past the CP group's ranks indexed out
+    # of range: what dist.get_rank() does where dist.get_rank(group) is meant.
+    oob = failed and all(r.error.startswith("IndexError") and global_of[r.rank] >= cp for r in failed)
     if spec.bystanders and stuck and not done and all(r.ok for r in renumbered if r.rank >= cp):
         check = "group"
         reason = (
@@ -262,29 +274,26 @@ def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
         reason = f"{mismatch}; {reason.split(_MISMATCH)[0]}{_MISMATCH}"
     elif done and stuck:
         check = "collective_skipped"
-        reason = (
-            f"rank {','.join(map(str, stuck))} still waiting in a collective that rank "
-            f"{','.join(map(str, done))} never entered (they returned); {reason}"
-        )
+        reason = (f"{_listed(stuck)} still waiting in a collective that {_listed(done)} never entered (they returned); "
+                  f"{reason}")
     elif parted:
         check = "collective_skipped"
         reason = f"{parted}; {reason}"
-    elif len(calls) > 1 and sum(map(len, waits.values())) == len(cp_results):
+        first = None  # told
+    elif len(calls) > 1 and len(waits) == len(cp_results):
         check = "collective_skipped"
-        reason = f"the ranks wait in different collectives ({waited}): a collective not every rank issued; {reason}"
-        waited = ""  # told
-    elif oob and all(global_of[r.rank] >= cp for r in oob) and all(
-            r in oob for r in cp_results if r.status in ("error", "crashed")):
-        # Only the ranks whose global rank is past the CP group's ranks indexed
-        # out of range: what dist.get_rank() does where dist.get_rank(group) is meant.
+        reason = (f"the ranks wait in different collectives ({_grouped(waits)}): a collective not every rank issued; "
+                  f"{reason}")
+        waits = {}  # told
+    elif oob:
         check = "group"
-        each = ", ".join(f"rank {r.rank} is global rank {global_of[r.rank]}" for r in oob)
+        each = ", ".join(f"rank {r.rank} is global rank {global_of[r.rank]}" for r in failed)
         reason = (f"an index out of range only on the ranks whose global rank (dist.get_rank()) is not a CP group rank "
                   f"(0..{cp - 1}; {each}): a plan indexed with the global rank where dist.get_rank(group) is meant; "
                   f"{reason}")
-    if waited:
-        reason = f"{reason}; where they waited: {waited}"
-    if first is not None and not reason.startswith(parted or "\0"):
+    if waits:
+        reason = f"{reason}; where they waited: {_grouped(waits)}"
+    if first is not None:
         reason = f"in {first.describe()}: {reason}"
     return Failure(status, f"{reason} ({NUMBERING})", check, culprit)
 
