@@ -238,12 +238,22 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
                         start_timeout_s=startup_bound(cfg, res), start_retries=1)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
+    fresh: list[Any] = []
+
+    def restart() -> Any:
+        # A failed implementation's peers are rerun on fresh ranks: the warm
+        # pool the next point gets.
+        fresh.append(get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
+                              start_timeout_s=startup_bound(cfg, res), start_retries=1))
+        return fresh[-1]
+
     try:
-        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
+        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"], fresh=restart)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-        pool.close(graceful=False)
+        for p in (pool, *fresh):
+            p.close(graceful=False)
         return every_impl(res, "error", one_line_error(exc))
-    return _after_point_check(pool, results, cfg["timeout_s"])
+    return _after_point_check(fresh[-1] if fresh else pool, results, cfg["timeout_s"])
 
 
 def startup_bound(cfg: Mapping[str, Any], res: Resolved) -> float:

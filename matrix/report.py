@@ -60,8 +60,10 @@ BUSBW_PNG = plots.BUSBW_PNG
 STATUS_MEANING: dict[str, str] = {
     "ok": "ran, passed its checks against the reference, and was timed.",
     "failed": "ran, but a check failed (`failed_check` names the first).",
-    "error": "a rank raised, crashed or could not start; nothing was checked.",
-    "timeout": "a rank hung past `timeout_s` and the point was stopped.",
+    "error": "a rank raised, crashed or could not start in this implementation's turn (the reason names the place), "
+             "or it was not run after another's failure; no verdict.",
+    "timeout": "a rank hung past `timeout_s` in this implementation's turn and the point was stopped (the point's "
+               "other implementations are rerun on fresh ranks).",
     "skipped": "not run: an `mlp_mode` that contradicts the backend, a backend the implementation lacks, or the "
                "same effective configuration already ran (the reason names it).",
     "refused": "the legacy path on an uneven plan: every rank refused before any collective, as it must (no timings).",

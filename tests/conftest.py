@@ -137,6 +137,10 @@ SLOW: dict[str, str] = {
     "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
     "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "
                                                                              "sweep in a fresh interpreter",
+    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was": "fault drill: waits out "
+                                                                                             "two hangs, six pools",
+    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed": "fault drill: waits out a hang, "
+                                                                                "four pools",
 }
 
 

@@ -511,7 +511,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     impl = f"{table.BROKEN}:{fault}"
     (row,) = run(_point_cfg(tmp_path, impl=impl, timeout_s=timeout_s), job_dir=job)
     took = time.monotonic() - t0
-    assert (row["status"], row["reason"]) == (status, reason)
+    assert row["status"] == status and table.matches(row["reason"], reason), (row["status"], row["reason"])
     bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
     assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
     if status == "timeout":
