@@ -372,6 +372,7 @@ def point_codes(config: pd.DataFrame) -> np.ndarray:
 # of the memory), and factorising them is nearly free. Everything else is text.
 _CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
     "timeout_s", "results_dir", "resume", _INJECTED_COLUMN, "policy", "effective_page_size", "is_even", "claim_holds",
+    "plan_class",
     "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "device_name", "overrides",
     "run_id", *LAYOUT2_ENV,
 }

@@ -26,6 +26,7 @@ from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_versi
 
 from . import command
 from .config import KEYS, ConfigError, override_value, validate
+from .plan_classes import label as plan_label
 from .resolve import Resolved, resolve
 from .samples import append_samples
 from .results import (
@@ -168,6 +169,7 @@ def build_rows(
         padded_total=plan.padded_total,
         padding_frac=plan.padding_frac,
         is_even=plan.is_even,
+        plan_class=plan_label(plan),
         claim_holds=plan.claim_holds,
     )
     rows = []

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from matrix.config import KEYS, register
+from matrix.config import GROUPS, KEYS, register
 from matrix.results import COLUMNS, CONFIG_COLUMNS
 
 from matrix_cli import REPO, run_matrix
@@ -29,7 +29,7 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     assert params, f"{preset} sweeps nothing"
     for key in params:
-        assert key.lstrip("+") in set(KEYS) | {"layout"}, key
+        assert key.lstrip("+") in set(KEYS) | set(GROUPS), key
     from matrix.config import validate_overrides
 
     validate_overrides([f"{k}={v}" for k, v in params.items()])
