@@ -44,6 +44,7 @@ from ._review import (
     one_line,
     point_codes,
     typed,
+    world,
 )
 from .results import CONFIG_COLUMNS
 
@@ -584,7 +585,7 @@ def prepare(run: Run) -> pd.DataFrame:
     """The run's latest row per point, typed, with the padded/legacy pairing key."""
     pair_cols = [c for c in CONFIG_COLUMNS if c != "impl"]
     df = typed(run.latest, NUMBERS).reset_index(drop=True)
-    df[PAIR] = point_codes(run.latest_config[pair_cols])
+    df[PAIR] = point_codes(run.latest_config[pair_cols].assign(_world=world(run.latest)))
     return df
 
 

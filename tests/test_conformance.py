@@ -37,6 +37,8 @@ def _plan(plan_class: str, cp: int):
     # two rows from the share: uneven, not by one
     ((6, 4, 2), "zigzag", 1, [12], set()),
     ((4, 4, 0, 0), "zigzag", 1, [8], {"empty_rank"}),
+    # one row is not none
+    ((3, 2, 1), "zigzag", 1, [6], {"uneven_by_one"}),
     ((2, 1, 0), "zigzag", 1, [2, 1], {"uneven_by_one", "empty_rank"}),
     ((30, 34), "zigzag_page", 16, [64], {"paged_uneven", "longest_not_first"}),
     # page size 1 pages nothing; an even paged plan is not uneven
@@ -190,3 +192,40 @@ def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
     df = report.prepare(run)
     assert set(coverage.plan_classes(df)) == {"uneven_by_one+empty_rank"}
     assert coverage.warnings(df) == []
+
+
+def test_the_preset_through_the_cli_fails_each_bug_at_every_cp(tmp_path):
+    """The real sweep, restricted to one uneven class (every class is held to
+    the preset in-process above): every cp the preset runs, with and without
+    a bystander (the largest cp resolved in each job), fails each buggy
+    plug-in, and the report warns of none of them."""
+    from matrix_cli import run_matrix
+
+    impls = ",".join(f"{BROKEN}:{name}" for name in BUGS)
+    run = run_matrix(tmp_path / "res", "+matrix=conformance", f"impl={impls}", "+plan_class=uneven_by_one",
+                     multirun=False, timeout=600)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "missing" not in run.stdout.split("matrix summary:")[1].splitlines()[0], run.stdout[-2000:]
+    rows = run.rows()
+    cps = {b: {2, 3, 4, plan_classes.largest_cp(b)} for b in (0, 1)}
+    for name in BUGS:
+        mine = [r for r in rows if r["impl"] == f"{BROKEN}:{name}"]
+        assert {(int(r["cp_size"]), int(r["bystanders"])) for r in mine} == {(cp, b) for b in cps for cp in cps[b]}
+        for r in mine:
+            assert r["status"] in ("failed", "error"), (name, r["cp_size"], r["status"], r["reason"])
+            assert r["plan_class"].split("+")[0] == "uneven_by_one", r["plan_class"]
+    assert report.main([str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "report.md").read_text()
+    assert "WARNING" not in md and "## Plan classes covered" in md
+
+
+def test_a_bystander_point_is_a_point_of_its_own(tmp_path):
+    # The same configuration with and without a bystander: two points (as
+    # point_id says), neither read as a duplicate of the other.
+    from test_report import append
+
+    rows = _rows({2: ["even", "uneven_by_one"]})
+    append(tmp_path, rows + [{**r, "bystanders": 1} for r in rows])
+    run, df = _loaded(tmp_path)
+    assert (len(run.latest), run.duplicates, df[report.PAIR].nunique()) == (8, 0, 4)
+    assert set(coverage.table(df)["bystanders"]) == {"0,1"}
