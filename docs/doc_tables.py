@@ -86,6 +86,8 @@ COLUMN_MEANING: dict[str, str] = {
     "padded_total": "`m * cp`: the padded gather buffer's rows",
     "padding_frac": "`1 - T / (m * cp)`: the share of the padded buffer that is padding",
     "is_even": "every rank holds the same number of tokens",
+    "plan_class": "the plan's classes, `+`-joined: `even`, `uneven_by_one`, `empty_rank`, `paged_uneven`, "
+                  "`many_short`, `longest_not_first` ([plugins.md](plugins.md#plan-classes))",
     "claim_holds": "`m * cp == ceil_align(T, cp)`: the cp alignment alone would size the buffer "
                    "([design.md](design.md), section 2)",
     "status": "the row's outcome (table above); readers go by this column, never by `reason`",

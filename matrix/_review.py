@@ -380,14 +380,15 @@ def point_codes(config: pd.DataFrame) -> np.ndarray:
 # of the memory), and factorising them is nearly free. Everything else is text.
 _CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
     "timeout_s", "results_dir", "resume", _INJECTED_COLUMN, "policy", "effective_page_size", "is_even", "claim_holds",
+    "plan_class",
     "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "device_name", "overrides",
     "run_id", *LAYOUT2_ENV,
 }
 _DTYPES = collections.defaultdict(lambda: str, {c: "category" for c in _CATEGORIES})
 
-# Columns every load reads: the key, the verdict, what layout 1 needs for its
+# Columns every load reads: the key (configuration and bystanders), the verdict, what layout 1 needs for its
 # statuses, and the run each row names.
-BASE_COLUMNS: frozenset[str] = frozenset(REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id"))
+BASE_COLUMNS: frozenset[str] = frozenset(REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id", "bystanders"))
 
 
 def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -415,11 +416,20 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
         raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
     raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
-    raw[POINT_KEY] = point_codes(config)
+    raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
     latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
     return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
                upgraded=_summed(f.upgraded for f in read), malformed=malformed,
                unknown_runs=_summed(f.unknown_runs for f in read), runs_skipped=sum(f.runs_skipped for f in read))
+
+
+def world(rows: pd.DataFrame) -> pd.Series:
+    """Each row's bystander count, canonical ("0" where the file has none):
+    a world larger than the CP group makes another point (as point_id says),
+    so it is part of a point's key beside the configuration columns."""
+    if "bystanders" not in rows:
+        return pd.Series("0", index=rows.index, dtype=object)
+    return canonical_series(rows["bystanders"].astype(object)).replace("", "0")
 
 
 def parse_bool(series: pd.Series) -> pd.Series:

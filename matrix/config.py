@@ -103,7 +103,7 @@ TIMEOUT_MAX_S = 7 * 24 * 3600.0
 BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
 # Config groups and Hydra's own keys that may appear on the command line.
-GROUPS = ("matrix", "layout", "workload")
+GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp")
 
 
 def _is_int(v: object) -> bool:
@@ -378,6 +378,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
     if not OmegaConf.has_resolver("matrix.job_minutes"):
         OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
+    from .plan_classes import register_resolvers as plan_class_resolvers
+
+    plan_class_resolvers()
 
 
 # Registered on import: a launcher's job (e.g. a SLURM node) imports this

@@ -26,6 +26,8 @@ from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_versi
 
 from . import command
 from .config import KEYS, ConfigError, override_value, validate
+from .plan_classes import label as plan_label
+from .repro_env import env_prefix
 from .resolve import Resolved, resolve
 from .samples import append_samples
 from .results import (
@@ -85,9 +87,11 @@ def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[
 def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit,
     every value quoted for Hydra and the shell) into a fresh results_dir,
-    naming the app as it runs now (:func:`matrix.command`). Provenance only:
-    neither ``point_id`` nor resume reads it."""
-    parts = command()
+    naming the app as it runs now (:func:`matrix.command`), after the
+    environment the point needs (matrix.repro_env: ``env PYTHONPATH=... K=V``,
+    with the directory an outside implementation was imported from).
+    Provenance only: neither ``point_id`` nor resume reads it."""
+    parts = [*env_prefix(str(cfg["impl"])), *command()]
     for k in KEYS:
         if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s") and cfg[k] in (False, 0, None)):
             continue
@@ -171,6 +175,7 @@ def build_rows(
         padded_total=plan.padded_total,
         padding_frac=plan.padding_frac,
         is_even=plan.is_even,
+        plan_class=plan_label(plan),
         claim_holds=plan.claim_holds,
     )
     rows = []

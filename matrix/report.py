@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import command, designs, nccl_tests, plots, workload
+from . import command, coverage, designs, nccl_tests, plots, workload
 from ._review import (
     BAD,
     POINT_KEY,
@@ -44,6 +44,7 @@ from ._review import (
     one_line,
     point_codes,
     typed,
+    world,
 )
 from .inputs import error_line
 from .outputs import check_dir, write_atomic
@@ -87,7 +88,8 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
-        "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload")
+        "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload",
+        "plan_class", "effective_page_size", "bystanders")
 
 
 @dataclass
@@ -595,7 +597,7 @@ def prepare(run: Run) -> pd.DataFrame:
     """The run's latest row per point, typed, with the padded/legacy pairing key."""
     pair_cols = [c for c in CONFIG_COLUMNS if c != "impl"]
     df = typed(run.latest, NUMBERS).reset_index(drop=True)
-    df[PAIR] = point_codes(run.latest_config[pair_cols])
+    df[PAIR] = point_codes(run.latest_config[pair_cols].assign(_world=world(run.latest)))
     return df
 
 
@@ -616,6 +618,8 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
         lines.append(f"Written before the refused/passthrough statuses: {parts}.")
     if run.unknown_runs:
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
+    for warning in coverage.warnings(df):
+        lines += ["", warning]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     appendix += duplicates(run)
@@ -625,7 +629,11 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
             part.main.pop()
         lines += [f"## {title}", "", *part.main, ""]
         appendix += part.appendix
-    # Only where the run has them: pad_at_split rows, an nccl-tests model.
+    # Only where the run has them: outside implementations, pad_at_split rows, an nccl-tests model.
+    covered, listed = coverage.section(df, APPENDIX_FILE)
+    if covered:
+        lines += ["## Plan classes covered", "", *covered, ""]
+    appendix += listed
     compared = designs.section(df, PAIR)
     if compared:
         lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]

@@ -76,6 +76,7 @@ PLAN_COLUMNS: tuple[str, ...] = (
     "padded_total",
     "padding_frac",
     "is_even",
+    "plan_class",
     "claim_holds",
 )
 

@@ -457,6 +457,55 @@ CHEATS = {
 for _name, (_cheat, _doc) in CHEATS.items():
     globals()[_name] = _cheating(_name, _cheat, _doc)
 
+# --- written from docs/plugins.md, right on even plans only --------------------
+# Each passes every even point (a sweep whose plans are all even, such as zigzag
+# batches of one request, calls it ok); the conformance preset's uneven plan
+# classes must catch each at every cp (tests/test_conformance.py).
+def _local_sized_gather(local, plan, group):
+    # Mistake: the gathered buffer sized from this rank's own rows, as if every
+    # rank held as many; each rank all-gathers a block of its own length.
+    cp = plan.cp_size
+    full = torch.empty((local.shape[0] * cp, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, local.contiguous(), group)
+    return full
+
+
+local_sized_buffer = RoundTripImpl("local_sized_buffer", _local_sized_gather, _scatter,
+                                   doc="gather buffer sized from local.shape[0] * cp")
+
+
+def _new_empty_gather(local, plan, group):
+    # Mistake: the padded block allocated with new_empty: its padding rows
+    # hold whatever the allocator's memory held, and the reduce-scatter sums them.
+    cp, m = plan.cp_size, plan.max_rank_len
+    block = local.new_empty((m, local.shape[1]))
+    block[: local.shape[0]].copy_(local)
+    full = torch.empty((m * cp, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, block, group)
+    return full
+
+
+new_empty_padding = RoundTripImpl("new_empty_padding", _new_empty_gather, _scatter,
+                                  doc="padding rows allocated with new_empty")
+
+
+def _neighbour_scatter(full, plan, group):
+    # Mistake: even plans take the reduce-scatter; uneven ones sum the whole
+    # buffer and slice "my" rows, with the slot counted from 1: the next rank's.
+    if plan.is_even:
+        return _scatter(full, plan, group)
+    rank, cp, m = dist.get_rank(group), plan.cp_size, plan.max_rank_len
+    summed = full.clone()
+    dist.all_reduce(summed, group=group)
+    start = ((rank + 1) % cp) * m
+    return summed[start : start + plan.per_rank_tokens[rank]]
+
+
+neighbour_rows = RoundTripImpl("neighbour_rows", _gather, _neighbour_scatter,
+                               doc="uneven plans: the scatter returns the next rank's rows")
+
+UNEVEN_ONLY_BUGS = ("local_sized_buffer", "new_empty_padding", "neighbour_rows")
+
 
 # --- bad references -------------------------------------------------------------
 def raising_factory():

@@ -59,6 +59,10 @@ ELSEWHERE: dict[str, str] = {
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
     "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
+    "tests/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
+    "python -m matrix.report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
+    "chain runs the report as written",
     "python -m matrix.report results/designs --nccl-tests benchmarks/data/nccl_tests_sample_all_gather.json "
     "--nccl-tests benchmarks/data/nccl_tests_sample_reduce_scatter.json":
     "needs the designs preset's results (minutes); tests/test_pad_at_split.py runs the report with these files",

@@ -178,6 +178,8 @@ def skip_reason(impl: Impl, backend: str) -> str | None:
 
 
 REGISTRY: dict[str, Impl] = {}
+# Implementations registered from entry points: name -> the entry point's "module:attribute".
+ENTRY_POINT_OF: dict[str, str] = {}
 
 
 def register(impl: Impl) -> Impl:
@@ -302,6 +304,7 @@ def discover() -> tuple[str, ...]:
         if impl.name in BUILTIN:
             raise ImplError(f"entry point {ep.name} = {ep.value}: name {impl.name!r} is a built-in implementation")
         register(impl)
+        ENTRY_POINT_OF[impl.name] = ep.value
         found.append(impl.name)
     return tuple(found)
 
