@@ -42,6 +42,7 @@ from .fold import ImplResult, fold_reports
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_state import begin_point
+from .phases import PHASES_KEY, PhaseClock
 from .ranks import RankPool, one_line_error, rank_device
 from .spec import DTYPES, PointSpec, make_shard
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps
@@ -119,6 +120,8 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
 
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
+    clock = PhaseClock()
+    clock.lap("setup")
     announce_place((AT_SETUP,))
     begin_point(spec.seed, group_rank_of(dist.get_rank(), spec.cp_size, spec.bystanders))
     device = rank_device()
@@ -131,17 +134,21 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     moe = None if light else reference_moe(spec, device)
     plan = spec.plan()
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    clock.watch(group, plain, fence)
+    clock.lap("checks")
     reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
     announce_place((AT_AGREEMENT,))
+    clock.lap("agreement")
     failed = torch.tensor([float(bool(reports[n].failures)) for n in names], device=device)
     # On the correctness group: a rank that skipped one of the checks'
     # collectives meets its peers' collective here, and the group's
     # consistency check turns the would-be hang into an error on every rank.
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     rank = dist.get_rank(plain)
+    clock.lap("prepare")
     steps = []
     for name, bad in zip(names, failed.tolist()):
         rep = reports[name]
@@ -159,20 +166,24 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
             steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
         announce_turns(steps, fence, spec.warmup)
+        clock.lap("timed loop")
         samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
                              flush=flush)
         if CONTROL in samples:
             out[CONTROL] = {"samples": samples.pop(CONTROL)}
+            clock.add("of which A/A control", sum(map(sum, out[CONTROL]["samples"].values())) / 1e6)
         for name, phases in samples.items():
             reports[name].samples = phases
         for s in steps:
             check = getattr(s, "timed_check", None)
             if check is not None:
                 reports[s.name].verify_s = check.seconds
+                clock.add("of which verification", check.seconds)
                 wrong = check.reason(spec.warmup + spec.iters)
                 if wrong:
                     reports[s.name].fail("production_form", wrong)
                     reports[s.name].correct = False
+    out[PHASES_KEY] = clock.report()
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 
