@@ -50,17 +50,17 @@ def announce_place(at: tuple[int, ...], impl: str = "", detail: str = "") -> Non
     announce(json.dumps({"at": list(at), "impl": impl, "detail": detail}))
 
 
-def announce_turns(steps: list[Steps], fence, warmup: int) -> None:
+def announce_turns(steps: list[Steps], warmup: int) -> None:
     """Before each turn of the timed loop (its untimed ``reset``): say whose
-    turn it is, then wait for every rank at a fence on a group no timed form
-    is handed. A rank whose timed form issued one collective more (or fewer)
-    than its peers' then stays in that turn, and the point's failure is
-    blamed on it, not on a later turn its extra collective happened to meet."""
+    turn it is. The loop's first barrier of each turn is on a group no timed
+    form is handed (``timed_loop(turn_group=...)``): a rank whose timed form
+    issued one collective more (or fewer) than its peers' then stays in that
+    turn, and the point's failure is blamed on it, not on a later turn its
+    extra collective happened to meet."""
     turns = itertools.count()
     for s in steps:
         def reset(it: int, name: str = s.name, inner: Callable[[int], object] | None = s.reset) -> None:
             announce_place((AT_TIMED, next(turns)), name, f"iteration {it}{' (warmup)' if it < warmup else ''}")
-            dist.barrier(group=fence)
             if inner is not None:
                 inner(it)
 

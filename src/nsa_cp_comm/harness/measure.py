@@ -165,10 +165,10 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         if not light:
             steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
-        announce_turns(steps, fence, spec.warmup)
+        announce_turns(steps, spec.warmup)
         clock.lap("timed loop")
         samples = timed_loop(steps, warmup=spec.warmup, iters=spec.iters, clock=Clock(device), group=plain,
-                             flush=flush)
+                             flush=flush, turn_group=fence)
         if CONTROL in samples:
             out[CONTROL] = {"samples": samples.pop(CONTROL)}
             clock.add("of which A/A control", sum(map(sum, out[CONTROL]["samples"].values())) / 1e6)
