@@ -1,6 +1,11 @@
 """The report's three plots, rendered in memory as PNG bytes (matplotlib, Agg).
 
 Input: the report's typed frame, one row per point. Contracts every plot keeps:
+- implementations are set side by side on the same points only: where the
+  frame has the report's ``_common`` column, lines (latency) and markers
+  (bandwidth) are over the points every impl of the cp size was timed at; a
+  point timed by only some impls is a hollow marker without a line (latency)
+  or left out (bandwidth);
 - timing plots use only rows with status ``ok`` and a value (refused,
   passthrough, skipped and failing rows carry no measurement), of the round
   trip (the MoE all-to-all at SCATTERED points is another operation);
@@ -24,6 +29,7 @@ from ._review import fmt
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
 BUSBW_PNG = "busbw.png"
+COMMON = "_common"  # matrix.report.COMMON: a point every impl of its cp size was timed at
 
 # Filled-capable markers only: the bandwidth plot draws each one hollow too.
 MARKERS = "osD^vP*h"
@@ -109,9 +115,12 @@ def latency(df: pd.DataFrame):  # -> Figure
     if d.empty:
         return _finish(fig, ax, "timed ok points")
     colour_keys = _mixed(d) + ["cp_size"]
-    g = d.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    groups = _keys(g, colour_keys)
-    impls = sorted(g["impl"].unique())
+    same = d[d[COMMON].astype(bool)] if COMMON in d else d
+    apart = d[~d[COMMON].astype(bool)] if COMMON in d else d.iloc[:0]
+    g = same.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    g_apart = apart.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    groups = _keys(d, colour_keys)
+    impls = sorted(d["impl"].unique())
     colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
     styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(impls)}
@@ -121,10 +130,20 @@ def latency(df: pd.DataFrame):  # -> Figure
         s = s.sort_values("total_tokens")
         ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=colors[label], linestyle=styles[impl],
                 marker=markers[impl], markersize=6)
-    _log_if_wide(ax, g["total_tokens"], "x")
-    _log_if_wide(ax, g["roundtrip_p50_us"], "y")
-    return _finish(fig, ax, None, _proxies(colors, markers, styles),
-                   title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
+    for keys, s in g_apart.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        ax.scatter(s["total_tokens"], s["roundtrip_p50_us"], facecolors="none", edgecolors=color, marker=marker,
+                   s=36, linewidths=1.2)
+    both = pd.concat([g, g_apart])
+    _log_if_wide(ax, both["total_tokens"], "x")
+    _log_if_wide(ax, both["roundtrip_p50_us"], "y")
+    groups_ = _proxies(colors, markers, styles)
+    if len(g_apart):
+        from matplotlib.patches import Patch
+
+        groups_.append([Patch(facecolor="none", edgecolor="0.2", label="hollow, no line: timed by\nonly some impls")])
+    return _finish(fig, ax, None, groups_, title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
 
 
 def _layout(plans: pd.DataFrame) -> pd.Series:
@@ -173,12 +192,15 @@ def padding(df: pd.DataFrame):  # -> Figure
 
 
 def busbw(df: pd.DataFrame):  # -> Figure
-    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1 (filled: padded bytes, hollow: useful bytes)")
+    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1, points every impl was timed at "
+                      "(filled: padded bytes, hollow: useful bytes)")
     ax.set_xlabel("gathered bytes (padded buffer for filled markers, the tokens' bytes for hollow ones)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
     d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)
            & df["mlp_mode"].ne("SCATTERED")]
+    if COMMON in d:  # side by side on the same points only
+        d = d[d[COMMON].astype(bool)]
     if d.empty:
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
     colour_keys = _mixed(d) + ["cp_size"]
