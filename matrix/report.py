@@ -822,9 +822,13 @@ def build(run: Run, model=None, reference: str = DEFAULT_REFERENCE) -> tuple[dic
     df = prepare(run)
     reference = next((kept for kept, names in df.attrs["merged"].items() if reference in names), reference)
     doc = render(run, df, model, reference)
-    rows = timed_round_trips(df)
-    df[COMMON] = rows[COMMON].reindex(df.index).fillna(False).astype(bool)
-    return doc, plots.render_all(df)
+    return doc, plots.render_all(mark_common(df))
+
+
+def mark_common(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with :data:`COMMON` (what the plots read to set impls side by side on the same points only)."""
+    mask = timed_round_trips(df)[COMMON]
+    return df.assign(**{COMMON: mask.reindex(df.index, fill_value=False).astype(bool)})
 
 
 def write(out: Path, doc: dict, pngs: dict[str, bytes]) -> list[Path]:
