@@ -168,6 +168,11 @@ def test_wall_time_is_the_runs_span(tmp_path: Path, capsys: pytest.CaptureFixtur
     md, _, doc = run_report(tmp_path)
     assert ("wall time 97 s (2 runs, each from its start in runs.jsonl to its last row's timestamp; 130 s from "
             "the first start to the last row)") in md
+    # a run beside the first (another node appending to the same folder) adds no time
+    append(tmp_path, [make_row(seq_lens=(4096, 4096), timestamp="2025-01-01T00:01:20")],
+           run_id="run-c", started="2025-01-01T00:00:10+00:00")
+    md, _, doc = run_report(tmp_path)
+    assert "wall time 97 s (3 runs," in md and doc["summary"]["wall_time"]["seconds"] == 97
 
 
 def test_report_md_is_rendered_from_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
