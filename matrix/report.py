@@ -240,6 +240,12 @@ def _whole(frame: pd.DataFrame, index: bool = False, name: str = "", **points) -
     return [Show(table(name or "table", frame, index=index, **points))]
 
 
+def _records(name: str) -> Callable[[pd.DataFrame], Show]:
+    """For a section made elsewhere (designs, workloads, the nccl-tests model):
+    its table as a table of report.json named ``name`` (its rows count their points)."""
+    return lambda frame: Show(table(name, frame))
+
+
 def _ids(rows: pd.DataFrame) -> list[str]:
     """The ids of the points of ``rows``, each once, in order."""
     return list(dict.fromkeys(rows[PID]))
@@ -760,14 +766,15 @@ def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[
         lines += [f"## {title}", "", *part.main, ""]
         appendix += part.appendix
     # Only where the run has them: pad_at_split rows, an nccl-tests model.
-    compared = designs.section(df, PAIR)
+    compared = designs.section(df, PAIR, table=_records("designs"))
     if compared:
         lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
-    spread = workload.report_lines(df)
+    spread = workload.report_lines(df, table=_records("workloads"))
     if spread:
         lines += ["## Workloads: over each workload's batches", "", *spread, ""]
     if model is not None:
-        lines += ["## Collectives predicted from nccl-tests (a model)", "", *designs.model_section(df, model), ""]
+        lines += ["## Collectives predicted from nccl-tests (a model)", "",
+                  *designs.model_section(df, model, table=_records("nccl_tests_model")), ""]
     lines += ["## Plots", ""]
     for name, takeaway in plot_takeaways(df, derived).items():
         lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
