@@ -5,7 +5,7 @@ Input: the report's typed frame, one row per point. Contracts every plot keeps:
   frame has the report's ``_common`` column, lines (latency) and markers
   (bandwidth) are over the points every impl of the cp size was timed at; a
   point timed by only some impls is a hollow marker without a line (latency)
-  or left out (bandwidth);
+  or faded (bandwidth);
 - timing plots use only rows with status ``ok`` and a value (refused,
   passthrough, skipped and failing rows carry no measurement), of the round
   trip (the MoE all-to-all at SCATTERED points is another operation);
@@ -192,35 +192,39 @@ def padding(df: pd.DataFrame):  # -> Figure
 
 
 def busbw(df: pd.DataFrame):  # -> Figure
-    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1, points every impl was timed at "
-                      "(filled: padded bytes, hollow: useful bytes)")
+    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1 (filled: padded bytes, hollow: useful bytes; "
+                      "faded: timed by only some impls)")
     ax.set_xlabel("gathered bytes (padded buffer for filled markers, the tokens' bytes for hollow ones)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
     d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)
            & df["mlp_mode"].ne("SCATTERED")]
-    if COMMON in d:  # side by side on the same points only
-        d = d[d[COMMON].astype(bool)]
     if d.empty:
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
+    # side by side on the same points: the points timed by only some impls faded
+    same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
     colour_keys = _mixed(d) + ["cp_size"]
     groups = _keys(d, colour_keys)
     impls = sorted(d["impl"].unique())
     colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
-    padded = d.groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
     # hollow markers only where padding exists: elsewhere they would sit on the filled ones
-    u = d[d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])]
-    useful = u.groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median().reset_index()
-    for keys, s in padded.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
-        ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30)
-    for keys, s in useful.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
-        ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
-                   s=30, linewidths=1.2)
+    pads = d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])
+    drawn = []
+    for part, alpha in ((same, 1.0), (~same, 0.35)):
+        padded = d[part].groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
+        useful = d[part & pads].groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median()
+        useful = useful.reset_index()
+        for keys, s in padded.groupby(colour_keys + ["impl"]):
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+            ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30, alpha=alpha)
+        for keys, s in useful.groupby(colour_keys + ["impl"]):
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+            ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
+                       s=30, linewidths=1.2, alpha=alpha)
+        drawn += [padded["bytes_padded"], useful["bytes_useful"]]
     from matplotlib.patches import Patch
 
     # fill is shown by patches, a shape no impl uses, so it cannot be read as an impl
@@ -228,7 +232,9 @@ def busbw(df: pd.DataFrame):  # -> Figure
         Patch(facecolor="0.4", edgecolor="0.2", label="filled: padded bytes"),
         Patch(facecolor="none", edgecolor="0.2", label="hollow: useful bytes\n(plans with padding)"),
     ]
-    _log_if_wide(ax, pd.concat([padded["bytes_padded"], useful["bytes_useful"]]), "x")
+    if not same.all():
+        fills.append(Patch(facecolor="0.4", edgecolor="0.2", alpha=0.35, label="faded: timed by\nonly some impls"))
+    _log_if_wide(ax, pd.concat(drawn), "x")
     return _finish(fig, ax, None, [*_proxies(colors, markers), fills],
                    title=f"colour: {_colour_title(colour_keys)}\nmarker: impl\nfill: bytes counted")
 

@@ -695,6 +695,10 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
         out[plots.BUSBW_PNG] = (
             f"Takeaway: where the padded path pads ({count(len(bw), 'point')}, cp > 1), a median {lost:.0%} of the bus "
             f"bandwidth it achieves carries padding rather than tokens (hollow markers below filled ones).")
+        apart = bw[PAIR].isin(rows.loc[~rows[COMMON], PAIR]) if len(rows) else bw[PAIR].isna()
+        if apart.any():
+            out[plots.BUSBW_PNG] += (f" Of those, {count(int(apart.sum()), 'point')} timed by only some impls "
+                                     "are faded: no other impl is beside them.")
     return out
 
 

@@ -67,7 +67,8 @@ def missing_label(df: pd.DataFrame, rows: pd.DataFrame, apart: pd.Series, pair: 
 def point_ids(config: pd.DataFrame) -> pd.Series:
     """A short stable id per row from its configuration without impl (the rows
     of one point share it): 12 hex digits of the canonical cells' sha1."""
-    text = config.astype(str).agg("\x1f".join, axis=1)
+    cols = [config[c].astype(str) for c in config.columns]
+    text = cols[0].str.cat(cols[1:], sep="\x1f")  # column by column, not row by row
     codes, uniques = pd.factorize(text)
     ids = np.array([hashlib.sha1(u.encode()).hexdigest()[:12] for u in uniques], dtype=object)
     return pd.Series(ids[codes], index=config.index)

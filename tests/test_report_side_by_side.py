@@ -210,3 +210,12 @@ def test_latency_plot_lines_only_over_the_points_every_impl_was_timed(tmp_path: 
     assert max(max(ln.get_ydata()) for ln in lines) < 5000  # the refused point is no line's
     hollow = [c for c in ax.collections if not c.get_facecolors().size]
     assert sorted(tuple(xy) for c in hollow for xy in c.get_offsets()) == [(1301, 5000), (1302, 5000)]
+
+
+def test_bandwidth_plot_fades_the_points_timed_by_only_some(tmp_path: Path) -> None:
+    even_and_uneven(tmp_path)
+    ax = plots.busbw(report.mark_common(_frame(tmp_path))).axes[0]
+    faded = [c for c in ax.collections if (c.get_alpha() or 1.0) < 1]
+    assert {x for c in faded for x, _ in c.get_offsets()} == {1536 * 256 * 4, 1301 * 256 * 4, 1302 * 256 * 4}
+    solid = {x for c in ax.collections if (c.get_alpha() or 1.0) == 1 for x, _ in c.get_offsets()}
+    assert solid == {2 * n * 256 * 4 for n in (512, 1024)}  # the even points, both impls
