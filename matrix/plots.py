@@ -192,8 +192,7 @@ def padding(df: pd.DataFrame):  # -> Figure
 
 
 def busbw(df: pd.DataFrame):  # -> Figure
-    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1 (filled: padded bytes, hollow: useful bytes; "
-                      "faded: timed by only some impls)")
+    fig, ax = _figure("Bus bandwidth vs gathered bytes, cp > 1 (filled: padded bytes, hollow: useful bytes)")
     ax.set_xlabel("gathered bytes (padded buffer for filled markers, the tokens' bytes for hollow ones)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
@@ -233,6 +232,7 @@ def busbw(df: pd.DataFrame):  # -> Figure
         Patch(facecolor="none", edgecolor="0.2", label="hollow: useful bytes\n(plans with padding)"),
     ]
     if not same.all():
+        ax.set_title(f"{ax.get_title()}\nfaded: points timed by only some impls, none beside them")
         fills.append(Patch(facecolor="0.4", edgecolor="0.2", alpha=0.35, label="faded: timed by\nonly some impls"))
     _log_if_wide(ax, pd.concat(drawn), "x")
     return _finish(fig, ax, None, [*_proxies(colors, markers), fills],
