@@ -227,17 +227,44 @@ def _name(what: str) -> str:
     return "_".join("".join(ch if ch.isalnum() else " " for ch in what.lower()).split()) or "table"
 
 
+# What each table of report.json holds, by name.
+TITLES = {
+    "statuses": "rows per status and impl",
+    "incorrect_points": "incorrect rows (correct or even_bitwise_equal False)",
+    "incorrect_points_detail": "incorrect rows, with their reason",
+    "failing_groups": "failed, error and timeout rows by status, impl and first failed check (or reason)",
+    "failing_points": "failed, error and timeout rows",
+    "skipped_reasons": "skipped rows by reason",
+    "skipped_points": "skipped rows",
+    "claim": "split plans per policy: how many, where the claim holds and fails",
+    "claim_fails": "plans where the claim fails, most padded first",
+    "latency": "round-trip p50 (us) by impl, median over the points every impl of the cp size was timed; "
+               "X/reference: the median per-point ratio",
+    "latency_only_some": "round-trip p50 (us) on the points timed by only some impls, by which were not timed and why",
+    "latency_by_policy": "round-trip p50 (us) by cp size, impl and policy over the points every impl was timed",
+    "ratios": "each impl's round-trip p50 over the reference's, on the points every impl of the cp size was timed",
+    "ratios_by_policy": "the ratios to the reference by cp size, impl and policy",
+    "ratios_per_point": "the ratio to the reference at each point",
+    "bandwidth": "bus bandwidth (GB/s) by impl, median over the points with cp > 1 every impl was timed; "
+                 "mean padding_frac over them",
+    "bandwidth_by_page": "bus bandwidth (GB/s) by cp size, impl and page size over the same points",
+    "padding": "mean padding fraction over the batches by cp size and layout",
+    "runs": "the runs (processes) that wrote the rows, from runs.jsonl",
+}
+
+
 def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS, name: str = "",
           **points) -> list:
     """A table cut at ``rows``, saying where the rest is (``name``: its name in
     report.json, default from ``what``; ``points``: see report_doc.Table)."""
-    t = table(name or _name(what), frame, index=index, **points)
+    name = name or _name(what)
+    t = table(name, frame, index=index, title=TITLES.get(name, what), **points)
     return [Show(t, rows, f"more {what}: all in the [appendix]({APPENDIX_FILE})")]
 
 
 def _whole(frame: pd.DataFrame, index: bool = False, name: str = "", **points) -> list:
     """A table for the appendix (cut at APPENDIX_ROWS, saying so)."""
-    return [Show(table(name or "table", frame, index=index, **points))]
+    return [Show(table(name or "table", frame, index=index, title=TITLES.get(name, ""), **points))]
 
 
 def _records(name: str) -> Callable[[pd.DataFrame], Show]:
