@@ -185,7 +185,8 @@ def _ratio_words(derived: Derived) -> str:
     if not impls:
         return "no round trip was timed"
     if ref not in impls:
-        return f"no ratio: the reference {ref} has no timed round trip (timed: {', '.join(impls)})"
+        return (f"no ratio: the reference {ref} has no timed round trip (timed: {', '.join(impls)}; "
+                "`--reference` names another)")
     if impls == [ref]:
         return f"only {ref} was timed: nothing to compare"
     return f"no point with cp > 1 has {ref} and another impl timed"
@@ -402,11 +403,10 @@ def ratios(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE, rows: pd.DataFr
     return to_reference(same, reference, PAIR, "roundtrip_p50_us", SPREAD, info)
 
 
-def only_some(rows: pd.DataFrame, metric: str = "roundtrip_p50_us") -> pd.DataFrame:
+def only_some(rows: pd.DataFrame, keys: list[str], metric: str = "roundtrip_p50_us") -> pd.DataFrame:
     """The timed rows of points not every impl of their cp size was timed at:
-    by cp size and which impls were not timed there (and why), the points and
-    each timed impl's median."""
-    keys = group_keys(rows)
+    by ``keys`` (side_by_side.group_keys of all timed rows) and which impls
+    were not timed there (and why), the points and each timed impl's median."""
     t = rows.rename(columns={MISSING: "not timed there"})
     out = t.groupby(keys + ["not timed there", "impl"])[metric].median().unstack("impl")
     out.columns.name = None
@@ -452,7 +452,7 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
         part.main += [
             f"Timed by only some impls, so in no comparison: {count(n_apart, 'point')} "
             f"({_missing_words(apart)}); each impl's median there:", "",
-            *_head(only_some(apart), "groups", index=True, name="latency_only_some", points=n_apart,
+            *_head(only_some(apart, keys), "groups", index=True, name="latency_only_some", points=n_apart,
                    point_ids=_ids(apart)),
             "",
         ]
@@ -503,7 +503,8 @@ def ratio_lines(df: pd.DataFrame, derived: Derived, part: Part) -> list:
     """The ratio of each impl to the reference on the same points (appendix entries go into ``part``)."""
     pairs, ref = derived.pairs, derived.reference
     if pairs.empty:
-        return [f"No ratio to {ref}: {_ratio_words(derived)}.", ""]
+        words = _ratio_words(derived)
+        return [f"{words[0].upper()}{words[1:]}.", ""]
     lines: list = _cp1_lines(derived.timed[derived.timed[COMMON]])
     aggregates = dict(
         points=("ratio", "size"),
