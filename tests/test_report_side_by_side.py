@@ -219,3 +219,21 @@ def test_bandwidth_plot_fades_the_points_timed_by_only_some(tmp_path: Path) -> N
     assert {x for c in faded for x, _ in c.get_offsets()} == {1536 * 256 * 4, 1301 * 256 * 4, 1302 * 256 * 4}
     solid = {x for c in ax.collections if (c.get_alpha() or 1.0) == 1 for x, _ in c.get_offsets()}
     assert solid == {2 * n * 256 * 4 for n in (512, 1024)}  # the even points, both impls
+
+
+def test_runs_of_two_backends_are_compared_within_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """gloo and nccl rows are never side by side; a point only padded ran on
+    nccl is apart, said with its backend."""
+    rows = []
+    for backend, device, legacy_us in (("gloo", "cpu", 100.0), ("nccl", "cuda", 50.0)):
+        for n in (512, 1024):
+            rows += [make_row("padded", seq_lens=(n, n), p50=110.0, backend=backend, device=device),
+                     make_row("legacy", seq_lens=(n, n), p50=legacy_us, backend=backend, device=device)]
+    rows.append(make_row("padded", p50=500.0, backend="nccl", device="cuda", **UNEVEN))
+    append(tmp_path, rows)
+    _, _, doc = run_report(tmp_path)
+    lat = {r["backend"]: r for r in doc["tables"]["latency"]["records"]}
+    assert (lat["gloo"]["legacy/padded"], lat["nccl"]["legacy/padded"]) == (pytest.approx(100 / 110),
+                                                                           pytest.approx(50 / 110))
+    (apart,) = doc["tables"]["latency_only_some"]["records"]
+    assert (apart["backend"], apart["not timed there"], apart["padded"]) == ("nccl", "legacy no row", 500)
