@@ -801,8 +801,14 @@ def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[
     compared = designs.section(df, PAIR, table=_records("designs"))
     if compared:
         lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
-    spread = workload.report_lines(df, table=_records("workloads"))
+    # impls side by side here too: a batch timed by only some impls is left out, and said
+    rows = derived.timed
+    apart = rows.loc[~rows[COMMON] & rows["workload"].astype(str).str.strip().ne("")] if len(rows) else rows
+    spread = workload.report_lines(df.drop(index=apart.index), table=_records("workloads"))
     if spread:
+        if len(apart):
+            spread += ["", f"Left out: {count(int(apart[PAIR].nunique()), 'batch', 'batches')} timed by only some "
+                       f"impls ({_missing_words(apart)})."]
         lines += ["## Workloads: over each workload's batches", "", *spread, ""]
     if model is not None:
         lines += ["## Collectives predicted from nccl-tests (a model)", "",

@@ -237,3 +237,20 @@ def test_runs_of_two_backends_are_compared_within_each(tmp_path: Path, capsys: p
                                                                            pytest.approx(50 / 110))
     (apart,) = doc["tables"]["latency_only_some"]["records"]
     assert (apart["backend"], apart["not timed there"], apart["padded"]) == ("nccl", "legacy no row", 500)
+
+
+def test_a_workloads_batches_are_compared_where_every_impl_ran(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Per workload the impls' times are over the same batches: a batch
+    pad_at_split failed is left out for padded too, and said."""
+    rows = []
+    for n, failed in ((512, False), (1024, False), (4096, True)):
+        rows += [make_row("padded", seq_lens=(n, n), p50=float(n), workload="lognormal", **DESIGN),
+                 make_row("pad_at_split", seq_lens=(n, n), workload="lognormal", **DESIGN,
+                          **(dict(status="error", correct=None) if failed else dict(p50=float(n))))]
+    append(tmp_path, rows)
+    md, _, doc = run_report(tmp_path)
+    by_impl = {r["impl"]: r for r in doc["tables"]["workloads"]["records"]}
+    assert by_impl["padded"]["batches"] == by_impl["pad_at_split"]["batches"] == 2
+    assert by_impl["padded"]["roundtrip us p50"] == 768.0
+    assert "Left out: 1 batch timed by only some impls (pad_at_split error 1)." in md
