@@ -38,8 +38,9 @@ def _layout(p: pd.DataFrame) -> pd.Series:
                                           "zigzag_page/" + p["page_size"].astype("Int64").astype(str))
 
 
-def section(df: pd.DataFrame, pair_key: str) -> list[str]:
-    """Markdown lines answering "which design is cheaper, where, by how much"."""
+def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
+    """Markdown lines answering "which design is cheaper, where, by how much"
+    (``table``: how a table becomes a block; the report keeps it as records)."""
     if "impl" not in df or not df["impl"].eq(B).any():
         return []
     p = pairs(df, pair_key)
@@ -81,7 +82,7 @@ def section(df: pd.DataFrame, pair_key: str) -> list[str]:
         f"{n - fast_a - fast_b} (median ratio pad_at_split/padded {p['time_ratio'].median():.3f}; on CPU/gloo "
         f"the time is this machine's, not a GPU's: the bytes and rows carry over, the times do not)."
     )
-    lines += [answer, "", "By cp size and layout:", "", frame_md(summary)]
+    lines += [answer, "", "By cp size and layout:", "", table(summary)]
     return lines
 
 
@@ -90,8 +91,9 @@ def _tally(s: pd.Series) -> str:
     return ", ".join(f"{k} {int(c[k])}" for k in (A, B, "tie") if k in c)
 
 
-def model_section(df: pd.DataFrame, model) -> list[str]:
-    """Predicted (nccl-tests model) beside measured collective time, per timed round-trip row."""
+def model_section(df: pd.DataFrame, model, table=frame_md) -> list:
+    """Predicted (nccl-tests model) beside measured collective time, per timed round-trip row
+    (``table``: as in :func:`section`)."""
     lines = [f"**This is {model.describe()}.**", ""]
     need = {"collective_p50_us", "bytes_padded", "cp_size"}
     if not need <= set(df.columns):
@@ -109,7 +111,7 @@ def model_section(df: pd.DataFrame, model) -> list[str]:
     })
     by_impl = out.groupby("impl")["model (us)"].median().round(1)
     lines += ["Predicted gather + reduce-scatter time at each row's buffer bytes beside the measured collective "
-              "time (`collective_p50_us`):", "", frame_md(out.head(12))]
+              "time (`collective_p50_us`):", "", table(out.head(12))]
     if len(out) > 12:
         lines += ["", f"({len(out) - 12} more rows not shown)"]
     lines += ["", "Median modelled time per design: " + ", ".join(f"`{k}` {v} us" for k, v in by_impl.items())]

@@ -152,7 +152,9 @@ def _report(tmp_path, rows) -> str:
     from test_report import append
 
     append(tmp_path, rows)
-    return report.render(*_loaded(tmp_path))[0]  # without the plots
+    from matrix import report_doc
+
+    return report_doc.markdown(report.render(*_loaded(tmp_path)))[0]  # without the plots
 
 
 def test_report_warns_loudly_of_a_plugin_with_only_even_plans_at_a_cp(tmp_path):
@@ -178,7 +180,10 @@ def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tm
     assert "WARNING" not in md
     # no outside implementation: the classes in the appendix only
     assert "## Plan classes covered" not in md
-    assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", report.render(*_loaded(tmp_path / "b"))[1])
+    from matrix import report_doc
+
+    appendix = report_doc.markdown(report.render(*_loaded(tmp_path / "b")))[1]
+    assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", appendix)
 
 
 def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
