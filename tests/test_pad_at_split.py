@@ -28,6 +28,10 @@ EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500), P =
 EMPTY = dict(seq_lens=(5,), cp_size=4, policy="zigzag_page", page_size=64)  # ranks without rows
 THREE = dict(seq_lens=(1001, 300), cp_size=3, policy="zigzag")  # even n = 434, P = 438 > m
 ROUND = dict(seq_lens=(10,), cp_size=4, policy="round_robin")  # n = 3, P = 4
+# SGLang 0.5.23 splits the raw lengths: n = (433, 434, 434), P = ceil_align(434, 6) = 438
+SGLANG_THREE = dict(seq_lens=(1001, 300), cp_size=3, policy="zigzag", engine="sglang_0_5_23")
+# interleave on the raw 10 tokens: n = (3, 3, 2, 2), P = 4, the engine's padding on an uneven split
+SGLANG_ROUND = dict(seq_lens=(10,), cp_size=4, policy="round_robin", engine="sglang_0_5_23")
 
 
 def run(rank_pool, mutation, where, topk=2):
@@ -39,7 +43,8 @@ def run(rank_pool, mutation, where, topk=2):
     return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}, spec
 
 
-@pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND], ids=["uneven", "even", "empty", "three", "rr"])
+@pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND, SGLANG_THREE, SGLANG_ROUND],
+                         ids=["uneven", "even", "empty", "three", "rr", "sglang-zigzag", "sglang-interleave"])
 def test_pad_at_split_passes_every_check(rank_pool, where):
     res, spec = run(rank_pool, "none", where)
     r = res["pad_at_split"]
@@ -63,6 +68,9 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
         # P > every n_r: the padding kept is not the rows of another rank either
         ("keeps_padding", THREE, "scatter_chunk"),
         ("mutates_input", EVEN, "input_mutated"),
+        # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
+        ("wrong_p_everywhere", THREE, "physical_len"),
+        ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
     ],
 )
 def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import engines
 from .. import impls as impl_registry
 from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
@@ -47,6 +48,10 @@ CHECKS: dict[str, str] = {
     "gather_shape": "the gathered buffer has the layout's size",
     "gather_rows": "every rank's rows are in the gathered buffer byte-exact at the layout's offsets (a wrong rank "
                    "order or offset, a lost row fails)",
+    "physical_len": "an implementation that pads at the split (`pads_split`) gives every rank the physical length "
+                    "of the point's engine's rule (`engine`: `P = ceil_align(max n_r, 2*cp` for zigzag splits, `cp` "
+                    "otherwise`)`, on the engine's own split): a `P` wrong everywhere (gather, declared stride, "
+                    "production form) is consistent with itself and fails only here",
     "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too)",
     "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
@@ -152,6 +157,13 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     if diff:
         rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
+    if impl.pads_split and impl.layout == "rank_major_padded":
+        rule = engines.get(plan.engine)
+        want_p = rule.physical_len(plan)
+        if impl.stride(plan) != want_p:
+            rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
+                     f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
+                     f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
         n, s = plan.per_rank_tokens[r], starts[r]
