@@ -93,24 +93,27 @@ class Engine:
     def costs(self, plan: CPPlan) -> dict[str, dict[str, int]]:
         """Per design (:data:`DESIGNS`), what one layer's MoE round trip costs on
         ``plan``: :func:`design_costs` of the plan's lengths."""
-        refused = self.refuses(min(plan.seq_lens), sum(plan.seq_lens), plan.cp_size, plan.policy)
+        raw = sum(plan.seq_lens)
+        refused = self.refuses(min(plan.seq_lens), raw, plan.cp_size, plan.policy)
         return {d: {k: int(v) for k, v in c.items()} for d, c in design_costs(
-            self, plan.total_tokens, plan.max_rank_len, min(plan.per_rank_tokens), plan.cp_size, plan.policy,
+            self, raw, plan.total_tokens, plan.max_rank_len, min(plan.per_rank_tokens), plan.cp_size, plan.policy,
             refused).items()}
 
 
-def design_costs(engine: Engine, total: Any, mx: Any, mn: Any, cp: int, policy: str,
+def design_costs(engine: Engine, raw: Any, total: Any, mx: Any, mn: Any, cp: int, policy: str,
                  refused: Any = False) -> dict[str, dict[str, Any]]:
     """Per design: ``rows`` moved by the gather (and again by the reduce-scatter),
     padding rows in one rank's attention (max over ranks) and in the buffer the
-    MoE runs on, each split into ``*_processed`` and ``*_masked`` as the engine
-    pays them, and ``collectives`` per layer. ``total`` T, ``mx`` max n_r,
-    ``mn`` min n_r, ``refused`` (the engine runs the batch without CP: every
-    cost 0): scalars or numpy arrays of batches (the same formulas)."""
+    MoE runs on (every row that is not one of the ``raw`` tokens: a batch
+    padded to ``total`` counts its alignment tokens here), each split into
+    ``*_processed`` and ``*_masked`` as the engine pays them, and
+    ``collectives`` per layer. ``mx`` max n_r, ``mn`` min n_r, ``refused``
+    (the engine runs the batch without CP: every cost 0): scalars or numpy
+    arrays of batches (the same formulas)."""
     keep = 1 - (refused * 1)  # 0 where the batch runs without CP
-    total, mx, mn = total * keep, mx * keep, mn * keep
+    raw, total, mx, mn = raw * keep, total * keep, mx * keep, mn * keep
     phys = ceil_align(mx, engine.split_align(policy, cp))
-    zero = total * 0
+    zero = raw * 0
 
     def split(attn: Any, moe: Any) -> dict[str, Any]:
         return {
@@ -121,9 +124,9 @@ def design_costs(engine: Engine, total: Any, mx: Any, mn: Any, cp: int, policy: 
         }
 
     return {
-        "legacy_even": {"rows": total, **split(zero, zero), "collectives": 2 * keep},
-        "padded": {"rows": mx * cp, **split(zero, mx * cp - total), "collectives": 2 * keep},
-        "pad_at_split": {"rows": phys * cp, **split(phys - mn, phys * cp - total), "collectives": 2 * keep},
+        "legacy_even": {"rows": raw, **split(zero, zero), "collectives": 2 * keep},
+        "padded": {"rows": mx * cp, **split(zero, mx * cp - raw), "collectives": 2 * keep},
+        "pad_at_split": {"rows": phys * cp, **split(phys - mn, phys * cp - raw), "collectives": 2 * keep},
     }
 
 

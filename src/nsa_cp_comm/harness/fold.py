@@ -121,7 +121,9 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     res.rows_moved = rows
     res.bytes_padded = rows * spec.hidden_size * itemsize
     res.bytes_useful = useful
-    res.moe_pad_rows = rows - plan.total_tokens if impl.layout == "rank_major_padded" else 0
+    # every gathered row that is not one of the batch's raw tokens (an engine that pads the batch to a
+    # multiple of cp splits its alignment tokens as rows too)
+    res.moe_pad_rows = rows - sum(plan.seq_lens)
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
     # whether attention computes those rows or zeroes their output is the engine's
     res.attn_pad_masked_rows = res.attn_pad_rows if engines.get(plan.engine).attn_pad_masked else 0
