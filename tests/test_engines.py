@@ -196,3 +196,34 @@ def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
         assert rules.source and rules.title and set(rules.strategies) <= {"round_robin", "zigzag", "zigzag_page"}
     with pytest.raises(ValueError, match=r"engine='vllm' is not one of seed_fix, sglang_0_5_23"):
         engines.get("vllm")
+
+
+# -- a matrix point follows its engine --------------------------------------------------------
+
+def _resolved(**cfg):
+    from matrix.config import MatrixConfig, validate
+    from matrix.resolve import resolve
+
+    full = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r", **cfg}
+    validate(full)
+    return resolve(full, gpus=0)
+
+
+@pytest.mark.parametrize("cfg,skip", [
+    (dict(cp_size=4, seq_lens=[5, 100]), "ZigzagCPStrategy.can_apply refuses a request of 5 tokens"),
+    (dict(cp_size=4, seq_lens=[3], split="round_robin"), "InterleaveCPStrategy.can_apply refuses a batch of 3"),
+    (dict(cp_size=4, seq_lens=[1000], shared_kv=True, page_size=64), "SGLang 0.5.23 has no zigzag_page split"),
+    (dict(cp_size=4, seq_lens=[1000], align=8), "pads no batch to align=8"),
+    (dict(cp_size=4, seq_lens=[8, 100]), ""),  # every request at least 2*cp: runs with CP
+])
+def test_sglang_points_are_skipped_where_the_engine_would_not_run_them(cfg, skip):
+    res = _resolved(engine="sglang_0_5_23", **cfg)
+    assert (skip in res.skip) if skip else res.skip == "", res.skip
+    assert _resolved(engine="seed_fix", **cfg).skip == ""  # the seed fix's engine splits every batch
+
+
+def test_a_points_plan_is_its_engines():
+    sg = _resolved(engine="sglang_0_5_23", cp_size=4, seq_lens=[18057, 8366, 1064]).plan()
+    seed = _resolved(cp_size=4, seq_lens=[18057, 8366, 1064]).plan()
+    assert (sg.engine, sg.total_tokens, sg.per_rank_tokens) == ("sglang_0_5_23", 27487, (6872, 6871, 6872, 6872))
+    assert (seed.engine, seed.total_tokens, seed.per_rank_tokens) == ("seed_fix", 27488, (6873, 6871, 6872, 6872))
