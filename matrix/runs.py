@@ -72,10 +72,8 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
 def layout_version(header: Iterable[str]) -> int:
     """The layout (1 to 4; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
-    if "engine" in names:
-        return 4
     if "run_id" in names:
-        return 3
+        return 4 if "engine" in names else 3
     return 2 if "effective_id" in names else 1
 
 
