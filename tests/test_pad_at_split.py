@@ -82,19 +82,29 @@ def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
 
 
 def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
-    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch."""
+    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch, under
+    each engine; a split the engine does not have is a skipped point naming the engine."""
     lens = [1001, 300, 77]
-    run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "shared_kv=true", "page_size=16",
-                      f"seq_lens=[{','.join(map(str, lens))}]", "hidden_size=32", "dtype=float32", "iters=1",
-                      "warmup=0", multirun=False)
+    run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "engine=seed_fix,sglang_0_5_23",
+                      "+layout=shared_page16,zigzag", f"seq_lens=[{','.join(map(str, lens))}]", "hidden_size=32",
+                      "dtype=float32", "iters=1", "warmup=0")
     assert run_.returncode == 0, run_.stderr[-2000:]
-    rows = {r["impl"]: r for r in run_.rows()}
-    assert set(rows) == {"padded", "pad_at_split"} and all(r["status"] == "ok" for r in rows.values())
-    st = plans.plan_stats(Batches(np.array(lens), np.array([3])), 3, "zigzag_page", 16)
-    for impl in ("padded", "pad_at_split"):
-        assert int(rows[impl]["bytes_padded"]) == st["rows"][impl][0] * 32 * 4
-        assert int(rows[impl]["moe_pad_rows"]) == st["moe_pad"][impl][0]
-        assert int(rows[impl]["attn_pad_rows"]) == st["attn_pad"][impl][0]
+    rows = {(r["engine"], r["policy"], r["impl"]): r for r in run_.rows()}
+    assert len(rows) == 8
+    for engine, policy in (("seed_fix", "zigzag_page"), ("seed_fix", "zigzag"), ("sglang_0_5_23", "zigzag")):
+        st = plans.plan_stats(Batches(np.array(lens), np.array([3])), 3, policy, 16 if policy == "zigzag_page" else 1,
+                              engine=engine)
+        for impl in ("padded", "pad_at_split"):
+            row = rows[(engine, policy, impl)]
+            assert row["status"] == "ok", row["reason"]
+            assert int(row["bytes_padded"]) == st["rows"][impl][0] * 32 * 4
+            assert int(row["moe_pad_rows"]) == st["moe_pad"][impl][0]
+            assert int(row["attn_pad_rows"]) == st["attn_pad"][impl][0]
+            assert int(row["attn_pad_masked_rows"]) == st["costs"][impl]["attn_pad_masked"][0]
+            assert int(row["total_tokens"]) == st["total"][0]
+    assert rows[("sglang_0_5_23", "zigzag", "pad_at_split")]["attn_pad_masked_rows"] != "0"  # the engine zeroes them
+    skipped = rows[("sglang_0_5_23", "zigzag_page", "pad_at_split")]
+    assert skipped["status"] == "skipped" and "SGLang 0.5.23 has no zigzag_page split" in skipped["reason"]
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
     from matrix import report
 
@@ -103,7 +113,8 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
                         "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
                         "--nccl-tests", str(data / "nccl_tests_sample_reduce_scatter.json")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "## Designs: padded vs pad_at_split" in md and "**Which is cheaper, where:** over 1 point(s)" in md
+    assert "## Designs: padded vs pad_at_split" in md
+    assert "**Which is cheaper, where:** over 3 point(s) (seed_fix, sglang_0_5_23)" in md
     assert "## Collectives predicted from nccl-tests (a model)" in md and "a model, not a measurement" in md
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
     assert "nccl-tests" not in (tmp_path / "rep2" / "report.md").read_text()
