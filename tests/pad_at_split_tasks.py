@@ -52,7 +52,15 @@ def _p_aligned_to_cp(plan):
     return ceil_align(plan.max_rank_len, plan.cp_size)
 
 
+def _supports_even_only(plan):
+    # a plan the implementation's engine would not run: skipped with its reason, not an error
+    return "" if plan.is_even else f"uneven plan {list(plan.per_rank_tokens)}: not this engine's"
+
+
 MUTATIONS = {
+    "supports_even_only": ("supports", _supports_even_only),
+    # legacy's bits claimed on every even plan, also where P*cp > T (its buffer is not legacy's)
+    "bits_always": ("legacy_bits_on_even", True),
     "dirty_padding": ("gather", _gather_dirty_padding),
     "stride_m": ("gather", _gather_at_max_rank_len),
     "keeps_padding": ("scatter", _scatter_keeps_padding),

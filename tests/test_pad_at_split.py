@@ -57,6 +57,8 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
     assert (r.attn_pad_rows, r.moe_pad_rows) == (pad["pad_at_split_attn"], pad["pad_at_split_moe"])
     assert (res["padded"].attn_pad_rows, res["padded"].moe_pad_rows) == (0, pad["padded_moe"])
     assert r.stats["roundtrip"]["p50"] > 0 and "local" not in r.stats  # padded at the split: no per-layer local work
+    # legacy's bits, checked, exactly where no rank is padded (P*cp == T)
+    assert r.even_bitwise_equal is (True if plan.is_even and p * plan.cp_size == plan.total_tokens else None)
 
 
 @pytest.mark.parametrize(
@@ -71,6 +73,7 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
         # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
         ("wrong_p_everywhere", THREE, "physical_len"),
         ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
+        ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
     ],
 )
 def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
@@ -79,6 +82,16 @@ def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
     assert r.status == "failed" and r.correct is False and r.failed_check == check, r.reason
     assert not r.stats  # a failed implementation is never timed
     assert res["padded"].status == "ok", res["padded"].reason  # the other design is unaffected
+
+
+@pytest.mark.parametrize("where,status", [(UNEVEN, "skipped"), (EVEN, "ok")], ids=["uneven", "even"])
+def test_a_plan_the_implementation_does_not_support_is_skipped(rank_pool, where, status):
+    res, _ = run(rank_pool, "supports_even_only", where)
+    r = res["pad_at_split"]
+    assert r.status == status, r.reason
+    if status == "skipped":
+        assert r.reason == "impl=pad_at_split: uneven plan [488, 512]: not this engine's" and not r.stats
+    assert res["padded"].status == "ok"
 
 
 def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):

@@ -61,7 +61,7 @@ CHECKS: dict[str, str] = {
                      "(`max_rel_err`)",
     "even_bitwise": "on an even plan, the gathered buffer and the MoE round trip's output equal legacy's bit for bit, "
                     "legacy recomputed on the same inputs (`even_bitwise_equal`; implementations with "
-                    "`legacy_bits_on_even`)",
+                    "`legacy_bits_on_even`, on the even plans its rule names: `pad_at_split` where `P*cp == T`)",
     "refusal": "an even-only implementation given an uneven plan raised in gather and in scatter on every rank with "
                "no collective issued, whatever path would issue it (`distributed_c10d`, a group's methods, the "
                "functional or object collectives: the CP group's and the default group's sequence numbers unchanged, "
@@ -324,7 +324,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     partial = moe.partial(full, rank, plan.cp_size)
     out = impl.scatter(partial.clone(), plan, group)
     _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
-    if plan.is_even and impl.legacy_bits_on_even:
+    if impl.claims_legacy_bits(plan):
         # Legacy on the same inputs: the padded algorithm with m*cp == T must
         # give its bytes, through the general path (no even-plan shortcut).
         # Decided from the plan alone, so every rank issues these collectives.

@@ -78,7 +78,7 @@ def check_point(
     for name in spec.impls:
         impl = impl_registry.get(name)
         local = shards[rank].clone()
-        reason = impl_registry.skip_reason(impl, backend)
+        reason = impl_registry.skip_reason(impl, backend, plan)
         if reason:
             reports[name] = ImplReport(status="skipped", reason=reason)
         elif impl.mode == "SCATTERED":
