@@ -171,7 +171,10 @@ def test_cli_writes_stats_and_plot(tmp_path):
                         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "plans.json").read_text())
-    assert {(r["cp_size"], r["design"]) for r in out["rows"]} == {(c, d) for c in (2, 8) for d in plans.DESIGNS}
+    assert {(r["engine"], r["cp_size"], r["design"]) for r in out["rows"]} == {
+        (e, c, d) for e in ("seed_fix", "sglang_0_5_23") for c in (2, 8) for d in plans.DESIGNS}
+    assert set(out["meta"]["engines"]) == {"seed_fix", "sglang_0_5_23"}
+    assert "sglang==0.5.23" in out["meta"]["engines"]["sglang_0_5_23"]["source"]
     for r in out["rows"]:
         if r["design"] == "legacy_even":
             assert r["overhead_p99"] == 0
@@ -193,6 +196,8 @@ def one_line_exit_2(main, args, capsys) -> str:
     (["--cp", "0"], "--cp=0"),
     (["--cp", "x"], "--cp=x"),
     (["--policy", "spiral"], "--policy=spiral"),
+    (["--engine", "vllm"], "--engine=vllm: must be one of seed_fix, sglang_0_5_23"),
+    (["--engine", "sglang_0_5_23", "--policy", "zigzag_page"], "no engine of --engine=sglang_0_5_23 has any"),
     (["--workload", "nope"], "workload=nope"),
     (["--batches", "0"], "workload.batches=0"),
     (["--nccl-tests", "/nonexistent.json"], "/nonexistent.json"),
