@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from nsa_cp_comm import engines
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
@@ -51,7 +52,9 @@ NOT_IN_ROWS = ("force", "startup_timeout_s")
 
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
-    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
+    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k != "engine"}
+    if cfg.get("engine", engines.DEFAULT) != engines.DEFAULT:  # the default engine's points keep their ids
+        key["engine"] = cfg["engine"]
     if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
         key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -67,6 +70,8 @@ def effective_id(res: Resolved) -> str:
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
     }
+    if spec.engine != engines.DEFAULT:
+        key["engine"] = spec.engine
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -195,6 +200,7 @@ def build_rows(
             bytes_useful=r.bytes_useful,
             attn_pad_rows=r.attn_pad_rows,
             moe_pad_rows=r.moe_pad_rows,
+            attn_pad_masked_rows=r.attn_pad_masked_rows,
             algbw_padded_GBps=r.algbw_padded_GBps,
             busbw_padded_GBps=r.busbw_padded_GBps,
             algbw_useful_GBps=r.algbw_useful_GBps,

@@ -393,7 +393,8 @@ def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_pat
 
     disk = _full_disk(tmp_path, 8 << 10)  # plans.json fits, the plot does not
     try:
-        assert main(["--batches", "20", "--cp", "8", "--out", str(disk / "p")]) == 2
+        assert main(["--batches", "20", "--cp", "8", "--engine", "seed_fix", "--policy", "zigzag",
+                     "--out", str(disk / "p")]) == 2
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'p'}: cannot write "), err
         assert "No space left on device" in err[0]

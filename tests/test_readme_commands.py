@@ -51,6 +51,7 @@ DRY: tuple[str, ...] = (
     "python -m matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
     "python -m matrix +matrix=smoke results_dir=results/mine resume=true",
     "python -m matrix +matrix=designs results_dir=results/designs",
+    "python -m matrix +matrix=designs engine=sglang_0_5_23 results_dir=results/designs-sglang",
     "python -m matrix -m workload=trace impl=designs cp_size=2,4 hidden_size=256",
 )
 # Not run here, and why.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import engines
 from .. import impls as impl_registry
 from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
@@ -48,6 +49,10 @@ CHECKS: dict[str, str] = {
                     "and the reason names them: nothing is judged on a stand-in)",
     "gather_rows": "every rank's rows are in the gathered buffer byte-exact at the layout's offsets (a wrong rank "
                    "order or offset, a lost row fails)",
+    "physical_len": "an implementation that pads at the split (`pads_split`) gives every rank the physical length "
+                    "of the point's engine's rule (`engine`: `P = ceil_align(max n_r, 2*cp` for zigzag splits, `cp` "
+                    "otherwise`)`, on the engine's own split): a `P` wrong everywhere (gather, declared stride, "
+                    "production form) is consistent with itself and fails only here",
     "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too)",
     "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
@@ -58,7 +63,7 @@ CHECKS: dict[str, str] = {
                      "(`max_rel_err`)",
     "even_bitwise": "on an even plan, the gathered buffer and the MoE round trip's output equal legacy's bit for bit, "
                     "legacy recomputed on the same inputs (`even_bitwise_equal`; implementations with "
-                    "`legacy_bits_on_even`)",
+                    "`legacy_bits_on_even`, on the even plans its rule names: `pad_at_split` where `P*cp == T`)",
     "refusal": "an even-only implementation given an uneven plan raised in gather and in scatter on every rank with "
                "no collective issued, whatever path would issue it (`distributed_c10d`, a group's methods, the "
                "functional or object collectives: the CP group's and the default group's sequence numbers unchanged, "
@@ -157,6 +162,13 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     if diff:
         rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
+    if impl.pads_split and impl.layout == "rank_major_padded":
+        rule = engines.get(plan.engine)
+        want_p = rule.physical_len(plan)
+        if impl.stride(plan) != want_p:
+            rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
+                     f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
+                     f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
         n, s = plan.per_rank_tokens[r], starts[r]
@@ -400,7 +412,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     out = impl.scatter(partial.clone(), plan, group)
     if usable:
         _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
-    if plan.is_even and impl.legacy_bits_on_even:
+    if impl.claims_legacy_bits(plan):
         # Legacy on the same inputs: the padded algorithm with m*cp == T must
         # give its bytes, through the general path (no even-plan shortcut).
         # Decided from the plan alone, so every rank issues these collectives.

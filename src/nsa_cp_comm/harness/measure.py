@@ -91,7 +91,7 @@ def check_point(
         announce_place((AT_CHECKS, i), name)
         impl = impl_registry.get(name)
         local = shards[rank].clone()
-        reason = impl_registry.skip_reason(impl, backend)
+        reason = impl_registry.skip_reason(impl, backend, plan)
         if reason:
             reports[name] = ImplReport(status="skipped", reason=reason)
         elif impl.mode == "SCATTERED":
