@@ -182,7 +182,8 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     # Hydra makes the next job's folder as that job starts; its point then runs
     # for seconds (400 iterations), so the signal lands mid-point, not between points.
     deadline = time.monotonic() + 120
-    while not (res / "1" / "matrix.log").exists() and proc.poll() is None and time.monotonic() < deadline:
+    # Hydra's records: a folder per command under results_dir/hydra/, a folder per job in it
+    while not list(res.glob("hydra/*/1/matrix.log")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
