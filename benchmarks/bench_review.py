@@ -34,6 +34,7 @@ for _p in (REPO, REPO / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from matrix.plan_classes import label  # noqa: E402
 from matrix.results import COLUMNS, RESULTS_FILE  # noqa: E402
 from matrix.runs import RUNS_FILE, run_line  # noqa: E402
 
@@ -86,7 +87,7 @@ def _sweep() -> pd.DataFrame:
                             padded_total=plan.padded_total if plan else np.nan,
                             padding_frac=plan.padding_frac if plan else np.nan,
                             is_even=plan.is_even if plan else None, claim_holds=plan.claim_holds if plan else None,
-                            status=status,
+                            plan_class=label(plan) if plan else "", status=status,
                         ))
     return pd.DataFrame(rows)
 

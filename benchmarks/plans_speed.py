@@ -36,7 +36,8 @@ PLOT_PATH = REPO / "docs" / "plans_overhead.png"
 DOC = REPO / "docs" / "designs.md"
 BLOCK = re.compile(r"(<!-- plans_speed -->\n)(.*?)(\n<!-- /plans_speed -->)", re.S)
 TARGET_S = 30.0
-ARGS = ["--batches", "100000", "--cp", "8,16,32,64,128", "--policy", "zigzag_page,zigzag", "--workload", "lognormal"]
+ARGS = ["--batches", "100000", "--cp", "8,16,32,64,128", "--policy", "zigzag_page,zigzag,round_robin",
+        "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"]
 
 
 def machine() -> dict[str, Any]:
@@ -63,12 +64,13 @@ def measure() -> dict[str, Any]:
         PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(tmp) / "plans_overhead.png", PLOT_PATH)
     meta = out["meta"]
-    overhead = {f"{r['policy']} cp={r['cp_size']} {r['design']}": round(r["overhead_mean"], 4)
-                for r in out["rows"] if r["cp_size"] in (8, 128)}
+    overhead = {f"{r['engine']} {r['policy']} cp={r['cp_size']} {r['design']}": round(r["overhead_mean"], 4)
+                for r in out["rows"] if r["cp_size"] in (8, 128) and r["overhead_mean"] is not None}
     return {
         "command": "python -m matrix.plans " + " ".join(ARGS),
         "wall_s": round(wall, 2), "draw_s": meta["draw_s"], "plans_s": meta["plans_s"],
         "batches": meta["batches"], "requests": meta["requests"], "cp": meta["cp"], "policies": meta["policies"],
+        "splits": meta["splits"],
         "workload": meta["workload"], "target_s": TARGET_S, "load_before": before, "load_after": after,
         "date": dt.date.today().isoformat(), "machine": machine(), "overhead_mean": overhead,
     }
@@ -80,7 +82,7 @@ def render(d: dict[str, Any]) -> str:
         f"Measured with `python benchmarks/plans_speed.py`: `{d['command']}` took {d['wall_s']:.1f} s "
         f"(draw {d['draw_s']:.1f} s, plans {d['plans_s']:.1f} s, the rest start-up, imports, statistics and the plot; target {d['target_s']:.0f} s) "
         f"for {d['batches']} batches ({d['requests']} requests) x {len(d['cp'])} cp sizes x "
-        f"{len(d['policies'])} policies on a {m['nproc']}-core {m['cpu']} machine ({d['date']}); 1-minute load "
+        f"{len(d['splits'])} engine/split pairs on a {m['nproc']}-core {m['cpu']} machine ({d['date']}); 1-minute load "
         f"average {d['load_before']:.1f} before the run, {d['load_after']:.1f} at its end."
     )
     glued = re.sub(r"`[^`]*`", lambda x: x.group(0).replace(" ", "\x00"), text)

@@ -81,11 +81,14 @@ COLUMN_MEANING: dict[str, str] = {
     "effective_page_size": "the page size that shaped the split (1 without shared KV)",
     "effective_id": "hash of what the point measures; a second point with the same one in the same results is "
                     "`skipped`, naming the first",
-    "total_tokens": "`T`: the batch's tokens after padding to `align`",
+    "total_tokens": "`T`: the batch's tokens the split divides (after padding to `align` where the engine pads the "
+                    "batch: `seed_fix`; the raw total for `sglang_0_5_23`)",
     "max_rank_len": "`m`: the most tokens any rank holds",
     "padded_total": "`m * cp`: the padded gather buffer's rows",
     "padding_frac": "`1 - T / (m * cp)`: the share of the padded buffer that is padding",
     "is_even": "every rank holds the same number of tokens",
+    "plan_class": "the plan's classes, `+`-joined: `even`, `uneven_by_one`, `empty_rank`, `paged_uneven`, "
+                  "`many_short`, `longest_not_first` ([plugins.md](plugins.md#plan-classes))",
     "claim_holds": "`m * cp == ceil_align(T, cp)`: the cp alignment alone would size the buffer "
                    "([design.md](design.md), section 2)",
     "status": "the row's outcome (table above); readers go by this column, never by `reason`",
@@ -100,7 +103,10 @@ COLUMN_MEANING: dict[str, str] = {
     "bytes_padded": "bytes of those rows: `S`, what the collectives move",
     "bytes_useful": "bytes of the batch's `T` rows",
     "attn_pad_rows": "padding rows per layer in one rank's attention input (max over ranks; `pad_at_split` only)",
-    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on",
+    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on (no engine masks them "
+                    "on the all-gather path: all processed)",
+    "attn_pad_masked_rows": "of `attn_pad_rows`, those the engine keeps out of attention's output (SGLang 0.5.23 "
+                            "zeroes them: all; `seed_fix`: none, attention computes them)",
     "algbw_padded_GBps": "nccl-tests' algorithm bandwidth over the collective time: `2 * S / t`, `S` the padded "
                          "bytes (cp > 1 only)",
     "busbw_padded_GBps": "nccl-tests' bus bandwidth: `algbw * (cp - 1) / cp`, padded bytes",

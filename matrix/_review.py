@@ -45,7 +45,9 @@ from .runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_versi
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
 # slightly older schema still reports.
-REQUIRED_COLUMNS: tuple[str, ...] = CONFIG_COLUMNS + ("status",)
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c != "engine") + ("status",)
+# Rows of a layout before 4 have no engine column: they were all planned by these rules.
+ENGINE_BEFORE_LAYOUT_4 = "seed_fix"
 # The columns of a loaded run, whatever the file's layout: the rows' own, and
 # the environment of the run each row names.
 READ_COLUMNS: tuple[str, ...] = COLUMNS + tuple(c for c in META_COLUMNS if c not in COLUMNS)
@@ -303,7 +305,7 @@ def _layout_3(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
 
 
 # How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS.
-READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3}
+READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3, 4: _layout_3}
 
 
 def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
@@ -345,12 +347,14 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
             malformed += int(bad.sum())
             frame = frame[~bad.to_numpy()].reset_index(drop=True)
     layout = layout_version(header)
+    if layout < 4:
+        frame["engine"] = pd.Categorical([ENGINE_BEFORE_LAYOUT_4] * len(frame))
     for col in READ_COLUMNS:
-        if col in wanted and col not in frame.columns and not (layout == 3 and col in META_COLUMNS):
+        if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""
     file = _File(frame, layout, malformed=malformed)
     try:
-        runs = read_runs(path.parent) if layout == 3 else Runs()
+        runs = read_runs(path.parent) if layout >= 3 else Runs()
     except inputs.BadInputFile as exc:
         raise InputError(f"{where}: {exc}") from None
     READERS[layout](file, runs, wanted)
@@ -380,14 +384,16 @@ def point_codes(config: pd.DataFrame) -> np.ndarray:
 # of the memory), and factorising them is nearly free. Everything else is text.
 _CATEGORIES: frozenset[str] = frozenset(CONFIG_COLUMNS) | {
     "timeout_s", "results_dir", "resume", _INJECTED_COLUMN, "policy", "effective_page_size", "is_even", "claim_holds",
+    "plan_class",
     "status", "reason", "failed_check", "correct", "even_bitwise_equal", "impl_origin", "device_name", "overrides",
     "run_id", *LAYOUT2_ENV,
 }
 _DTYPES = collections.defaultdict(lambda: str, {c: "category" for c in _CATEGORIES})
 
-# Columns every load reads: the key, the verdict, what layout 1 needs for its
+# Columns every load reads: the key (configuration and bystanders), the verdict, what layout 1 needs for its
 # statuses, and the run each row names.
-BASE_COLUMNS: frozenset[str] = frozenset(REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id"))
+BASE_COLUMNS: frozenset[str] = frozenset(CONFIG_COLUMNS + REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id",
+                                                                       "bystanders"))
 
 
 def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
@@ -415,11 +421,20 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
         raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
     raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
-    raw[POINT_KEY] = point_codes(config)
+    raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
     latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
     return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
                upgraded=_summed(f.upgraded for f in read), malformed=malformed,
                unknown_runs=_summed(f.unknown_runs for f in read), runs_skipped=sum(f.runs_skipped for f in read))
+
+
+def world(rows: pd.DataFrame) -> pd.Series:
+    """Each row's bystander count, canonical ("0" where the file has none):
+    a world larger than the CP group makes another point (as point_id says),
+    so it is part of a point's key beside the configuration columns."""
+    if "bystanders" not in rows:
+        return pd.Series("0", index=rows.index, dtype=object)
+    return canonical_series(rows["bystanders"].astype(object)).replace("", "0")
 
 
 def parse_bool(series: pd.Series) -> pd.Series:

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
+from nsa_cp_comm.engines import NAMES as ENGINES
 from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
 
 
@@ -68,6 +69,8 @@ class MatrixConfig:
     # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
     # batches (matrix.workload.expand_argv); recorded in each row, not in the point's identity
     workload: Optional[Any] = None
+    # conf/engine/NAME: the serving engine whose split and padding the plan follows (nsa_cp_comm.engines)
+    engine: str = "seed_fix"
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
@@ -81,6 +84,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "backend": ("auto", "gloo", "nccl"),
     "device": ("auto", "cpu", "cuda"),
     "dtype": tuple(DTYPES),
+    "engine": ENGINES,
 }
 # Every int key's range: far beyond any real point, but not past what the
 # machine can represent or start (machine-dependent bounds: matrix.budget).
@@ -108,7 +112,7 @@ AUTO_TIMEOUT_MIN_S = 2 * calibrate.TIME_CAP_S
 BOOLS = ("shared_kv", "flush_l2", "resume", "force")
 
 # Config groups and Hydra's own keys that may appear on the command line.
-GROUPS = ("matrix", "layout", "workload")
+GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp", "engine")
 
 
 def _is_int(v: object) -> bool:
@@ -244,6 +248,10 @@ def validate_overrides(overrides: list[str]) -> None:
             raise ConfigError(f"~{key}: a key of the schema cannot be deleted; set it instead ({key}=VALUE)")
         if key in ("hydra.sweep.dir", "hydra.run.dir") and not ov.is_sweep_override():
             check_writable(str(ov.value()), key)
+            continue
+        if key == "engine" and not ov.is_delete():  # a group whose choices are the engines: checked here
+            for v in (list(ov.value().list) if isinstance(ov.value(), ChoiceSweep) else [ov.value()]):
+                validate_value(key, v)
             continue
         if key.startswith("hydra") or key in GROUPS or ov.is_delete():
             continue
@@ -386,6 +394,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
     if not OmegaConf.has_resolver("matrix.job_minutes"):
         OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
+    from .plan_classes import register_resolvers as plan_class_resolvers
+
+    plan_class_resolvers()
 
 
 # Registered on import: a launcher's job (e.g. a SLURM node) imports this

@@ -2,10 +2,13 @@
 
 Both read the report's typed frame, one row per point and impl. A design pair
 is the ``padded`` and ``pad_at_split`` rows of one point (same plan, same
-ranks, same run), both ``ok``. "Cheaper" is judged three ways, each from the
-rows alone: bytes each layer's gather moves (``bytes_padded``), padding rows
-computed per layer (attention: ``attn_pad_rows``; MoE: ``moe_pad_rows``), and
-round-trip time, where a difference within the rows' spread
+ranks, same run, same engine), both ``ok``. "Cheaper" is judged as the
+point's engine pays it (nsa_cp_comm.engines), each from the rows alone: bytes
+each layer's gather moves (``bytes_padded``), padding rows per layer in
+attention (``attn_pad_rows``; computed or zeroed as the engine does) and in
+the MoE (``moe_pad_rows``; every engine computes them on the all-gather path),
+the collectives per layer (one all-gather, one reduce-scatter, either
+design), and round-trip time, where a difference within the rows' spread
 (``roundtrip_iqr_us``) is a tie.
 """
 
@@ -14,11 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nsa_cp_comm import engines
+
 from ._review import frame_md
 
 A, B = "padded", "pad_at_split"
-PAIR_KEEP = ["cp_size", "policy", "page_size", "seq_lens", "bytes_padded", "attn_pad_rows", "moe_pad_rows",
+PAIR_KEEP = ["engine", "cp_size", "policy", "page_size", "seq_lens", "bytes_padded", "attn_pad_rows", "moe_pad_rows",
              "roundtrip_p50_us", "roundtrip_iqr_us", "collective_p50_us"]
+KEYS = 5  # PAIR_KEEP's leading columns: the same in both rows of a pair
 
 
 def pairs(df: pd.DataFrame, pair_key: str) -> pd.DataFrame:
@@ -28,27 +34,49 @@ def pairs(df: pd.DataFrame, pair_key: str) -> pd.DataFrame:
     b = ok[ok["impl"].eq(B)].set_index(pair_key)
     common = a.index.intersection(b.index)
     cols = [c for c in PAIR_KEEP if c in df.columns]
-    out = pd.concat([a.loc[common, cols[:4]], a.loc[common, cols[4:]].add_suffix("_a"),
-                     b.loc[common, cols[4:]].add_suffix("_b")], axis=1)
+    keys = [c for c in cols if c in PAIR_KEEP[:KEYS]]
+    values = [c for c in cols if c not in keys]
+    out = pd.concat([a.loc[common, keys], a.loc[common, values].add_suffix("_a"),
+                     b.loc[common, values].add_suffix("_b")], axis=1)
     return out.reset_index(drop=True)
 
 
+def _engine_of(p: pd.DataFrame) -> pd.Series:
+    if "engine" not in p:
+        return pd.Series(engines.DEFAULT, index=p.index)
+    return p["engine"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT)
+
+
 def _layout(p: pd.DataFrame) -> pd.Series:
-    return p["policy"].astype(str).where(p["policy"].ne("zigzag_page"),
-                                          "zigzag_page/" + p["page_size"].astype("Int64").astype(str))
+    """The split as the row's engine names it (SGLang's round_robin is its interleave)."""
+    named = [engines.get(e).strategy_names(pol) if e in engines.NAMES else pol
+             for e, pol in zip(_engine_of(p), p["policy"].astype(str))]
+    out = pd.Series(named, index=p.index)
+    return out.where(p["policy"].ne("zigzag_page"), "zigzag_page/" + p["page_size"].astype("Int64").astype(str))
 
 
-def section(df: pd.DataFrame, pair_key: str) -> list[str]:
-    """Markdown lines answering "which design is cheaper, where, by how much"."""
+def _masks_attention(p: pd.DataFrame) -> pd.Series:
+    return _engine_of(p).map(lambda e: engines.get(e).attn_pad_masked if e in engines.NAMES else False)
+
+
+def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
+    """Markdown lines answering "which design is cheaper, where, by how much",
+    per engine (``table``: how a table becomes a block; the report keeps it as records)."""
     if "impl" not in df or not df["impl"].eq(B).any():
         return []
     p = pairs(df, pair_key)
     lines = ["`padded` pads each shard to `m = max n_r` inside the gather only; `pad_at_split` pads every "
-             "rank to `P = ceil_align(m, 2*cp zigzag | cp)` at the split, so attention and the MoE process "
-             "the padding rows too. Per point: both `ok` on the same plan and ranks.", ""]
+             "rank to the engine's `P = ceil_align(m, 2*cp zigzag | cp)` at the split, so the padding rows pass "
+             "through every layer: attention computes them (the seed fix's engine) or zeroes their output "
+             "(SGLang 0.5.23: masked), the MoE computes them (no engine masks the all-gather MoE's input). Each "
+             "design issues one all-gather and one reduce-scatter per layer. Per point: both `ok` on the same "
+             "plan, ranks and engine.", ""]
     if p.empty:
         return lines + ["No point has both designs `ok`: nothing to compare (see Verdicts)."]
-    p = p.assign(layout=_layout(p))
+    p = p.assign(layout=_layout(p), engine=_engine_of(p))
+    masked = _masks_attention(p)
+    p["attn_processed_b"] = p["attn_pad_rows_b"].where(~masked, 0)
+    p["attn_masked_b"] = p["attn_pad_rows_b"].where(masked, 0)
     spread = np.fmax(p["roundtrip_iqr_us_a"].fillna(0), p["roundtrip_iqr_us_b"].fillna(0))
     diff = p["roundtrip_p50_us_b"] - p["roundtrip_p50_us_a"]
     p["time"] = np.where(diff.abs() <= spread, "tie", np.where(diff < 0, B, A))
@@ -57,13 +85,14 @@ def section(df: pd.DataFrame, pair_key: str) -> list[str]:
     p["extra_bytes"] = p["bytes_padded_b"] / p["bytes_padded_a"] - 1
     p["extra_moe"] = p["moe_pad_rows_b"] - p["moe_pad_rows_a"]
     p["time_ratio"] = p["roundtrip_p50_us_b"] / p["roundtrip_p50_us_a"]
-    g = p.groupby(["cp_size", "layout"], observed=True)
+    g = p.groupby(["engine", "cp_size", "layout"], observed=True)
     summary = pd.DataFrame({
         "points": g.size(),
         "fewer bytes": g["bytes"].agg(lambda s: _tally(s)),
         "pad_at_split extra bytes (max)": g["extra_bytes"].max().map(lambda v: f"{100 * v:+.2f}%"),
-        "pad_at_split extra MoE pad rows (max)": g["extra_moe"].max().astype("Int64"),
-        "attn pad rows, pad_at_split (max)": g["attn_pad_rows_b"].max().astype("Int64"),
+        "pad_at_split extra MoE pad rows, processed (max)": g["extra_moe"].max().astype("Int64"),
+        "attn pad rows, pad_at_split: processed (max)": g["attn_processed_b"].max().astype("Int64"),
+        "masked (max)": g["attn_masked_b"].max().astype("Int64"),
         "faster (beyond spread)": g["time"].agg(lambda s: _tally(s)),
         "time pad_at_split/padded (median)": g["time_ratio"].median().map(lambda v: f"{v:.3f}"),
     }).reset_index()
@@ -71,17 +100,20 @@ def section(df: pd.DataFrame, pair_key: str) -> list[str]:
     fewer_a, fewer_b = int((p["bytes"] == A).sum()), int((p["bytes"] == B).sum())
     fast_a, fast_b = int((p["time"] == A).sum()), int((p["time"] == B).sum())
     worst = p.loc[p["extra_bytes"].idxmax()]
+    attn = (f"`pad_at_split` also holds up to {int(p['attn_pad_rows_b'].max())} padding rows in each rank's "
+            f"attention per layer (computed: up to {int(p['attn_processed_b'].max())}, zeroed by the engine: up to "
+            f"{int(p['attn_masked_b'].max())}), `padded` none.")
     answer = (
-        f"**Which is cheaper, where:** over {n} point(s), `padded` moves fewer bytes on {fewer_a}, "
-        f"`pad_at_split` on {fewer_b}, the same on {n - fewer_a - fewer_b} (`P >= m`, so never fewer for "
-        f"`pad_at_split`); the largest difference is {100 * worst['extra_bytes']:+.2f}% at cp={worst['cp_size']} "
-        f"{worst['layout']} {worst['seq_lens']}. `pad_at_split` also computes up to "
-        f"{int(p['attn_pad_rows_b'].max())} padding rows in each rank's attention per layer, `padded` none. "
+        f"**Which is cheaper, where:** over {n} point(s) ({', '.join(sorted(p['engine'].unique()))}), `padded` "
+        f"moves fewer bytes on {fewer_a}, `pad_at_split` on {fewer_b}, the same on {n - fewer_a - fewer_b} "
+        f"(`P >= m`, so never fewer for `pad_at_split`); the largest difference is "
+        f"{100 * worst['extra_bytes']:+.2f}% at {worst['engine']} cp={worst['cp_size']} {worst['layout']} "
+        f"{worst['seq_lens']}. {attn} "
         f"In time, `padded` is faster beyond the spread on {fast_a}, `pad_at_split` on {fast_b}, a tie on "
         f"{n - fast_a - fast_b} (median ratio pad_at_split/padded {p['time_ratio'].median():.3f}; on CPU/gloo "
         f"the time is this machine's, not a GPU's: the bytes and rows carry over, the times do not)."
     )
-    lines += [answer, "", "By cp size and layout:", "", frame_md(summary)]
+    lines += [answer, "", "By engine, cp size and layout:", "", table(summary)]
     return lines
 
 
@@ -90,8 +122,9 @@ def _tally(s: pd.Series) -> str:
     return ", ".join(f"{k} {int(c[k])}" for k in (A, B, "tie") if k in c)
 
 
-def model_section(df: pd.DataFrame, model) -> list[str]:
-    """Predicted (nccl-tests model) beside measured collective time, per timed round-trip row."""
+def model_section(df: pd.DataFrame, model, table=frame_md) -> list:
+    """Predicted (nccl-tests model) beside measured collective time, per timed round-trip row
+    (``table``: as in :func:`section`)."""
     lines = [f"**This is {model.describe()}.**", ""]
     need = {"collective_p50_us", "bytes_padded", "cp_size"}
     if not need <= set(df.columns):
@@ -109,7 +142,7 @@ def model_section(df: pd.DataFrame, model) -> list[str]:
     })
     by_impl = out.groupby("impl")["model (us)"].median().round(1)
     lines += ["Predicted gather + reduce-scatter time at each row's buffer bytes beside the measured collective "
-              "time (`collective_p50_us`):", "", frame_md(out.head(12))]
+              "time (`collective_p50_us`):", "", table(out.head(12))]
     if len(out) > 12:
         lines += ["", f"({len(out) - 12} more rows not shown)"]
     lines += ["", "Median modelled time per design: " + ", ".join(f"`{k}` {v} us" for k, v in by_impl.items())]

@@ -66,6 +66,7 @@ MEANING: dict[str, str] = {
     "resume": "rerun only points without a row or whose rows are error/timeout",
     "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
     "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
+    "engine": "a config group, engine=NAME: the serving engine whose split and padding rules the plans follow",
 }
 
 
@@ -101,7 +102,7 @@ def _comment(path: Path) -> str:
 
 
 def _group(name: str) -> list[str]:
-    plus = "" if name == "workload" else "+"  # workload is in the defaults list: set, not added
+    plus = "" if name in ("workload", "engine") else "+"  # in the defaults list: set, not added
     return [f"  {plus}{name}={p.stem:<16} {_comment(p)}" for p in sorted((CONF_DIR / name).glob("*.yaml"))]
 
 
@@ -141,8 +142,14 @@ def text() -> str:
         "layouts (split settings; sweep several with -m +layout=a,b):",
         *_group("layout"),
         "",
+        "plan classes (seq_lens and split giving a plan of that class at the point's cp; -m +plan_class=a,b):",
+        *_group("plan_class"),
+        "",
         "workloads (request lengths drawn or read; each batch a point):",
         *_group("workload"),
+        "",
+        "engines (whose split and padding rules the plans follow; sweep with -m engine=a,b):",
+        *_group("engine"),
         "",
         f"review: {' '.join(command('report'))} RESULTS_DIR; {' '.join(command('compare'))} BASE_DIR NEW_DIR",
         f"Hydra's own help: {app} --hydra-help",

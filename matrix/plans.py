@@ -1,23 +1,29 @@
-"""Plans at scale, without ranks: what each design pads and moves, for many batches at large cp.
+"""Plans at scale, without ranks: what each design pads and moves, for many batches at large cp, per engine.
 
 ``python -m matrix.plans`` draws batches from a workload (conf/workload/), splits
-every batch at every cp size with numpy (the same split as the library's
-``plan_split``, vectorised over batches: a property test holds them equal) and
-reports, per cp and design, the rows each rank's attention and MoE process and
-the bytes every layer's gather moves:
+every batch at every cp size by each engine's rules (nsa_cp_comm.engines: the
+seed fix's engine pads the batch to a multiple of cp first, SGLang 0.5.23
+splits the raw lengths and refuses some batches) with numpy (the same split
+as ``Engine.plan``, vectorised over batches: a property test holds them
+equal) and reports, per engine, cp and design, what every layer's MoE round
+trip costs as the engine pays it (``Engine.costs``):
 
-- ``legacy_even``: the lower bound, the batch split evenly (``T/cp`` rows per
-  rank, no padding): what the old path moves when a split happens to be even;
+- ``legacy_even``: the lower bound, the raw batch moved once with no padding;
 - ``padded``: the padded communicator, every shard padded to ``m = max_r n_r``
   inside the gather (``m*cp`` rows; attention sees no padding);
-- ``pad_at_split``: the serving engine's rule, every rank padded at the split
-  to ``P = ceil_align(m, align)`` (``2*cp`` for zigzag splits, ``cp``
-  otherwise; ``P*cp`` rows; attention and the MoE process the padding).
+- ``pad_at_split``: every rank padded at the split to the engine's
+  ``P = ceil_align(m, align)`` (``2*cp`` for zigzag splits, ``cp``
+  otherwise; ``P*cp`` rows).
 
-Overhead is a design's gathered rows over ``T`` minus one. The plot draws its
-mean and p99 against cp per design. With ``--nccl-tests`` JSON files, each
-design's predicted collective time per layer is added (a model: nccl-tests'
-figures interpolated at the design's bytes, matrix.nccl_tests).
+Per design: the gathered rows over the raw tokens minus one (overhead), the
+padding rows in one rank's attention and in the MoE's buffer, each split into
+processed and masked as the engine does, the collectives per layer and the
+bytes. A batch the engine runs without CP (its ``can_apply`` refusal) moves
+nothing: it is counted in ``refused_frac`` and left out of the overheads. The
+plot draws mean and p99 overhead against cp per design. With ``--nccl-tests``
+JSON files, each design's predicted collective time per layer is added (a
+model: nccl-tests' figures interpolated at the design's bytes,
+matrix.nccl_tests).
 
 Bad input: one line naming the option and value, exit 2.
 """
@@ -32,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nsa_cp_comm.pad_at_split import split_align
+from nsa_cp_comm import engines
 from nsa_cp_comm.plan import POLICIES
 
 from . import command
@@ -40,7 +46,9 @@ from .inputs import error_line
 from .outputs import check_dir, write_atomic
 from .workload import Batches, WorkloadError, draw, load
 
-DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
+DESIGNS: tuple[str, ...] = engines.DESIGNS
+# Per design: the costs Engine.costs gives, per batch.
+COSTS: tuple[str, ...] = ("attn_pad_processed", "attn_pad_masked", "moe_pad_processed", "moe_pad_masked")
 CP_MAX = 1024
 CHUNK = 8192  # batches per vectorised step: bounds memory at cp=128 to tens of MB
 PLOT = "plans_overhead.png"
@@ -61,18 +69,19 @@ def _block_counts(rem: np.ndarray, batch: np.ndarray, nb: int, n: int, cp: int) 
 
 
 def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
-                    align: int | None = None) -> np.ndarray:
+                    align: int | None = None, pad_batch: bool = True) -> np.ndarray:
     """``[B, cp]``: every batch's tokens per rank, as ``plan_split(batch, cp,
-    policy=..., page_size=..., align=...).per_rank_tokens``."""
+    policy=..., page_size=..., align=..., pad_batch=...).per_rank_tokens``."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")
     align = cp if align is None else align
     nb = len(batches)
     starts = batches.starts()
     sums = np.add.reduceat(batches.lens, starts)
-    total = _ceil_align(sums, align)
+    total = _ceil_align(sums, align) if pad_batch else sums
     if policy == "round_robin":
-        return np.repeat((total // cp)[:, None], cp, axis=1)
+        q, rem = np.divmod(total, cp)
+        return q[:, None] + (np.arange(cp)[None, :] < rem[:, None])
     padded = batches.lens.copy()
     padded[starts + batches.sizes - 1] += total - sums  # the last request takes the batch's padding
     batch = np.repeat(np.arange(nb, dtype=np.int64), batches.sizes)
@@ -101,45 +110,62 @@ def _subset(batches: Batches, lo: int, hi: int) -> Batches:
     return Batches(batches.lens[a:b], batches.sizes[lo:hi])
 
 
-def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align: int | None = None) -> dict:
-    """Per batch (arrays of length B): ``total`` T, ``max`` m, ``min`` min_r n_r,
-    ``physical`` P, and per design the gathered rows, attention padding rows
-    (one rank's, max over ranks) and MoE padding rows (every rank's MoE)."""
+def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align: int | None = None,
+               engine: str = engines.DEFAULT) -> dict:
+    """Per batch (arrays of length B), by ``engine``'s rules: ``raw`` tokens,
+    ``total`` T (what the split divides), ``max`` m, ``min`` min_r n_r,
+    ``physical`` P, ``refused`` (the engine runs the batch without CP), and
+    per design (``costs[design]``, :func:`nsa_cp_comm.engines.design_costs`)
+    the gathered rows, the padding rows processed and masked, the collectives."""
+    rules = engines.get(engine)
     parts = []
     for lo in range(0, len(batches), CHUNK):
-        n = per_rank_tokens(_subset(batches, lo, min(lo + CHUNK, len(batches))), cp, policy, page_size, align)
+        n = per_rank_tokens(_subset(batches, lo, min(lo + CHUNK, len(batches))), cp, policy, page_size, align,
+                            pad_batch=rules.pads_batch)
         parts.append(np.stack([n.sum(axis=1), n.max(axis=1), n.min(axis=1)], axis=1))
     tot, mx, mn = np.concatenate(parts).T
-    phys = _ceil_align(mx, split_align(policy, cp))
-    zero = np.zeros_like(tot)
+    starts = batches.starts()
+    raw = np.add.reduceat(batches.lens, starts)
+    shortest = np.minimum.reduceat(batches.lens, starts)
+    refused = np.asarray(rules.refuses(shortest, raw, cp, policy), dtype=bool) & np.ones(len(raw), dtype=bool)
+    costs = engines.design_costs(rules, raw, tot, mx, mn, cp, policy, refused)
     return {
-        "total": tot, "max": mx, "min": mn, "physical": phys,
-        "rows": {"legacy_even": tot, "padded": mx * cp, "pad_at_split": phys * cp},
-        "attn_pad": {"legacy_even": zero, "padded": zero, "pad_at_split": phys - mn},
-        "moe_pad": {"legacy_even": zero, "padded": mx * cp - tot, "pad_at_split": phys * cp - tot},
+        "raw": raw, "total": tot, "max": mx, "min": mn, "physical": _ceil_align(mx, rules.split_align(policy, cp)),
+        "refused": refused, "costs": costs,
+        "rows": {d: costs[d]["rows"] for d in DESIGNS},
+        "attn_pad": {d: costs[d]["attn_pad_processed"] + costs[d]["attn_pad_masked"] for d in DESIGNS},
+        "moe_pad": {d: costs[d]["moe_pad_processed"] + costs[d]["moe_pad_masked"] for d in DESIGNS},
     }
 
 
-def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, model=None) -> list[dict]:
-    """One row per design: overhead, padding rows and bytes, p50 / p99 / mean over the batches."""
+def _pct(x: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(x, q)) if len(x) else None
+
+
+def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, model=None,
+              engine: str = engines.DEFAULT) -> list[dict]:
+    """One row per design: overhead, padding rows (processed, masked) and
+    bytes, p50 / p99 / mean over the batches the engine runs with CP."""
     rows = []
-    tot = stats["total"]
+    cp_run = ~stats["refused"]
+    raw = stats["raw"][cp_run]
     for d in DESIGNS:
-        r = stats["rows"][d]
-        over = r / tot - 1.0
-        gbytes = r * hidden * itemsize
+        c = {k: v[cp_run] for k, v in stats["costs"][d].items()}
+        over = c["rows"] / raw - 1.0
+        gbytes = c["rows"] * hidden * itemsize
         row = {
-            "cp_size": cp, "policy": policy, "design": d, "batches": len(tot),
-            "overhead_mean": float(over.mean()), "overhead_p50": float(np.percentile(over, 50)),
-            "overhead_p99": float(np.percentile(over, 99)), "overhead_max": float(over.max()),
-            "attn_pad_rows_p50": float(np.percentile(stats["attn_pad"][d], 50)),
-            "attn_pad_rows_p99": float(np.percentile(stats["attn_pad"][d], 99)),
-            "moe_pad_rows_p50": float(np.percentile(stats["moe_pad"][d], 50)),
-            "moe_pad_rows_p99": float(np.percentile(stats["moe_pad"][d], 99)),
-            "gather_MB_mean": float(gbytes.mean() / 1e6),
-            "gather_MB_p99": float(np.percentile(gbytes, 99) / 1e6),
+            "engine": engine, "cp_size": cp, "policy": policy,
+            "strategy": engines.get(engine).strategy_names(policy), "design": d, "batches": len(stats["raw"]),
+            "refused_frac": float(stats["refused"].mean()) if len(stats["raw"]) else 0.0,
+            "overhead_mean": float(over.mean()) if len(over) else None, "overhead_p50": _pct(over, 50),
+            "overhead_p99": _pct(over, 99), "overhead_max": float(over.max()) if len(over) else None,
+            "collectives_per_layer": int(c["collectives"].max()) if len(over) else 0,
+            "gather_MB_mean": float(gbytes.mean() / 1e6) if len(over) else None,
+            "gather_MB_p99": (_pct(gbytes, 99) or 0.0) / 1e6 if len(over) else None,
         }
-        if model is not None:
+        for k in COSTS:
+            row[f"{k}_p50"], row[f"{k}_p99"] = _pct(c[k], 50), _pct(c[k], 99)
+        if model is not None and len(over):
             t = model.predict(gbytes, cp)
             if t is not None:
                 row["predicted_collective_us_p50"] = float(np.percentile(t, 50))
@@ -153,26 +179,31 @@ def plot(rows: list[dict], title: str):
 
     fig, ax = _figure(title)
     colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
-    policies = sorted({r["policy"] for r in rows})
-    styles = dict(zip(policies, ("-", "--", ":")))
-    for pol in policies:
-        for d in DESIGNS:
-            s = sorted((r for r in rows if r["policy"] == pol and r["design"] == d), key=lambda r: r["cp_size"])
+    splits = sorted({(r["engine"], r["policy"]) for r in rows})
+    styles = dict(zip(splits, ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)))))
+    for eng, pol in splits:
+        for d in DESIGNS[1:]:  # legacy_even, the raw batch, is the 0 line
+            s = sorted((r for r in rows if (r["engine"], r["policy"], r["design"]) == (eng, pol, d)
+                        and r["overhead_mean"] is not None), key=lambda r: r["cp_size"])
             cps = [r["cp_size"] for r in s]
-            ax.plot(cps, [100 * r["overhead_mean"] for r in s], styles[pol], color=colours[d], marker="o",
-                    label=f"{d}, {pol}: mean")
-            ax.plot(cps, [100 * r["overhead_p99"] for r in s], styles[pol], color=colours[d], marker="^",
-                    alpha=0.5, label=f"{d}, {pol}: p99")
+            label = f"{d}, {eng} {s[0]['strategy'] if s else pol}"
+            ax.plot(cps, [100 * r["overhead_mean"] for r in s], linestyle=styles[(eng, pol)], color=colours[d],
+                    marker="o", label=f"{label}: mean")
+            ax.plot(cps, [100 * r["overhead_p99"] for r in s], linestyle=styles[(eng, pol)], color=colours[d],
+                    marker="^", alpha=0.5, label=f"{label}: p99")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("cp size")
-    ax.set_ylabel("gathered rows over tokens - 1 (%)")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.set_ylabel("gathered rows over raw tokens - 1 (%; legacy_even: 0)")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["cp_size", "policy", "design", "overhead_mean", "overhead_p99", "attn_pad_rows_p99",
-            "moe_pad_rows_p99", "gather_MB_mean"]
+    cols = ["engine", "cp_size", "strategy", "design", "refused_frac", "overhead_mean", "overhead_p99",
+            "attn_pad_processed_p99", "attn_pad_masked_p99", "moe_pad_processed_p99", "collectives_per_layer",
+            "gather_MB_mean"]
+    if any(r.get("moe_pad_masked_p99") for r in rows):
+        cols.insert(cols.index("collectives_per_layer"), "moe_pad_masked_p99")
     if any("predicted_collective_us_p50" in r for r in rows):
         cols += ["predicted_collective_us_p50", "predicted_collective_us_p99"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -180,7 +211,12 @@ def table(rows: list[dict]) -> str:
         cells = []
         for c in cols:
             v = r.get(c, "")
-            cells.append(f"{100 * v:.2f}%" if c.startswith("overhead") else f"{v:.4g}" if isinstance(v, float) else str(v))
+            if v is None:
+                cells.append("-")
+            elif c.startswith("overhead") or c == "refused_frac":
+                cells.append(f"{100 * v:.2f}%")
+            else:
+                cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -207,7 +243,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, default=100_000, help="batches to draw (the workload's K)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--cp", default="8,16,32,64,128", help="cp sizes, comma-separated")
-    ap.add_argument("--policy", default="zigzag_page,zigzag", help="split policies, comma-separated")
+    ap.add_argument("--policy", default="zigzag_page,zigzag,round_robin",
+                    help="split policies, comma-separated (each engine plans those it has; round_robin is SGLang's "
+                         "interleave)")
+    ap.add_argument("--engine", default=",".join(engines.NAMES),
+                    help=f"engines whose rules plan the batches, comma-separated ({', '.join(engines.NAMES)})")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--hidden-size", type=int, default=7168)
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(ITEMSIZE))
@@ -230,6 +270,13 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     for p in policies:
         if p not in POLICIES:
             raise SystemExit(_usage(f"--policy={p}: must be one of {', '.join(POLICIES)}"))
+    names = [e.strip() for e in args.engine.split(",")]
+    for e in names:
+        if e not in engines.NAMES:
+            raise SystemExit(_usage(f"--engine={e}: must be one of {', '.join(engines.NAMES)}"))
+    pairs = [(e, p) for e in names for p in policies if p in engines.get(e).strategies]
+    if not pairs:
+        raise SystemExit(_usage(f"--policy={args.policy}: no engine of --engine={args.engine} has any of these splits"))
     for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16)):
         if not 1 <= v <= hi:
             raise SystemExit(_usage(f"{name}={v}: must be an integer in [1, {hi}]"))
@@ -260,12 +307,16 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         raise SystemExit(_usage(str(exc))) from None
     t_draw = time.perf_counter() - t0
     rows = []
-    for pol in policies:
+    for eng, pol in pairs:
         for cp in cps:
-            st = plan_stats(batches, cp, pol, page_size=args.page_size)
-            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model))
+            st = plan_stats(batches, cp, pol, page_size=args.page_size, engine=eng)
+            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model, engine=eng))
     t_plans = time.perf_counter() - t0 - t_draw
     meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
+            "engines": {e: {"title": engines.get(e).title, "source": engines.get(e).source} for e in names},
+            "splits": [f"{e}/{p}" for e, p in pairs],
+            "not_planned": [f"{e}/{p}: {engines.get(e).strategy_refusal(p)}" for e in names for p in policies
+                            if (e, p) not in pairs],
             "cp": cps, "policies": policies, "page_size": args.page_size, "hidden_size": args.hidden_size,
             "dtype": args.dtype, "draw_s": round(t_draw, 3), "plans_s": round(t_plans, 3),
             "model": model.describe() if model is not None else None}
@@ -294,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     print(f"workload: {meta['workload']} ({meta['requests']} requests)")
-    print(f"{meta['batches']} batches x cp {meta['cp']} x {', '.join(meta['policies'])}: "
+    print(f"{meta['batches']} batches x cp {meta['cp']} x {', '.join(meta['splits'])}: "
           f"drawn in {meta['draw_s']:.2f} s, planned in {meta['plans_s']:.2f} s")
+    for line in meta["not_planned"]:
+        print(f"not planned: {line}")
     if meta["model"]:
         print(f"predicted collective times: {meta['model']}")
     print(table(rows))

@@ -1,6 +1,11 @@
 """The report's three plots, rendered in memory as PNG bytes (matplotlib, Agg).
 
 Input: the report's typed frame, one row per point. Contracts every plot keeps:
+- implementations are set side by side on the same points only: where the
+  frame has the report's ``_common`` column, lines (latency) and markers
+  (bandwidth) are over the points every impl of the cp size was timed at; a
+  point timed by only some impls is a hollow marker without a line (latency)
+  or faded (bandwidth);
 - timing plots use only rows with status ``ok`` and a value (refused,
   passthrough, skipped and failing rows carry no measurement), of the round
   trip (the MoE all-to-all at SCATTERED points is another operation);
@@ -24,6 +29,7 @@ from ._review import fmt
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
 BUSBW_PNG = "busbw.png"
+COMMON = "_common"  # matrix.report.COMMON: a point every impl of its cp size was timed at
 
 # Filled-capable markers only: the bandwidth plot draws each one hollow too.
 MARKERS = "osD^vP*h"
@@ -109,9 +115,12 @@ def latency(df: pd.DataFrame):  # -> Figure
     if d.empty:
         return _finish(fig, ax, "timed ok points")
     colour_keys = _mixed(d) + ["cp_size"]
-    g = d.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    groups = _keys(g, colour_keys)
-    impls = sorted(g["impl"].unique())
+    same = d[d[COMMON].astype(bool)] if COMMON in d else d
+    apart = d[~d[COMMON].astype(bool)] if COMMON in d else d.iloc[:0]
+    g = same.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    g_apart = apart.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    groups = _keys(d, colour_keys)
+    impls = sorted(d["impl"].unique())
     colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
     styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(impls)}
@@ -121,10 +130,20 @@ def latency(df: pd.DataFrame):  # -> Figure
         s = s.sort_values("total_tokens")
         ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=colors[label], linestyle=styles[impl],
                 marker=markers[impl], markersize=6)
-    _log_if_wide(ax, g["total_tokens"], "x")
-    _log_if_wide(ax, g["roundtrip_p50_us"], "y")
-    return _finish(fig, ax, None, _proxies(colors, markers, styles),
-                   title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
+    for keys, s in g_apart.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        ax.scatter(s["total_tokens"], s["roundtrip_p50_us"], facecolors="none", edgecolors=color, marker=marker,
+                   s=36, linewidths=1.2)
+    both = pd.concat([g, g_apart])
+    _log_if_wide(ax, both["total_tokens"], "x")
+    _log_if_wide(ax, both["roundtrip_p50_us"], "y")
+    groups_ = _proxies(colors, markers, styles)
+    if len(g_apart):
+        from matplotlib.patches import Patch
+
+        groups_.append([Patch(facecolor="none", edgecolor="0.2", label="hollow, no line: timed by\nonly some impls")])
+    return _finish(fig, ax, None, groups_, title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
 
 
 def _layout(plans: pd.DataFrame) -> pd.Series:
@@ -181,24 +200,30 @@ def busbw(df: pd.DataFrame):  # -> Figure
            & df["mlp_mode"].ne("SCATTERED")]
     if d.empty:
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
+    # side by side on the same points: the points timed by only some impls faded
+    same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
     colour_keys = _mixed(d) + ["cp_size"]
     groups = _keys(d, colour_keys)
     impls = sorted(d["impl"].unique())
     colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
-    padded = d.groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
     # hollow markers only where padding exists: elsewhere they would sit on the filled ones
-    u = d[d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])]
-    useful = u.groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median().reset_index()
-    for keys, s in padded.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
-        ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30)
-    for keys, s in useful.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
-        ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
-                   s=30, linewidths=1.2)
+    pads = d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])
+    drawn = []
+    for part, alpha in ((same, 1.0), (~same, 0.35)):
+        padded = d[part].groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
+        useful = d[part & pads].groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median()
+        useful = useful.reset_index()
+        for keys, s in padded.groupby(colour_keys + ["impl"]):
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+            ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30, alpha=alpha)
+        for keys, s in useful.groupby(colour_keys + ["impl"]):
+            keys = keys if isinstance(keys, tuple) else (keys,)
+            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+            ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
+                       s=30, linewidths=1.2, alpha=alpha)
+        drawn += [padded["bytes_padded"], useful["bytes_useful"]]
     from matplotlib.patches import Patch
 
     # fill is shown by patches, a shape no impl uses, so it cannot be read as an impl
@@ -206,7 +231,10 @@ def busbw(df: pd.DataFrame):  # -> Figure
         Patch(facecolor="0.4", edgecolor="0.2", label="filled: padded bytes"),
         Patch(facecolor="none", edgecolor="0.2", label="hollow: useful bytes\n(plans with padding)"),
     ]
-    _log_if_wide(ax, pd.concat([padded["bytes_padded"], useful["bytes_useful"]]), "x")
+    if not same.all():
+        ax.set_title(f"{ax.get_title()}\nfaded: points timed by only some impls, none beside them")
+        fills.append(Patch(facecolor="0.4", edgecolor="0.2", alpha=0.35, label="faded: timed by\nonly some impls"))
+    _log_if_wide(ax, pd.concat(drawn), "x")
     return _finish(fig, ax, None, [*_proxies(colors, markers), fills],
                    title=f"colour: {_colour_title(colour_keys)}\nmarker: impl\nfill: bytes counted")
 

@@ -21,11 +21,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from nsa_cp_comm import engines
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
 from . import command
 from .config import KEYS, ConfigError, override_value, validate
+from .plan_classes import label as plan_label
+from .repro_env import env_prefix
 from .resolve import Resolved, resolve
 from .samples import append_samples
 from .results import (
@@ -49,7 +52,9 @@ NOT_IN_ROWS = ("force", "startup_timeout_s")
 
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
-    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}
+    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k != "engine"}
+    if cfg.get("engine", engines.DEFAULT) != engines.DEFAULT:  # the default engine's points keep their ids
+        key["engine"] = cfg["engine"]
     if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
         key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -65,6 +70,8 @@ def effective_id(res: Resolved) -> str:
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
     }
+    if spec.engine != engines.DEFAULT:
+        key["engine"] = spec.engine
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -85,9 +92,11 @@ def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[
 def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit,
     every value quoted for Hydra and the shell) into a fresh results_dir,
-    naming the app as it runs now (:func:`matrix.command`). Provenance only:
-    neither ``point_id`` nor resume reads it."""
-    parts = command()
+    naming the app as it runs now (:func:`matrix.command`), after the
+    environment the point needs (matrix.repro_env: ``env PYTHONPATH=... K=V``,
+    with the directory an outside implementation was imported from).
+    Provenance only: neither ``point_id`` nor resume reads it."""
+    parts = [*env_prefix(str(cfg["impl"])), *command()]
     for k in KEYS:
         if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s") and cfg[k] in (False, 0, None)):
             continue
@@ -171,6 +180,7 @@ def build_rows(
         padded_total=plan.padded_total,
         padding_frac=plan.padding_frac,
         is_even=plan.is_even,
+        plan_class=plan_label(plan),
         claim_holds=plan.claim_holds,
     )
     rows = []
@@ -190,6 +200,7 @@ def build_rows(
             bytes_useful=r.bytes_useful,
             attn_pad_rows=r.attn_pad_rows,
             moe_pad_rows=r.moe_pad_rows,
+            attn_pad_masked_rows=r.attn_pad_masked_rows,
             algbw_padded_GBps=r.algbw_padded_GBps,
             busbw_padded_GBps=r.busbw_padded_GBps,
             algbw_useful_GBps=r.algbw_useful_GBps,
@@ -238,12 +249,22 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
                         start_timeout_s=startup_bound(cfg, res), start_retries=1)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
+    fresh: list[Any] = []
+
+    def restart() -> Any:
+        # A failed implementation's peers are rerun on fresh ranks: the warm
+        # pool the next point gets.
+        fresh.append(get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
+                              start_timeout_s=startup_bound(cfg, res), start_retries=1))
+        return fresh[-1]
+
     try:
-        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"])
+        results = run_point(res.spec, pool, timeout_s=cfg["timeout_s"], fresh=restart)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-        pool.close(graceful=False)
+        for p in (pool, *fresh):
+            p.close(graceful=False)
         return every_impl(res, "error", one_line_error(exc))
-    return _after_point_check(pool, results, cfg["timeout_s"])
+    return _after_point_check(fresh[-1] if fresh else pool, results, cfg["timeout_s"])
 
 
 def startup_bound(cfg: Mapping[str, Any], res: Resolved) -> float:

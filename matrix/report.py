@@ -1,6 +1,6 @@
-"""Summarise a results table into ``report.md``, ``report_appendix.md`` and three PNG plots.
+"""Summarise a results table into ``report.json``, ``report.md``, ``report_appendix.md`` and three PNG plots.
 
-    python -m matrix.report RESULTS [--out DIR]
+    python -m matrix.report RESULTS [--out DIR] [--reference NAME]
 
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
@@ -9,10 +9,24 @@ CSV (or into the directory given, when several were concatenated), or into
 
 report.md is what a reviewer reads in a minute, in this order: the verdicts
 (points per status and impl, each status explained; incorrect and failing
-points), the claim check, latency (with padded/legacy ratios on even points and
-which of them are noise), bandwidth and padding, the environment, the plots.
-Every long list (each failing point, each per-point ratio, each plan, the
-sweep's overrides, duplicate rows) is in report_appendix.md, linked at the end.
+points), the claim check, latency (each impl's ratio to a reference impl,
+``--reference``, default ``padded``, and which of them are noise), bandwidth
+and padding, the environment, the plots. Every long list (each failing point,
+each per-point ratio, each plan, the sweep's overrides, duplicate rows) is in
+report_appendix.md, linked at the end.
+
+Like with like: a figure that sets implementations side by side (the latency
+and bandwidth tables, the ratios, the verdict's ratio, the plots' lines) is
+over the points where every implementation of its cp size was timed; points
+timed by only some (the uneven plans legacy refuses) are a table of their own
+that says which were not timed there and why (matrix.side_by_side). One
+implementation run under two names (same ``impl_origin``) is reported once.
+
+report.json is the source of truth: every table as records with the points
+its figures cover; report.md and the appendix are rendered from it
+(matrix.report_doc). A section is a function of the typed rows and what is
+derived from them once (:class:`Derived`) returning a :class:`Part`: lines and
+tables (:func:`_head`, :func:`_whole`) for report.md and for the appendix.
 
 One row per point is used: when a file holds several (a resumed rerun, a repro
 appended to the same file), the last in file order, and the report says so.
@@ -24,6 +38,7 @@ Bad input is one ``error:`` line on stderr and exit code 2, with nothing written
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import command, designs, nccl_tests, plots, workload
+from . import command, coverage, designs, nccl_tests, plots, report_doc, workload
 from ._review import (
     BAD,
     POINT_KEY,
@@ -44,13 +59,18 @@ from ._review import (
     one_line,
     point_codes,
     typed,
+    world,
 )
 from .inputs import error_line
 from .outputs import check_dir, write_atomic
+from .report_doc import Show, table
 from .results import CONFIG_COLUMNS
+from .side_by_side import common, group_keys, missing_label, point_ids, same_origin, to_reference, wall_time
 from .words import count
 
 REPORT_FILE = "report.md"
+JSON_FILE = "report.json"
+DEFAULT_REFERENCE = "padded"
 APPENDIX_FILE = "report_appendix.md"
 LATENCY_PNG = plots.LATENCY_PNG
 PADDING_PNG = plots.PADDING_PNG
@@ -60,8 +80,10 @@ BUSBW_PNG = plots.BUSBW_PNG
 STATUS_MEANING: dict[str, str] = {
     "ok": "ran, passed its checks against the reference, and was timed.",
     "failed": "ran, but a check failed (`failed_check` names the first).",
-    "error": "a rank raised, crashed or could not start; nothing was checked.",
-    "timeout": "a rank hung past `timeout_s` and the point was stopped.",
+    "error": "a rank raised, crashed or could not start in this implementation's turn (the reason names the place), "
+             "or it was not run after another's failure; no verdict.",
+    "timeout": "a rank hung past `timeout_s` in this implementation's turn and the point was stopped (the point's "
+               "other implementations are rerun on fresh ranks).",
     "skipped": "not run: an `mlp_mode` that contradicts the backend, a backend the implementation lacks, or the "
                "same effective configuration already ran (the reason names it).",
     "refused": "the legacy path on an uneven plan: every rank refused before any collective, as it must (no timings).",
@@ -76,8 +98,11 @@ RUN_FIELDS = ("started", "host", "git_sha", "command")
 POINT = ["impl", "policy", "cp_size", "page_size", "seq_lens", "mlp_mode"]
 PLAN_KEY = ["policy", "cp_size", "page_size", "seq_lens", "align"]
 PAIR = "_pair"  # a point's key without impl: padded and legacy rows of one point share it
+PID = "_pid"  # the point's id in report.json (side_by_side.point_ids)
+COMMON = "_common"  # a timed round-trip row of a point every impl of its cp size was timed at
+MISSING = "_missing"  # for the other timed rows: which impls were not timed there, and why
 HEAD_ROWS = 8  # long tables in report.md stop here; the appendix has them whole
-APPENDIX_ROWS = 2000  # and the appendix stops here (a 200k-row run is for tools, not eyes)
+APPENDIX_ROWS = report_doc.RECORDS_MAX  # and the appendix stops here (a 200k-row run is for tools, not eyes)
 SPREAD = "roundtrip_iqr_us"
 # What the report reads of a results file (and which of it is numeric); the
 # other timing columns are skipped, which halves the load of a big file.
@@ -85,23 +110,27 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "roundtrip_p50_us", SPREAD, "local_p50_us", "busbw_padded_GBps", "busbw_useful_GBps", "bytes_padded",
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
-        "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload")
+        "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload",
+        "plan_class", "effective_page_size", "bystanders")
 
 
 @dataclass
 class Part:
-    """A section's lines for report.md and for the appendix."""
+    """A section's blocks for report.md and for the appendix: lines of
+    markdown, and tables shown (report_doc.Show, from :func:`_head` and :func:`_whole`)."""
 
-    main: list[str] = field(default_factory=list)
-    appendix: list[str] = field(default_factory=list)
+    main: list = field(default_factory=list)
+    appendix: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Derived:
     """What several parts of one report read, computed once per report."""
 
-    pairs: pd.DataFrame  # :func:`ratios`: padded vs legacy on even points
+    pairs: pd.DataFrame  # :func:`ratios`: each impl over the reference, on the points all impls were timed
     plans: pd.DataFrame  # :func:`_plans`: one row per distinct split plan
+    reference: str = DEFAULT_REFERENCE
+    timed: pd.DataFrame = field(default_factory=pd.DataFrame)  # :func:`timed_round_trips`
 
 
 Section = Callable[[pd.DataFrame, Derived], Part]
@@ -126,17 +155,49 @@ def round_trip(df: pd.DataFrame) -> pd.Series:
     return df["mlp_mode"].ne("SCATTERED")
 
 
-def even_ratio(pairs: pd.DataFrame) -> dict[str, float]:
-    """padded/legacy over even points with cp > 1 (at cp=1 nothing moves and
-    padded's extra copy is all there is; explained apart): median and quartiles."""
-    r = pairs.loc[pairs["cp_size"].gt(1), "ratio"].dropna()
-    if r.empty:
-        return {"n": 0}
-    return {"n": len(r), "median": float(r.median()), "q1": float(r.quantile(0.25)), "q3": float(r.quantile(0.75))}
+def timed_round_trips(df: pd.DataFrame) -> pd.DataFrame:
+    """The timed round-trip rows, each marked :data:`COMMON` (its point was timed
+    by every impl timed at its cp size) or not, and then :data:`MISSING` says
+    which impls were not timed there and why."""
+    rows = df[timed(df) & round_trip(df)]
+    mask = common(rows, PAIR)
+    rows = rows.assign(**{COMMON: mask})
+    return rows.assign(**{MISSING: missing_label(df, rows, ~mask, PAIR)})
 
 
-def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
-    """The report's first line: what a reviewer acts on (``pairs``: :func:`ratios` of ``df``)."""
+def ref_ratio(pairs: pd.DataFrame) -> dict[str, dict]:
+    """Per impl, its round trip over the reference's on the points where every
+    impl was timed, cp > 1 (at cp=1 nothing moves; explained apart): median and
+    quartiles, and how many points."""
+    r = pairs[pairs["cp_size"].gt(1)].dropna(subset=["ratio"])
+    out = {}
+    for impl, s in r.groupby("impl")["ratio"]:
+        out[str(impl)] = {"n": len(s), "median": float(s.median()), "q1": float(s.quantile(0.25)),
+                          "q3": float(s.quantile(0.75))}
+    return out
+
+
+def _ratio_words(derived: Derived) -> str:
+    """What the verdict says of the ratios to the reference, from what was timed."""
+    ref, rows = derived.reference, derived.timed
+    rr = ref_ratio(derived.pairs)
+    if rr:
+        each = "; ".join(f"{impl}/{ref} {v['median']:.2f} (quartiles {v['q1']:.2f}-{v['q3']:.2f} over "
+                         f"{count(v['n'], 'point')})" for impl, v in rr.items())
+        return f"round trip relative to {ref} (cp > 1, on the points every impl was timed): {each}"
+    impls = sorted(set(rows["impl"])) if len(rows) else []
+    if not impls:
+        return "no round trip was timed"
+    if ref not in impls:
+        return (f"no ratio: the reference {ref} has no timed round trip (timed: {', '.join(impls)}; "
+                "`--reference` names another)")
+    if impls == [ref]:
+        return f"only {ref} was timed: nothing to compare"
+    return f"no point with cp > 1 has {ref} and another impl timed"
+
+
+def verdict_line(df: pd.DataFrame, derived: Derived) -> str:
+    """The report's first line: what a reviewer acts on."""
     points = int(df[PAIR].nunique())
     bad, failing = _incorrect(df), _failing(df)
     checked = int(df["status"].ne("skipped").sum())
@@ -146,12 +207,7 @@ def verdict_line(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
                  else "correct everywhere checked")
     parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
                  else "none failed, errored or timed out")
-    er = even_ratio(pairs)
-    if er["n"]:
-        parts.append(f"padded/legacy round trip on even plans (cp > 1): median {er['median']:.2f} "
-                     f"(quartiles {er['q1']:.2f}-{er['q3']:.2f} over {count(er['n'], 'point')})")
-    else:
-        parts.append("no even plan with cp > 1 has both padded and legacy timed")
+    parts.append(_ratio_words(derived))
     return f"**Verdict: {state}**: " + "; ".join(parts) + "."
 
 
@@ -171,24 +227,60 @@ def _label(value: object) -> str:
     return text if text else "(empty)"
 
 
-def _cut(frame: pd.DataFrame, rows: int, rest: str, index: bool) -> list[str]:
-    """A table cut at ``rows``; ``rest`` says where the other rows are."""
-    if frame.empty:
-        return ["_(none)_"]
-    out = [frame_md(frame.head(rows), index=index)]
-    if len(frame) > rows:
-        out += ["", f"... {len(frame) - rows} {rest}"]
-    return out
+def _name(what: str) -> str:
+    """A table's name in report.json made from what its rows are."""
+    return "_".join("".join(ch if ch.isalnum() else " " for ch in what.lower()).split()) or "table"
 
 
-def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS) -> list[str]:
-    """A table cut at ``rows``, saying where the rest is."""
-    return _cut(frame, rows, f"more {what}: all in the [appendix]({APPENDIX_FILE})", index)
+# What each table of report.json holds, by name.
+TITLES = {
+    "statuses": "rows per status and impl",
+    "incorrect_points": "incorrect rows (correct or even_bitwise_equal False)",
+    "incorrect_points_detail": "incorrect rows, with their reason",
+    "failing_groups": "failed, error and timeout rows by status, impl and first failed check (or reason)",
+    "failing_points": "failed, error and timeout rows",
+    "skipped_reasons": "skipped rows by reason",
+    "skipped_points": "skipped rows",
+    "claim": "split plans per policy: how many, where the claim holds and fails",
+    "claim_fails": "plans where the claim fails, most padded first",
+    "latency": "round-trip p50 (us) by impl, median over the points every impl of the cp size was timed; "
+               "X/reference: the median per-point ratio",
+    "latency_only_some": "round-trip p50 (us) on the points timed by only some impls, by which were not timed and why",
+    "latency_by_policy": "round-trip p50 (us) by cp size, impl and policy over the points every impl was timed",
+    "ratios": "each impl's round-trip p50 over the reference's, on the points every impl of the cp size was timed",
+    "ratios_by_policy": "the ratios to the reference by cp size, impl and policy",
+    "ratios_per_point": "the ratio to the reference at each point",
+    "bandwidth": "bus bandwidth (GB/s) by impl, median over the points with cp > 1 every impl was timed; "
+                 "mean padding_frac over them",
+    "bandwidth_by_page": "bus bandwidth (GB/s) by cp size, impl and page size over the same points",
+    "padding": "mean padding fraction over the batches by cp size and layout",
+    "runs": "the runs (processes) that wrote the rows, from runs.jsonl",
+}
 
 
-def _whole(frame: pd.DataFrame, index: bool = False) -> list[str]:
+def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS, name: str = "",
+          **points) -> list:
+    """A table cut at ``rows``, saying where the rest is (``name``: its name in
+    report.json, default from ``what``; ``points``: see report_doc.Table)."""
+    name = name or _name(what)
+    t = table(name, frame, index=index, title=TITLES.get(name, what), **points)
+    return [Show(t, rows, f"more {what}: all in the [appendix]({APPENDIX_FILE})")]
+
+
+def _whole(frame: pd.DataFrame, index: bool = False, name: str = "", **points) -> list:
     """A table for the appendix (cut at APPENDIX_ROWS, saying so)."""
-    return _cut(frame, APPENDIX_ROWS, "more rows not listed: see the results CSV", index)
+    return [Show(table(name or "table", frame, index=index, title=TITLES.get(name, ""), **points))]
+
+
+def _records(name: str) -> Callable[[pd.DataFrame], Show]:
+    """For a section made elsewhere (designs, workloads, the nccl-tests model):
+    its table as a table of report.json named ``name`` (its rows count their points)."""
+    return lambda frame: Show(table(name, frame))
+
+
+def _ids(rows: pd.DataFrame) -> list[str]:
+    """The ids of the points of ``rows``, each once, in order."""
+    return list(dict.fromkeys(rows[PID]))
 
 
 def _incorrect(df: pd.DataFrame) -> pd.DataFrame:
@@ -214,7 +306,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     counts["meaning"] = [STATUS_MEANING.get(s, "not a status of the schema; counted as failing.") for s in order]
     part.main += [f"Rows per status and impl ({count(len(df), 'row')} of {count(df[PAIR].nunique(), 'point')}; a row is one point "
                   "and one impl):", ""]
-    part.main += [frame_md(counts, index=True), ""]
+    part.main += [*_whole(counts, index=True, name="statuses", points=int(df[PAIR].nunique())), ""]
 
     unchecked = df[status.eq("ok") & df["correct"].isna()]
     if len(unchecked):
@@ -230,10 +322,11 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
             "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
             "(an even plan where the padded algorithm's bytes differ from legacy's):",
             "",
-            *_head(bad[cols], "incorrect points"),
+            *_head(bad[cols], "incorrect points", points=int(bad[PAIR].nunique())),
             "",
         ]
-        part.appendix += ["## Incorrect points", "", *_whole(bad[cols + ["reason"]]), ""]
+        part.appendix += ["## Incorrect points", "", *_whole(bad[cols + ["reason"]], name="incorrect_points_detail"),
+                          ""]
         repros = [r for r in bad["repro"].head(APPENDIX_ROWS) if r.strip()]
         if repros:
             part.appendix += ["Reproduce with:", "", "```", *repros, "```", ""]
@@ -251,16 +344,16 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
             .groupby(["status", "impl", "why"]).size().rename("points").reset_index()
             .sort_values("points", ascending=False, kind="stable")
         )
-        part.main += ["By status, impl and first failed check (or reason):", "", *_head(groups, "groups", rows=5), ""]
+        part.main += ["By status, impl and first failed check (or reason):", "", *_head(groups, "groups", rows=5, name="failing_groups"), ""]
         detail = failing[["status"] + POINT + ["backend", "device", "failed_check", "reason", "repro"]]
-        part.appendix += ["## Failed, error and timeout points", "", *_whole(detail), ""]
+        part.appendix += ["## Failed, error and timeout points", "", *_whole(detail, name="failing_points"), ""]
 
     skipped = df[status.eq("skipped")]
     if len(skipped):
         reasons = skipped["reason"].map(lambda r: one_line(r, 100) or "(no reason)").value_counts()
         frame = reasons.rename_axis("reason").reset_index(name="points")
-        part.main += [f"### Skipped: {_rows_of_points(skipped)}, by reason", "", *_head(frame, "reasons", rows=3), ""]
-        part.appendix += ["## Skipped points", "", *_whole(skipped[POINT + ["reason"]]), ""]
+        part.main += [f"### Skipped: {_rows_of_points(skipped)}, by reason", "", *_head(frame, "reasons", rows=3, name="skipped_reasons"), ""]
+        part.appendix += ["## Skipped points", "", *_whole(skipped[POINT + ["reason"]], name="skipped_points"), ""]
     return part
 
 
@@ -292,61 +385,91 @@ def claim(df: pd.DataFrame, derived: Derived) -> Part:
         ["padding_frac", "policy", "cp_size", "page_size"], ascending=[False, True, True, True]
     )
     summary["max_padding_frac_when_failing"] = fails.groupby("policy")["padding_frac"].max()
-    part.main += [frame_md(summary, index=True), ""]
+    part.main += [*_whole(summary, index=True, name="claim", points=int(plans[PAIR].nunique())), ""]
     cols = ["policy", "cp_size", "page_size", "seq_lens", "total_tokens", "max_rank_len", "padded_total",
             "padding_rows", "padding_frac"]
     if len(fails):
-        part.main += [f"Plans where the claim fails: {len(fails)}; the most padded:", "",
-                      *_head(fails[cols], "plans", rows=3)]
-        part.appendix += [f"## Plans where the claim fails ({len(fails)})", "", *_whole(fails[cols]), ""]
+        shown = _head(fails[cols], "plans", rows=3, name="claim_fails", points=int(fails[PAIR].nunique()))
+        part.main += [f"Plans where the claim fails: {len(fails)}; the most padded:", "", *shown]
+        part.appendix += [f"## Plans where the claim fails ({len(fails)})", "", Show(shown[0].table), ""]
     return part
 
 
-def ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """padded and legacy round-trip p50 of each even point where both were timed,
-    their ratio, the spread (mean roundtrip_iqr_us of the two rows, NaN when
-    neither has one) and ``noise``: the difference is within the spread."""
-    rows = df[timed(df) & _is(df["is_even"], True)]
-    keep = [PAIR, "roundtrip_p50_us", SPREAD]
-    padded = rows.loc[rows["impl"].eq("padded"), [*keep, "local_p50_us"]]
-    legacy = rows.loc[rows["impl"].eq("legacy"), keep]
-    info = rows.loc[rows["impl"].eq("padded"), [PAIR, *_mixed(df), "cp_size", "policy", "page_size", "seq_lens"]]
-    pairs = padded.merge(legacy, on=PAIR, suffixes=("_padded", "_legacy")).merge(info, on=PAIR)
-    pairs = pairs.rename(columns={"roundtrip_p50_us_padded": "padded", "roundtrip_p50_us_legacy": "legacy"})
-    pairs["ratio"] = pairs["padded"] / pairs["legacy"]
-    # the padded path's round trip without its local phase, over legacy's
-    pairs["ratio_without_local"] = (pairs["padded"] - pairs["local_p50_us"].fillna(0.0)) / pairs["legacy"]
-    pairs["spread"] = pairs[[f"{SPREAD}_padded", f"{SPREAD}_legacy"]].mean(axis=1)
-    pairs["noise"] = pairs["spread"].notna() & ((pairs["padded"] - pairs["legacy"]).abs() <= pairs["spread"])
-    return pairs
+def ratios(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE, rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each impl's round-trip p50 over the ``reference`` impl's, per point, on the
+    points where every impl of the cp size was timed (``rows``: the
+    :func:`timed_round_trips` of ``df``, when already computed): the two
+    values, their ratio, the spread (mean roundtrip_iqr_us of the two rows,
+    NaN when neither has one) and ``noise`` (the difference is within the spread)."""
+    rows = timed_round_trips(df) if rows is None else rows
+    same = rows[rows[COMMON]]
+    info = ["backend", "device", "cp_size", "policy", "page_size", "seq_lens", "is_even", PID]
+    return to_reference(same, reference, PAIR, "roundtrip_p50_us", SPREAD, info)
+
+
+def only_some(rows: pd.DataFrame, keys: list[str], metric: str = "roundtrip_p50_us") -> pd.DataFrame:
+    """The timed rows of points not every impl of their cp size was timed at:
+    by ``keys`` (side_by_side.group_keys of all timed rows) and which impls
+    were not timed there (and why), the points and each timed impl's median."""
+    t = rows.rename(columns={MISSING: "not timed there"})
+    out = t.groupby(keys + ["not timed there", "impl"])[metric].median().unstack("impl")
+    out.columns.name = None
+    out.insert(0, "points", t.groupby(keys + ["not timed there"])[PAIR].nunique())
+    return out
+
+
+def _missing_words(rows: pd.DataFrame) -> str:
+    """``legacy refused 17, pad_at_split error 1``: points per impl and status not timed."""
+    per_point = rows.drop_duplicates(PAIR)[MISSING].str.split(", ").explode()
+    tally = per_point[per_point.astype(str).str.strip().ne("")].value_counts()
+    return ", ".join(f"{what} {n}" for what, n in tally.items())
 
 
 def latency(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
-    rows = df[timed(df) & round_trip(df)]
+    rows = derived.timed
     part.main += a2a_lines(df)
     if rows.empty:
         part.main.append("_(no ok point has a round-trip time)_")
         return part
-    mixed = _mixed(rows)
-    by_impl = rows.groupby(mixed + ["cp_size", "impl"])["roundtrip_p50_us"].median().unstack("impl")
+    keys = group_keys(rows)
+    same, apart = rows[rows[COMMON]], rows[~rows[COMMON]]
+    by_impl = same.groupby(keys + ["impl"])["roundtrip_p50_us"].median().unstack("impl")
     by_impl.columns.name = None
+    by_impl.insert(0, "points", same.groupby(keys)[PAIR].nunique())
+    pairs, ref = derived.pairs, derived.reference
+    for impl, r in pairs.groupby("impl"):
+        by_impl[f"{impl}/{ref}"] = r.groupby(keys)["ratio"].median()
+    n_same = int(same[PAIR].nunique())
+    ratio = (f"; `X/{ref}`: the median over the same points of each point's ratio of X's round trip to {ref}'s "
+             f"(the reference, `--reference`)" if len(pairs) else "")
     part.main += [
-        f"Round-trip (gather + reduce-scatter) p50 in us by impl, median over the {len(rows)} timed ok points "
-        "(all policies and batches; by policy in the appendix):",
+        f"Round-trip (gather + reduce-scatter) p50 in us by impl, median over the {count(n_same, 'point')} where "
+        f"every impl of the cp size was timed (like with like: all policies and batches; by policy in the "
+        f"appendix){ratio}:",
         "",
-        frame_md(by_impl, index=True),
+        *_whole(by_impl, index=True, name="latency", points=n_same, point_ids=_ids(same)),
         "",
     ]
+    if len(apart):
+        n_apart = int(apart[PAIR].nunique())
+        part.main += [
+            f"Timed by only some impls, so in no comparison: {count(n_apart, 'point')} "
+            f"({_missing_words(apart)}); each impl's median there:", "",
+            *_head(only_some(apart, keys), "groups", index=True, name="latency_only_some", points=n_apart,
+                   point_ids=_ids(apart)),
+            "",
+        ]
     by_policy = (
-        rows.assign(policy=rows["policy"].map(_label))
-        .groupby(mixed + ["cp_size", "impl", "policy"])["roundtrip_p50_us"]
+        same.assign(policy=same["policy"].map(_label))
+        .groupby(keys + ["impl", "policy"])["roundtrip_p50_us"]
         .median()
         .unstack("policy")
     )
     by_policy.columns.name = None
-    part.appendix += ["## Round-trip p50 (us) by cp size, impl and policy (median over points)", "",
-                      *_whole(by_policy, index=True), ""]
+    part.appendix += ["## Round-trip p50 (us) by cp size, impl and policy (median over the points every impl of "
+                      "the cp size was timed)", "",
+                      *_whole(by_policy, index=True, name="latency_by_policy", points=n_same), ""]
     local = rows[rows["impl"].eq("padded") & rows["local_p50_us"].notna()]
     if len(local):
         share = (local["local_p50_us"] / local["roundtrip_p50_us"]).median()
@@ -355,54 +478,80 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
             f"{share:.0%} of its round trip ({count(len(local), 'point')}; `local_p50_us` / `roundtrip_p50_us`).",
             "",
         ]
+    part.main += ratio_lines(df, derived, part)
+    return part
 
-    pairs = derived.pairs
-    part.main += ["### Padded vs legacy on even points (ratio = padded / legacy round-trip p50)", ""]
+
+def _cp1_lines(same: pd.DataFrame) -> list[str]:
+    """At cp=1, padded vs legacy with and without padded's local phase (its only extra cost there)."""
+    one = same[same["cp_size"].eq(1)]
+    wide = one.pivot_table(index=PAIR, columns="impl", values=["roundtrip_p50_us", "local_p50_us"], aggfunc="last")
+    if not {("roundtrip_p50_us", "padded"), ("roundtrip_p50_us", "legacy")} <= set(wide.columns):
+        return []
+    padded, legacy = wide[("roundtrip_p50_us", "padded")], wide[("roundtrip_p50_us", "legacy")]
+    local = wide[("local_p50_us", "padded")].fillna(0.0) if ("local_p50_us", "padded") in wide else 0.0
+    ok = padded.notna() & legacy.notna()
+    if not ok.any():
+        return []
+    return [
+        f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
+        f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
+        f"straight from the shard. That copy is the padded path's extra cost there: padded/legacy "
+        f"{(padded / legacy)[ok].median():.2f} with it, {((padded - local) / legacy)[ok].median():.2f} without "
+        f"(median over {count(int(ok.sum()), 'point')}). The verdict's ratio counts cp > 1 only.",
+        "",
+    ]
+
+
+def ratio_lines(df: pd.DataFrame, derived: Derived, part: Part) -> list:
+    """The ratio of each impl to the reference on the same points (appendix entries go into ``part``)."""
+    pairs, ref = derived.pairs, derived.reference
     if pairs.empty:
-        part.main.append("_(no even point has both padded and legacy timings)_")
-        return part
-    one = pairs[pairs["cp_size"].eq(1)]
-    if len(one):
-        part.main += [
-            f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
-            f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
-            f"straight from the shard. That copy is the padded path's extra cost there: ratio "
-            f"{one['ratio'].median():.2f} with it, {one['ratio_without_local'].median():.2f} without "
-            f"(median over {count(len(one), 'point')}). The verdict's ratio counts cp > 1 only.",
-            "",
-        ]
+        words = _ratio_words(derived)
+        return [f"{words[0].upper()}{words[1:]}.", ""]
+    lines: list = _cp1_lines(derived.timed[derived.timed[COMMON]])
     aggregates = dict(
         points=("ratio", "size"),
-        padded_us=("padded", "median"),
-        legacy_us=("legacy", "median"),
+        impl_us=("value", "median"),
+        reference_us=("reference", "median"),
         ratio_median=("ratio", "median"),
         ratio_min=("ratio", "min"),
         ratio_max=("ratio", "max"),
         within_noise=("noise", "sum"),
     )
-    part.main += [frame_md(pairs.groupby(_mixed(df) + ["cp_size"]).agg(**aggregates), index=True), ""]
-    part.appendix += ["## Padded vs legacy on even points by cp size and policy", "",
-                      *_whole(pairs.groupby(_mixed(df) + ["cp_size", "policy"]).agg(**aggregates), index=True), ""]
+    keys = group_keys(pairs)
+    names = {"impl_us": "impl_us", "reference_us": f"{ref}_us"}
+    summary = pairs.groupby(keys + ["impl"]).agg(**aggregates).rename(columns=names)
+    part.appendix += [f"## Each impl relative to {ref} (ratio = impl / {ref} round-trip p50, on the points every "
+                      "impl of the cp size was timed)", "",
+                      *_whole(summary, index=True, name="ratios", points=int(pairs[PAIR].nunique()),
+                              point_ids=_ids(pairs), extra={"reference": ref}), ""]
+    by_policy = pairs.groupby(keys + ["impl", "policy"]).agg(**aggregates).rename(columns=names)
+    part.appendix += [f"## Each impl relative to {ref} by cp size and policy", "",
+                      *_whole(by_policy, index=True, name="ratios_by_policy", points=int(pairs[PAIR].nunique())),
+                      ""]
     with_spread = pairs["spread"].notna()
     noise = int(pairs["noise"].sum())
     if with_spread.any():
-        part.main.append(
-            f"A ratio is noise when |padded - legacy| is within the spread (mean `{SPREAD}` of the two rows): "
+        lines.append(
+            f"A ratio is noise when |impl - {ref}| is within the spread (mean `{SPREAD}` of the two rows): "
             f"{noise} of {int(with_spread.sum())} ratios are ({'all' if noise == with_spread.sum() else 'see'} "
-            "`within_noise`); read those as no difference, not as a speed-up or a slow-down."
+            "`within_noise` in the appendix); read those as no difference, not as a speed-up or a slow-down."
         )
         if not with_spread.all():
-            part.main.append(f"{int((~with_spread).sum())} pair(s) carry no spread: noise cannot be told apart there.")
+            lines.append(f"{int((~with_spread).sum())} pair(s) carry no spread: noise cannot be told apart there.")
     else:
-        part.main.append(
+        lines.append(
             f"No row carries a spread (`{SPREAD}`): ratios near 1 cannot be told apart from noise "
             "(CPU runs with few iterations vary by tens of percent)."
         )
-    shown = pairs[[*_mixed(df), "cp_size", "policy", "page_size", "seq_lens", "padded", "legacy", "ratio", "spread",
-                   "noise"]]
-    part.main[-1] += f" Per-point ratios: [appendix]({APPENDIX_FILE})."
-    part.appendix += ["## Padded vs legacy per even point", "", *_whole(shown), ""]
-    return part
+    shown = pairs[[*keys[:-1], "cp_size", "impl", "policy", "page_size", "seq_lens", PID, "value", "reference",
+                   "ratio", "spread", "noise"]].rename(columns={"value": "impl_us", "reference": f"{ref}_us",
+                                                            PID: "point"})
+    lines[-1] += f" Ratios by cp size and impl, with their range, and per point: [appendix]({APPENDIX_FILE})."
+    part.appendix += [f"## Each impl relative to {ref} per point", "",
+                      *_whole(shown, name="ratios_per_point", points=int(pairs[PAIR].nunique())), ""]
+    return lines
 
 
 def a2a_lines(df: pd.DataFrame) -> list[str]:
@@ -429,27 +578,34 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     # cp=1 moves nothing: its bus bandwidth is 0 by definition, not a measurement
     rows = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1) & round_trip(df)]
-    if rows.empty:
-        part.main += ["_(no ok point with cp > 1 has a bus bandwidth)_", ""]
+    same = rows[common(rows, PAIR)]
+    if same.empty:
+        part.main += ["_(no point with cp > 1 has a bus bandwidth from every impl timed at its cp size)_", ""]
     else:
-        mixed = _mixed(rows)
-        bw = rows.groupby(mixed + ["cp_size", "impl"])["busbw_padded_GBps"].median().unstack("impl")
+        keys = group_keys(same)
+        bw = same.groupby(keys + ["impl"])["busbw_padded_GBps"].median().unstack("impl")
         bw.columns.name = None
-        padded = rows[rows["impl"].eq("padded")].groupby(mixed + ["cp_size"])
-        if len(bw) and "padded" in bw.columns:
+        bw.insert(0, "points", same.groupby(keys)[PAIR].nunique())
+        padded = same[same["impl"].eq("padded")].groupby(keys)
+        if "padded" in bw.columns:
             bw["padded: useful bytes"] = padded["busbw_useful_GBps"].median()
-            bw["padded: padding_frac"] = padded["padding_frac"].median()
-        part.main += ["Bus bandwidth in GB/s by impl, median over the timed points with cp > 1 (the bytes each "
-                      "impl moves; for padded also counting only the tokens' bytes):", "",
-                      frame_md(bw, index=True), ""]
-        full = rows.groupby(mixed + ["cp_size", "impl", "page_size"]).agg(
+        # the mean, as in the padding table below: a median of mostly even plans reads 0
+        bw["mean padding_frac"] = same.drop_duplicates(PAIR).groupby(keys)["padding_frac"].mean()
+        n_same, left = int(same[PAIR].nunique()), int(rows[PAIR].nunique()) - int(same[PAIR].nunique())
+        aside = f"; {count(left, 'point')} timed by only some impls left out, as in Latency" if left else ""
+        part.main += [f"Bus bandwidth in GB/s by impl, median over the {count(n_same, 'point')} with cp > 1 where "
+                      "every impl of the cp size was timed (the bytes each impl moves; for padded also counting "
+                      f"only the tokens' bytes; `mean padding_frac` over the same points){aside}:", "",
+                      *_whole(bw, index=True, name="bandwidth", points=n_same, point_ids=_ids(same)), ""]
+        full = same.groupby(keys + ["impl", "page_size"]).agg(
             points=("busbw_padded_GBps", "size"),
             busbw_padded_GBps=("busbw_padded_GBps", "median"),
             busbw_useful_GBps=("busbw_useful_GBps", "median"),
-            padding_frac=("padding_frac", "median"),
+            padding_frac=("padding_frac", "mean"),
         )
-        part.appendix += ["## Bus bandwidth (GB/s) by cp size, impl and page size (median over points)", "",
-                          *_whole(full, index=True), ""]
+        part.appendix += ["## Bus bandwidth (GB/s) by cp size, impl and page size (median over the points every "
+                          "impl of the cp size was timed; padding_frac: mean)", "",
+                          *_whole(full, index=True, name="bandwidth_by_page", points=n_same), ""]
     plans = df[df["padding_frac"].notna()].drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
         pad = plans.assign(layout=_layout(plans)).pivot_table(
@@ -457,23 +613,24 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
         )
         pad.columns.name = None
         part.main += ["Mean padding fraction `1 - total_tokens / padded_total` over the batches, by cp size "
-                      "and layout:", "", frame_md(pad, index=True)]
+                      "and layout:", "", *_whole(pad, index=True, name="padding", points=len(plans))]
     return part
 
 
 def wall_times(df: pd.DataFrame) -> list[str]:
-    """The sweep's wall time: from the first point's start (its end timestamp
-    less its ``wall_s``) to the last point's end; and the time inside points,
-    each point once (``wall_s`` repeats on every impl row of a point)."""
-    per_point = df.drop_duplicates(PAIR)
-    walls = per_point["wall_s"]
+    """How long the runs took (side_by_side.wall_time: from each run's start in
+    runs.jsonl to its last row), and the time inside points, each point once
+    (``wall_s`` repeats on every impl row of a point)."""
     out = []
-    ends = pd.to_datetime(per_point["timestamp"].str.strip(), errors="coerce", utc=True, format="ISO8601")
-    ok = ends.notna() & walls.notna()
-    if ok.any():
-        starts = ends[ok] - pd.to_timedelta(walls[ok], unit="s")
-        span = (ends[ok].max() - starts.min()).total_seconds()
-        out.append(f"sweep wall time {span:.0f} s (first point's start to last point's end)")
+    w = wall_time(df)
+    if w["runs"]:
+        how = ("from its start in runs.jsonl" if w["from_runs_jsonl"] == w["runs"]
+               else "from its start in runs.jsonl, or its first point's start where it has none")
+        text = (f"wall time {w['seconds']:.0f} s ({count(w['runs'], 'run')}, each {how} to its last row's "
+                "timestamp")
+        text += f"; {w['span']:.0f} s from the first start to the last row)" if w["span"] > w["seconds"] + 0.5 else ")"
+        out.append(text)
+    walls = df.drop_duplicates(PAIR)["wall_s"]
     if walls.notna().any():
         out.append(f"{walls.sum():.0f} s inside {count(int(walls.notna().sum()), 'point')} (each point once)")
     return out
@@ -517,7 +674,7 @@ def environment(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part(main=["; ".join(fields) + "."])
     if len(runs):
         part.appendix += [f"## Runs ({len(runs)}: the processes that wrote the rows, from runs.jsonl)", "",
-                          *_whole(runs, index=True), ""]
+                          *_whole(runs, index=True, name="runs"), ""]
     part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```"]
     part.appendix += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()]
     part.appendix += ["```", ""]
@@ -536,12 +693,19 @@ SECTIONS: tuple[tuple[str, Section], ...] = (
 def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
     """One line per plot: what to read off it, from the same rows it draws."""
     out: dict[str, str] = {}
-    er = even_ratio(derived.pairs)
-    uneven = df[timed(df) & round_trip(df) & df["impl"].eq("padded") & _is(df["is_even"], False)]
-    text = (f"Takeaway: on even plans (cp > 1) padded's round trip is a median {er['median']:.2f}x legacy's "
-            f"({count(er['n'], 'point')})" if er["n"] else "Takeaway: no even plan with cp > 1 has both impls timed")
-    text += (f"; on {len(uneven)} uneven points only the padded path runs (legacy refuses them)." if len(uneven)
-             else ".")
+    ref, rows = derived.reference, derived.timed
+    rr = ref_ratio(derived.pairs)
+    if rr:
+        each = ", ".join(f"{impl}'s a median {v['median']:.2f}x ({count(v['n'], 'point')})" for impl, v in rr.items())
+        text = f"Takeaway: on the points every impl was timed (cp > 1), relative to {ref}'s round trip: {each}"
+    else:
+        text = f"Takeaway: {_ratio_words(derived)}"
+    apart = rows[~rows[COMMON]] if len(rows) else rows
+    if len(apart):
+        text += (f"; {count(int(apart[PAIR].nunique()), 'point')} timed by only some impls ({_missing_words(apart)}) "
+                 "are hollow markers without a line.")
+    else:
+        text += "."
     out[plots.LATENCY_PNG] = text
     plans = derived.plans
     if plans.empty or not plans["padding_frac"].gt(0).any():
@@ -563,6 +727,10 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
         out[plots.BUSBW_PNG] = (
             f"Takeaway: where the padded path pads ({count(len(bw), 'point')}, cp > 1), a median {lost:.0%} of the bus "
             f"bandwidth it achieves carries padding rather than tokens (hollow markers below filled ones).")
+        apart = bw[PAIR].isin(rows.loc[~rows[COMMON], PAIR]) if len(rows) else bw[PAIR].isna()
+        if apart.any():
+            out[plots.BUSBW_PNG] += (f" Of those, {count(int(apart.sum()), 'point')} timed by only some impls "
+                                     "are faded: no other impl is beside them.")
     return out
 
 
@@ -590,23 +758,90 @@ def duplicates(run: Run) -> list[str]:
 
 
 def prepare(run: Run) -> pd.DataFrame:
-    """The run's latest row per point, typed, with the padded/legacy pairing key."""
+    """The run's latest row per point, typed, with the pairing key and the point
+    id; one implementation run under several names (side_by_side.same_origin)
+    under one name, its latest row per point kept, the names in
+    ``attrs["merged"]``."""
     pair_cols = [c for c in CONFIG_COLUMNS if c != "impl"]
     df = typed(run.latest, NUMBERS).reset_index(drop=True)
-    df[PAIR] = point_codes(run.latest_config[pair_cols])
+    # bystanders make another point (a larger world), as point_id says
+    config = run.latest_config[pair_cols].assign(_world=world(run.latest))
+    df[PAIR] = point_codes(config)
+    df[PID] = point_ids(config).to_numpy()
+    merged = same_origin(df)
+    if merged:
+        names = {n: kept for kept, ns in merged.items() for n in ns}
+        df["impl"] = df["impl"].map(lambda n: names.get(n, n))
+        df = df[~df[[PAIR, "impl"]].duplicated(keep="last")].reset_index(drop=True)
+    df.attrs["merged"] = merged
     return df
 
 
-def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
-    """(report.md, report_appendix.md) as markdown."""
+def merged_lines(df: pd.DataFrame) -> list[str]:
+    """One line per implementation that ran under several names."""
+    out = []
+    for kept, names in df.attrs.get("merged", {}).items():
+        origin = df.loc[df["impl"].eq(kept), "impl_origin"].astype(str).iloc[0]
+        listed = ", ".join(f"`{n}`" for n in names)
+        out.append(f"One implementation under {len(names)} names, {listed} (one `impl_origin`: `{origin}`): "
+                   f"reported as `{kept}`.")
+    return out
+
+
+def derive(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE) -> Derived:
+    rows = timed_round_trips(df)
+    return Derived(pairs=ratios(df, reference, rows), plans=_plans(df), reference=reference, timed=rows)
+
+
+def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[list, list]:
+    """The report's and the appendix's blocks after the header, section by section."""
+    lines: list = []
+    appendix: list = duplicates(run)
+    for title, section in SECTIONS:
+        part = section(df, derived)
+        while part.main and not part.main[-1]:
+            part.main.pop()
+        lines += [f"## {title}", "", *part.main, ""]
+        appendix += part.appendix
+    # Only where the run has them: outside implementations, pad_at_split rows, an nccl-tests model.
+    covered, listed = coverage.section(df, APPENDIX_FILE)
+    if covered:
+        lines += ["## Plan classes covered", "", *covered, ""]
+    appendix += listed
+    compared = designs.section(df, PAIR, table=_records("designs"))
+    if compared:
+        lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
+    # impls side by side here too: a batch timed by only some impls is left out, and said
+    rows = derived.timed
+    apart = rows.loc[~rows[COMMON] & rows["workload"].astype(str).str.strip().ne("")] if len(rows) else rows
+    spread = workload.report_lines(df.drop(index=apart.index), table=_records("workloads"))
+    if spread:
+        if len(apart):
+            spread += ["", f"Left out: {count(int(apart[PAIR].nunique()), 'batch', 'batches')} timed by only some "
+                       f"impls ({_missing_words(apart)})."]
+        lines += ["## Workloads: over each workload's batches", "", *spread, ""]
+    if model is not None:
+        lines += ["## Collectives predicted from nccl-tests (a model)", "",
+                  *designs.model_section(df, model, table=_records("nccl_tests_model")), ""]
+    lines += ["## Plots", ""]
+    for name, takeaway in plot_takeaways(df, derived).items():
+        lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
+    lines += [f"Long lists (each failing point, per-point ratios, plans, overrides, duplicates): "
+              f"[{APPENDIX_FILE}]({APPENDIX_FILE})", ""]
+    return lines, appendix
+
+
+def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFERENCE) -> dict:
+    """The report as a document (report_doc): what report.json holds and report.md is rendered from."""
     counted = (f"{count(len(run.raw), 'row')} read; the latest of each point and impl: {count(len(df), 'row')} of "
                f"{count(df[PAIR].nunique(), 'point')}")
     if len(run.files) == 1:
         source = f"Source: `{run.files[0]}` ({counted})."
     else:
         source = f"Source: {len(run.files)} files under `{run.value}` ({counted})."
-    derived = Derived(pairs=ratios(df), plans=_plans(df))
-    lines = ["# nsa-cp-comm matrix report", "", verdict_line(df, derived.pairs), "", source]
+    derived = derive(df, reference)
+    lines = ["# nsa-cp-comm matrix report", "", verdict_line(df, derived), "", source]
+    lines += merged_lines(df)
     if run.duplicates:
         lines.append(f"Duplicates: {run.duplicate_note()} ([appendix]({APPENDIX_FILE})).")
     if run.upgraded:
@@ -614,52 +849,58 @@ def render(run: Run, df: pd.DataFrame, model=None) -> tuple[str, str]:
         lines.append(f"Written before the refused/passthrough statuses: {parts}.")
     if run.unknown_runs:
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
+    for warning in coverage.warnings(df):
+        lines += ["", warning]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
-    appendix += duplicates(run)
-    for title, section in SECTIONS:
-        part = section(df, derived)
-        while part.main and not part.main[-1]:
-            part.main.pop()
-        lines += [f"## {title}", "", *part.main, ""]
-        appendix += part.appendix
-    # Only where the run has them: pad_at_split rows, an nccl-tests model.
-    compared = designs.section(df, PAIR)
-    if compared:
-        lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
-    spread = workload.report_lines(df)
-    if spread:
-        lines += ["## Workloads: over each workload's batches", "", *spread, ""]
-    if model is not None:
-        lines += ["## Collectives predicted from nccl-tests (a model)", "", *designs.model_section(df, model), ""]
-    lines += ["## Plots", ""]
-    for name, takeaway in plot_takeaways(df, derived).items():
-        lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
-    lines += [f"Long lists (each failing point, per-point ratios, plans, overrides, duplicates): "
-              f"[{APPENDIX_FILE}]({APPENDIX_FILE})", ""]
+    body, more = sections(run, df, derived, model)
+    lines += body
+    appendix += more
     if len(run.files) > 1:
         appendix += ["## Files read", "", *(f"- `{f}`" for f in run.files), ""]
-    return "\n".join(lines), "\n".join(appendix)
+    doc = report_doc.document(lines, appendix)
+    rows = derived.timed
+    doc["summary"] = {
+        "reference": reference,
+        "points": int(df[PAIR].nunique()),
+        "rows": len(df),
+        "timed_points": int(rows[PAIR].nunique()) if len(rows) else 0,
+        "compared_points": int(rows.loc[rows[COMMON], PAIR].nunique()) if len(rows) else 0,
+        "ratio_to_reference": ref_ratio(derived.pairs),
+        "merged_impls": df.attrs.get("merged", {}),
+        "wall_time": wall_time(df),
+    }
+    return doc
 
 
-def build(run: Run, model=None) -> tuple[str, str, dict[str, bytes]]:
-    """(report.md text, appendix text, PNG bytes by file name), all in memory.
+def build(run: Run, model=None, reference: str = DEFAULT_REFERENCE) -> tuple[dict, dict[str, bytes]]:
+    """(the report's document, PNG bytes by file name), all in memory.
     ``model``: a matrix.nccl_tests.Model, for the predicted-beside-measured section."""
     df = prepare(run)
-    markdown, appendix = render(run, df, model)
-    return markdown, appendix, plots.render_all(df)
+    reference = next((kept for kept, names in df.attrs["merged"].items() if reference in names), reference)
+    doc = render(run, df, model, reference)
+    return doc, plots.render_all(mark_common(df))
 
 
-def write(out: Path, markdown: str, appendix: str, pngs: dict[str, bytes]) -> list[Path]:
+def mark_common(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with :data:`COMMON` (what the plots read to set impls side by side on the same points only)."""
+    mask = timed_round_trips(df)[COMMON]
+    return df.assign(**{COMMON: mask.reindex(df.index, fill_value=False).astype(bool)})
+
+
+def write(out: Path, doc: dict, pngs: dict[str, bytes]) -> list[Path]:
     """Every file through a temporary name and a rename: a full disk leaves
-    the files as they were (or none), never a truncated one."""
+    the files as they were (or none), never a truncated one. report.md and
+    the appendix are rendered from the document report.json holds."""
     out.mkdir(parents=True, exist_ok=True)
+    markdown, appendix = report_doc.markdown(doc)
     written = []
     for name, data in pngs.items():
         written.append(write_atomic(out / name, data))
+    write_atomic(out / JSON_FILE, json.dumps(doc, indent=1, allow_nan=False) + "\n")
     write_atomic(out / APPENDIX_FILE, appendix)
     write_atomic(out / REPORT_FILE, markdown)
-    return [out / REPORT_FILE, out / APPENDIX_FILE, *written]
+    return [out / REPORT_FILE, out / APPENDIX_FILE, out / JSON_FILE, *written]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -676,7 +917,20 @@ def _parser() -> argparse.ArgumentParser:
         help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted collective "
         "times beside the measured ones, as a model",
     )
+    parser.add_argument(
+        "--reference", metavar="NAME",
+        help=f"the impl every other impl's round trip is divided by, on the same points (default: "
+        f"{DEFAULT_REFERENCE})",
+    )
     return parser
+
+
+def _check_reference(run: Run, name: str) -> None:
+    """--reference names an impl of the run (by any of its names)."""
+    impls = sorted(set(run.latest["impl"].astype(str).str.strip()))
+    if name not in impls:
+        shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
+        raise InputError(f"--reference={name}: no row of RESULTS has this impl (impls: {shown})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -698,9 +952,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out is not None else run.home
         where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
         check_dir(out, where, InputError)  # before the report is built
-        markdown, appendix, pngs = build(run, model)
+        reference = args.reference if args.reference is not None else DEFAULT_REFERENCE
+        if args.reference is not None:
+            _check_reference(run, args.reference)
+        doc, pngs = build(run, model, reference)
         try:
-            written = write(out, markdown, appendix, pngs)
+            written = write(out, doc, pngs)
         except OSError as exc:
             raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
     except InputError as exc:
@@ -708,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for note in run.notes():
         print(note)
-    print(markdown)
+    print(report_doc.markdown(doc)[0])
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

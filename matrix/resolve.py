@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nsa_cp_comm import engines
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness.machine import gpus as machine_gpus
 from nsa_cp_comm.harness.spec import PointSpec
@@ -89,12 +90,18 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
         skip = f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, which needs {derived}"
     page = cfg["page_size"] if policy == "zigzag_page" else 1
     align = cfg["align"] if cfg["align"] is not None else cp
+    engine = engines.get(cfg.get("engine", engines.DEFAULT))
+    # A strategy or batch the engine does not run with CP: a skipped point with
+    # the engine's reason. Without the strategy there is no split of the
+    # engine's to describe: the row's plan columns are the default engine's.
+    skip = skip or engine.refusal(cfg["seq_lens"], cp, policy, cfg["align"])
+    planner = engine if not engine.strategy_refusal(policy, cfg["align"]) else engines.get(engines.DEFAULT)
     try:
         spec = PointSpec(
             seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"],
+            seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"], engine=planner.name,
         )
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None

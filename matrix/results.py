@@ -62,6 +62,7 @@ CONFIG_COLUMNS: tuple[str, ...] = (
     "iters",
     "seed",
     "flush_l2",
+    "engine",
 )
 
 # Keys of the schema that steer the run rather than the measurement.
@@ -76,6 +77,7 @@ PLAN_COLUMNS: tuple[str, ...] = (
     "padded_total",
     "padding_frac",
     "is_even",
+    "plan_class",
     "claim_holds",
 )
 
@@ -124,6 +126,8 @@ TIMING_COLUMNS: tuple[str, ...] = (
     # the gathered buffer every rank's MoE runs on
     "attn_pad_rows",
     "moe_pad_rows",
+    # of attn_pad_rows, those the engine keeps out of attention's output (masked, not computed)
+    "attn_pad_masked_rows",
     "algbw_padded_GBps",
     "busbw_padded_GBps",
     "algbw_useful_GBps",

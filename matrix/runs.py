@@ -15,8 +15,11 @@ Readers tell a results.csv's layout by its header (:func:`layout_version`):
   ``passthrough`` statuses (such rows say ``ok``);
 - 2: the environment repeated in every row (``torch_version``,
   ``nccl_version``, ``host``, ``git_sha``), no ``run_id``;
-- 3 (:data:`SCHEMA_VERSION`): a ``run_id`` in every row, the environment
-  once per run in ``runs.jsonl``.
+- 3: a ``run_id`` in every row, the environment once per run in
+  ``runs.jsonl``; no ``engine`` column: every row was planned by the
+  ``seed_fix`` engine's rules (nsa_cp_comm.engines);
+- 4 (:data:`SCHEMA_VERSION`): as 3, with ``engine`` (a configuration column)
+  and ``attn_pad_masked_rows``.
 
 Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
 ``schema_version`` that wrote it.
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from . import inputs
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RUNS_FILE = "runs.jsonl"
 RUNS_BYTES_MAX = 1 << 30  # a line per run: millions of runs
 
@@ -67,10 +70,10 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
 
 
 def layout_version(header: Iterable[str]) -> int:
-    """The layout (1, 2 or 3; see the module docstring) of a results.csv with ``header``."""
+    """The layout (1 to 4; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
     if "run_id" in names:
-        return 3
+        return 4 if "engine" in names else 3
     return 2 if "effective_id" in names else 1
 
 

@@ -23,7 +23,8 @@ ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped"
 
 def head(cfg: Mapping[str, Any]) -> str:
     split = f"shared_kv page={cfg['page_size']}" if cfg["shared_kv"] else cfg["split"]
-    return f"[matrix] cp={cfg['cp_size']} {split} seq_lens={cfg['seq_lens']} a2a={cfg['moe_a2a_backend']}"
+    engine = f" engine={cfg['engine']}" if cfg.get("engine", "seed_fix") != "seed_fix" else ""
+    return f"[matrix] cp={cfg['cp_size']} {split} seq_lens={cfg['seq_lens']} a2a={cfg['moe_a2a_backend']}{engine}"
 
 
 def describe(row: Mapping[str, Any]) -> str:

@@ -217,7 +217,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     import torch.distributed as dist
 
     from nsa_cp_comm.harness.fold import fold_reports
-    from nsa_cp_comm.harness.measure import failed_run
+    from nsa_cp_comm.harness.blame import failed_run
     from nsa_cp_comm.harness.ranks import set_rank_device
 
     from .point import build_rows, point_id, skipped_results, write_point

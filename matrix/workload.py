@@ -347,10 +347,11 @@ def expand_argv(argv: list[str]) -> list[str]:
     return out if any(a in ("-m", "--multirun") for a in argv) else ["-m", *out]
 
 
-def report_lines(df) -> list[str]:
+def report_lines(df, table=None) -> list:
     """The report's workload section: per workload, cp, layout and impl, the
     spread over its batches (ok rows) of padding fraction, gathered bytes and
-    round-trip time. Empty when no row names a workload."""
+    round-trip time. Empty when no row names a workload. ``table``: how a
+    table becomes a block (default: markdown text; the report keeps it as records)."""
     import pandas as pd
 
     from ._review import frame_md
@@ -380,4 +381,4 @@ def report_lines(df) -> list[str]:
     }).reset_index()
     return ["Each batch of a workload is a point; per workload, cp, layout and impl, over its batches (`ok` "
             "rows): the padding fraction of the gathered buffer (`1 - bytes_useful/bytes_padded`), the bytes gathered per layer and the round "
-            "trip's median time, at their p50 and p99.", "", frame_md(t)]
+            "trip's median time, at their p50 and p99.", "", (table or frame_md)(t)]

@@ -85,6 +85,15 @@ def _nan_padded_gather(local, plan, group):
 dirty_padding = RoundTripImpl("dirty_padding", _nan_padded_gather, _scatter, doc="NaN padding rows")
 
 
+# --- gather_shape: a row lost ----------------------------------------------------
+def _short_gather(local, plan, group):
+    # Mistake: the buffer handed back one row short ("the last row is padding").
+    return _gather(local, plan, group)[:-1]
+
+
+drops_last_row = RoundTripImpl("drops_last_row", _short_gather, _scatter, doc="gathered buffer one row short")
+
+
 # --- scatter_chunk: the wrong rows back ----------------------------------------
 def _packed_offset_scatter(full, plan, group):
     # Mistake: sums the whole buffer, then slices this rank's rows at the
@@ -98,6 +107,21 @@ def _packed_offset_scatter(full, plan, group):
 
 
 wrong_chunk = RoundTripImpl("wrong_chunk", _gather, _packed_offset_scatter, doc="scatter slices the packed offset")
+
+
+def _neighbour_scatter(full, plan, group):
+    # Mistake: this rank's rows sliced from the next rank's slot (a slot index
+    # off by one). With the CP group in reverse world order, on some ranks
+    # that slot is the one the global rank names; on others it is not.
+    rank, m = dist.get_rank(group), plan.max_rank_len
+    summed = full.clone()
+    dist.all_reduce(summed, group=group)
+    start = (rank + 1) % plan.cp_size * m
+    return summed[start : start + plan.per_rank_tokens[rank]]
+
+
+neighbour_scatter = RoundTripImpl("neighbour_scatter", _gather, _neighbour_scatter,
+                                  doc="scatter returns the next rank's slot")
 
 
 # --- collective_skipped: a branch on a local shape -----------------------------
@@ -433,6 +457,55 @@ CHEATS = {
 for _name, (_cheat, _doc) in CHEATS.items():
     globals()[_name] = _cheating(_name, _cheat, _doc)
 
+# --- written from docs/plugins.md, right on even plans only --------------------
+# Each passes every even point (a sweep whose plans are all even, such as zigzag
+# batches of one request, calls it ok); the conformance preset's uneven plan
+# classes must catch each at every cp (tests/test_conformance.py).
+def _local_sized_gather(local, plan, group):
+    # Mistake: the gathered buffer sized from this rank's own rows, as if every
+    # rank held as many; each rank all-gathers a block of its own length.
+    cp = plan.cp_size
+    full = torch.empty((local.shape[0] * cp, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, local.contiguous(), group)
+    return full
+
+
+local_sized_buffer = RoundTripImpl("local_sized_buffer", _local_sized_gather, _scatter,
+                                   doc="gather buffer sized from local.shape[0] * cp")
+
+
+def _new_empty_gather(local, plan, group):
+    # Mistake: the padded block allocated with new_empty: its padding rows
+    # hold whatever the allocator's memory held, and the reduce-scatter sums them.
+    cp, m = plan.cp_size, plan.max_rank_len
+    block = local.new_empty((m, local.shape[1]))
+    block[: local.shape[0]].copy_(local)
+    full = torch.empty((m * cp, local.shape[1]), dtype=local.dtype, device=local.device)
+    all_gather_into(full, block, group)
+    return full
+
+
+new_empty_padding = RoundTripImpl("new_empty_padding", _new_empty_gather, _scatter,
+                                  doc="padding rows allocated with new_empty")
+
+
+def _neighbour_scatter(full, plan, group):
+    # Mistake: even plans take the reduce-scatter; uneven ones sum the whole
+    # buffer and slice "my" rows, with the slot counted from 1: the next rank's.
+    if plan.is_even:
+        return _scatter(full, plan, group)
+    rank, cp, m = dist.get_rank(group), plan.cp_size, plan.max_rank_len
+    summed = full.clone()
+    dist.all_reduce(summed, group=group)
+    start = ((rank + 1) % cp) * m
+    return summed[start : start + plan.per_rank_tokens[rank]]
+
+
+neighbour_rows = RoundTripImpl("neighbour_rows", _gather, _neighbour_scatter,
+                               doc="uneven plans: the scatter returns the next rank's rows")
+
+UNEVEN_ONLY_BUGS = ("local_sized_buffer", "new_empty_padding", "neighbour_rows")
+
 
 # --- bad references -------------------------------------------------------------
 def raising_factory():
@@ -508,6 +581,66 @@ def _slow_form(plan, hidden, dtype, device, group):
 
 slow_stage = dataclasses.replace(_PADDED, prepare=_slow_form,
                                  doc=f"padded whose timed staging copy sleeps {SLOW_STAGE_S} s: right, and slow")
+
+
+# --- timed forms that bring the ranks down ---------------------------------------
+def _with_call(act, *, after_scatter=False):
+    """padded's production form that calls ``act(call, group)`` before its
+    gather, or after its scatter (its timed calls counted from 1)."""
+
+    def prepare(plan, hidden, dtype, device, group):
+        form = padded_form(plan, hidden, dtype, device, group)
+        calls = [0]
+
+        def gather(local):
+            calls[0] += 1
+            if not after_scatter:
+                act(calls[0], group)
+            return form.gather(local)
+
+        def scatter():
+            out = form.scatter()
+            if after_scatter:
+                act(calls[0], group)
+            return out
+
+        return dataclasses.replace(form, gather=gather, scatter=scatter)
+
+    return prepare
+
+
+def _extra_barrier(call, group):
+    # Mistake: "sync after the reduce-scatter", decided from local state: only
+    # the CP group's rank 0 issues it, in its second timed round trip. Its
+    # peers' next collective is the barrier that starts the next turn.
+    if call == 2 and dist.get_rank(group) == 0:
+        dist.barrier(group=group)
+
+
+def _raise_in_loop(call, group):
+    if call == 2 and dist.get_rank() == dist.get_world_size() - 1:
+        raise RuntimeError(f"injected fault in the timed loop on rank {dist.get_rank()}")
+
+
+def _hang_in_loop(call, group):
+    if call == 2 and dist.get_rank() == dist.get_world_size() - 1:
+        _hang()
+
+
+def _default_group_prepare(plan, hidden, dtype, device, group):
+    # Mistake: the timed form built for the default group (the group argument
+    # dropped): its rank is the global rank, past the plan's ranks with bystanders.
+    return _reused_form(plan, hidden, dtype, device, None, slot_at=_padded_slot)
+
+
+extra_barrier_timed = dataclasses.replace(_PADDED, prepare=_with_call(_extra_barrier, after_scatter=True),
+                                          doc="padded whose timed scatter issues a barrier on one rank")
+raise_in_loop = dataclasses.replace(_PADDED, prepare=_with_call(_raise_in_loop),
+                                    doc="padded whose timed gather raises on the last rank")
+hang_in_loop = dataclasses.replace(_PADDED, prepare=_with_call(_hang_in_loop),
+                                   doc="padded whose timed gather never returns on the last rank")
+default_group_form = RoundTripImpl("default_group_form", _gather, _scatter, prepare=_default_group_prepare,
+                                   doc="a production form on the default group")
 
 
 # --- ranks that fail: raise, exit or hang ---------------------------------------

@@ -110,6 +110,8 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
     "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
     "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
+    "tests/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
+    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (24 points)",
     "tests/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
     "tests/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
     "tests/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",
@@ -137,6 +139,10 @@ SLOW: dict[str, str] = {
     "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
     "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "
                                                                              "sweep in a fresh interpreter",
+    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was": "fault drill: waits out "
+                                                                                             "two hangs, six pools",
+    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed": "fault drill: waits out a hang, "
+                                                                                "four pools",
 }
 
 

@@ -8,8 +8,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from nsa_cp_comm import impls
+from nsa_cp_comm import impls, production
 from nsa_cp_comm import pad_at_split as pas
+from nsa_cp_comm.plan import ceil_align
 from nsa_cp_comm.harness.measure import point_on_rank
 
 
@@ -45,7 +46,21 @@ def _gather_mutates_input(local, plan, group=None, check=True):
     return full
 
 
+def _p_aligned_to_cp(plan):
+    # the alignment cp where the engine's rule has 2*cp (zigzag): P wrong in the
+    # gather, the scatter, the declared stride and the production form alike
+    return ceil_align(plan.max_rank_len, plan.cp_size)
+
+
+def _supports_even_only(plan):
+    # a plan the implementation's engine would not run: skipped with its reason, not an error
+    return "" if plan.is_even else f"uneven plan {list(plan.per_rank_tokens)}: not this engine's"
+
+
 MUTATIONS = {
+    "supports_even_only": ("supports", _supports_even_only),
+    # legacy's bits claimed on every even plan, also where P*cp > T (its buffer is not legacy's)
+    "bits_always": ("legacy_bits_on_even", True),
     "dirty_padding": ("gather", _gather_dirty_padding),
     "stride_m": ("gather", _gather_at_max_rank_len),
     "keeps_padding": ("scatter", _scatter_keeps_padding),
@@ -56,10 +71,15 @@ MUTATIONS = {
 def point_with_mutation(spec, backend, mutation):
     """``point_on_rank`` with pad_at_split's ``gather`` or ``scatter`` replaced on this rank."""
     saved = impls.REGISTRY["pad_at_split"]
-    if mutation != "none":
+    saved_p = pas.physical_len
+    if mutation == "wrong_p_everywhere":
+        pas.physical_len = production.physical_len = _p_aligned_to_cp
+        impls.REGISTRY["pad_at_split"] = dataclasses.replace(saved, row_stride=_p_aligned_to_cp)
+    elif mutation != "none":
         attr, repl = MUTATIONS[mutation]
         impls.REGISTRY["pad_at_split"] = dataclasses.replace(saved, **{attr: repl})
     try:
         return point_on_rank(spec, backend)
     finally:
         impls.REGISTRY["pad_at_split"] = saved
+        pas.physical_len = production.physical_len = saved_p

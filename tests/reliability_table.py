@@ -304,16 +304,23 @@ class FaultCase:
 BROKEN = "tests.broken_impls"
 # A failure must be noticed, not waited out: the faults that are not hangs get a
 # timeout far beyond the bound the tests allow (a minute, on a loaded machine).
-POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason)
-    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    "crash_rank": (600.0, "error", "rank 1 crashed: exited with code 17"),
-    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+# Reasons number ranks as the CP group does: in reverse world order, so the
+# failing last world rank is the group's rank 0 (an error's own text is quoted).
+_CP = " (ranks numbered as in the CP group)"
+POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason; * matches anything)
+    "raise_rank": (600.0, "error", f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on "
+                                   f"rank 1{_CP}"),
+    "crash_rank": (600.0, "error", f"in {BROKEN}:crash_rank's checks: rank 0 crashed: exited with code 17{_CP}"),
+    # where each rank waited, from its stack: the hung one in its sleep, its peer in the all-gather
+    "hang_rank": (3.0, "timeout", f"in {BROKEN}:hang_rank's checks: rank 0,1 timeout: no answer within 3s; where they "
+                                  f"waited: rank 0 at tests/broken_impls.py:* in _hang; rank 1 waiting in "
+                                  f"torch.distributed.*, called at tests/broken_impls.py:* in _gather{_CP}"),
 }
 TORCHRUN_FAULTS = {
-    "raise_rank": (600.0, "error", "rank 1 error: RuntimeError: injected fault on rank 1"),
-    # torchrun stops every rank once one exits; rank 0 may go before it posted its outcome
-    "crash_rank": (600.0, "error", "rank *1 crashed: no report: torchrun stopped the point after a rank exited"),
-    "hang_rank": (3.0, "timeout", "rank 0,1 timeout: no answer within 3s"),
+    "raise_rank": (600.0, "error", f"rank 0 error: RuntimeError: injected fault on rank 1{_CP}"),
+    # torchrun stops every rank once one exits; rank 1 may go before it posted its outcome
+    "crash_rank": (600.0, "error", f"rank 0* crashed: no report: torchrun stopped the point after a rank exited{_CP}"),
+    "hang_rank": (3.0, "timeout", f"rank 0,1 timeout: no answer within 3s{_CP}"),
 }
 
 FAULTS: tuple[FaultCase, ...] = (
@@ -334,6 +341,32 @@ FAULTS: tuple[FaultCase, ...] = (
             "test_torchrun_fault_costs_one_row",
         )
         for f, (t, s, r) in TORCHRUN_FAULTS.items()
+    ),
+    FaultCase(
+        f"impl={BROKEN}:raise_rank with padded at the same point (a rank that raises in one implementation's "
+        "checks)",
+        "a point with several implementations (`run_point`)",
+        "the raising implementation's row only (`error`/`timeout`, naming the place: its checks, building its timed "
+        "form, its loop turn and iteration, the verification of its outputs); the others rerun on fresh ranks, "
+        "their own verdicts",
+        "test_a_raising_implementation_costs_its_own_row",
+        "test_blame",
+    ),
+    FaultCase(
+        f"impl={BROKEN}:extra_barrier_timed (a timed form issuing a barrier on one rank)",
+        "a point's timed loop",
+        "`timeout`, `collective_skipped`: the rank still in that implementation's turn and iteration while its peers "
+        "moved on, and where each waited (`torch.distributed.barrier`, called at the plug-in's line)",
+        "test_timed_forms_that_break_the_ranks_are_diagnosed",
+        "test_blame",
+    ),
+    FaultCase(
+        f"impl={BROKEN}:default_group_form bystanders=1 (a timed form built on the default group)",
+        "building a point's timed form",
+        "`error`, `group`: an index out of range only on the ranks whose global rank is past the CP group's ranks, "
+        "named with both numbers: the global rank where `dist.get_rank(group)` is meant",
+        "test_timed_forms_that_break_the_ranks_are_diagnosed",
+        "test_blame",
     ),
     FaultCase(
         "SIGKILL of `python -m matrix -m ...` mid-sweep",

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from matrix.repro_env import split
+
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "matrix"
 INSTALLED = "nsa_cp_matrix"
@@ -87,7 +89,8 @@ def test_printed_commands_name_the_package_the_app_runs_under(tmp_path):
     the name is derived, not written in."""
     (tmp_path / INSTALLED).symlink_to(APP)
     got = printed_under(INSTALLED, tmp_path)
-    assert got["repro"].startswith(f"python -m {INSTALLED} cp_size="), got["repro"]
+    _, argv = split(got["repro"])  # after the environment the run had (env PYTHONPATH=...)
+    assert argv[:3] == ["python", "-m", INSTALLED] and argv[3].startswith("cp_size="), got["repro"]
     assert got["resume"] == f"finish the sweep with: python -m {INSTALLED} -m cp_size=2,4 resume=true"
     assert got["help"].startswith(f"python -m {INSTALLED}: check and time")
     assert got["review"] == (f"review: python -m {INSTALLED}.report RESULTS_DIR; "
@@ -95,9 +98,10 @@ def test_printed_commands_name_the_package_the_app_runs_under(tmp_path):
     assert got["loaded"] and all(m.split(".")[0] == INSTALLED for m in got["loaded"]), got["loaded"]
 
     plain = printed_under("matrix", REPO)
-    assert plain["repro"].startswith("python -m matrix cp_size=") and plain["resume"].startswith(
+    plain_argv = split(plain["repro"])[1]
+    assert plain_argv[:4] == ["python", "-m", "matrix", argv[3]] and plain["resume"].startswith(
         "finish the sweep with: python -m matrix -m ")
-    assert plain["repro"].split(" ", 3)[3] == got["repro"].split(" ", 3)[3]  # only the name differs
+    assert plain_argv[3:] == argv[3:]  # only the name differs
 
 
 def test_the_install_claims_no_top_level_matrix(tmp_path):

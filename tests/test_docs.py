@@ -193,13 +193,13 @@ def test_a_sweep_exit_column_follows_the_exit_code(monkeypatch):
 
 # Where the harness names a failed check: ``rep.fail("x", ...)`` on a rank
 # (checks.py); ``check = "x"``, ``return "x", reason`` and ``[("x", f"...")]``
-# over ranks (measure.py, fold.py).
+# over ranks (measure.py, blame.py, fold.py).
 EMITTED = re.compile(r"""\.fail\(\s*"(\w+)"|\bcheck = "(\w+)"|return "(\w+)", |\[\("(\w+)", f""")
 
 
 def emitted_checks() -> set[str]:
     names = set()
-    for module in ("checks.py", "measure.py", "fold.py", "rank_state.py"):
+    for module in ("checks.py", "measure.py", "blame.py", "fold.py", "rank_state.py"):
         path = REPO / "src" / "nsa_cp_comm" / "harness" / module
         names |= {name for groups in EMITTED.findall(path.read_text()) for name in groups if name}
     return names

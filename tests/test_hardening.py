@@ -393,7 +393,8 @@ def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_pat
 
     disk = _full_disk(tmp_path, 8 << 10)  # plans.json fits, the plot does not
     try:
-        assert main(["--batches", "20", "--cp", "8", "--out", str(disk / "p")]) == 2
+        assert main(["--batches", "20", "--cp", "8", "--engine", "seed_fix", "--policy", "zigzag",
+                     "--out", str(disk / "p")]) == 2
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'p'}: cannot write "), err
         assert "No space left on device" in err[0]
@@ -511,7 +512,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     impl = f"{table.BROKEN}:{fault}"
     (row,) = run(_point_cfg(tmp_path, impl=impl, timeout_s=timeout_s), job_dir=job)
     took = time.monotonic() - t0
-    assert (row["status"], row["reason"]) == (status, reason)
+    assert row["status"] == status and table.matches(row["reason"], reason), (row["status"], row["reason"])
     bound = (timeout_s if status == "timeout" else 0) + NOTICED_WITHIN_S
     assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
     if status == "timeout":

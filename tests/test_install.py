@@ -47,6 +47,14 @@ def test_every_config_and_sample_file_ships():
     assert "conf/layout/zigzag.yaml" in unshipped(broken)
 
 
+def test_every_library_package_ships():
+    # A subpackage added to the library (its folder has an __init__.py) but not to pyproject's list would be
+    # missing from every regular install.
+    packages = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src").rglob("__init__.py")}
+    assert found and found <= packages, found - packages
+
+
 def test_every_console_command_names_a_main():
     import importlib
 

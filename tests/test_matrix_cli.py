@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from matrix.config import KEYS, register
+from matrix.config import GROUPS, KEYS, register
+from matrix.repro_env import split
 from matrix.results import COLUMNS, CONFIG_COLUMNS
 
 from matrix_cli import REPO, run_matrix
@@ -29,7 +30,7 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     assert params, f"{preset} sweeps nothing"
     for key in params:
-        assert key.lstrip("+") in set(KEYS) | {"layout"}, key
+        assert key.lstrip("+") in set(KEYS) | set(GROUPS), key
     from matrix.config import validate_overrides
 
     validate_overrides([f"{k}={v}" for k, v in params.items()])
@@ -89,7 +90,7 @@ def test_smoke_sweep_through_the_cli(tmp_path):
     a2a = by[("2", "zigzag", "[1001,300]", "deepep", "a2a")]
     assert a2a["status"] == "ok" and int(a2a["rows_moved"]) > 0 and float(a2a["roundtrip_p50_us"]) > 0
     for r in rows:
-        assert r["repro"].startswith("python -m matrix ") and f"cp_size={r['cp_size']}" in r["repro"]
+        assert split(r["repro"])[1][:3] == ["python", "-m", "matrix"] and f"cp_size={r['cp_size']}" in r["repro"]
         assert "results_dir=" not in r["repro"]  # a repro runs into its own fresh results_dir
         assert r["run_id"] and r["timestamp"]
     assert "matrix summary: 16 points, 40 rows: ok 21, refused 3, passthrough 16, failed 0" in run.stdout
@@ -102,9 +103,7 @@ def test_repro_reruns_the_same_point(tmp_path):
                        "shared_kv=true", "page_size=16", multirun=False)
     assert first.returncode == 0, first.stderr[-2000:]
     row = first.rows()[0]
-    import shlex
-
-    args = shlex.split(row["repro"])[3:]
+    args = split(row["repro"])[1][3:]
     assert not [a for a in args if a.startswith(("results_dir=", "resume="))]
     second = run_matrix(tmp_path / "b", *args, multirun=False)
     assert second.returncode == 0, second.stderr[-2000:]
@@ -183,7 +182,8 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     # Hydra makes the next job's folder as that job starts; its point then runs
     # for seconds (400 iterations), so the signal lands mid-point, not between points.
     deadline = time.monotonic() + 120
-    while not (res / "1" / "matrix.log").exists() and proc.poll() is None and time.monotonic() < deadline:
+    # Hydra's records: a folder per command under results_dir/hydra/, a folder per job in it
+    while not list(res.glob("hydra/*/1/matrix.log")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
@@ -277,8 +277,6 @@ def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):
 
 def test_repro_quotes_every_value_so_it_round_trips():
     """shlex, then Hydra's own parser, give back every value of the point."""
-    import shlex
-
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from matrix.config import MatrixConfig
@@ -286,7 +284,7 @@ def test_repro_quotes_every_value_so_it_round_trips():
 
     cfg = {**vars(MatrixConfig()), "seq_lens": [1001, 300], "impl": "tests.broken_impls:wrong_order",
            "align": None, "results_dir": "/tmp/a,b'c d", "timeout_s": 12.5}
-    argv = shlex.split(repro_command(cfg))
+    argv = split(repro_command(cfg))[1]
     assert argv[:3] == ["python", "-m", "matrix"]
     parsed = {ov.key_or_group: ov.value() for ov in OverridesParser.create().parse_overrides(argv[3:])}
     assert "results_dir" not in parsed and "resume" not in parsed  # a repro runs into a fresh directory

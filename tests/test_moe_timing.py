@@ -218,8 +218,9 @@ def test_point_light_checks_time_without_the_reference(rank_pool):
 def test_point_fault_on_a_rank_is_reported(pool_workdir):
     pool = RankPool(2, workdir=pool_workdir)
     res = run_point(small(impls=("padded", "tests.broken_impls:raise_rank")), pool, timeout_s=60)
-    assert [r.status for r in res] == ["error", "error"]
-    assert "injected fault on rank 1" in res[0].reason
+    # The raising implementation's row; padded rerun on fresh ranks.
+    assert [r.status for r in res] == ["ok", "error"]
+    assert "injected fault on rank 1" in res[1].reason
     assert pool.closed
 
 

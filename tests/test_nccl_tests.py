@@ -142,6 +142,22 @@ def test_design_verdicts_follow_the_rows():
     assert "`pad_at_split` on 1, a tie on 0" in text
 
 
+def test_design_verdicts_follow_each_rows_engine():
+    """The attention padding is computed under the seed fix's engine and zeroed under SGLang 0.5.23,
+    whose round-robin split is named interleave; the table has a line per engine."""
+    seed = _pair(0, 4, 1000, 1200, 10.0, 20.0)
+    sgl = [dict(r, engine="sglang_0_5_23", policy="round_robin") for r in _pair(1, 4, 1000, 1200, 10.0, 20.0)]
+    text = "\n".join(designs.section(pd.DataFrame(seed + sgl), "_pair"))
+    assert "over 2 point(s) (seed_fix, sglang_0_5_23)" in text
+    assert "(computed: up to 4, zeroed by the engine: up to 4)" in text
+    table = [line for line in text.splitlines() if line.startswith("| seed_fix") or line.startswith("| sglang")]
+    assert [line.split("|")[3].strip() for line in table] == ["zigzag", "interleave"]
+    assert [line.split("|")[8].strip() for line in table] == ["4", "0"]  # attention padding computed
+    assert [line.split("|")[9].strip() for line in table] == ["0", "4"]  # and zeroed
+    only_sgl = "\n".join(designs.section(pd.DataFrame(sgl), "_pair"))
+    assert "(computed: up to 0, zeroed by the engine: up to 4)" in only_sgl
+
+
 def test_design_section_absent_without_pad_at_split_rows():
     df = pd.DataFrame(_pair(0, 2, 1, 1, 1.0, 1.0)[:1])
     assert designs.section(df, "_pair") == []

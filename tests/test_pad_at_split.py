@@ -28,6 +28,10 @@ EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500), P =
 EMPTY = dict(seq_lens=(5,), cp_size=4, policy="zigzag_page", page_size=64)  # ranks without rows
 THREE = dict(seq_lens=(1001, 300), cp_size=3, policy="zigzag")  # even n = 434, P = 438 > m
 ROUND = dict(seq_lens=(10,), cp_size=4, policy="round_robin")  # n = 3, P = 4
+# SGLang 0.5.23 splits the raw lengths: n = (433, 434, 434), P = ceil_align(434, 6) = 438
+SGLANG_THREE = dict(seq_lens=(1001, 300), cp_size=3, policy="zigzag", engine="sglang_0_5_23")
+# interleave on the raw 10 tokens: n = (3, 3, 2, 2), P = 4, the engine's padding on an uneven split
+SGLANG_ROUND = dict(seq_lens=(10,), cp_size=4, policy="round_robin", engine="sglang_0_5_23")
 
 
 def run(rank_pool, mutation, where, topk=2):
@@ -39,7 +43,8 @@ def run(rank_pool, mutation, where, topk=2):
     return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}, spec
 
 
-@pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND], ids=["uneven", "even", "empty", "three", "rr"])
+@pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND, SGLANG_THREE, SGLANG_ROUND],
+                         ids=["uneven", "even", "empty", "three", "rr", "sglang-zigzag", "sglang-interleave"])
 def test_pad_at_split_passes_every_check(rank_pool, where):
     res, spec = run(rank_pool, "none", where)
     r = res["pad_at_split"]
@@ -52,6 +57,8 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
     assert (r.attn_pad_rows, r.moe_pad_rows) == (pad["pad_at_split_attn"], pad["pad_at_split_moe"])
     assert (res["padded"].attn_pad_rows, res["padded"].moe_pad_rows) == (0, pad["padded_moe"])
     assert r.stats["roundtrip"]["p50"] > 0 and "local" not in r.stats  # padded at the split: no per-layer local work
+    # legacy's bits, checked, exactly where no rank is padded (P*cp == T)
+    assert r.even_bitwise_equal is (True if plan.is_even and p * plan.cp_size == plan.total_tokens else None)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +70,10 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
         # P > every n_r: the padding kept is not the rows of another rank either
         ("keeps_padding", THREE, "scatter_chunk"),
         ("mutates_input", EVEN, "input_mutated"),
+        # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
+        ("wrong_p_everywhere", THREE, "physical_len"),
+        ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
+        ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
     ],
 )
 def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
@@ -73,20 +84,40 @@ def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
     assert res["padded"].status == "ok", res["padded"].reason  # the other design is unaffected
 
 
+@pytest.mark.parametrize("where,status", [(UNEVEN, "skipped"), (EVEN, "ok")], ids=["uneven", "even"])
+def test_a_plan_the_implementation_does_not_support_is_skipped(rank_pool, where, status):
+    res, _ = run(rank_pool, "supports_even_only", where)
+    r = res["pad_at_split"]
+    assert r.status == status, r.reason
+    if status == "skipped":
+        assert r.reason == "impl=pad_at_split: uneven plan [488, 512]: not this engine's" and not r.stats
+    assert res["padded"].status == "ok"
+
+
 def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
-    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch."""
+    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch, under
+    each engine; a split the engine does not have is a skipped point naming the engine."""
     lens = [1001, 300, 77]
-    run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "shared_kv=true", "page_size=16",
-                      f"seq_lens=[{','.join(map(str, lens))}]", "hidden_size=32", "dtype=float32", "iters=1",
-                      "warmup=0", multirun=False)
+    run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "engine=seed_fix,sglang_0_5_23",
+                      "+layout=shared_page16,zigzag", f"seq_lens=[{','.join(map(str, lens))}]", "hidden_size=32",
+                      "dtype=float32", "iters=1", "warmup=0")
     assert run_.returncode == 0, run_.stderr[-2000:]
-    rows = {r["impl"]: r for r in run_.rows()}
-    assert set(rows) == {"padded", "pad_at_split"} and all(r["status"] == "ok" for r in rows.values())
-    st = plans.plan_stats(Batches(np.array(lens), np.array([3])), 3, "zigzag_page", 16)
-    for impl in ("padded", "pad_at_split"):
-        assert int(rows[impl]["bytes_padded"]) == st["rows"][impl][0] * 32 * 4
-        assert int(rows[impl]["moe_pad_rows"]) == st["moe_pad"][impl][0]
-        assert int(rows[impl]["attn_pad_rows"]) == st["attn_pad"][impl][0]
+    rows = {(r["engine"], r["policy"], r["impl"]): r for r in run_.rows()}
+    assert len(rows) == 8
+    for engine, policy in (("seed_fix", "zigzag_page"), ("seed_fix", "zigzag"), ("sglang_0_5_23", "zigzag")):
+        st = plans.plan_stats(Batches(np.array(lens), np.array([3])), 3, policy, 16 if policy == "zigzag_page" else 1,
+                              engine=engine)
+        for impl in ("padded", "pad_at_split"):
+            row = rows[(engine, policy, impl)]
+            assert row["status"] == "ok", row["reason"]
+            assert int(row["bytes_padded"]) == st["rows"][impl][0] * 32 * 4
+            assert int(row["moe_pad_rows"]) == st["moe_pad"][impl][0]
+            assert int(row["attn_pad_rows"]) == st["attn_pad"][impl][0]
+            assert int(row["attn_pad_masked_rows"]) == st["costs"][impl]["attn_pad_masked"][0]
+            assert int(row["total_tokens"]) == st["total"][0]
+    assert rows[("sglang_0_5_23", "zigzag", "pad_at_split")]["attn_pad_masked_rows"] != "0"  # the engine zeroes them
+    skipped = rows[("sglang_0_5_23", "zigzag_page", "pad_at_split")]
+    assert skipped["status"] == "skipped" and "SGLang 0.5.23 has no zigzag_page split" in skipped["reason"]
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
     from matrix import report
 
@@ -95,7 +126,8 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
                         "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
                         "--nccl-tests", str(data / "nccl_tests_sample_reduce_scatter.json")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "## Designs: padded vs pad_at_split" in md and "**Which is cheaper, where:** over 1 point(s)" in md
+    assert "## Designs: padded vs pad_at_split" in md
+    assert "**Which is cheaper, where:** over 3 point(s) (seed_fix, sglang_0_5_23)" in md
     assert "## Collectives predicted from nccl-tests (a model)" in md and "a model, not a measurement" in md
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
     assert "nccl-tests" not in (tmp_path / "rep2" / "report.md").read_text()

@@ -73,7 +73,7 @@ def test_plan_statistics_are_the_rank_run_ones(case):
         assert st_["moe_pad"]["padded"][i] == pad["padded_moe"]
         assert st_["moe_pad"]["pad_at_split"][i] == pad["pad_at_split_moe"]
         assert st_["attn_pad"]["pad_at_split"][i] == pad["pad_at_split_attn"]
-        assert st_["rows"]["legacy_even"][i] == plan.total_tokens
+        assert st_["rows"]["legacy_even"][i] == sum(g)  # the raw batch: the lower bound
 
 
 def test_equality_check_sees_a_wrong_split():
@@ -88,11 +88,12 @@ def test_equality_check_sees_a_wrong_split():
 
 
 def test_pad_at_split_rule_worked_example():
-    plan = plan_split([1001, 300], 3, policy="zigzag")  # even: 434 rows a rank
+    plan = plan_split([1001, 300], 3, policy="zigzag")  # even: 434 rows a rank, the 1301 tokens padded to 1302
     assert plan.per_rank_tokens == (434, 434, 434)
     assert physical_len(plan) == 438  # ceil_align(434, 2*3)
-    assert padding_rows(plan) == {"padded_attn": 0, "padded_moe": 0, "pad_at_split_attn": 4,
-                                  "pad_at_split_moe": 3 * 438 - 1302}
+    # the batch's alignment token is a padding row the MoE processes, in both designs
+    assert padding_rows(plan) == {"padded_attn": 0, "padded_moe": 1, "pad_at_split_attn": 4,
+                                  "pad_at_split_moe": 3 * 438 - 1301}
     page = plan_split([1000], 2, policy="zigzag_page", page_size=64)  # (488, 512)
     assert physical_len(page) == 512
     assert padding_rows(page)["pad_at_split_attn"] == 24 and padding_rows(page)["padded_moe"] == 24
@@ -170,7 +171,10 @@ def test_cli_writes_stats_and_plot(tmp_path):
                         "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "plans.json").read_text())
-    assert {(r["cp_size"], r["design"]) for r in out["rows"]} == {(c, d) for c in (2, 8) for d in plans.DESIGNS}
+    assert {(r["engine"], r["cp_size"], r["design"]) for r in out["rows"]} == {
+        (e, c, d) for e in ("seed_fix", "sglang_0_5_23") for c in (2, 8) for d in plans.DESIGNS}
+    assert set(out["meta"]["engines"]) == {"seed_fix", "sglang_0_5_23"}
+    assert "sglang==0.5.23" in out["meta"]["engines"]["sglang_0_5_23"]["source"]
     for r in out["rows"]:
         if r["design"] == "legacy_even":
             assert r["overhead_p99"] == 0
@@ -192,6 +196,8 @@ def one_line_exit_2(main, args, capsys) -> str:
     (["--cp", "0"], "--cp=0"),
     (["--cp", "x"], "--cp=x"),
     (["--policy", "spiral"], "--policy=spiral"),
+    (["--engine", "vllm"], "--engine=vllm: must be one of seed_fix, sglang_0_5_23"),
+    (["--engine", "sglang_0_5_23", "--policy", "zigzag_page"], "no engine of --engine=sglang_0_5_23 has any"),
     (["--workload", "nope"], "workload=nope"),
     (["--batches", "0"], "workload.batches=0"),
     (["--nccl-tests", "/nonexistent.json"], "/nonexistent.json"),

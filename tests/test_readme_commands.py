@@ -51,6 +51,7 @@ DRY: tuple[str, ...] = (
     "python -m matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
     "python -m matrix +matrix=smoke results_dir=results/mine resume=true",
     "python -m matrix +matrix=designs results_dir=results/designs",
+    "python -m matrix +matrix=designs engine=sglang_0_5_23 results_dir=results/designs-sglang",
     "python -m matrix -m workload=trace impl=designs cp_size=2,4 hidden_size=256",
 )
 # Not run here, and why.
@@ -59,6 +60,10 @@ ELSEWHERE: dict[str, str] = {
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
     "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
+    "tests/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
+    "python -m matrix.report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
+    "chain runs the report as written",
     "python -m matrix.report results/designs --nccl-tests benchmarks/data/nccl_tests_sample_all_gather.json "
     "--nccl-tests benchmarks/data/nccl_tests_sample_reduce_scatter.json":
     "needs the designs preset's results (minutes); tests/test_pad_at_split.py runs the report with these files",

@@ -249,10 +249,9 @@ def test_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixt
     assert report.main([str(run_dir)]) == 0
     md, appendix = md_of(run_dir)
     latency = section(md, "Latency")
-    assert "ratio = padded / legacy" in latency
-    assert table_row(latency, "2")[1:] == ["150", "165"]  # by impl: legacy, padded
-    ratios = latency[latency.index("### Padded vs legacy"):]
-    assert table_row(ratios, "2")[4] == "1.10"  # every even pair is padded = 1.1 x legacy
+    assert "`X/padded`: the median over the same points of each point's ratio" in latency
+    # points, then by impl: legacy, padded, and legacy over padded (every even pair is padded = 1.1 x legacy)
+    assert table_row(latency, "2")[1:] == ["4", "150", "165", "0.909"]
     assert "local work" in latency and "10%" in latency
     assert "No row carries a spread" in latency
     assert "round_robin" in appendix[appendix.index("## Round-trip p50 (us) by cp size, impl and policy"):]
@@ -270,16 +269,16 @@ def test_pairs_and_plans_are_computed_once_per_report(run_dir: Path, monkeypatch
     of plans."""
     calls = {"ratios": 0, "_plans": 0}
     for name in calls:
-        def counted(df: pd.DataFrame, real=getattr(report, name), name=name) -> pd.DataFrame:
+        def counted(*args, real=getattr(report, name), name=name) -> pd.DataFrame:
             calls[name] += 1
-            return real(df)
+            return real(*args)
         monkeypatch.setattr(report, name, counted)
     assert report.main([str(run_dir)]) == 0
     assert calls == {"ratios": 1, "_plans": 1}
     md, _ = md_of(run_dir)
     # each reader got the one table: the ratio of every even pair, and the uneven plan
-    assert "median 1.10 (quartiles 1.10-1.10 over 8 points)" in md.splitlines()[2]
-    assert "a median 1.10x legacy's (8 points)" in section(md, "Plots")
+    assert "legacy/padded 0.91 (quartiles 0.91-0.91 over 8 points)" in md.splitlines()[2]
+    assert "legacy's a median 0.91x (8 points)" in section(md, "Plots")
     assert "zigzag_page" in section(md, "Claim check") and "zigzag_page p64 at cp=4" in section(md, "Plots")
 
 
@@ -297,8 +296,9 @@ def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.Capt
     md, appendix = md_of(tmp_path)
     latency = section(md, "Latency")
     assert "1 of 2 ratios are" in latency and "noise" in latency
-    assert table_row(latency[latency.index("### Padded vs legacy"):], "2")[-1] == "1"  # within_noise
-    per_point = appendix[appendix.index("## Padded vs legacy per even point"):]
+    ratios = appendix[appendix.index("## Each impl relative to padded (ratio"):]
+    assert table_row(ratios, "2")[-1] == "1"  # within_noise
+    per_point = appendix[appendix.index("## Each impl relative to padded per point"):]
     assert table_row(per_point, "2").count("True") == 1
     noisy = next(ln for ln in per_point.splitlines() if "[512,512]" in ln)
     real = next(ln for ln in per_point.splitlines() if "[1024,1024]" in ln)
@@ -396,7 +396,7 @@ def test_default_sweep_report_fits_two_screens(tmp_path: Path, capsys: pytest.Ca
     md, appendix = md_of(tmp_path)
     lines = md.rstrip().splitlines()
     assert lines[-1].endswith("(report_appendix.md)") and len(lines) <= 120, len(lines)
-    for moved in ("## Sweep overrides", "## Padded vs legacy per even point", "## Plans where the claim fails",
+    for moved in ("## Sweep overrides", "## Each impl relative to padded per point", "## Plans where the claim fails",
                   "## Failed, error and timeout points"):
         assert moved in appendix.splitlines() or any(ln.startswith(moved + " (") for ln in appendix.splitlines())
         assert not any(line.startswith(moved) for line in lines)

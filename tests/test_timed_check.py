@@ -126,3 +126,25 @@ def test_a_wrong_gather_a_wrong_scatter_and_a_changed_caller_are_each_counted():
     assert reason.startswith("wrong in 1 of 3 iterations"), reason
     assert "gathered rows of rank 0" in reason and "scatter output: 1 of" in reason
     assert "the caller's rows changed" in reason
+
+
+def test_a_point_reports_where_its_time_went(rank_pool):
+    # benchmarks/point_phases.py reads these: each phase's seconds and collectives.
+    from nsa_cp_comm.harness.measure import point_on_rank
+    from nsa_cp_comm.harness.phases import PHASES_KEY, PhaseClock
+
+    spec = PointSpec((5, 3), 2, policy="zigzag", impls=("padded", "legacy"), hidden_size=16, warmup=1, iters=2)
+    for r in rank_pool(2).run(point_on_rank, spec, "gloo", timeout_s=120):
+        phases = r.value[PHASES_KEY]
+        assert set(phases) == {"setup", "checks", "agreement", "prepare", "timed loop", "of which A/A control",
+                               "of which verification"}, phases
+        assert phases["agreement"]["collectives"] == 1
+        # per iteration: a barrier per phase (padded 3, legacy 2, the control 2; each turn's first on the
+        # fence group) and six collectives (a gather and a scatter each)
+        assert phases["timed loop"]["collectives"] == (1 + 2) * (7 + 6), phases
+        assert phases["checks"]["collectives"] > 0 and all(v["s"] >= 0 for v in phases.values())
+    clock = PhaseClock()
+    clock.lap("a")
+    clock.lap("b")
+    clock.add("a", 1.0, 2)
+    assert clock.report()["a"]["s"] >= 1.0 and clock.report()["a"]["collectives"] == 2

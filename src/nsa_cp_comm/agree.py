@@ -45,7 +45,7 @@ FIELDS = 9
 def plan_fingerprint(plan: CPPlan) -> int:
     """A 62-bit identity of the plan: equal on two ranks iff their plans split the
     batch the same way (policy, sizes, blocks)."""
-    key = repr((plan.policy, plan.cp_size, plan.page_size, plan.align, plan.seq_lens, plan.per_rank_tokens,
+    key = repr((plan.engine, plan.policy, plan.cp_size, plan.page_size, plan.align, plan.seq_lens, plan.per_rank_tokens,
                 plan.blocks))
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 2
 

@@ -75,7 +75,11 @@ class RoundTripImpl:
     layout and returns this rank's ``[n_r, H]`` (it may consume its input).
     ``needs_even``: the implementation must refuse uneven plans on every rank,
     before any collective. ``legacy_bits_on_even``: on even plans its results
-    must equal legacy's bit for bit. ``prepare(plan, hidden, dtype, device,
+    must equal legacy's bit for bit (a bool, or a rule of the plan: a
+    callable ``plan -> bool`` saying on which even plans it claims them).
+    ``supports(plan) -> str``: why it does not run this plan ('' when it
+    does; e.g. a plan its engine would not run): a ``skipped`` row with that
+    reason, decided from the plan alone. ``prepare(plan, hidden, dtype, device,
     group) -> Production``: the production form the timed loop runs, under
     the same contract as ``gather`` and ``scatter``, checked at every
     iteration (without it, the timed loop runs ``gather`` and ``scatter``).
@@ -87,7 +91,7 @@ class RoundTripImpl:
     layout: str = "rank_major_padded"
     backends: tuple[str, ...] = BACKENDS
     needs_even: bool = False
-    legacy_bits_on_even: bool = True
+    legacy_bits_on_even: bool | Callable[[CPPlan], bool] = True
     doc: str = ""
     origin: str = ""
     # rank_major_padded only: rows per rank's block (default: plan.max_rank_len).
@@ -96,6 +100,7 @@ class RoundTripImpl:
     # then processes the padding rows too.
     pads_split: bool = False
     prepare: Callable[..., Production] | None = None
+    supports: Callable[[CPPlan], str] | None = None
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -105,8 +110,14 @@ class RoundTripImpl:
         for attr in ("gather", "scatter"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
-        if self.prepare is not None and not callable(self.prepare):
-            raise ValueError(f"impl {self.name!r}: prepare is not callable")
+        for attr in ("prepare", "supports", "row_stride"):
+            if getattr(self, attr) is not None and not callable(getattr(self, attr)):
+                raise ValueError(f"impl {self.name!r}: {attr} is not callable")
+
+    def claims_legacy_bits(self, plan: CPPlan) -> bool:
+        """Whether its results on ``plan`` must be legacy's bit for bit (even plans only)."""
+        rule = self.legacy_bits_on_even
+        return plan.is_even and bool(rule(plan) if callable(rule) else rule)
 
     def production(self, plan: CPPlan, hidden: int, dtype: Any, device: Any, group: Any) -> Production:
         """The form the timed loop runs at this point: ``prepare``'s, else the
@@ -170,14 +181,25 @@ def _check_common(impl: Any) -> None:
         raise ValueError(f"impl {impl.name!r}: backends={impl.backends!r} must be a subset of {', '.join(BACKENDS)}")
 
 
-def skip_reason(impl: Impl, backend: str) -> str | None:
-    """Why ``impl`` cannot run on ``backend``, else None."""
+def skip_reason(impl: Impl, backend: str, plan: CPPlan | None = None) -> str | None:
+    """Why ``impl`` cannot run on ``backend`` (or, given one, ``plan``: its
+    ``supports``), else None. A ``supports`` that returns other than a str
+    raises TypeError (an error row: it is the implementation's fault)."""
     if backend not in impl.backends:
         return f"impl={impl.name} needs backend {'/'.join(impl.backends)}, not {backend}"
+    supports = getattr(impl, "supports", None)
+    if plan is not None and supports is not None:
+        why = supports(plan)
+        if not isinstance(why, str):
+            raise TypeError(f"impl {impl.name!r}: supports(plan) returned {type(why).__name__}, not a str "
+                            "('' when it runs the plan)")
+        return f"impl={impl.name}: {why}" if why else None
     return None
 
 
 REGISTRY: dict[str, Impl] = {}
+# Implementations registered from entry points: name -> the entry point's "module:attribute".
+ENTRY_POINT_OF: dict[str, str] = {}
 
 
 def register(impl: Impl) -> Impl:
@@ -229,8 +251,8 @@ register(
     RoundTripImpl(
         "pad_at_split", pad_at_split_gather, pad_at_split_scatter, "rank_major_padded", row_stride=physical_len,
         pads_split=True, prepare=pad_at_split_form,
-        # [P*cp, H] with P = ceil_align(m, align) is not legacy's [T, H] buffer on even plans
-        legacy_bits_on_even=False,
+        # legacy's [T, H] buffer, and bytes, exactly where P*cp == T (no rank padded)
+        legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,
         doc="the serving engine's rule: every rank padded at the split to P = ceil_align(max n_r, 2*cp zigzag "
         "| cp), attention and MoE process the zero rows, every collective even",
     )
@@ -302,6 +324,7 @@ def discover() -> tuple[str, ...]:
         if impl.name in BUILTIN:
             raise ImplError(f"entry point {ep.name} = {ep.value}: name {impl.name!r} is a built-in implementation")
         register(impl)
+        ENTRY_POINT_OF[impl.name] = ep.value
         found.append(impl.name)
     return tuple(found)
 

@@ -2,12 +2,14 @@
 
 Instead of padding around the MoE (the padded communicator: every shard to
 ``m = max_r n_r`` inside the gather), the engine gives every rank the same
-*physical* length before attention::
+*physical* length before attention, by the rule of the plan's engine
+(:mod:`nsa_cp_comm.engines`; both engines there use)::
 
     P = ceil_align(max_r n_r, align)    align = 2*cp for zigzag splits, cp otherwise
 
 Each rank's ``n_r`` rows are followed by ``P - n_r`` zero rows from the split
-on; attention and the MoE process them as rows, and every CP collective is an
+on; they pass through every layer (whether attention and the MoE compute or
+mask them is the engine's: ``Engine.costs``), and every CP collective is an
 even one on ``[P, H]`` chunks. The gathered buffer is rank-major ``[P*cp, H]``
 with rank ``r``'s rows at ``r*P`` and zeros after them; the scatter returns
 this rank's ``n_r`` real rows. ``P >= m`` always, so this design never moves
@@ -25,34 +27,32 @@ import torch.distributed as dist
 
 from .agree import agree
 from .collectives import all_gather_into, group_rank, reduce_scatter_into
-from .plan import CPPlan, ceil_align
+from . import engines
+from .plan import CPPlan
 from .roundtrip import _rank
 
-ZIGZAG_POLICIES: tuple[str, ...] = ("zigzag", "zigzag_page")
 
-
-def split_align(policy: str, cp_size: int) -> int:
+def split_align(policy: str, cp_size: int, engine: str = engines.DEFAULT) -> int:
     """The engine's alignment of the physical length: ``2*cp`` for the zigzag
     strategies (a request is cut into ``2*cp`` blocks), ``cp`` otherwise."""
-    return 2 * cp_size if policy in ZIGZAG_POLICIES else cp_size
+    return engines.get(engine).split_align(policy, cp_size)
 
 
 def physical_len(plan: CPPlan) -> int:
-    """``P``: the rows every rank holds after the split is padded (``>= max_rank_len``)."""
-    return ceil_align(plan.max_rank_len, split_align(plan.policy, plan.cp_size))
+    """``P``: the rows every rank holds after the split is padded (``>= max_rank_len``),
+    by the rule of the plan's engine."""
+    return engines.get(plan.engine).physical_len(plan)
 
 
 def padding_rows(plan: CPPlan) -> dict[str, int]:
-    """The padding rows each design's attention and MoE process per layer.
+    """The padding rows each design's attention and MoE hold per layer.
 
     ``attn_*``: rows of padding in one rank's attention input (max over ranks);
     ``moe``: padding rows in the gathered buffer every rank's MoE runs on."""
-    p, m, t = physical_len(plan), plan.max_rank_len, plan.total_tokens
+    c = engines.get(plan.engine).costs(plan)
     return {
-        "padded_attn": 0,
-        "padded_moe": m * plan.cp_size - t,
-        "pad_at_split_attn": p - min(plan.per_rank_tokens),
-        "pad_at_split_moe": p * plan.cp_size - t,
+        f"{d}_{part}": c[d][f"{part}_pad_processed"] + c[d][f"{part}_pad_masked"]
+        for d in ("padded", "pad_at_split") for part in ("attn", "moe")
     }
 
 

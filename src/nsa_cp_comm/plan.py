@@ -40,6 +40,9 @@ class CPPlan:
     total_tokens: int
     per_rank_tokens: tuple[int, ...]
     blocks: tuple[tuple[int, ...], ...]
+    # The serving engine whose rules the plan follows (nsa_cp_comm.engines):
+    # its split-time padding (``physical_len``) is read from it.
+    engine: str = "seed_fix"
 
     @property
     def max_rank_len(self) -> int:
@@ -134,11 +137,17 @@ def plan_split(
     policy: str,
     page_size: int = 1,
     align: int | None = None,
+    pad_batch: bool = True,
+    engine: str = "seed_fix",
 ) -> CPPlan:
     """Split a batch of requests with extend lengths ``seq_lens`` over ``cp_size`` ranks.
 
     The batch is first padded to a multiple of ``align`` (default ``cp_size``)
-    by lengthening the last request. ``policy`` is one of ``round_robin``,
+    by lengthening the last request; with ``pad_batch=False`` (an engine that
+    splits the raw extend lengths) it is not, and ``align`` must be None.
+    ``engine`` names the rules the plan follows (nsa_cp_comm.engines; use
+    ``engines.get(name).plan`` to build a plan by an engine's rules).
+    ``policy`` is one of ``round_robin``,
     ``zigzag`` (two mirrored blocks per rank of every request) or
     ``zigzag_page`` (the same on page boundaries, used with a shared KV pool).
 
@@ -155,13 +164,15 @@ def plan_split(
     page_size = _positive_int("page_size", page_size)
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")
+    if not pad_batch and align is not None:
+        raise ValueError(f"align={align!r} needs pad_batch=True: a split of the raw lengths pads no batch")
     if align is None:
         align = cp_size
     elif not _is_int(align) or align < 1 or align % cp_size:
         raise ValueError(f"align={align!r} must be a positive multiple of cp_size={cp_size}")
 
     lens = [int(x) for x in seq_lens]
-    total = ceil_align(sum(lens), int(align))
+    total = ceil_align(sum(lens), int(align)) if pad_batch else sum(lens)
     padded = lens[:-1] + [lens[-1] + total - sum(lens)]
 
     n = 2 * cp_size
@@ -174,7 +185,8 @@ def plan_split(
                 tuple(len(range(start + (r - start) % cp_size, start + length, cp_size)) for r in range(cp_size))
             )
             start += length
-        per_rank = tuple(total // cp_size for _ in range(cp_size))
+        q, rem = divmod(total, cp_size)
+        per_rank = tuple(q + (r < rem) for r in range(cp_size))
     else:
         if policy == "zigzag":
             blocks = [_even_blocks(length, n) for length in padded]
@@ -192,4 +204,5 @@ def plan_split(
         total_tokens=total,
         per_rank_tokens=per_rank,
         blocks=tuple(blocks),
+        engine=engine,
     )

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import engines
 from .. import impls as impl_registry
 from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
-from .cpgroup import cp_group
+from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE, max_rel_err, tolerance
 from ..plan import CPPlan
@@ -44,19 +45,25 @@ from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
 # after the point, :mod:`.rank_state`), not here.
 CHECKS: dict[str, str] = {
     "input_mutated": "the gather (or dispatch) left the caller's rows untouched",
-    "gather_shape": "the gathered buffer has the layout's size",
+    "gather_shape": "the gathered buffer has the layout's size (when it has not, the checks that read it are not run "
+                    "and the reason names them: nothing is judged on a stand-in)",
     "gather_rows": "every rank's rows are in the gathered buffer byte-exact at the layout's offsets (a wrong rank "
                    "order or offset, a lost row fails)",
+    "physical_len": "an implementation that pads at the split (`pads_split`) gives every rank the physical length "
+                    "of the point's engine's rule (`engine`: `P = ceil_align(max n_r, 2*cp` for zigzag splits, `cp` "
+                    "otherwise`)`, on the engine's own split): a `P` wrong everywhere (gather, declared stride, "
+                    "production form) is consistent with itself and fails only here",
     "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too)",
     "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
-                     "wrong dtype, shape or device)",
+                     "wrong dtype, shape or device, and where in the gathered buffer the returned rows are: rows at "
+                     "the wrong offset)",
     "reference_moe": "the round trip through a small MoE (every rank's experts on all gathered rows, "
                      "reduce-scattered) matches a single-process reference within the dtype's tolerance "
                      "(`max_rel_err`)",
     "even_bitwise": "on an even plan, the gathered buffer and the MoE round trip's output equal legacy's bit for bit, "
                     "legacy recomputed on the same inputs (`even_bitwise_equal`; implementations with "
-                    "`legacy_bits_on_even`)",
+                    "`legacy_bits_on_even`, on the even plans its rule names: `pad_at_split` where `P*cp == T`)",
     "refusal": "an even-only implementation given an uneven plan raised in gather and in scatter on every rank with "
                "no collective issued, whatever path would issue it (`distributed_c10d`, a group's methods, the "
                "functional or object collectives: the CP group's and the default group's sequence numbers unchanged, "
@@ -65,7 +72,9 @@ CHECKS: dict[str, str] = {
              "`bystanders`, such a collective cannot complete: an `error` or `timeout` row), and the scatter did "
              "not pick this rank's rows with the global rank (`dist.get_rank()`) where `dist.get_rank(group)` is "
              "meant: a wrong output that equals the rows, or the row count, of the rank whose group rank is this "
-             "process's global rank",
+             "process's global rank, on every rank where that differs from its own (a slot that fits on some ranks "
+             "only is a wrong offset: `scatter_chunk`); with `bystanders`, an index out of range only on the ranks "
+             "whose global rank is past the CP group's ranks (an `error` row)",
     "passthrough": "in SCATTERED mode the CP communicator hands the MoE its own rows untouched",
     "dispatch_rows": "a dispatch delivered exactly the rows routed to this rank's experts",
     "production_form": "every iteration of the timed loop (warm-up included), on inputs no earlier iteration had "
@@ -78,9 +87,10 @@ CHECKS: dict[str, str] = {
                        "its input fails); the reason counts the wrong iterations",
     "rank_agreement": "every rank reached the same outcome: none refused or passed through while others ran",
     "collective_skipped": "every rank entered the same collectives (from the pool: some ranks returned while others "
-                          "waited in a collective; or the correctness group found ranks in different collectives): "
-                          "the row names both, instead of a hang. The mistake: a branch on a local shape, e.g. no "
-                          "gather on a rank without rows",
+                          "waited in a collective; the correctness group found ranks in different collectives; a "
+                          "timed-out point's ranks waited in different collectives, or in different places of the "
+                          "point): the row names both, instead of a hang. The mistake: a branch on a local shape, "
+                          "e.g. no gather on a rank without rows",
     "collective_shapes": "ranks in the same collective passed the same shapes, dtypes and devices (from the "
                          "correctness group): the row names each rank's, and what happens without the check (gloo: "
                          "'invalid tensor size' on some ranks while the others wait, or SIGABRT; NCCL: torch's size "
@@ -152,6 +162,13 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     if diff:
         rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
+    if impl.pads_split and impl.layout == "rank_major_padded":
+        rule = engines.get(plan.engine)
+        want_p = rule.physical_len(plan)
+        if impl.stride(plan) != want_p:
+            rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
+                     f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
+                     f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
         n, s = plan.per_rank_tokens[r], starts[r]
@@ -188,12 +205,16 @@ def _read_by_global_rank(impl: impl_registry.RoundTripImpl, plan: CPPlan, rank: 
                          out: object) -> str:
     """What a scatter's wrong output is when it is the rows it would be with
     ``dist.get_rank()`` (the global rank) where the group's rank is meant:
-    the rows, or the row count, of the rank whose group rank is this rank's
-    global rank; '' when it is not that."""
+    the rows, or the row count, of the CP group rank that equals this
+    process's global rank; '' when it is not that (or is also this rank's
+    own rows). Only this rank's evidence: :func:`_global_reading_holds`
+    weighs every rank's."""
     g = dist.get_rank()
     if g == rank or g >= plan.cp_size or not isinstance(out, torch.Tensor):
         return ""
     starts, n = impl.starts(plan), plan.per_rank_tokens
+    if bitwise_equal(out, full[starts[rank] : starts[rank] + n[rank]]):
+        return ""
     readings = {
         (g, g): f"the rows of rank {g}",
         (rank, g): f"its own offset with rank {g}'s row count ({n[g]} rows, not {n[rank]})",
@@ -201,9 +222,75 @@ def _read_by_global_rank(impl: impl_registry.RoundTripImpl, plan: CPPlan, rank: 
     }
     for (at, count), what in readings.items():
         if bitwise_equal(out, full[starts[at] : starts[at] + n[count]]):
-            return (f"{what}: rank {g} is this process's global rank (dist.get_rank()), its CP group rank is "
-                    f"{rank} (dist.get_rank(group))")
+            return (f"{what}, as if ranked by this process's global rank {g} (dist.get_rank()), not its CP group "
+                    f"rank {rank} (dist.get_rank(group))")
     return ""
+
+
+# What each rank's scatter probe returned, shared by every rank: its own rows,
+# a reading by the global rank (:func:`_read_by_global_rank`), something else,
+# or not judged (the gathered buffer was unusable).
+_RIGHT, _GLOBAL, _OTHER, _UNJUDGED = range(4)
+
+
+def _global_reading_holds(codes: list[int], plan: CPPlan, bystanders: int) -> bool:
+    """Whether every rank's scatter is what the global rank would give: the
+    ranks whose global rank is a CP group rank other than their own read by
+    it, and the ranks whose global rank is their own right. One rank that
+    is not (a neighbour's rows where the global rank names the rank itself)
+    makes it a wrong offset, not a global rank."""
+    ranks = cp_ranks(plan.cp_size, bystanders)
+    for r, code in enumerate(codes):
+        g = ranks[r]
+        if code == _UNJUDGED or (g == r and code != _RIGHT) or (g != r and g < plan.cp_size and code != _GLOBAL):
+            return False
+    return True
+
+
+_SEARCH_ROWS = 4096
+
+
+def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
+    """The first row of ``full`` from which ``out``'s rows follow byte-exact,
+    or None (not a tensor of ``full``'s dtype and width, empty, or nowhere)."""
+    if not (isinstance(out, torch.Tensor) and out.dtype == full.dtype and out.dim() == 2 and out.device == full.device
+            and out.shape[1:] == full.shape[1:] and 0 < out.shape[0] <= full.shape[0]):
+        return None
+    fb = full.contiguous().view(torch.uint8).reshape(full.shape[0], -1)
+    ob = out.contiguous().view(torch.uint8).reshape(out.shape[0], -1)
+    k, tried = ob.shape[0], 0
+    # In blocks of rows: one comparison of a production-sized buffer at once
+    # would hold a byte per element.
+    for lo in range(0, fb.shape[0] - k + 1, _SEARCH_ROWS):
+        block = fb[lo : min(lo + _SEARCH_ROWS, fb.shape[0] - k + 1)]
+        for at in (block == ob[0]).all(dim=1).nonzero().flatten().tolist():
+            if torch.equal(fb[lo + at : lo + at + k], ob):
+                return lo + at
+            tried += 1
+            if tried >= limit:
+                return None
+    return None
+
+
+def _share(code: int, group, device) -> list[int]:
+    """Every rank's ``code``, on every rank (a collective: every rank calls it).
+    An all-reduce, as the agreement after the checks is: a rank that skipped
+    an implementation's all-gather or reduce-scatter meets it in another
+    collective (``collective_skipped``), not in a like one of other shapes."""
+    every = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    every[dist.get_rank(group)] = code
+    dist.all_reduce(every, group=group)
+    return every.tolist()
+
+
+def _not_run(rep: ImplReport, checks: list[str]) -> None:
+    """Say, in the ``gather_shape`` failure, which checks did not run: they
+    read the gathered buffer, and judging them on a stand-in would add
+    failures that are not the implementation's."""
+    for k, (check, msg) in enumerate(rep.failures):
+        if check == "gather_shape":
+            rep.failures[k] = (check, f"{msg}; not run on a buffer of the wrong size: {', '.join(checks)}")
+            return
 
 
 def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
@@ -253,11 +340,14 @@ def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: t
 
 def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                   local: torch.Tensor, group, shards: list[torch.Tensor],
-                  rep: ImplReport) -> tuple[torch.Tensor, torch.Tensor]:
+                  rep: ImplReport) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The checks of one round trip that need no reference MoE: ``group``,
     ``input_mutated``, the gathered buffer's (:func:`check_gather`) and
     ``scatter_chunk``. Returns the gathered buffer (zeros of its size when it
-    is unusable) and a copy of ``local`` as it was given."""
+    is unusable), a copy of ``local`` as it was given, and whether the
+    gathered buffer was usable: when it is not, what reads it is not judged
+    (``scatter_chunk`` is said not run), but its collectives still run, so
+    that every rank issues the same collectives as its peers."""
     before = local.clone()
     with observing(group) as seen:
         full = impl.gather(local, plan, group)
@@ -266,22 +356,29 @@ def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
         rep.fail("input_mutated", "the gather modified its input rows")
     usable = check_gather(impl, full, spec, plan, device, rep, shards)
     if not usable:
-        # The later checks would read out of bounds; every rank still issues the
-        # same collectives as its peers: the scatters run on a buffer of the right size.
         full = torch.zeros((impl.buffer_rows(plan), spec.hidden_size), dtype=local.dtype, device=device)
     probe = full.clone() if rank == 0 else torch.zeros_like(full)
     with observing(group) as seen:
         out = impl.scatter(probe, plan, group)
     _check_group(rep, seen, "scatter")
-    if not (isinstance(out, torch.Tensor) and bitwise_equal(out, before)):
-        global_read = _read_by_global_rank(impl, plan, rank, full, out)
-        if global_read:
+    right = isinstance(out, torch.Tensor) and bitwise_equal(out, before)
+    global_read = "" if right or not usable else _read_by_global_rank(impl, plan, rank, full, out)
+    code = _UNJUDGED if not usable else _RIGHT if right else _GLOBAL if global_read else _OTHER
+    codes = _share(code, group, device)
+    if usable and not right:
+        if global_read and _global_reading_holds(codes, plan, spec.bystanders):
             rep.fail("group", f"the scatter returned {global_read}")
         else:
             diff = unlike(out, before)
+            start = impl.starts(plan)[rank]
+            at = _found_at(full, out)
+            where = ""
+            if at is not None and at != start:
+                where = (f"; its {out.shape[0]} rows are the gathered buffer's rows {at}..{at + out.shape[0] - 1}: "
+                         f"rows at the wrong offset {at}, not {start} (off by {at - start:+d})")
             rep.fail("scatter_chunk", "scattering rank 0's copy of the gathered buffer did not return this rank's rows"
-                     + (f": {diff}" if diff else ""))
-    return full, before
+                     + (f": {diff}" if diff else "") + where)
+    return full, before, usable
 
 
 def check_light(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
@@ -295,7 +392,9 @@ def check_light(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan
     if impl.needs_even and not plan.is_even:
         return check_refusal(impl, spec, plan, rank, device, local, group)
     rep = ImplReport()
-    _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
+    _, _, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
+    if not usable:
+        _not_run(rep, ["scatter_chunk"])
     rep.correct = not rep.failures
     return rep
 
@@ -308,19 +407,25 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     if impl.needs_even and not plan.is_even:
         return check_refusal(impl, spec, plan, rank, device, local, group)
     rep = ImplReport()
-    full, before = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
+    full, before, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size)
     out = impl.scatter(partial.clone(), plan, group)
-    _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
-    if plan.is_even and impl.legacy_bits_on_even:
+    if usable:
+        _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
+    if impl.claims_legacy_bits(plan):
         # Legacy on the same inputs: the padded algorithm with m*cp == T must
         # give its bytes, through the general path (no even-plan shortcut).
         # Decided from the plan alone, so every rank issues these collectives.
         lf = legacy_gather(before, plan, group, check=False)
         lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group, check=False)
-        rep.even_bitwise_equal = bitwise_equal(full, lf) and isinstance(out, torch.Tensor) and bitwise_equal(out, lo)
-        if not rep.even_bitwise_equal:
-            rep.fail("even_bitwise", "even plan: results differ from legacy's bit for bit")
+        if usable:
+            rep.even_bitwise_equal = (bitwise_equal(full, lf) and isinstance(out, torch.Tensor)
+                                      and bitwise_equal(out, lo))
+            if not rep.even_bitwise_equal:
+                rep.fail("even_bitwise", "even plan: results differ from legacy's bit for bit")
+    if not usable:
+        _not_run(rep, ["scatter_chunk", "reference_moe",
+                       *(["even_bitwise"] if plan.is_even and impl.legacy_bits_on_even else [])])
     rep.correct = not rep.failures
     return rep
 

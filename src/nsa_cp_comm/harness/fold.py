@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import engines
 from .. import impls as impl_registry
 from ..plan import CPPlan
 from .calibrate import CALIBRATION
@@ -35,6 +36,7 @@ class ImplResult:
     bytes_useful: int | None = None
     attn_pad_rows: int | None = None
     moe_pad_rows: int | None = None
+    attn_pad_masked_rows: int | None = None
     algbw_padded_GBps: float | None = None
     busbw_padded_GBps: float | None = None
     algbw_useful_GBps: float | None = None
@@ -123,8 +125,12 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     res.rows_moved = rows
     res.bytes_padded = rows * spec.hidden_size * itemsize
     res.bytes_useful = useful
-    res.moe_pad_rows = rows - plan.total_tokens if impl.layout == "rank_major_padded" else 0
+    # every gathered row that is not one of the batch's raw tokens (an engine that pads the batch to a
+    # multiple of cp splits its alignment tokens as rows too)
+    res.moe_pad_rows = rows - sum(plan.seq_lens)
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
+    # whether attention computes those rows or zeroes their output is the engine's
+    res.attn_pad_masked_rows = res.attn_pad_rows if engines.get(plan.engine).attn_pad_masked else 0
     if cp > 1:  # with one rank nothing moves: no bandwidth
         res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
         res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful, coll_us, cp)

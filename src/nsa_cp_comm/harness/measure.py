@@ -8,7 +8,7 @@ Nothing here knows about Hydra or CSV files.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -24,14 +24,26 @@ from .checks import (
     check_passthrough,
     checked_group,
 )
+from .blame import (
+    AT_AGREEMENT,
+    AT_CHECKS,
+    AT_PREPARE,
+    AT_SETUP,
+    Failure,
+    announce_place,
+    announce_turns,
+    culprit_row,
+    diagnose,
+    every_row,
+    not_run_row,
+)
 from .cpgroup import cp_group, group_rank_of
-from .fold import ImplResult, fold_reports, origin_of
+from .fold import ImplResult, fold_reports
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
-from .rank_result import RankResult, summarize_failure
 from .rank_state import begin_point
-from .ranks import RankPool, rank_device
-from ..roundtrip import LEGACY_UNEVEN_ERROR
+from .phases import PHASES_KEY, PhaseClock
+from .ranks import RankPool, one_line_error, rank_device
 from .spec import DTYPES, PointSpec, make_shard
 from .calibrate import CALIBRATION, Calibrator, is_auto
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps
@@ -76,10 +88,11 @@ def check_point(
     if not light:
         moe = moe or reference_moe(spec, device)
     reports: dict[str, ImplReport] = {}
-    for name in spec.impls:
+    for i, name in enumerate(spec.impls):
+        announce_place((AT_CHECKS, i), name)
         impl = impl_registry.get(name)
         local = shards[rank].clone()
-        reason = impl_registry.skip_reason(impl, backend)
+        reason = impl_registry.skip_reason(impl, backend, plan)
         if reason:
             reports[name] = ImplReport(status="skipped", reason=reason)
         elif impl.mode == "SCATTERED":
@@ -108,32 +121,42 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
 
     All ranks receive the same spec, hence the same plan, so they take the
     same branches and issue the same collectives."""
+    clock = PhaseClock()
+    clock.lap("setup")
+    announce_place((AT_SETUP,))
     begin_point(spec.seed, group_rank_of(dist.get_rank(), spec.cp_size, spec.bystanders))
     device = rank_device()
     group = checked_group(CHECK_TIMEOUT_S, spec.bystanders)
     plain = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False)
+    fence = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False, timeout_s=CHECK_TIMEOUT_S)
     if group is None:
         return {}  # a bystander: in the world, not in the CP group
     light = checks == "light"
     moe = None if light else reference_moe(spec, device)
     plan = spec.plan()
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
+    clock.watch(group, plain, fence)
+    clock.lap("checks")
     reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
+    announce_place((AT_AGREEMENT,))
+    clock.lap("agreement")
     failed = torch.tensor([float(bool(reports[n].failures)) for n in names], device=device)
     # On the correctness group: a rank that skipped one of the checks'
     # collectives meets its peers' collective here, and the group's
     # consistency check turns the would-be hang into an error on every rank.
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     rank = dist.get_rank(plain)
+    clock.lap("prepare")
     steps = []
     for name, bad in zip(names, failed.tolist()):
         rep = reports[name]
         if rep.status or bad:
             continue
         impl = impl_registry.get(name)
+        announce_place((AT_PREPARE, names.index(name)), name)
         if impl.mode == "SCATTERED":
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
         else:
@@ -143,145 +166,48 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         if not light:
             steps.append(control_steps(spec, plan, rank, device, plain))
         flush = CacheFlusher(device) if spec.flush_l2 else None
+        announce_turns(steps, spec.warmup)
+        clock.lap("timed loop")
         calib = (Calibrator(control=None if light else CONTROL, group=plain, device=device)
                  if is_auto(spec.iters) else None)
         samples = timed_loop(steps, warmup=spec.warmup, iters=spec.max_iters, clock=Clock(device), group=plain,
-                             flush=flush, stop=calib)
+                             flush=flush, stop=calib, turn_group=fence)
         timed = len(next(iter(next(iter(samples.values())).values())))
         if calib is not None:
             out[CALIBRATION] = calib.record()
         if CONTROL in samples:
             out[CONTROL] = {"samples": samples.pop(CONTROL)}
+            clock.add("of which A/A control", sum(map(sum, out[CONTROL]["samples"].values())) / 1e6)
         for name, phases in samples.items():
             reports[name].samples = phases
         for s in steps:
             check = getattr(s, "timed_check", None)
             if check is not None:
                 reports[s.name].verify_s = check.seconds
+                clock.add("of which verification", check.seconds)
                 wrong = check.reason(spec.warmup + timed)
                 if wrong:
                     reports[s.name].fail("production_form", wrong)
                     reports[s.name].correct = False
+    out[PHASES_KEY] = clock.report()
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
 
 
-# The correctness group's consistency check, as each rank reports itself (its
-# text holds its own fingerprint and one peer's).
-_MISMATCH = "Detected mismatch between collectives on ranks"
-_FINGERPRINT = re.compile(
-    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+)"
-    r"(?:, TensorShape=\[(.*?)\], TensorDtypes=([^,]+), TensorDeviceTypes=TensorOptions\(.*?device=(\w+))?"
-)
-# What a collective whose ranks pass different sizes does when nothing compares
-# them first (each rank checks only its own sizes), as seen on gloo here and
-# by torch's NCCL size checks.
-_MISMATCHED_COUNTS = "ranks whose sizes agree with themselves but not with their peers' exchange mismatched counts: " \
-    "a hang or wrong rows"
-_UNCHECKED = {
-    "gather": (
-        "without the consistency check: on gloo a rank whose output is not world_size x its input raises 'invalid "
-        "tensor size' while its peers wait in the all-gather forever; on NCCL such a rank raises torch's "
-        f"'{LEGACY_UNEVEN_ERROR}' while its peers hang, and {_MISMATCHED_COUNTS}"
-    ),
-    "scatter": (
-        "without the consistency check: on gloo a rank aborts its process (SIGABRT, 'Received data size doesn't "
-        "match expected size') and its peers fail with a connection reset; on NCCL a rank whose input is not "
-        f"world_size x its output raises torch's size error while its peers hang, and {_MISMATCHED_COUNTS}"
-    ),
-    "other": (
-        "without the consistency check: on gloo a rank aborts its process (SIGABRT) or waits forever; on NCCL "
-        f"{_MISMATCHED_COUNTS}"
-    ),
-}
+def _fresh_like(pool: RankPool) -> Callable[[], RankPool]:
+    return lambda: RankPool(pool.world_size, backend=pool.backend, device=pool.device, workdir=pool.workdir)
 
 
-def _fingerprints(results: list[RankResult]) -> dict[int, tuple[str, str, str, str]]:
-    """``{rank: (op, shape, dtype, device)}`` of every rank some rank's
-    consistency-check text names."""
-    seen: dict[int, tuple[str, str, str, str]] = {}
-    for r in results:
-        if _MISMATCH in r.error:
-            for m in _FINGERPRINT.finditer(r.error):
-                fp = (m.group(2), m.group(3) or "", (m.group(4) or "").strip(), m.group(5) or "")
-                seen.setdefault(int(m.group(1)), fp)
-    return seen
-
-
-def _mismatch(results: list[RankResult]) -> tuple[str, str]:
-    """``(failed_check, reason)`` when the correctness group found the ranks'
-    collectives differ, else ``("", "")``. The same collective with other
-    shapes, dtypes or devices is ``collective_shapes``, naming each rank's;
-    different collectives are ``collective_skipped``, naming the ranks that
-    never entered the collective most ranks are in (with a tie, every rank
-    and its collective)."""
-    prints = _fingerprints(results)
-    if not prints:
-        return "", ""
-    ops = {rank: fp[0] for rank, fp in sorted(prints.items())}
-    if len(set(ops.values())) == 1:
-        op = next(iter(ops.values()))
-        differ = [what for i, what in ((1, "shapes"), (2, "dtypes"), (3, "devices"))
-                  if len({fp[i] for fp in prints.values()}) > 1] or ["shapes"]
-        each = "; ".join(
-            f"rank {rank} [{fp[1]}] {fp[2]} on {fp[3]}" if fp[1] else f"rank {rank}" for rank, fp in sorted(prints.items())
-        )
-        kind = "gather" if "ALLGATHER" in op else "scatter" if "REDUCE_SCATTER" in op else "other"
-        return "collective_shapes", (
-            f"every rank issued the same collective ({op}) with different {' and '.join(differ)}: {each}; "
-            f"{_UNCHECKED[kind]}"
-        )
-    by_op: dict[str, list[int]] = {}
-    for rank, op in ops.items():
-        by_op.setdefault(op, []).append(rank)
-    where = "; ".join(f"rank {','.join(map(str, rs))} in {op}" for op, rs in by_op.items())
-    counts = sorted((len(rs) for rs in by_op.values()), reverse=True)
-    if len(counts) > 1 and counts[0] > counts[1]:
-        common = max(by_op, key=lambda op: len(by_op[op]))
-        never = [rank for rank, op in ops.items() if op != common]
-        head = f"rank {','.join(map(str, never))} never entered {common}"
-    else:
-        head = "ranks issued different collectives"
-    return "collective_skipped", f"{head} ({where}): a decision taken from local state, not the shared plan"
-
-
-def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
-    """Rows for a point whose ranks raised, died or hung. Ranks that answered
-    while others timed out skipped a collective their peers wait in; ranks
-    the correctness group found in different collectives skipped one too."""
-    # The failure itself names processes (world ranks); the diagnoses name
-    # ranks as the CP group numbers them, as its fingerprints do.
-    status, reason = summarize_failure(results)
-    ours = {r.rank: group_rank_of(r.rank, spec.cp_size, spec.bystanders) for r in results}
-    cp_results = sorted((replace(r, rank=ours[r.rank]) for r in results if ours[r.rank] is not None),
-                        key=lambda r: r.rank)
-    check = ""
-    done = [r.rank for r in cp_results if r.ok]
-    stuck = [r.rank for r in cp_results if r.status == "timeout"]
-    mismatch_check, mismatch = _mismatch(cp_results)
-    if spec.bystanders and stuck and not done and all(r.ok for r in results if ours[r.rank] is None):
-        check = "group"
-        reason = (
-            f"every CP rank still waiting in a collective that only the {spec.bystanders} bystander rank(s), in the "
-            f"world but outside the CP group, could complete: a collective on the default group; {reason}"
-        )
-    elif mismatch:
-        check = mismatch_check
-        # Each rank's text repeats the fingerprints just summarised.
-        reason = f"{mismatch}; {reason.split(_MISMATCH)[0]}{_MISMATCH}"
-    elif done and stuck:
-        check = "collective_skipped"
-        reason = (
-            f"rank {','.join(map(str, stuck))} still waiting in a collective that rank "
-            f"{','.join(map(str, done))} never entered (they returned); {reason}"
-        )
-    return [ImplResult(name, status, reason=reason, failed_check=check, origin=origin_of(name)) for name in spec.impls]
-
-
-def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full",
-              verify: bool = True) -> list[ImplResult]:
+def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full", verify: bool = True,
+              fresh: Callable[[], RankPool] | None = None) -> list[ImplResult]:
     """Run one point on a warm pool. A rank that raises, dies or hangs yields
-    ``error``/``timeout`` results (the pool is then closed); never raises for
-    what happens on the ranks.
+    an ``error``/``timeout`` row (the pool is then closed); never raises for
+    what happens on the ranks. The row is that of the implementation whose
+    turn it was (its checks, its timed form, its turn in the timed loop, the
+    verification of its timed outputs: :func:`diagnose`); the point's other
+    implementations are rerun without it on fresh ranks from ``fresh`` (by
+    default a new pool like ``pool``, closed after the rerun; the matrix
+    passes its warm-pool cache's, which keeps them for the next point). A
+    failure that is no implementation's (the point's setup) is every row's.
 
     ``checks="full"`` (the matrix's): every check of :mod:`.checks`, then the
     timed loop with the A/A control, every iteration's outputs checked
@@ -301,7 +227,36 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     plan = spec.plan()
     results = pool.run(point_on_rank, spec, pool.backend, checks, verify, timeout_s=timeout_s)
     if not all(r.ok for r in results):
-        return failed_run(spec, results)
+        return _rerun_without_culprit(spec, diagnose(spec, results), pool, timeout_s, checks, verify, fresh)
     # In the CP group's rank order, bystanders left out.
     by_group = {group_rank_of(r.rank, spec.cp_size, spec.bystanders): r.value for r in results}
     return fold_reports(spec, plan, [by_group[r] for r in range(spec.cp_size)])
+
+
+def _rerun_without_culprit(spec: PointSpec, failure: Failure, pool: RankPool, timeout_s: float, checks: str,
+                           verify: bool, fresh: Callable[[], RankPool] | None) -> list[ImplResult]:
+    if not failure.culprit:
+        return every_row(spec, failure)
+    others = tuple(name for name in spec.impls if name != failure.culprit)
+    rows = {failure.culprit: culprit_row(failure)}
+    if others:
+        owned = fresh is None
+        start = fresh or _fresh_like(pool)
+        try:
+            new = start()
+        except Exception as exc:  # noqa: BLE001 - a point's failure is a row
+            rows.update((name, not_run_row(name, failure, f"fresh ranks to rerun it on did not start: "
+                                                       f"{one_line_error(exc)}")) for name in others)
+        else:
+            try:
+                # A failure of the rerun is blamed the same way (each rerun has one implementation fewer).
+                rerun = run_point(replace(spec, impls=others), new, timeout_s=timeout_s, checks=checks, verify=verify,
+                                  fresh=fresh)
+            finally:
+                if owned:
+                    new.close()
+            for r in rerun:
+                if r.status in ("error", "timeout") and not r.reason.startswith("not run"):
+                    r.reason = f"rerun on fresh ranks without {failure.culprit}, which failed first: {r.reason}"
+                rows[r.impl] = r
+    return [rows[name] for name in spec.impls]

@@ -6,6 +6,7 @@ The pool (:mod:`.ranks`) makes these; the checks that run after a point
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,9 @@ class RankResult:
     ``status``: ``ok`` (``value`` holds the return value), ``error`` (the task
     raised; ``error`` is ``"Type: message"``), ``crashed`` (the process died),
     ``timeout`` (still running at the deadline) or ``aborted`` (killed because
-    another rank failed first).
+    another rank failed first). ``doing``: on a failed task, what the rank
+    last said it was about to run (:func:`.ranks.announce`), or ''; on a
+    timed-out rank, ``waiting``: where its task waited (:func:`.ranks.waiting_in`).
     """
 
     rank: int
@@ -25,6 +28,8 @@ class RankResult:
     value: Any = None
     error: str = ""
     traceback: str = ""
+    doing: str = ""
+    waiting: str = ""
 
     @property
     def ok(self) -> bool:
@@ -35,18 +40,22 @@ class RankResult:
 STOPPED = " (stopped)"
 
 
-def summarize_failure(results: list[RankResult]) -> tuple[str, str]:
+def rank_list(ranks: list[int]) -> str:
+    return f"rank {','.join(map(str, ranks))}"
+
+
+def summarize_failure(results: list[RankResult], label: Callable[[list[int]], str] = rank_list) -> tuple[str, str]:
     """``(status, reason)`` of a failed task, with status in error/timeout: the
-    first rank that failed by itself names the failure."""
+    first rank that failed by itself names the failure. ``label`` names a
+    list of ranks (``results``' own numbers) in the reason."""
     for kind in ("crashed", "error", "timeout"):
         bad = [r for r in results if r.status == kind]
         if bad:
-            ranks = ",".join(str(r.rank) for r in bad)
             detail = bad[0].error.replace(STOPPED, "")
             # a stopped rank is the one that never answered; its peers wait for it
-            stopped = [str(r.rank) for r in bad if r.error.endswith(STOPPED)]
+            stopped = [r.rank for r in bad if r.error.endswith(STOPPED)]
             if stopped:
-                detail += f"; rank {','.join(stopped)} never answered: its process is stopped (SIGSTOP?)"
+                detail += f"; {label(stopped)} never answered: its process is stopped (SIGSTOP?)"
             status = "timeout" if kind == "timeout" else "error"
-            return status, f"rank {ranks} {kind}: {detail}".strip().rstrip(":")
+            return status, f"{label([r.rank for r in bad])} {kind}: {detail}".strip().rstrip(":")
     return "ok", ""

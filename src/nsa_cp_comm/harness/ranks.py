@@ -25,11 +25,13 @@ thread that outlives it (the main thread, as Hydra and pytest do).
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib.util
 import math
 import numbers
 import os
 import pickle
+import re
 import select
 import signal
 import socket
@@ -62,6 +64,57 @@ STORE_PREFIX = ".rendezvous-"
 
 
 _WORKER_DEVICE = None
+# This rank's marker (an open file in the pool's workdir) and the task it runs:
+# see announce().
+_MARKER_FD: int | None = None
+_TASK_ID: object = None
+MARKER_SUFFIX = ".doing"
+# On a timed-out task the starter asks each stuck rank for its Python stack
+# (faulthandler, which writes it even while the rank waits inside a collective)
+# before killing it: where it waits is the evidence a hang leaves.
+STACK_SIGNAL = signal.SIGUSR1
+STACK_SUFFIX = ".stack"
+STACK_WAIT_S = 1.0
+_STACK_FILE: Any = None
+
+
+def announce(text: str) -> None:
+    """Say what this rank is about to run, in one line the starter reads only
+    when the task fails: a rank killed, hung or aborted mid-task cannot say it
+    afterwards. A file, not a message on the pipe, so the starter can read it
+    after the rank is gone and nothing reads the pipe while a rank is busy.
+    A no-op outside a pool (ranks started by torchrun)."""
+    if _MARKER_FD is not None:
+        line = f"{_TASK_ID}\t{' '.join(text.split())}\n".encode()
+        # One write at offset 0: the first line is always the latest (a longer
+        # earlier line's tail after it is never read).
+        os.pwrite(_MARKER_FD, line, 0)
+
+
+def _marker_path(store_path: str | os.PathLike[str], rank: int, suffix: str = MARKER_SUFFIX) -> Path:
+    # No "-" after the store's name: remove_stale_stores parses it as the store's.
+    return Path(f"{store_path}{suffix}{rank}")
+
+
+_FRAME = re.compile(r'File "(.+?)", line (\d+) in (\S+)')
+# Frames not worth naming as a collective's caller: torch's own, and the
+# project's shim and counter around torch's collectives.
+_WRAPPERS = (f"{os.sep}torch{os.sep}", f"nsa_cp_comm{os.sep}collectives.py")
+
+
+def waiting_in(dump: str) -> str:
+    """Where a rank's task thread was, from its faulthandler dump: the
+    ``torch.distributed`` function it waits in and the code that called it,
+    or the innermost frame; '' when the dump holds no task thread."""
+    block = next((b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if "in worker_main" in b), "")
+    frames = _FRAME.findall(block)  # most recent call first
+    k = next((i for i, (path, _, _) in enumerate(frames) if not any(w in path for w in _WRAPPERS)), len(frames))
+    if k == len(frames):
+        return ""
+    path, line, func = frames[k]
+    at = f"{os.sep.join(Path(path).parts[-2:])}:{line} in {func}"
+    collective = next((f for p, _, f in frames[:k] if p.endswith("distributed_c10d.py")), "")
+    return f"waiting in torch.distributed.{collective}, called at {at}" if collective else f"at {at}"
 
 
 class StartTimeout(RuntimeError):
@@ -133,6 +186,17 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
     remember()
+    global _MARKER_FD, _TASK_ID
+    try:
+        _MARKER_FD = os.open(_marker_path(store_path, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError:
+        _MARKER_FD = None  # no marker: a failure is then blamed on the whole point
+    global _STACK_FILE
+    try:
+        _STACK_FILE = open(_marker_path(store_path, rank, STACK_SUFFIX), "w")  # noqa: SIM115 - the rank's lifetime
+        faulthandler.register(STACK_SIGNAL, file=_STACK_FILE, all_threads=True)
+    except (OSError, RuntimeError, ValueError):
+        _STACK_FILE = None
     started.set()
     conn.send(("ready", "ok", None, ""))
     while True:
@@ -145,6 +209,7 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             # costs seconds per pool and frees nothing the OS would not.
             os._exit(0)
         task_id, main_path, payload = item
+        _TASK_ID = task_id
         try:
             fn, args, kwargs = _load_task(payload, main_path)
             value = fn(*args, **kwargs)
@@ -375,6 +440,11 @@ class RankPool:
                 f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
 
     @property
+    def workdir(self) -> Path:
+        """The directory of the pool's rendezvous file (and its ranks' markers)."""
+        return self._store_path.parent
+
+    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
@@ -398,8 +468,70 @@ class RankPool:
             conn.send((task_id, main_path, payload))
         results = self._collect(task_id, timeout_s)
         if not all(r.ok for r in results):
+            stuck = [r.rank for r in results if r.status == "timeout"]
+            self._ask_stacks(stuck)
+            self._kill()  # first: a rank still running could move its marker
+            for r in results:
+                r.doing = self._doing(r.rank, task_id)
+                if r.rank in stuck:
+                    r.waiting = self._waiting(r.rank)
             self.close(graceful=False)
         return results
+
+    def _doing(self, rank: int, task_id: int) -> str:
+        """What the rank last announced (:func:`announce`) in this task, or ''."""
+        try:
+            with open(_marker_path(self._store_path, rank), "rb") as f:
+                line = f.readline(4096).decode(errors="replace")
+        except OSError:
+            return ""
+        tid, _, text = line.rstrip("\n").partition("\t")
+        return text if tid == str(task_id) else ""
+
+    def _ask_stacks(self, ranks: list[int]) -> None:
+        """Signal each rank for its stack dump; wait until each dump has grown
+        and stopped growing (at most :data:`STACK_WAIT_S`)."""
+        paths = {r: _marker_path(self._store_path, r, STACK_SUFFIX) for r in ranks}
+
+        def size(r: int) -> int:
+            try:
+                return paths[r].stat().st_size
+            except OSError:
+                return 0
+
+        before = {}
+        for r in ranks:
+            before[r] = size(r)
+            try:
+                os.kill(self._procs[r].pid, STACK_SIGNAL)
+            except OSError:
+                del before[r]
+        last = dict(before)
+        deadline = time.monotonic() + STACK_WAIT_S
+        while last and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+            for r in list(last):
+                now = size(r)
+                if now > before[r] and now == last[r]:
+                    del last[r]
+                else:
+                    last[r] = now
+
+    def _waiting(self, rank: int) -> str:
+        try:
+            dump = _marker_path(self._store_path, rank, STACK_SUFFIX).read_text(errors="replace")
+        except OSError:
+            return ""
+        return waiting_in(dump)
+
+    def _kill(self) -> None:
+        """SIGKILL every rank and what it started; reap them."""
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            p.wait()
+            _kill_group(p.pid)
 
     def _collect(self, task_id: object, timeout_s: float) -> list[RankResult]:
         got: dict[int, RankResult] = {}
@@ -456,18 +588,15 @@ class RankPool:
                     p.wait(max(0.01, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     break
-        for p in self._procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self._procs:
-            p.wait()
-            _kill_group(p.pid)
+        self._kill()
         for conn in self._conns:
             conn.close()
-        try:
-            self._store_path.unlink()
-        except FileNotFoundError:
-            pass
+        for path in (self._store_path, *(_marker_path(self._store_path, r, suffix) for r in range(self.world_size)
+                                         for suffix in (MARKER_SUFFIX, STACK_SUFFIX))):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
     def alive_processes(self) -> int:
         return sum(p.poll() is None for p in self._procs)

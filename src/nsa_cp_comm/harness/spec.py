@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import engines
 from ..modes import ScatterMode
-from ..plan import CPPlan, plan_split
+from ..plan import CPPlan
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
@@ -40,6 +41,7 @@ class PointSpec:
     seed: int = 0
     flush_l2: bool = False
     bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
+    engine: str = engines.DEFAULT  # the serving engine whose split and padding the plan follows
 
     def __post_init__(self) -> None:
         from .. import impls as impl_registry
@@ -47,6 +49,7 @@ class PointSpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         ScatterMode(self.mode)
+        engines.get(self.engine)
         for name in self.impls:
             impl_registry.get(name)
         for key in ("hidden_size", "topk", *(("iters",) if self.iters != "auto" else ())):
@@ -81,7 +84,8 @@ class PointSpec:
         return self.cp_size + self.bystanders
 
     def plan(self) -> CPPlan:
-        return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size, align=self.align)
+        return engines.get(self.engine).plan(self.seq_lens, self.cp_size, policy=self.policy,
+                                             page_size=self.page_size, align=self.align)
 
 
 def shard_seed(seed: int, rank: int) -> int:

@@ -104,6 +104,7 @@ def timed_loop(
     group: dist.ProcessGroup | None = None,
     flush: Callable[[], None] | None = None,
     stop: Callable[[dict[str, dict[str, list[float]]]], bool] | None = None,
+    turn_group: dist.ProcessGroup | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Run every implementation's steps ``warmup + iters`` times on this rank
     and return ``{name: {phase: [us per timed iteration]}}``.
@@ -116,7 +117,11 @@ def timed_loop(
     Implementations take turns within every iteration, starting from a rotating
     one, so drift in the machine's state hits them alike. Every rank must call
     it with the same steps (names, phases, counts): each phase starts with a
-    barrier. Fold the ranks' samples with :func:`max_over_ranks`."""
+    barrier. Fold the ranks' samples with :func:`max_over_ranks`.
+    ``turn_group`` (same ranks, a group no step issues collectives on): the
+    first phase of each turn waits at its barrier instead of ``group``'s, so
+    a step that issued a collective more than its peers cannot meet the next
+    turn's barrier (it stays in its own turn: :func:`.blame.announce_turns`)."""
     samples = {s.name: {p: [] for p, _ in s.phases} for s in steps}
     n = len(steps)
     for it in range(warmup + iters):
@@ -127,9 +132,9 @@ def timed_loop(
                 s.reset(it)
             if flush is not None:
                 flush()
-            for phase, fn in s.phases:
+            for j, (phase, fn) in enumerate(s.phases):
                 clock.sync()
-                dist.barrier(group=group)
+                dist.barrier(group=turn_group if j == 0 and turn_group is not None else group)
                 t0 = clock.mark()
                 out = fn(i)
                 t1 = clock.mark()

@@ -1,0 +1,118 @@
+"""What a repro command carries besides the point's keys: the environment the
+point ran in, where it changes what runs.
+
+- Variables that steer torch, its collectives and its threads, by prefix
+  (:data:`PREFIXES`) or name (:data:`NAMES`), and any the user names in
+  :data:`USER_VAR` (comma-separated), as the run had them.
+- ``PYTHONPATH``: the run's entries, absolute (a relative entry or an empty
+  one meant the working directory the run had), and, first, the directory an
+  outside implementation (``impl=package.module:attribute``, or an entry
+  point's module) was imported from, unless that is a directory of the
+  interpreter's own (its standard library or site-packages), where an
+  installed distribution is found from any working directory.
+
+:func:`env_prefix` is ``["env", "K=V", ...]`` (empty when nothing is carried);
+:func:`split` takes a repro command apart again. Neither ``point_id`` nor
+resume reads any of it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import site
+import sys
+import sysconfig
+from collections.abc import Mapping
+
+PREFIXES: tuple[str, ...] = ("NSA_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "OMP_", "MKL_")
+NAMES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "PYTHONPATH")
+USER_VAR = "NSA_REPRO_ENV"  # more variables a repro carries, e.g. NSA_REPRO_ENV=MY_ENGINE_FLAGS,HF_HOME
+
+
+def _names(environ: Mapping[str, str]) -> list[str]:
+    named = {n.strip() for n in environ.get(USER_VAR, "").split(",") if n.strip()}
+    return sorted(k for k in environ if k.startswith(PREFIXES) or k in NAMES or k in named)
+
+
+def _absolute(entry: str, cwd: str) -> str:
+    return os.path.normpath(os.path.join(cwd, entry)) if entry else cwd
+
+
+def _interpreter_dirs() -> set[str]:
+    """Directories every interpreter of this installation has on its path."""
+    dirs = {*site.getsitepackages(), site.getusersitepackages()}
+    dirs |= {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return {os.path.normpath(d) for d in dirs if d}
+
+
+def import_root(module_name: str) -> str | None:
+    """The directory on the path that ``module_name``'s top-level package
+    (or module) was imported from; None for a built-in or unknown module."""
+    top = module_name.split(".")[0]
+    module = sys.modules.get(top)
+    locations: list[str] = []
+    if module is not None:
+        locations = list(getattr(module, "__path__", []) or [])
+        if not locations and getattr(module, "__file__", None):
+            return os.path.normpath(os.path.dirname(os.path.abspath(module.__file__)))
+    else:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
+        if not locations and spec.origin and os.path.isabs(spec.origin):
+            return os.path.normpath(os.path.dirname(spec.origin))
+    return os.path.normpath(os.path.dirname(os.path.abspath(locations[0]))) if locations else None
+
+
+def plugin_module(impl: str) -> str | None:
+    """The module an outside implementation comes from: ``package.module`` of
+    a ``package.module:attribute`` reference, or an entry point's module;
+    None for the project's own implementations and keywords."""
+    if ":" in impl:
+        return impl.partition(":")[0]
+    from nsa_cp_comm import impls
+
+    value = impls.ENTRY_POINT_OF.get(impl)
+    return value.partition(":")[0] if value else None
+
+
+def pythonpath(impl: str, environ: Mapping[str, str], cwd: str) -> str:
+    """The ``PYTHONPATH`` a repro of a point of ``impl`` needs ("" for none)."""
+    entries = [_absolute(e, cwd) for e in environ.get("PYTHONPATH", "").split(os.pathsep)] \
+        if environ.get("PYTHONPATH") else []
+    module = plugin_module(impl)
+    root = import_root(module) if module else None
+    if root and root not in entries and root not in _interpreter_dirs():
+        entries.insert(0, root)
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
+def env_prefix(impl: str, environ: Mapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
+    """``["env", "K=V", ...]`` for a repro of a point of ``impl`` run with
+    ``environ`` (default: this process's) in ``cwd``; ``[]`` when nothing is carried."""
+    environ = os.environ if environ is None else environ
+    cwd = os.getcwd() if cwd is None else cwd
+    carried = {k: environ[k] for k in _names(environ) if k != "PYTHONPATH"}
+    path = pythonpath(impl, environ, cwd)
+    if path:
+        carried["PYTHONPATH"] = path
+    return ["env", *(f"{k}={carried[k]}" for k in sorted(carried))] if carried else []
+
+
+def split(repro: str) -> tuple[dict[str, str], list[str]]:
+    """A repro command taken apart: the variables it sets, and the command
+    (``["python", "-m", "matrix", "key=value", ...]``)."""
+    argv = shlex.split(repro)
+    env: dict[str, str] = {}
+    if argv[:1] == ["env"]:
+        argv = argv[1:]
+        while argv and "=" in argv[0] and argv[0].split("=", 1)[0].isidentifier():
+            key, _, value = argv.pop(0).partition("=")
+            env[key] = value
+    return env, argv

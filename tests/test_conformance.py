@@ -1,0 +1,236 @@
+"""The conformance preset for plug-in authors (``+matrix=conformance``) and
+the plan classes it covers (matrix/plan_classes.py):
+
+- the classifier recognises each class, and only where the plan has it;
+- each class's batch is that class at every cp from 2 to 8, and the preset,
+  expanded as the CLI expands it, runs every class at every cp it runs, with
+  and without a bystander, and passes preflight on this machine;
+- the three plug-ins right on even plans only (tests/broken_impls.py) fail
+  a point of the preset at each cp, on warm ranks; ``padded`` passes them;
+- the report's coverage: the classes per impl and cp, and the loud warning
+  for an outside implementation that ran only even plans at some cp.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from matrix import coverage, plan_classes, report
+from matrix.plan_classes import CLASSES, batch, classes, classify
+from nsa_cp_comm.plan import plan_split
+
+BROKEN = "tests.broken_impls"
+BUGS = ("new_empty_padding", "neighbour_rows", "local_sized_buffer")  # the last errors: its ranks restart
+
+
+def _plan(plan_class: str, cp: int):
+    paged = plan_class == "paged_uneven"
+    return plan_split(batch(plan_class, cp), cp, policy="zigzag_page" if paged else "zigzag",
+                      page_size=plan_classes.PAGE_SIZE if paged else 1)
+
+
+@pytest.mark.parametrize("per_rank, policy, page, seq_lens, expect", [
+    ((4, 4), "zigzag", 1, [8], {"even"}),
+    ((5, 4, 3), "zigzag", 1, [12], {"uneven_by_one"}),
+    # two rows from the share: uneven, not by one
+    ((6, 4, 2), "zigzag", 1, [12], set()),
+    ((4, 4, 0, 0), "zigzag", 1, [8], {"empty_rank"}),
+    # one row is not none
+    ((3, 2, 1), "zigzag", 1, [6], {"uneven_by_one"}),
+    ((2, 1, 0), "zigzag", 1, [2, 1], {"uneven_by_one", "empty_rank"}),
+    ((30, 34), "zigzag_page", 16, [64], {"paged_uneven", "longest_not_first"}),
+    # page size 1 pages nothing; an even paged plan is not uneven
+    ((30, 34), "zigzag_page", 1, [64], {"longest_not_first"}),
+    ((32, 32), "zigzag_page", 16, [64], {"even"}),
+    ((6, 4), "zigzag", 1, [1, 2, 3, 1, 2, 1], {"uneven_by_one", "many_short"}),
+    # three requests at cp 2 are not many; a request of 2*cp tokens is not short
+    ((5, 5), "zigzag", 1, [3, 3, 4], {"even"}),
+    ((5, 5), "zigzag", 1, [1, 1, 4, 4], {"even"}),
+    ((5, 5), "zigzag", 1, [1, 1, 3, 3, 2], {"even", "many_short"}),
+    ((3, 5, 4), "zigzag", 1, [12], {"uneven_by_one", "longest_not_first"}),
+    ((5, 5, 2), "zigzag", 1, [12], set()),
+])
+def test_each_class_is_recognised_and_only_there(per_rank, policy, page, seq_lens, expect):
+    assert set(classes(per_rank, policy=policy, page_size=page, seq_lens=seq_lens)) == expect
+
+
+@pytest.mark.parametrize("cp", range(2, 9))
+def test_each_class_batch_is_that_class_at_every_cp(cp):
+    for plan_class in CLASSES:
+        plan = _plan(plan_class, cp)
+        found = classify(plan)
+        assert plan_class in found, (cp, plan_class, plan.per_rank_tokens, found)
+        assert ("even" in found) == (plan_class == "even"), (cp, plan_class, plan.per_rank_tokens)
+        assert plan_classes.label(plan) == "+".join(found)
+    assert _plan("even", 1).is_even
+    with pytest.raises(ValueError, match="plan_class=empty_rank: needs cp_size of at least 2"):
+        batch("empty_rank", 1)
+    with pytest.raises(ValueError, match="plan_class=odd: must be one of even, "):
+        batch("odd", 2)
+
+
+def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
+    from matrix.preflight import preflight
+
+    points = preflight(["+matrix=conformance", "impl=padded", "results_dir=/nonexistent/never-written"])
+    by_world: dict[tuple[int, int], set[str]] = {}
+    for p in points:
+        cfg, plan = p.cfg, p.resolved.plan()
+        found = classify(plan)
+        # the point's batch is its class's batch at its cp, and the plan is in that class
+        asked = [c for c in CLASSES if cfg["seq_lens"] == batch(c, cfg["cp_size"])]
+        assert asked and asked[0] in found, (cfg["cp_size"], cfg["seq_lens"], found)
+        by_world.setdefault((cfg["cp_size"], cfg["bystanders"]), set()).update(found)
+        assert (cfg["hidden_size"], cfg["iters"]) == (32, 3)
+    largest = {b: plan_classes.largest_cp(b) for b in (0, 1)}
+    assert set(by_world) == {(cp, b) for b in (0, 1) for cp in (2, 3, 4, largest[b])}
+    for world, found in by_world.items():
+        assert found == set(CLASSES), (world, set(CLASSES) - found)
+    assert len(points) == 6 * len(by_world)
+
+
+def _cfg(cp: int, plan_class: str, impl: str) -> dict:
+    from matrix.config import MatrixConfig
+
+    paged = plan_class == "paged_uneven"
+    return {**vars(MatrixConfig()), "cp_size": cp, "seq_lens": batch(plan_class, cp), "shared_kv": paged,
+            "page_size": plan_classes.PAGE_SIZE if paged else 1, "impl": impl, "hidden_size": 32,
+            "dtype": "bfloat16", "warmup": 1, "iters": 3}
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+def test_plugins_right_on_even_plans_only_fail_the_preset_at_each_cp(rank_pool, cp):
+    """The preset's own batches (as the test above holds them to the preset),
+    on warm ranks: each buggy plug-in passes the even point and fails the
+    first uneven one; padded passes both."""
+    from matrix.resolve import resolve
+    from nsa_cp_comm.harness.measure import run_point
+
+    impls = [f"{BROKEN}:{name}" for name in BUGS]
+    even = resolve({**_cfg(cp, "even", "padded")}).spec
+    from dataclasses import replace
+
+    results = run_point(replace(even, impls=(*impls, "padded")), rank_pool(cp), timeout_s=60)
+    assert [(r.impl, r.status) for r in results] == [(i, "ok") for i in (*impls, "padded")], \
+        [(r.impl, r.status, r.reason) for r in results]
+    for impl in ("padded", *impls):
+        spec = resolve(_cfg(cp, "uneven_by_one", impl)).spec
+        (r,) = run_point(spec, rank_pool(cp), timeout_s=60)
+        if impl == "padded":
+            assert r.status == "ok", r.reason
+        else:
+            assert r.status in ("failed", "error"), (impl, r.status, r.reason)
+
+
+# --- the report --------------------------------------------------------------------
+
+
+def _rows(plugin_classes: dict[int, list[str]], impl: str = f"{BROKEN}:neighbour_rows",
+          origin: str = "tests.broken_impls (no installed distribution)") -> list[dict]:
+    from test_report import make_row
+
+    rows = []
+    for cp, kinds in plugin_classes.items():
+        for kind in kinds:
+            plan = _plan(kind, cp)
+            lens = tuple(plan.seq_lens)
+            common = dict(cp=cp, seq_lens=lens, padded_total=plan.padded_total, plan_class=plan_classes.label(plan),
+                          policy=plan.policy, page=plan.page_size)
+            rows.append(make_row(impl, impl_origin=origin, **{**common, "is_even": plan.is_even}))
+            rows.append(make_row("padded", **{**common, "is_even": plan.is_even}))
+    return rows
+
+
+def _loaded(path):
+    run = report.load_run("RESULTS", str(path), report.READ)
+    return run, report.prepare(run)
+
+
+def _report(tmp_path, rows) -> str:
+    from test_report import append
+
+    append(tmp_path, rows)
+    from matrix import report_doc
+
+    return report_doc.markdown(report.render(*_loaded(tmp_path)))[0]  # without the plots
+
+
+def test_report_warns_loudly_of_a_plugin_with_only_even_plans_at_a_cp(tmp_path):
+    md = _report(tmp_path / "a", _rows({2: ["even", "empty_rank"], 3: ["even"], 4: ["even", "many_short"]}))
+    head = md.split("## Verdicts")[0]
+    warning = [ln for ln in head.splitlines() if ln.startswith("**WARNING")]
+    assert warning == [f"**WARNING: `{BROKEN}:neighbour_rows` ran no uneven plan at cp=3**: its rows there cannot "
+                       "show a bug in uneven shards (an empty rank, padding, a short rank before a long one). Run "
+                       f"`python -m matrix +matrix=conformance impl={BROKEN}:neighbour_rows,padded` "
+                       "(docs/plugins.md)."], head
+    section = md.split("## Plan classes covered")[1].split("\n## ")[0]
+    # cp=3: one even row, nothing else
+    assert re.search(r"\| tests.broken_impls:neighbour_rows +\| +3 \| +1 \| +0 \| +0 \| +0 \| +0 \| +0 \|", section)
+    assert "1 cp(s) of even plans only, warned at the top" in section
+
+
+def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tmp_path):
+    md = _report(tmp_path / "a", _rows({2: ["even", "empty_rank"], 3: ["longest_not_first"]}))
+    assert "WARNING" not in md
+    assert "0 cp(s) of even plans only)" in md.split("## Plan classes covered")[1]
+    # the project's own implementation on even plans only: its uneven paths have their own tests
+    md = _report(tmp_path / "b", _rows({3: ["even"]}, impl="legacy", origin="nsa_cp_comm 0.1.0"))
+    assert "WARNING" not in md
+    # no outside implementation: the classes in the appendix only
+    assert "## Plan classes covered" not in md
+    from matrix import report_doc
+
+    appendix = report_doc.markdown(report.render(*_loaded(tmp_path / "b")))[1]
+    assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", appendix)
+
+
+def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
+    rows = _rows({3: ["empty_rank"]})
+    for r in rows:
+        r["plan_class"] = ""
+    from test_report import append
+
+    append(tmp_path, rows)
+    run = report.load_run("RESULTS", str(tmp_path), report.READ)
+    df = report.prepare(run)
+    assert set(coverage.plan_classes(df)) == {"uneven_by_one+empty_rank"}
+    assert coverage.warnings(df) == []
+
+
+def test_the_preset_through_the_cli_fails_each_bug_at_every_cp(tmp_path):
+    """The real sweep, restricted to one uneven class (every class is held to
+    the preset in-process above): every cp the preset runs, with and without
+    a bystander (the largest cp resolved in each job), fails each buggy
+    plug-in, and the report warns of none of them."""
+    from matrix_cli import run_matrix
+
+    impls = ",".join(f"{BROKEN}:{name}" for name in BUGS)
+    run = run_matrix(tmp_path / "res", "+matrix=conformance", f"impl={impls}", "+plan_class=uneven_by_one",
+                     multirun=False, timeout=600)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "missing" not in run.stdout.split("matrix summary:")[1].splitlines()[0], run.stdout[-2000:]
+    rows = run.rows()
+    cps = {b: {2, 3, 4, plan_classes.largest_cp(b)} for b in (0, 1)}
+    for name in BUGS:
+        mine = [r for r in rows if r["impl"] == f"{BROKEN}:{name}"]
+        assert {(int(r["cp_size"]), int(r["bystanders"])) for r in mine} == {(cp, b) for b in cps for cp in cps[b]}
+        for r in mine:
+            assert r["status"] in ("failed", "error"), (name, r["cp_size"], r["status"], r["reason"])
+            assert r["plan_class"].split("+")[0] == "uneven_by_one", r["plan_class"]
+    assert report.main([str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "report.md").read_text()
+    assert "WARNING" not in md and "## Plan classes covered" in md
+
+
+def test_a_bystander_point_is_a_point_of_its_own(tmp_path):
+    # The same configuration with and without a bystander: two points (as
+    # point_id says), neither read as a duplicate of the other.
+    from test_report import append
+
+    rows = _rows({2: ["even", "uneven_by_one"]})
+    append(tmp_path, rows + [{**r, "bystanders": 1} for r in rows])
+    run, df = _loaded(tmp_path)
+    assert (len(run.latest), run.duplicates, df[report.PAIR].nunique()) == (8, 0, 4)
+    assert set(coverage.table(df)["bystanders"]) == {"0,1"}

@@ -1,0 +1,229 @@
+"""Each engine's rules (nsa_cp_comm.engines), held to an independent transcription of the engine.
+
+For every engine and every strategy it has, on random batches (1-16 requests,
+lengths 1-20000, cp 2-16), the plan's per-rank lengths, the physical length
+every rank is padded to, the padding rows and the refusal equal the rule as
+transcribed here from the engine (SGLang 0.5.23: ``layers/cp/zigzag.py`` and
+``interleave.py`` ``build_metadata`` and ``can_apply``, ``layers/cp/padding.py``
+``pad_logical_token_to_physical``; the seed fix's engine: docs/design.md
+section 2), and the numpy bulk plans (matrix.plans) equal the per-batch ones.
+Engines broken on purpose (an alignment, the batch padding, the refusal) are
+caught. ``HYPOTHESIS_PROFILE=fuzz`` runs thousands of batches (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from matrix import plans
+from matrix.workload import Batches
+from nsa_cp_comm import engines
+from nsa_cp_comm.plan import ceil_align
+
+pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from test_properties import reference_blocks  # noqa: E402
+
+LENGTHS = st.one_of(st.integers(1, 40), st.integers(1, 20000))
+PAGES = st.sampled_from([1, 2, 16, 64])
+
+
+@st.composite
+def cases(draw, engine: str):
+    rules = engines.get(engine)
+    return (draw(st.lists(LENGTHS, min_size=1, max_size=16)), draw(st.integers(2, 16)),
+            draw(st.sampled_from(rules.strategies)), draw(PAGES))
+
+
+def sglang_rule(lens: list[int], cp: int, policy: str) -> dict:
+    """SGLang 0.5.23 as its code reads: the raw extend lengths split (zigzag: each request's
+    2*cp near-equal blocks, rank k blocks k and 2cp-1-k; interleave: T//cp + (r < T % cp)),
+    every rank's physical length ceil_align(max, 2*cp | cp); no CP where can_apply refuses."""
+    total = sum(lens)
+    if policy == "zigzag":
+        blocks = [reference_blocks(n, cp, "zigzag", 1) for n in lens]
+        n_r = [sum(b[k] + b[2 * cp - 1 - k] for b in blocks) for k in range(cp)]
+        refused = any(n < 2 * cp for n in lens) or total < 2 * cp
+    else:
+        n_r = [total // cp + (r < total % cp) for r in range(cp)]
+        refused = total < cp
+    align = 2 * cp if policy == "zigzag" else cp
+    # attention zeroes the padded output rows (padding.py attention_output_tokens): masked
+    return {"n_r": n_r, "P": -(-max(n_r) // align) * align, "refused": refused, "raw": total, "attn_masked": True}
+
+
+def seed_fix_rule(lens: list[int], cp: int, policy: str, page: int) -> dict:
+    """The seed fix's engine: the batch padded to a multiple of cp by lengthening the last
+    request, then round robin, zigzag or page-aligned zigzag; every batch split."""
+    total = ceil_align(sum(lens), cp)
+    padded = lens[:-1] + [lens[-1] + total - sum(lens)]
+    if policy == "round_robin":
+        n_r = [total // cp] * cp
+    else:
+        blocks = [reference_blocks(n, cp, policy, page) for n in padded]
+        n_r = [sum(b[k] + b[2 * cp - 1 - k] for b in blocks) for k in range(cp)]
+    align = cp if policy == "round_robin" else 2 * cp
+    return {"n_r": n_r, "P": -(-max(n_r) // align) * align, "refused": False, "raw": sum(lens), "attn_masked": False}
+
+
+RULES = {"seed_fix": lambda lens, cp, policy, page: seed_fix_rule(lens, cp, policy, page),
+         "sglang_0_5_23": lambda lens, cp, policy, page: sglang_rule(lens, cp, policy)}
+
+
+def mismatches(rules: engines.Engine, lens: list[int], cp: int, policy: str, page: int) -> list[str]:
+    """How ``rules`` differs from the engine's transcribed rule on this batch ([] when it does not)."""
+    want = RULES[rules.name](list(lens), cp, policy, page)
+    page = page if policy == "zigzag_page" else 1
+    plan = rules.plan(lens, cp, policy=policy, page_size=page)
+    out = []
+    if list(plan.per_rank_tokens) != want["n_r"]:
+        out.append(f"per-rank lengths {list(plan.per_rank_tokens)} != {want['n_r']}")
+    if rules.physical_len(plan) != want["P"]:
+        out.append(f"physical length {rules.physical_len(plan)} != {want['P']}")
+    if bool(rules.refusal(lens, cp, policy)) != want["refused"]:
+        out.append(f"refusal {rules.refusal(lens, cp, policy)!r}, the engine refuses: {want['refused']}")
+    cost = rules.costs(plan)["pad_at_split"]
+    keep = 0 if want["refused"] else 1
+    attn = keep * (want["P"] - min(want["n_r"]))
+    moe = keep * (want["P"] * cp - want["raw"])
+    got = (cost["attn_pad_processed"] + cost["attn_pad_masked"], cost["moe_pad_processed"] + cost["moe_pad_masked"],
+           cost["rows"])
+    if got != (attn, moe, keep * want["P"] * cp):
+        out.append(f"pad_at_split (attn pad, moe pad, rows) {got} != {(attn, moe, keep * want['P'] * cp)}")
+    if attn and cost["attn_pad_masked"] != (attn if want["attn_masked"] else 0):
+        out.append("attention padding masked/processed the wrong way")
+    return out
+
+
+@pytest.mark.fuzz
+@given(cases("seed_fix"))
+def test_seed_fix_engine_follows_its_rule(case):
+    assert mismatches(engines.get("seed_fix"), *case) == []
+
+
+@pytest.mark.fuzz
+@given(cases("sglang_0_5_23"))
+def test_sglang_0_5_23_follows_its_code(case):
+    assert mismatches(engines.get("sglang_0_5_23"), *case) == []
+
+
+@st.composite
+def batch_sets(draw, engine: str):
+    rules = engines.get(engine)
+    groups = draw(st.lists(st.lists(LENGTHS, min_size=1, max_size=16), min_size=1, max_size=8))
+    return groups, draw(st.integers(2, 16)), draw(st.sampled_from(rules.strategies)), draw(PAGES)
+
+
+def bulk_mismatches(rules: engines.Engine, groups: list[list[int]], cp: int, policy: str, page: int) -> list:
+    """Batches where matrix.plans' numpy statistics differ from the engine's per-batch plan and costs."""
+    page = page if policy == "zigzag_page" else 1
+    batches = Batches(np.asarray([x for g in groups for x in g], dtype=np.int64),
+                      np.asarray([len(g) for g in groups], dtype=np.int64))
+    stats = plans.plan_stats(batches, cp, policy, page, engine=rules.name)
+    out = []
+    for i, g in enumerate(groups):
+        plan = rules.plan(g, cp, policy=policy, page_size=page)
+        got = {d: {k: int(v[i]) for k, v in stats["costs"][d].items()} for d in engines.DESIGNS}
+        if (got != rules.costs(plan) or int(stats["total"][i]) != plan.total_tokens
+                or bool(stats["refused"][i]) != bool(rules.refusal(g, cp, policy))
+                or int(stats["physical"][i]) != rules.physical_len(plan)):
+            out.append(g)
+    return out
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("engine", engines.NAMES)
+@given(data=st.data())
+def test_bulk_plans_are_the_per_batch_plans(engine, data):
+    assert bulk_mismatches(engines.get(engine), *data.draw(batch_sets(engine))) == []
+
+
+# -- each rule broken on purpose is caught --------------------------------------------------
+
+SGLANG = engines.get("sglang_0_5_23")
+
+
+@pytest.mark.parametrize("broken,case,needle", [
+    # zigzag aligned to cp instead of 2*cp: n = (433, 434, 434) gives P = 435, not 438
+    (dataclasses.replace(SGLANG, split_align=lambda policy, cp: cp), ([1001, 300], 3, "zigzag", 1), "physical length"),
+    # the batch padded to cp first (the seed fix's engine did): 18057 + 8366 + 1064 = 27487 becomes 27488
+    (dataclasses.replace(SGLANG, pads_batch=True), ([18057, 8366, 1064], 4, "zigzag", 1), "per-rank lengths"),
+    # can_apply ignored: a 5-token request at cp 4 runs with CP
+    (dataclasses.replace(SGLANG, refuses=lambda mn, total, cp, policy: mn < 0), ([5, 100], 4, "zigzag", 1), "refusal"),
+    # attention computing the padding rows SGLang zeroes
+    (dataclasses.replace(SGLANG, attn_pad_masked=False), ([10], 4, "round_robin", 1), "masked/processed"),
+])
+def test_a_broken_rule_is_caught(broken, case, needle):
+    assert mismatches(SGLANG, *case) == []
+    assert any(needle in m for m in mismatches(broken, *case)), mismatches(broken, *case)
+
+
+def test_a_broken_bulk_plan_is_caught(monkeypatch):
+    """The bulk property can fail: a numpy split that pads the batch where the engine does not."""
+    groups = [[18057, 8366, 1064], [16]]
+    assert bulk_mismatches(SGLANG, groups, 4, "zigzag", 1) == []
+    real = plans.per_rank_tokens
+    monkeypatch.setattr(plans, "per_rank_tokens", lambda *a, pad_batch=True: real(*a, pad_batch=True))
+    assert bulk_mismatches(SGLANG, groups, 4, "zigzag", 1) == [[18057, 8366, 1064]]
+
+
+def test_the_issue_example_and_the_refusal_share():
+    """[18057, 8366, 1064] at cp 4: SGLang 0.5.23 pads to P = 6872 with 1 MoE padding row, the seed
+    fix's engine to 6880 with 32 (its alignment token counted as a padding row too)."""
+    sg, seed = SGLANG.plan([18057, 8366, 1064], 4, policy="zigzag"), engines.get("seed_fix").plan(
+        [18057, 8366, 1064], 4, policy="zigzag")
+    assert (SGLANG.physical_len(sg), SGLANG.costs(sg)["pad_at_split"]["moe_pad_processed"]) == (6872, 1)
+    assert (engines.get("seed_fix").physical_len(seed), engines.get("seed_fix").costs(seed)["pad_at_split"][
+        "moe_pad_processed"]) == (6880, 6880 * 4 - 27487)
+    # interleave on [5] at cp 4: 16 rows for 5 tokens (pads an uneven plan; the seed fix's 8-token even plan too)
+    five = SGLANG.plan([5], 4, policy="round_robin")
+    assert SGLANG.costs(five)["pad_at_split"]["rows"] == 16 and SGLANG.costs(five)["padded"]["rows"] == 8
+
+
+def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "engine"
+    assert sorted(p.stem for p in conf.glob("*.yaml")) == sorted(engines.NAMES)
+    for name in engines.NAMES:
+        assert f"engine: {name}" in (conf / f"{name}.yaml").read_text()
+        rules = engines.get(name)
+        assert rules.source and rules.title and set(rules.strategies) <= {"round_robin", "zigzag", "zigzag_page"}
+    with pytest.raises(ValueError, match=r"engine='vllm' is not one of seed_fix, sglang_0_5_23"):
+        engines.get("vllm")
+
+
+# -- a matrix point follows its engine --------------------------------------------------------
+
+def _resolved(**cfg):
+    from matrix.config import MatrixConfig, validate
+    from matrix.resolve import resolve
+
+    full = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r", **cfg}
+    validate(full)
+    return resolve(full, gpus=0)
+
+
+@pytest.mark.parametrize("cfg,skip", [
+    (dict(cp_size=4, seq_lens=[5, 100]), "ZigzagCPStrategy.can_apply refuses a request of 5 tokens"),
+    (dict(cp_size=4, seq_lens=[3], split="round_robin"), "InterleaveCPStrategy.can_apply refuses a batch of 3"),
+    (dict(cp_size=4, seq_lens=[1000], shared_kv=True, page_size=64), "SGLang 0.5.23 has no zigzag_page split"),
+    (dict(cp_size=4, seq_lens=[1000], align=8), "pads no batch to align=8"),
+    (dict(cp_size=4, seq_lens=[8, 100]), ""),  # every request at least 2*cp: runs with CP
+])
+def test_sglang_points_are_skipped_where_the_engine_would_not_run_them(cfg, skip):
+    res = _resolved(engine="sglang_0_5_23", **cfg)
+    assert (skip in res.skip) if skip else res.skip == "", res.skip
+    assert _resolved(engine="seed_fix", **cfg).skip == ""  # the seed fix's engine splits every batch
+
+
+def test_a_points_plan_is_its_engines():
+    sg = _resolved(engine="sglang_0_5_23", cp_size=4, seq_lens=[18057, 8366, 1064]).plan()
+    seed = _resolved(cp_size=4, seq_lens=[18057, 8366, 1064]).plan()
+    assert (sg.engine, sg.total_tokens, sg.per_rank_tokens) == ("sglang_0_5_23", 27487, (6872, 6871, 6872, 6872))
+    assert (seed.engine, seed.total_tokens, seed.per_rank_tokens) == ("seed_fix", 27488, (6873, 6871, 6872, 6872))
