@@ -14,6 +14,7 @@ from matrix.__main__ import freeze_now
 from matrix.preflight import points
 
 from matrix_cli import REPO, cli_env, run_matrix
+from matrix.runs import SCHEMA_VERSION
 
 SMALL = ("hidden_size=32", "dtype=float32", "warmup=0", "iters=2")
 
@@ -66,7 +67,7 @@ def test_a_sweep_straddling_seconds_writes_one_folder_and_exits_0(tmp_path):
     # one process, one run: its metadata once, named by every row
     folder = tmp_path / "results" / folders[0]
     lines = [json.loads(x) for x in (folder / "runs.jsonl").read_text().splitlines()]
-    assert len(lines) == 1 and lines[0]["schema_version"] == 3, lines
+    assert len(lines) == 1 and lines[0]["schema_version"] == SCHEMA_VERSION, lines
     assert lines[0]["torch_version"] and lines[0]["host"] and "seq_lens=[8],[9],[10]" in lines[0]["command"]
     with (folder / "results.csv").open(newline="") as f:
         ids = [r["run_id"] for r in csv.DictReader(f)]
