@@ -193,8 +193,8 @@ def test_a_sweep_exit_column_follows_the_exit_code(monkeypatch):
 
 # Where the harness names a failed check: ``rep.fail("x", ...)`` on a rank
 # (checks.py); ``check = "x"``, ``return "x", reason`` and ``[("x", f"...")]``
-# over ranks (measure.py, blame.py, fold.py).
-EMITTED = re.compile(r"""\.fail\(\s*"(\w+)"|\bcheck = "(\w+)"|return "(\w+)", |\[\("(\w+)", f""")
+# over ranks (measure.py, blame.py, fold.py); ``yield "x", ...`` (checks.py's layout walk).
+EMITTED = re.compile(r"""\.fail\(\s*"(\w+)"|\bcheck = "(\w+)"|return "(\w+)", |\[\("(\w+)", f"|yield "(\w+)", """)
 
 
 def emitted_checks() -> set[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -150,6 +151,31 @@ def unlike(got: object, want: torch.Tensor) -> str:
     return ", ".join(diffs)
 
 
+def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """What :func:`unlike` compares with: a shape, dtype and device, one element of storage."""
+    return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
+
+
+def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor,
+                  holds: Callable[[int, torch.Tensor], bool]) -> Iterator[tuple[str, int, int]]:
+    """A gathered buffer of the layout's size against the layout:
+    ``("gather_rows", r, row)`` for each rank ``r`` whose rows at its offset
+    ``row`` fail ``holds(r, rows)``, then ``("padding_zero", r, row)`` for
+    each rank whose padding rows (from ``row``) are not zero. The checked
+    gather and every timed iteration (:mod:`.verify`) walk it alike."""
+    starts = impl.starts(plan)
+    for r in range(plan.cp_size):
+        n, s = plan.per_rank_tokens[r], starts[r]
+        if not holds(r, full[s : s + n]):
+            yield "gather_rows", r, s
+    if impl.layout == "rank_major_padded":
+        m = impl.stride(plan)
+        for r in range(plan.cp_size):
+            pad = full[r * m + plan.per_rank_tokens[r] : (r + 1) * m]
+            if pad.numel() and bool(pad.ne(0).any()):
+                yield "padding_zero", r, r * m + plan.per_rank_tokens[r]
+
+
 def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
                  rep: ImplReport, shards: list[torch.Tensor] | None = None) -> bool:
     """Gathered buffer: size, every rank's rows at its offset, zero padding.
@@ -157,8 +183,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     whether the buffer is usable for the later checks."""
     if shards is None:
         shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
-    want = torch.empty((impl.buffer_rows(plan), spec.hidden_size), dtype=shards[0].dtype, device=shards[0].device)
-    diff = unlike(full, want)
+    diff = unlike(full, stand_in((impl.buffer_rows(plan), spec.hidden_size), shards[0].dtype, shards[0].device))
     if diff:
         rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
@@ -169,17 +194,9 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
             rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
                      f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
                      f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
-    starts = impl.starts(plan)
-    for r in range(plan.cp_size):
-        n, s = plan.per_rank_tokens[r], starts[r]
-        if not bitwise_equal(full[s : s + n], shards[r]):
-            rep.fail("gather_rows", f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard")
-    if impl.layout == "rank_major_padded":
-        m = impl.stride(plan)
-        for r in range(plan.cp_size):
-            pad = full[r * m + plan.per_rank_tokens[r] : (r + 1) * m]
-            if pad.numel() and bool(pad.ne(0).any()):
-                rep.fail("padding_zero", f"padding rows of rank {r} are not zero")
+    for check, r, s in layout_faults(impl, plan, full, lambda r, rows: bitwise_equal(rows, shards[r])):
+        rep.fail(check, f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard" if check == "gather_rows"
+                 else f"padding rows of rank {r} are not zero")
     return True
 
 

@@ -33,7 +33,7 @@ import zlib
 import torch
 
 from ..plan import CPPlan
-from .checks import unlike
+from .checks import layout_faults, stand_in, unlike
 from .spec import shard_seed
 
 # Per dtype: the integer view, the sign bit in it, and how many low mantissa bits the mask flips.
@@ -77,8 +77,8 @@ class TimedCheck:
         self.starts = impl.starts(plan)
         self.n = plan.per_rank_tokens
         padded = impl.layout == "rank_major_padded"
+        # Each rank's block of the layout: its rows, then (padded layout) its padding.
         self.block = [impl.stride(plan) if padded else self.n[r] for r in range(self.cp)]
-        self.padded = padded
         self.seed = seed
         self.amp = _amplitude(self.cp)
         # The draws of every iteration: one generator, the same sequence on every
@@ -144,28 +144,21 @@ class TimedCheck:
     def _fail(self, it: int, what: str) -> None:
         self.wrong.setdefault(it, []).append(what)
 
-    def _like(self, shape: tuple[int, ...]) -> torch.Tensor:
-        # What ``unlike`` compares with: shape, dtype and device, one element of storage.
-        return torch.empty_strided(shape, (0,) * len(shape), dtype=self.dtype, device=self.device)
+    def _rows_of_this_iteration(self, r: int, rows: torch.Tensor) -> bool:
+        want = torch.bitwise_xor(self.shards[r], self.masks[r], out=self.scratch_int[: self.n[r]])
+        return torch.equal(rows.view(self.int_dtype), want)
 
     def gathered(self, it: int, full: object) -> None:
         """The gathered buffer of iteration ``it``: every rank's masked rows at
         its offset, zeros in the padding."""
         t0 = time.perf_counter()
-        diff = unlike(full, self._like((self.impl.buffer_rows(self.plan), self.hidden)))
+        diff = unlike(full, stand_in((self.impl.buffer_rows(self.plan), self.hidden), self.dtype, self.device))
         if diff:
             self._fail(it, f"gathered buffer: {diff}")
         else:
-            ints = full.view(self.int_dtype)
-            for r in range(self.cp):
-                s, n = self.starts[r], self.n[r]
-                want = torch.bitwise_xor(self.shards[r], self.masks[r], out=self.scratch_int[:n])
-                if not torch.equal(ints[s : s + n], want):
-                    self._fail(it, f"gathered rows of rank {r} (at row {s}) are not rank {r}'s rows of this iteration")
-                if self.padded:
-                    pad = full[s + n : s + self.block[r]]
-                    if pad.numel() and bool(pad.ne(0).any()):
-                        self._fail(it, f"padding rows of rank {r} are not zero")
+            for check, r, s in layout_faults(self.impl, self.plan, full, self._rows_of_this_iteration):
+                self._fail(it, f"gathered rows of rank {r} (at row {s}) are not rank {r}'s rows of this iteration"
+                           if check == "gather_rows" else f"padding rows of rank {r} are not zero")
         self.seconds += time.perf_counter() - t0
 
     def scattered(self, it: int, out: object, local: torch.Tensor) -> None:
@@ -173,7 +166,7 @@ class TimedCheck:
         over ranks), and the caller's rows after the round trip."""
         t0 = time.perf_counter()
         want = self.expected_sum()
-        diff = unlike(out, self._like(tuple(want.shape)))
+        diff = unlike(out, stand_in(tuple(want.shape), self.dtype, self.device))
         if diff:
             self._fail(it, f"scatter output: {diff}")
         elif not torch.equal(out.view(self.int_dtype), want.view(self.int_dtype)):
