@@ -128,8 +128,16 @@ def rank_main(rank: int, trial: Trial, store_path: str) -> None:
     else:
         device = torch.device("cpu")
         extra = {}
-    dist.init_process_group(trial.backend, store=dist.FileStore(store_path, trial.cp), rank=rank,
+    store = dist.FileStore(store_path, trial.cp)
+    dist.init_process_group(trial.backend, store=store, rank=rank,
                             world_size=trial.cp, timeout=timedelta(seconds=trial.pg_timeout_s), **extra)
+    # gloo connects its full mesh inside init: a rank that raised and exited
+    # while a slower peer was still connecting made that peer fail in init
+    # ("connectFullMesh failed"), which is start-up, not the collective under
+    # test. Every rank waits here, on the store, until all are connected.
+    store.add("connected", 1)
+    while store.add("connected", 0) < trial.cp:
+        time.sleep(0.01)
     T, H, n = plan.total_tokens, trial.hidden, plan.per_rank_tokens[rank]
     if trial.op == "gather":
         out = torch.zeros(T, H, device=device)
