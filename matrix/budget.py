@@ -24,7 +24,6 @@ from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.machine import Machine, this_machine
 from nsa_cp_comm.harness.spec import DTYPES
-from nsa_cp_comm.harness.steps import rotation
 from nsa_cp_comm.moe import ReferenceMoE
 
 from .config import ConfigError, override_value
@@ -116,9 +115,11 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     # Timed loop, all implementations at once: per FULL implementation its
     # input rows, its form's gathered buffer and partials, and the check of
     # every iteration (its partials pattern, the expected sum); every rank's
-    # rows once, which that check compares with.
+    # rows once, which that check compares with. Per dispatch implementation:
+    # its input rows and their check, the received rows, what the combine is
+    # handed and the expected rows (each at most every rank's rows routed here).
     per_full = 2 * m * row + 3 * P * row
-    per_dispatch = rotation(2 * m * row) * m * row + 2 * P * min(topk, cp) * row
+    per_dispatch = 2 * m * row + 3 * P * min(topk, cp) * row
     timed = sum(per_full if k == "full" else per_dispatch for k in kinds) + P * row
     buffers = max(check, timed) + m * row * 2  # plus the shard and its copy
     if res.device == "cuda":

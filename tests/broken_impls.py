@@ -36,7 +36,8 @@ from nsa_cp_comm import alternatives, impls
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
 from nsa_cp_comm.communicator import CPLayerCommunicator
 from nsa_cp_comm.harness.measure import point_on_rank
-from nsa_cp_comm.impls import RoundTripImpl
+from nsa_cp_comm.alternatives import a2a_combine, a2a_dispatch
+from nsa_cp_comm.impls import DispatchImpl, RoundTripImpl
 from nsa_cp_comm.production import Production, padded_form
 from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
 
@@ -456,6 +457,83 @@ CHEATS = {
 }
 for _name, (_cheat, _doc) in CHEATS.items():
     globals()[_name] = _cheating(_name, _cheat, _doc)
+
+
+# --- dispatch implementations whose timed calls cheat ----------------------------
+# The stand-in all-to-all (a2a), right on its first call with a buffer (the
+# checked calls pass fresh tensors), cheating when a buffer comes back, as the
+# timed loop's do: only the check of every timed iteration can see it. State
+# is per tensor object (held, so its address is not reused), never per
+# process: warm ranks run many points.
+class _PerBuffer:
+    def __init__(self) -> None:
+        self.seen: dict[int, list] = {}
+
+    def visit(self, t: torch.Tensor) -> list:
+        """``[tensor, calls so far with it, what the cheat keeps]``, calls counted from 1."""
+        entry = self.seen.get(id(t))
+        if entry is None or entry[0] is not t:
+            entry = self.seen[id(t)] = [t, 0, None]
+        entry[1] += 1
+        return entry
+
+
+def _a2a_memoised():
+    seen = _PerBuffer()
+
+    def dispatch(local, idx, weight, per, group):
+        entry = seen.visit(local)
+        if entry[2] is None:
+            entry[2] = a2a_dispatch(local, idx, weight, per, group)
+        return entry[2]
+
+    return DispatchImpl("a2a_memoised", dispatch, a2a_combine, doc="remembers its dispatch per input buffer")
+
+
+def _a2a_cached_routing():
+    # Rows sent every call; the routing (expert ids, weights) kept from a buffer's first call.
+    seen = _PerBuffer()
+
+    def dispatch(local, idx, weight, per, group):
+        entry = seen.visit(local)
+        recv, handle = a2a_dispatch(local, idx, weight, per, group)
+        if entry[2] is None:
+            entry[2] = handle
+        return recv, dataclasses.replace(handle, recv_idx=entry[2].recv_idx, recv_weight=entry[2].recv_weight)
+
+    return DispatchImpl("a2a_cached_routing", dispatch, a2a_combine, doc="sends the routing on a buffer's first call only")
+
+
+def _a2a_idle_combine():
+    seen = _PerBuffer()
+
+    def combine(y, handle, group):
+        entry = seen.visit(y)
+        if not 3 <= entry[1] <= 4:
+            entry[2] = a2a_combine(y, handle, group)
+        return entry[2]
+
+    return DispatchImpl("a2a_idle_combine", a2a_dispatch, combine,
+                        doc="the combine idle (stale output) on a buffer's calls 3 and 4")
+
+
+def _a2a_zeroes_caller():
+    seen = _PerBuffer()
+
+    def dispatch(local, idx, weight, per, group):
+        out = a2a_dispatch(local, idx, weight, per, group)
+        if seen.visit(local)[1] > 1:
+            local.zero_()  # "done with it"
+        return out
+
+    return DispatchImpl("a2a_zeroes_caller", dispatch, a2a_combine,
+                        doc="zeroes the caller's rows after sending them, from a buffer's second call")
+
+
+DISPATCH_CHEATS = {"a2a_memoised": _a2a_memoised, "a2a_cached_routing": _a2a_cached_routing,
+                   "a2a_idle_combine": _a2a_idle_combine, "a2a_zeroes_caller": _a2a_zeroes_caller}
+for _name, _make in DISPATCH_CHEATS.items():
+    globals()[_name] = _make()
 
 # --- written from docs/plugins.md, right on even plans only --------------------
 # Each passes every even point (a sweep whose plans are all even, such as zigzag

@@ -23,16 +23,20 @@ def _run(rank_pool, cp, lens, *, verify=True, dtype="bfloat16"):
     return {r.impl: r for r in run_point(spec, rank_pool(cp), timeout_s=120, verify=verify)}
 
 
+def _honest_pass_cheats_fail(rows, honest, cheats):
+    for name in honest:
+        assert rows[name].status in ("ok", "refused"), (name, rows[name].reason)
+    for name in cheats:
+        r = rows[name]
+        assert (r.status, r.failed_check) == ("failed", "production_form"), (name, r.status, r.reason)
+        assert "iterations of the timed loop" in r.reason and not r.stats, (name, r.reason)
+
+
 @pytest.mark.parametrize("cp, lens, dtype", [(2, (4, 4), "bfloat16"), (2, (3, 3), "float32"),
                                              (3, (1001, 300), "bfloat16")])
 def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, lens, dtype):
     rows = _run(rank_pool, cp, lens, dtype=dtype)
-    for name in HONEST:
-        assert rows[name].status in ("ok", "refused"), (name, rows[name].reason)
-    for name in CHEATS:
-        r = rows[name]
-        assert (r.status, r.failed_check) == ("failed", "production_form"), (name, r.status, r.reason)
-        assert "iterations of the timed loop" in r.reason and not r.stats, (name, r.reason)
+    _honest_pass_cheats_fail(rows, HONEST, CHEATS)
     # The count is of wrong iterations, out of all of them (warm-up included).
     assert "wrong in 1 of 13 iterations" in rows["tests.broken_impls:rare_corruption"].reason
     assert "wrong in 2 of 13 iterations" in rows["tests.broken_impls:idle_between"].reason
@@ -148,3 +152,30 @@ def test_a_point_reports_where_its_time_went(rank_pool):
     clock.lap("b")
     clock.add("a", 1.0, 2)
     assert clock.report()["a"]["s"] >= 1.0 and clock.report()["a"]["collectives"] == 2
+
+
+# --- dispatch implementations (SCATTERED mode) ---------------------------------------
+
+DISPATCH_CHEATS = tuple(f"tests.broken_impls:{name}" for name in broken_impls.DISPATCH_CHEATS)
+
+
+def _run_dispatch(rank_pool, cp, lens, *, verify=True, dtype="bfloat16"):
+    spec = PointSpec(lens, cp, policy="zigzag", mode="SCATTERED", impls=("a2a", *DISPATCH_CHEATS), hidden_size=32,
+                     dtype=dtype, warmup=1, iters=6)
+    return {r.impl: r for r in run_point(spec, rank_pool(cp), timeout_s=120, verify=verify)}
+
+
+@pytest.mark.parametrize("cp, lens, dtype", [(2, (7, 4), "bfloat16"), (4, (1001, 300), "float32")])
+def test_a_dispatch_that_cheats_in_its_timed_calls_fails_and_a2a_passes(rank_pool, cp, lens, dtype):
+    rows = _run_dispatch(rank_pool, cp, lens, dtype=dtype)
+    _honest_pass_cheats_fail(rows, ("a2a",), DISPATCH_CHEATS)
+    assert "received rows are not" in rows["tests.broken_impls:a2a_memoised"].reason
+    assert "routing weights" in rows["tests.broken_impls:a2a_cached_routing"].reason
+    assert "wrong in 2 of 7 iterations" in rows["tests.broken_impls:a2a_idle_combine"].reason
+    assert "the caller's rows changed" in rows["tests.broken_impls:a2a_zeroes_caller"].reason
+
+
+def test_without_the_check_every_dispatch_cheat_would_pass(rank_pool):
+    rows = _run_dispatch(rank_pool, 2, (7, 4), verify=False)
+    for name in DISPATCH_CHEATS:
+        assert rows[name].status == "ok", (name, rows[name].reason)

@@ -85,7 +85,10 @@ CHECKS: dict[str, str] = {
                        "byte to the ranks' partials summed, and left the caller's rows as given: checked untimed "
                        "right after each phase against a reference drawn from the seed, not from what the form was "
                        "given (a cache, a stale shared buffer, a form right only some of the time or that writes into "
-                       "its input fails); the reason counts the wrong iterations",
+                       "its input fails); the reason counts the wrong iterations. A dispatch implementation's "
+                       "iterations alike: new rows and routing metadata each iteration, the received rows, expert "
+                       "ids and weights exactly those routed here, the combine's output the exact sum of what the "
+                       "ranks each token went to handed back",
     "rank_agreement": "every rank reached the same outcome: none refused or passed through while others ran",
     "collective_skipped": "every rank entered the same collectives (from the pool: some ranks returned while others "
                           "waited in a collective; the correctness group found ranks in different collectives; a "

@@ -158,7 +158,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         impl = impl_registry.get(name)
         announce_place((AT_PREPARE, names.index(name)), name)
         if impl.mode == "SCATTERED":
-            steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain))
+            steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain, shards, verify=verify))
         else:
             steps.append(full_steps(impl, spec, plan, rank, device, plain, shards, verify=verify))
     out: dict[str, dict[str, Any]] = {}

@@ -14,7 +14,8 @@ production form (the alternatives, most outside ones) are timed as their
 are new, written untimed before it, and its outputs are checked untimed
 after each phase (:mod:`.verify`). Dispatch implementations time
 ``dispatch`` as the gather phase and ``combine`` as the scatter phase
-(routing and the experts are not timed).
+(routing and the experts are not timed), checked the same way
+(:mod:`.verify_dispatch`).
 
 No step checks its inputs: the ranks agreed on them in the correctness phase.
 """
@@ -30,20 +31,10 @@ from .. import impls as impl_registry
 from ..collectives import all_gather_into, reduce_scatter_into
 from ..moe import ReferenceMoE
 from ..plan import CPPlan
-from .spec import DTYPES, PointSpec, make_shard
+from .spec import DTYPES, PointSpec
 from .timing import Steps
 from .verify import TimedCheck
-
-# A dispatch implementation's input sets rotate so a small point does not time a warm cache.
-MAX_SETS = 4
-CACHE_BYTES = 64 << 20
-
-
-def rotation(set_bytes: int) -> int:
-    """How many input sets to rotate through: enough to outgrow a 64 MiB
-    cache, at most :data:`MAX_SETS` (memory)."""
-    return max(1, min(MAX_SETS, -(-CACHE_BYTES // max(set_bytes, 1))))
-
+from .verify_dispatch import DispatchCheck
 
 @dataclass
 class RoundTripSteps(Steps):
@@ -93,26 +84,46 @@ def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
                           timed_check=check if verify else None)
 
 
+@dataclass
+class DispatchSteps(Steps):
+    """A dispatch implementation's timed steps, with the check of every
+    iteration's outputs (:class:`~.verify_dispatch.DispatchCheck`)."""
+
+    timed_check: DispatchCheck | None = None
+
+
 def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-                   moe: ReferenceMoE, group: dist.ProcessGroup | None) -> Steps:
-    """The timed form of a dispatch implementation: dispatch, then combine."""
+                   moe: ReferenceMoE, group: dist.ProcessGroup | None, shards: list[torch.Tensor], *,
+                   verify: bool = True) -> DispatchSteps:
+    """The timed form of a dispatch implementation: dispatch, then combine of
+    what this rank's experts hand back (routing and the experts untimed).
+    Each iteration's rows, routing and combine input are new, written untimed
+    before it, and (with ``verify``) checked untimed after each phase."""
+    check = DispatchCheck(impl, plan, rank, shards, moe, spec.seed, device, spec.warmup)
+    local = torch.empty_like(shards[rank])
+    idx, weight = torch.empty_like(check.idx), torch.empty_like(check.weight)
+    y = torch.empty((check.n_recv, spec.hidden_size), dtype=DTYPES[spec.dtype], device=device)
     per = moe.num_experts // plan.cp_size
-    set_bytes = 2 * plan.per_rank_tokens[rank] * spec.hidden_size * DTYPES[spec.dtype].itemsize
-    n_sets = rotation(set_bytes)
-    sets = []
-    for i in range(n_sets):
-        x = make_shard(spec, plan, rank, device, salt=i)
-        sets.append((x, *moe.route(x)))
     state: dict[str, object] = {}
 
-    def dispatch(i: int) -> None:
-        x, idx, weight = sets[i]
-        state["recv"], state["handle"] = impl.dispatch(x, idx, weight, per, group)
+    def reset(it: int) -> None:
+        check.inputs(it, local, idx, weight, y)
 
-    def combine(i: int) -> None:
-        impl.combine(state["recv"], state["handle"], group)
+    def dispatch(i: int) -> object:
+        state["recv"], state["handle"] = impl.dispatch(local, idx, weight, per, group)
+        return state["recv"]
 
-    return Steps(impl.name, [("gather", dispatch), ("scatter", combine)], n_sets=n_sets)
+    def combine(i: int) -> object:
+        return impl.combine(y, state["handle"], group)
+
+    def verify_phase(phase: str, it: int, out: object) -> None:
+        if phase == "gather":
+            check.dispatched(it, out, state["handle"])
+        else:
+            check.combined(it, out, local)
+
+    return DispatchSteps(impl.name, [("gather", dispatch), ("scatter", combine)], reset=reset,
+                         check=verify_phase if verify else None, timed_check=check if verify else None)
 
 
 # The control's name in the timed loop: never an implementation's (a leading

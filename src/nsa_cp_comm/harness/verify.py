@@ -138,9 +138,6 @@ class TimedCheck:
         return want.mul_(0.125)
 
     # --- checks ---------------------------------------------------------------------
-    def _where(self, it: int) -> str:
-        return f"iteration {it}" + (" (warm-up)" if it < self.warmup else f" (timed {it - self.warmup})")
-
     def _fail(self, it: int, what: str) -> None:
         self.wrong.setdefault(it, []).append(what)
 
@@ -165,14 +162,9 @@ class TimedCheck:
         """The scatter's output of iteration ``it`` (this rank's rows summed
         over ranks), and the caller's rows after the round trip."""
         t0 = time.perf_counter()
-        want = self.expected_sum()
-        diff = unlike(out, stand_in(tuple(want.shape), self.dtype, self.device))
-        if diff:
-            self._fail(it, f"scatter output: {diff}")
-        elif not torch.equal(out.view(self.int_dtype), want.view(self.int_dtype)):
-            bad = (out.view(self.int_dtype) != want.view(self.int_dtype)).any(dim=1).nonzero().flatten().tolist()
-            self._fail(it, f"scatter output: {len(bad)} of {want.shape[0]} row(s) are not the ranks' partials "
-                           f"summed (first {bad[0]})")
+        fault = rows_fault("scatter output", out, self.expected_sum(), self.int_dtype, "the ranks' partials summed")
+        if fault:
+            self._fail(it, fault)
         mine = torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=self.scratch_int[: self.n[self.rank]])
         if not torch.equal(local.view(self.int_dtype), mine):
             self._fail(it, "the caller's rows changed during the round trip (the gather must leave them untouched)")
@@ -180,7 +172,30 @@ class TimedCheck:
 
     def reason(self, total: int) -> str:
         """'' when every iteration was right; else how many were wrong, and the first ones."""
-        if not self.wrong:
-            return ""
-        shown = "; ".join(f"{self._where(it)}: {', '.join(what)}" for it, what in sorted(self.wrong.items())[:_SHOWN])
-        return f"wrong in {len(self.wrong)} of {total} iterations of the timed loop: {shown}"
+        return wrong_reason(self.wrong, self.warmup, total)
+
+
+def rows_fault(label: str, out: object, want: torch.Tensor, int_dtype: torch.dtype, meaning: str) -> str:
+    """'' when ``out`` is ``want`` byte for byte; else what differs: its
+    kind, shape, dtype or device, or how many rows are not ``meaning``."""
+    diff = unlike(out, stand_in(tuple(want.shape), want.dtype, want.device))
+    if diff:
+        return f"{label}: {diff}"
+    got, exp = out.view(int_dtype), want.view(int_dtype)
+    if torch.equal(got, exp):
+        return ""
+    bad = (got != exp).any(dim=1).nonzero().flatten().tolist()
+    return f"{label}: {len(bad)} of {want.shape[0]} row(s) are not {meaning} (first {bad[0]})"
+
+
+def wrong_reason(wrong: dict[int, list[str]], warmup: int, total: int) -> str:
+    """'' when no iteration was wrong; else how many of ``total`` were, and
+    what was wrong in the first ones (``wrong``: iteration -> what)."""
+    if not wrong:
+        return ""
+
+    def where(it: int) -> str:
+        return f"iteration {it}" + (" (warm-up)" if it < warmup else f" (timed {it - warmup})")
+
+    shown = "; ".join(f"{where(it)}: {', '.join(what)}" for it, what in sorted(wrong.items())[:_SHOWN])
+    return f"wrong in {len(wrong)} of {total} iterations of the timed loop: {shown}"
