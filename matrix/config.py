@@ -344,9 +344,9 @@ def register() -> None:
 # schema defaults, not the swept values): these resolvers read the sweep.
 
 
-def sweep_values(root: Any, key: str) -> list[Any]:
-    """Every value ``key`` takes in the sweep (command line over the preset's
-    ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
+def _sweep_overrides(root: Any) -> list[Any]:
+    """The sweep's overrides, parsed: the preset's ``hydra.sweeper.params``,
+    then the command line (later ones win, as in Hydra's basic sweeper)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     hydra = root.get("hydra") if hasattr(root, "get") else None
@@ -355,13 +355,59 @@ def sweep_values(root: Any, key: str) -> list[Any]:
         params = hydra.sweeper.get("params") if "sweeper" in hydra else None
         lines += [f"{k}={v}" for k, v in (params or {}).items()]
         lines += list(hydra.overrides.task) if "overrides" in hydra else []
+    return OverridesParser.create().parse_overrides(lines)
+
+
+def _last(root: Any, key: str) -> Any:
     last = None
-    for ov in OverridesParser.create().parse_overrides(lines):
+    for ov in _sweep_overrides(root):
         if ov.key_or_group.lstrip("+~") == key and not ov.is_delete():
             last = ov
+    return last
+
+
+def sweep_values(root: Any, key: str) -> list[Any]:
+    """Every value ``key`` takes in the sweep (command line over the preset's
+    ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
+    last = _last(root, key)
     if last is None:
         return [root[key]]
     return list(last.sweep_iterator()) if last.is_sweep_override() else [last.value()]
+
+
+def _group_cp_sizes(root: Any) -> list[int]:
+    """The cp sizes that swept config groups set (e.g. the conformance
+    preset's ``+conformance_cp``): each chosen option's file read for its
+    ``cp_size``; one resolved per point on the node (the largest the node
+    starts) counts as :data:`~.plan_classes.LARGEST_CP`."""
+    from omegaconf import OmegaConf
+
+    from .paths import CONF_DIR
+    from .plan_classes import LARGEST_CP
+
+    sizes: list[int] = []
+    seen: set[str] = set()
+    for ov in reversed(_sweep_overrides(root)):
+        group = ov.key_or_group.lstrip("+~")
+        if group in seen or ov.is_delete() or not (CONF_DIR / group).is_dir():
+            continue
+        seen.add(group)
+        for option in (ov.sweep_iterator() if ov.is_sweep_override() else [ov.value()]):
+            path = CONF_DIR / group / f"{option}.yaml"
+            if not path.is_file():
+                continue
+            node = OmegaConf.load(path)
+            if "cp_size" in node:
+                value = OmegaConf.to_container(node, resolve=False)["cp_size"]
+                sizes.append(value if isinstance(value, int) else LARGEST_CP)
+    return sizes
+
+
+def _sweep_world(*, _root_: Any) -> int:
+    """The largest world a point of the sweep starts: cp_size (swept, or set
+    by a swept config group) plus bystanders, one device per rank."""
+    cps = [*map(int, sweep_values(_root_, "cp_size")), *_group_cp_sizes(_root_)]
+    return max(cps) + max(int(b or 0) for b in sweep_values(_root_, "bystanders"))
 
 
 def _sweep_max(key: str, *, _root_: Any) -> Any:
@@ -390,6 +436,8 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("matrix.sweep_max"):
         OmegaConf.register_new_resolver("matrix.sweep_max", _sweep_max)
+    if not OmegaConf.has_resolver("matrix.sweep_world"):
+        OmegaConf.register_new_resolver("matrix.sweep_world", _sweep_world)
     if not OmegaConf.has_resolver("matrix.run_folder"):
         OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
     if not OmegaConf.has_resolver("matrix.job_minutes"):

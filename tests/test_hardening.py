@@ -698,6 +698,29 @@ def test_slurm_request_covers_the_largest_point_of_a_sweep():
     assert (cfg.gpus, cfg.minutes) == (8, 12)
 
 
+def test_slurm_request_counts_the_ranks_a_swept_group_and_bystanders_add():
+    """The conformance preset sets cp_size through a swept group (its
+    ``largest`` option resolved per point, on the node) and sweeps
+    bystanders: a GPU per rank of its largest world, not the primary
+    config's cp_size."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from matrix.config import register_resolvers
+
+    register_resolvers()
+    slurm = yaml.safe_load((REPO / "conf" / "hydra" / "launcher" / "slurm.yaml").read_text())
+    params = yaml.safe_load((REPO / "conf" / "matrix" / "conformance.yaml").read_text())["hydra"]["sweeper"]["params"]
+    cfg = OmegaConf.create({"cp_size": 2, "bystanders": 0, "gpus": slurm["gpus_per_node"],
+                            "hydra": {"sweeper": {"params": params}, "overrides": {"task": []}}})
+    assert cfg.gpus == 8 + 1  # largest cp, plus a bystander
+    cfg.hydra.overrides.task = ["+conformance_cp=cp2,cp3", "bystanders=0"]
+    assert cfg.gpus == 3
+    cfg.hydra.sweeper.params = {}
+    cfg.hydra.overrides.task = ["cp_size=1,4"]
+    assert cfg.gpus == 4
+
+
 def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
     """The submit host has no GPUs: an nccl sweep for SLURM passes the preflight
     (each job checks its own node); a bad value is still refused."""
