@@ -479,10 +479,12 @@ FAULTS: tuple[FaultCase, ...] = (
         "a plug-in that destroys the process group, or changes a torch global setting (intra- or inter-op threads, "
         "grad mode, deterministic algorithms, flush-denormal, default dtype or device)",
         "warm ranks reused by the next point",
-        "after every point each rank is checked (group alive by one all-reduce, every setting as at start): the "
-        "point that changed them gets `failed` rows (`failed_check` `rank_state`) naming each change, its old and "
-        "new value and the global ranks; rows already failed, errored or timed out keep theirs; the next point gets "
-        "fresh ranks",
+        "each rank compares its settings with its start after every implementation's checks, the building of its "
+        "timed form and each phase of its timed turns: the implementation after whose step a change was first "
+        "found gets a `failed` row (`failed_check` `rank_state`) naming each change, its old and new value and the "
+        "ranks; the changed ranks are closed and the point's other implementations rerun on fresh ones; after every "
+        "point the pool checks again (group alive by one all-reduce), and a change no step showed fails the point's "
+        "ok rows",
         "test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point",
         "test_hostile_sweeps",
     ),
@@ -491,9 +493,10 @@ FAULTS: tuple[FaultCase, ...] = (
         "`distributed_c10d`) and leaves the wrapper installed",
         "warm ranks reused by the next point (every later all-gather through the wrapper)",
         "every `torch.distributed` and `distributed_c10d` function the harness calls, and the process group's "
-        "methods, must be the objects the rank started with: as above, `failed` (`rank_state`) naming the wrapper "
-        "and what it replaced, and fresh ranks for the next point; the check's own all-reduce uses the originals",
-        "test_a_plug_in_that_changes_its_ranks_gets_failed_rank_state_rows_and_the_next_point_fresh_ranks",
+        "methods, must be the objects the rank started with: as above, the implementation that wrapped it gets "
+        "`failed` (`rank_state`) naming the wrapper and what it replaced, the others are rerun on fresh ranks; "
+        "the check's own all-reduce uses the originals",
+        "test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are_rerun_on_fresh_ranks",
         "test_rank_state",
     ),
     FaultCase(

@@ -61,7 +61,7 @@ def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_
     rows = {r["impl"]: r for r in run.rows()}
     hostile = rows[f"{HOSTILE}:sets_float64"]
     assert (hostile["status"], hostile["failed_check"]) == ("failed", "rank_state"), hostile
-    assert "global ranks 0,1: default dtype is torch.float64 (was torch.float32)" in hostile["reason"]
+    assert "rank 0,1: default dtype is torch.float64 (was torch.float32)" in hostile["reason"]
     assert rows["legacy"]["status"] == "refused", rows["legacy"]  # uneven plan: legacy refuses, on fresh ranks
     assert run.returncode == 1
 

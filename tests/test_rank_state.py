@@ -80,32 +80,64 @@ def test_a_point_is_seeded_from_its_seed_and_rank_whatever_ran_before(rank_pool)
     assert pool.run(rank_tasks.rand_after_point, other, pool.backend, "none", timeout_s=60)[0].value != draws["none"][0]
 
 
-def test_a_plug_in_that_changes_its_ranks_gets_failed_rank_state_rows_and_the_next_point_fresh_ranks(rank_pool):
-    """Through the matrix's after-point check: the point's ok rows become
-    ``failed`` (rank_state) naming the change and the ranks, a row that had
-    already failed keeps its own check, and the next point's ranks are clean."""
+def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are_rerun_on_fresh_ranks(rank_pool):
+    """The change is blamed on the implementation after whose step it was
+    found: its row is ``failed`` (rank_state) naming the change and the
+    ranks; the point's other implementations are rerun on fresh ranks (a
+    second culprit among them blamed the same way, a row that fails its own
+    check keeps it, an honest one is ok); the changed ranks are closed."""
     from matrix import point
     from nsa_cp_comm.harness.measure import run_point
     from nsa_cp_comm.harness.spec import PointSpec
 
     pool = rank_pool(2)
-    impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order")
+    impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order", "padded")
     spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **SMALL)
     rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
-    assert rows["tests.broken_impls:wrong_order"].failed_check == "gather_rows"
-    for name in impls[:2]:
-        row = rows[name]
-        assert (row.status, row.failed_check, row.correct, row.stats) == ("failed", "rank_state", None, {}), row
-        threads = re.match(r"the point left its ranks changed: global ranks 0,1: "
-                           r"intra-op threads is (\d+) \(was (\d+)\)", row.reason)
-        assert threads and threads[1] != threads[2], row.reason
-        for fn in ("torch.distributed", "torch.distributed.distributed_c10d"):
-            assert f"{fn}.all_gather_single is tests.hostile_impls._wrap_all_gather.<locals>.traced (was " in row.reason
     assert not pool.alive
+    assert rows["tests.broken_impls:wrong_order"].failed_check == "gather_rows"
+    assert rows["padded"].status == "ok", rows["padded"]
+    threads, wraps = rows[impls[0]], rows[impls[1]]
+    for row in (threads, wraps):
+        assert (row.status, row.failed_check, row.correct, row.stats) == ("failed", "rank_state", None, {}), row
+        assert "(found after its checks; ranks numbered as in the CP group): rank 0,1: " in row.reason, row.reason
+    found = re.search(r"intra-op threads is (\d+) \(was (\d+)\)", threads.reason)
+    assert found and found[1] != found[2], threads.reason
+    assert "all_gather_single" not in threads.reason
+    # (torch.distributed's own name is one the checks' collective counter swaps
+    # and puts back around each checked call: the wrapper under distributed_c10d stays.)
+    fn = "torch.distributed.distributed_c10d.all_gather_single"
+    assert f"{fn} is tests.hostile_impls._wrap_all_gather.<locals>.traced (was " in wraps.reason
+    assert "intra-op threads" not in wraps.reason
     fresh = rank_pool(2)
     ok = point._after_point_check(fresh, run_point(PointSpec((10, 6), 2, "zigzag", impls=("padded",), **SMALL), fresh,
                                                    timeout_s=60), 60)
     assert [r.status for r in ok] == ["ok"] and fresh.alive, ok
+
+
+def test_a_change_made_in_a_timed_turn_is_blamed_on_that_turn():
+    """Ranks whose reports say where their state first changed: the earliest
+    step over the ranks names the culprit; a change after the A/A control's
+    turn is no implementation's."""
+    from nsa_cp_comm.harness.blame import state_change
+    from nsa_cp_comm.harness.cpgroup import group_rank_of
+    from nsa_cp_comm.harness.rank_result import RankResult
+    from nsa_cp_comm.harness.rank_state import STATE_KEY
+    from nsa_cp_comm.harness.spec import PointSpec
+    from nsa_cp_comm.harness.steps import CONTROL
+
+    spec = PointSpec((10, 6), 2, "zigzag", impls=("padded", "legacy"), **SMALL)
+
+    def found(impl, seq, what="grad mode is False (was True)"):
+        return {STATE_KEY: {"impl": impl, "where": "its turn in the timed loop (iteration 3, gather)", "what": what,
+                            "seq": seq}}
+
+    assert state_change(spec, [RankResult(0, "ok", value={}), RankResult(1, "ok", value={})]) is None
+    failure = state_change(spec, [RankResult(0, "ok", value=found("legacy", 9)), RankResult(1, "ok", value=found("padded", 12))])
+    assert (failure.culprit, failure.failed_check, failure.status) == ("legacy", "rank_state", "failed")
+    # named as the CP group numbers its ranks (global rank 0's number there)
+    assert f"rank {group_rank_of(0, 2)}: grad mode is False" in failure.reason and "iteration 3" in failure.reason
+    assert state_change(spec, [RankResult(0, "ok", value=found(CONTROL, 4))]).culprit == ""
 
 
 def test_ranks_that_do_not_answer_the_state_check_give_error_rows_not_a_check():

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from .cpgroup import cp_ranks, group_rank_of
 from .fold import ImplResult, origin_of
 from .rank_result import RankResult, summarize_failure
+from .rank_state import STATE_KEY
 from .ranks import announce
 from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import PointSpec
@@ -292,6 +293,26 @@ def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
     if first is not None:
         reason = f"in {first.describe()}: {reason}"
     return Failure(status, f"{reason} ({NUMBERING})", check, culprit)
+
+
+def state_change(spec: PointSpec, results: list[RankResult]) -> Failure | None:
+    """None when no rank's state changed during the point
+    (:class:`.rank_state.Watch`); else a ``failed`` (``rank_state``) blamed
+    on the implementation after whose step a rank first found the change
+    (the earliest step over the ranks), naming what changed on which ranks."""
+    found = {group_rank_of(r.rank, spec.cp_size, spec.bystanders): r.value[STATE_KEY]
+             for r in results if isinstance(r.value, dict) and STATE_KEY in r.value}
+    if not found:
+        return None
+    first = min(found.values(), key=lambda f: f["seq"])
+    by_what: dict[str, list[int]] = {}
+    for rank, f in sorted(found.items()):
+        if f["impl"] == first["impl"]:
+            by_what.setdefault(f["what"], []).append(rank)
+    what = "; ".join(f"{_ranks(ranks, spec.cp_size)}: {change}" for change, ranks in by_what.items())
+    culprit = first["impl"] if first["impl"] in spec.impls else ""
+    return Failure("failed", f"changed its ranks (found after {first['where']}; {NUMBERING}): {what}",
+                   "rank_state", culprit)
 
 
 def every_row(spec: PointSpec, failure: Failure) -> list[ImplResult]:

@@ -99,12 +99,14 @@ CHECKS: dict[str, str] = {
                          "correctness group): the row names each rank's, and what happens without the check (gloo: "
                          "'invalid tensor size' on some ranks while the others wait, or SIGABRT; NCCL: torch's size "
                          "error on some ranks while the others hang)",
-    "rank_state": "after the point every rank is as it started (asked by the pool after every point): its process "
-                  "group alive, torch's intra- and inter-op threads, grad mode, deterministic algorithms (and "
-                  "warn-only), flush-denormal, default dtype and device unchanged, and every torch.distributed "
+    "rank_state": "every rank is as it started after each of the implementation's steps (its checks, its timed "
+                  "form's building, each phase of its timed turns) and after the point (asked by the pool): its "
+                  "process group alive, torch's intra- and inter-op threads, grad mode, deterministic algorithms "
+                  "(and warn-only), flush-denormal, default dtype and device unchanged, and every torch.distributed "
                   "function the harness calls the same object; the reason names each change with its old and new "
-                  "value and the global ranks, and the next point gets fresh ranks. The mistake: a global left "
-                  "set, or a collective wrapped, that would change the next point's rows",
+                  "value and the ranks, the implementation after whose step it was found gets the row, and the "
+                  "others are rerun on fresh ranks. The mistake: a global left set, or a collective wrapped, that "
+                  "would change the next point's rows",
 }
 
 @dataclass

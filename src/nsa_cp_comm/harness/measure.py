@@ -36,12 +36,13 @@ from .blame import (
     diagnose,
     every_row,
     not_run_row,
+    state_change,
 )
 from .cpgroup import cp_group, group_rank_of
 from .fold import ImplResult, fold_reports
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
-from .rank_state import begin_point
+from .rank_state import STATE_KEY, Watch, begin_point
 from .phases import PHASES_KEY, PhaseClock
 from .ranks import RankPool, one_line_error, rank_device
 from .spec import DTYPES, PointSpec, make_shard
@@ -69,12 +70,13 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
 
 def check_point(
     spec: PointSpec, backend: str, device: torch.device, group, moe: ReferenceMoE | None = None,
-    *, checks: str = "full", shards: list[torch.Tensor] | None = None,
+    *, checks: str = "full", shards: list[torch.Tensor] | None = None, watch: Watch | None = None,
 ) -> dict[str, ImplReport]:
     """The correctness phase on this rank: every implementation's checks
     (``moe``: the point's :func:`reference_moe`, built here when not given;
     none with ``checks="light"``, FULL mode only: :func:`.checks.check_light`;
-    ``shards``: every rank's rows, generated here when not given)."""
+    ``shards``: every rank's rows, generated here when not given; ``watch``:
+    told after each implementation's checks)."""
     rank = dist.get_rank(group)  # the CP group's rank, not the world's
     plan = spec.plan()
     mode = ScatterMode(spec.mode)
@@ -109,6 +111,8 @@ def check_point(
             reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
         else:
             reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
+        if watch is not None:
+            watch.after(name, "its checks")
     return reports
 
 
@@ -137,7 +141,8 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     clock.watch(group, plain, fence)
     clock.lap("checks")
-    reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards)
+    watch = Watch()
+    reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards, watch=watch)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
     names = list(reports)
@@ -161,6 +166,9 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
             steps.append(dispatch_steps(impl, spec, plan, rank, device, moe, plain, shards, verify=verify))
         else:
             steps.append(full_steps(impl, spec, plan, rank, device, plain, shards, verify=verify))
+        watch.after(name, "building its timed form")
+    for s in steps:
+        s.check = _watched(s.check, watch, s.name)
     out: dict[str, dict[str, Any]] = {}
     if steps:
         if not light:
@@ -190,7 +198,19 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
                     reports[s.name].fail("production_form", wrong)
                     reports[s.name].correct = False
     out[PHASES_KEY] = clock.report()
+    if watch.found is not None:
+        out[STATE_KEY] = watch.found
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
+
+
+def _watched(check: Callable[[str, int, object], object] | None, watch: Watch, name: str):
+    """``check`` (a step's after-phase hook, or none), then ``watch`` told whose turn it was."""
+    def run(phase: str, it: int, out: object) -> None:
+        if check is not None:
+            check(phase, it, out)
+        watch.after(name, f"its turn in the timed loop (iteration {it}, {phase})")
+
+    return run
 
 
 def _fresh_like(pool: RankPool) -> Callable[[], RankPool]:
@@ -228,6 +248,11 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     results = pool.run(point_on_rank, spec, pool.backend, checks, verify, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         return _rerun_without_culprit(spec, diagnose(spec, results), pool, timeout_s, checks, verify, fresh)
+    changed = state_change(spec, results)
+    if changed is not None:
+        # The ranks are not as they started: no later point may run on them.
+        pool.close(graceful=False)
+        return _rerun_without_culprit(spec, changed, pool, timeout_s, checks, verify, fresh)
     # In the CP group's rank order, bystanders left out.
     by_group = {group_rank_of(r.rank, spec.cp_size, spec.bystanders): r.value for r in results}
     return fold_reports(spec, plan, [by_group[r] for r in range(spec.cp_size)])

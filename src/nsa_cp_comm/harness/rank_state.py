@@ -6,10 +6,13 @@ destroyed; torch's global settings (intra- and inter-op threads, grad mode,
 deterministic algorithms, flush-denormal, default dtype and device) changed;
 a ``torch.distributed`` function the harness calls replaced by a wrapper (a
 plug-in that wraps the all-gather at import slows every later point on those
-ranks). :func:`remember` records the state a rank starts with; after every
-point :func:`check_pool` asks each rank for its differences, and a pool with
-any is closed so the next point starts fresh ranks, while the point that
-changed them gets ``failed`` rows (``failed_check`` ``rank_state``).
+ranks). :func:`remember` records the state a rank starts with. During a
+point, :class:`Watch` compares after each implementation's steps, so the
+implementation after whose step a change was first found gets the ``failed``
+row (``failed_check`` ``rank_state``) and the others are rerun on fresh ranks
+(:func:`.blame.state_change`); after every point :func:`check_pool` asks each
+rank for its differences again, and a pool with any is closed so the next
+point starts fresh ranks.
 
 The RNG is not compared but reset: :func:`begin_point` seeds torch's global
 generator from the point's seed and the rank, so what ran before on a warm
@@ -118,6 +121,30 @@ def differences() -> list[str]:
     found += [f"{key} is {_name(now.get(key))} (was {_name(fn)})" for key, fn in _START_FUNCTIONS.items()
               if now.get(key) is not fn]
     return found
+
+
+# A rank's report carries, under this key, where its state first changed.
+STATE_KEY = "_rank_state"
+
+
+class Watch:
+    """Where this rank's state first changed during a point. :meth:`after`
+    runs after each implementation's checks, its timed form's building and
+    each phase of its turns in the timed loop (untimed); the first change
+    found is kept with whose it was (later calls cost nothing), so the
+    blame lands on that implementation's row, not on every row of the point."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.found: dict[str, Any] | None = None
+
+    def after(self, impl: str, where: str) -> None:
+        self.calls += 1
+        if self.found is None:
+            found = differences()
+            if found:
+                # ``seq``: the same count on every rank (they run the same steps), to order their finds.
+                self.found = {"impl": impl, "where": where, "what": "; ".join(found), "seq": self.calls}
 
 
 def changes() -> str:
