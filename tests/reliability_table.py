@@ -480,7 +480,7 @@ FAULTS: tuple[FaultCase, ...] = (
         "grad mode, deterministic algorithms, flush-denormal, default dtype or device)",
         "warm ranks reused by the next point",
         "each rank compares its settings with its start after every implementation's checks, the building of its "
-        "timed form and each phase of its timed turns: the implementation after whose step a change was first "
+        "timed form and each of its timed turns: the implementation after whose step a change was first "
         "found gets a `failed` row (`failed_check` `rank_state`) naming each change, its old and new value and the "
         "ranks; the changed ranks are closed and the point's other implementations rerun on fresh ones; after every "
         "point the pool checks again (group alive by one all-reduce), and a change no step showed fails the point's "

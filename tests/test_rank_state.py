@@ -129,7 +129,7 @@ def test_a_change_made_in_a_timed_turn_is_blamed_on_that_turn():
     spec = PointSpec((10, 6), 2, "zigzag", impls=("padded", "legacy"), **SMALL)
 
     def found(impl, seq, what="grad mode is False (was True)"):
-        return {STATE_KEY: {"impl": impl, "where": "its turn in the timed loop (iteration 3, gather)", "what": what,
+        return {STATE_KEY: {"impl": impl, "where": "its turn in iteration 3 of the timed loop", "what": what,
                             "seq": seq}}
 
     assert state_change(spec, [RankResult(0, "ok", value={}), RankResult(1, "ok", value={})]) is None

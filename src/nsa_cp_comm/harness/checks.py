@@ -100,7 +100,7 @@ CHECKS: dict[str, str] = {
                          "'invalid tensor size' on some ranks while the others wait, or SIGABRT; NCCL: torch's size "
                          "error on some ranks while the others hang)",
     "rank_state": "every rank is as it started after each of the implementation's steps (its checks, its timed "
-                  "form's building, each phase of its timed turns) and after the point (asked by the pool): its "
+                  "form's building, each of its timed turns) and after the point (asked by the pool): its "
                   "process group alive, torch's intra- and inter-op threads, grad mode, deterministic algorithms "
                   "(and warn-only), flush-denormal, default dtype and device unchanged, and every torch.distributed "
                   "function the harness calls the same object; the reason names each change with its old and new "

@@ -130,7 +130,7 @@ STATE_KEY = "_rank_state"
 class Watch:
     """Where this rank's state first changed during a point. :meth:`after`
     runs after each implementation's checks, its timed form's building and
-    each phase of its turns in the timed loop (untimed); the first change
+    each of its turns in the timed loop (untimed); the first change
     found is kept with whose it was (later calls cost nothing), so the
     blame lands on that implementation's row, not on every row of the point."""
 
