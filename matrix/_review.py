@@ -532,3 +532,14 @@ def frame_md(frame: pd.DataFrame, index: bool = False) -> str:
     names = [str(c) for c in frame.columns]
     text = pd.DataFrame({n: [fmt(v).replace("|", "\\|") for v in frame[c]] for n, c in zip(names, frame.columns)})
     return text.to_markdown(index=False, disable_numparse=True, colalign=align)
+
+
+def m_stride(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose buffer is the plan's own, ``max_rank_len`` rows per rank:
+    a row of an implementation with another stride (padded at the split to
+    ``P``) describes its own buffer (the designs section compares them)."""
+    if not {"padded_total", "max_rank_len", "cp_size"} <= set(df.columns):
+        return df
+    other = pd.to_numeric(df["padded_total"], errors="coerce").ne(
+        pd.to_numeric(df["max_rank_len"], errors="coerce") * pd.to_numeric(df["cp_size"], errors="coerce"))
+    return df[~(other & df["padded_total"].notna() & df["max_rank_len"].notna())]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from ._review import fmt
+from ._review import fmt, m_stride
 
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
@@ -155,7 +155,8 @@ def padding(df: pd.DataFrame):  # -> Figure
     fig, ax = _figure("Padding fraction of the gather buffer per cp size and layout")
     ax.set_xlabel("cp size")
     ax.set_ylabel("padding fraction 1 − T / (m·cp)   (bar: mean over batches, tick: max)")
-    plans = df[df["padding_frac"].notna() & df["cp_size"].notna()].drop_duplicates(
+    # the buffer of m = max_rank_len rows per rank, as the axis says
+    plans = m_stride(df[df["padding_frac"].notna() & df["cp_size"].notna()]).drop_duplicates(
         subset=["policy", "cp_size", "page_size", "seq_lens", "align"]
     )
     if plans.empty:

@@ -186,6 +186,7 @@ def build_rows(
     rows = []
     for r in results:
         row = dict(base)
+        row.update(_moved_plan(r.impl, plan))
         row.update(
             impl=r.impl,
             status=r.status,
@@ -213,6 +214,16 @@ def build_rows(
                     row[col] = value
         rows.append(row)
     return rows
+
+
+def _moved_plan(name: str, plan: Any) -> dict[str, Any]:
+    """``padded_total``, ``padding_frac`` and ``claim_holds`` as implementation
+    ``name`` moves the plan (its row stride: ``P`` for one that pads at the
+    split); the plan's own (stride ``max_rank_len``) for a dispatch."""
+    from nsa_cp_comm import impls
+
+    impl = impls.get(name)
+    return impl.plan_columns(plan) if isinstance(impl, impls.RoundTripImpl) else {}
 
 
 def every_impl(res: Resolved, status: str, reason: str) -> list[ImplResult]:

@@ -56,6 +56,7 @@ from ._review import (
     fmt,
     frame_md,
     load_run,
+    m_stride,
     one_line,
     point_codes,
     typed,
@@ -358,8 +359,9 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
 
 
 def _plans(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per distinct split plan (the claim is a property of the plan)."""
-    plans = df[df["claim_holds"].notna()].drop_duplicates(subset=PLAN_KEY)
+    """One row per distinct split plan (the claim is a property of the plan and
+    the padded communicator's ``max_rank_len * cp`` buffer)."""
+    plans = m_stride(df[df["claim_holds"].notna()]).drop_duplicates(subset=PLAN_KEY)
     return plans.assign(padding_rows=plans["padded_total"] - plans["total_tokens"])
 
 
@@ -606,7 +608,7 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
         part.appendix += ["## Bus bandwidth (GB/s) by cp size, impl and page size (median over the points every "
                           "impl of the cp size was timed; padding_frac: mean)", "",
                           *_whole(full, index=True, name="bandwidth_by_page", points=n_same), ""]
-    plans = df[df["padding_frac"].notna()].drop_duplicates(subset=PLAN_KEY)
+    plans = m_stride(df[df["padding_frac"].notna()]).drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
         pad = plans.assign(layout=_layout(plans)).pivot_table(
             index="cp_size", columns="layout", values="padding_frac", aggfunc="mean"

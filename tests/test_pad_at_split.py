@@ -131,3 +131,33 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
     assert "## Collectives predicted from nccl-tests (a model)" in md and "a model, not a measurement" in md
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
     assert "nccl-tests" not in (tmp_path / "rep2" / "report.md").read_text()
+
+
+def test_plan_level_padding_columns_follow_the_implementations_row_stride():
+    """``padded_total``, ``padding_frac`` and ``claim_holds`` are the buffer each
+    implementation moves: ``m * cp`` for the padded communicator, ``P * cp`` for
+    pad_at_split (and a padded shard), not the plan's ``max_rank_len`` for all."""
+    from matrix.config import MatrixConfig, validate
+    from matrix.point import build_rows
+    from matrix.resolve import resolve
+    from nsa_cp_comm.harness.fold import ImplResult
+
+    cfg = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r",
+           "cp_size": 3, "seq_lens": [1001, 300]}  # THREE: the batch padded to 1302, n = 434 = m, P = 438
+    validate(cfg)
+    res = resolve(cfg, gpus=0)
+    rows = {r["impl"]: r for r in build_rows(cfg, res, [ImplResult("padded", "ok"), ImplResult("pad_at_split", "ok")],
+                                            "", 0.0)}
+    assert (rows["padded"]["padded_total"], rows["padded"]["padding_frac"], rows["padded"]["claim_holds"]) == (
+        1302, 0.0, True)
+    pas = rows["pad_at_split"]
+    assert (pas["padded_total"], pas["claim_holds"]) == (438 * 3, False)
+    assert pas["padding_frac"] == pytest.approx(1 - 1302 / 1314)
+    assert rows["padded"]["max_rank_len"] == pas["max_rank_len"] == 434  # the plan's own
+    # the report's plan sections (the claim, the padding table) read the padded communicator's m * cp buffer
+    import pandas as pd
+
+    from matrix._review import m_stride
+
+    df = pd.DataFrame([pas, rows["padded"]])
+    assert list(m_stride(df)["impl"]) == ["padded"]

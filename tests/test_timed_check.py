@@ -179,3 +179,38 @@ def test_without_the_check_every_dispatch_cheat_would_pass(rank_pool):
     rows = _run_dispatch(rank_pool, 2, (7, 4), verify=False)
     for name in DISPATCH_CHEATS:
         assert rows[name].status == "ok", (name, rows[name].reason)
+
+
+def test_a_padded_shard_is_checked_padding_rows_included():
+    # shard="padded": [P, H] in and out; the partials' padding rows are zero, so
+    # the scatter's padding rows must come back zero, and the caller's padding stay zero
+    impl = get("pad_at_split").__class__("padded_shard", lambda *a: None, lambda *a: None, shard="padded")
+    plan = plan_split((5, 3, 9), 4, policy="zigzag")  # n = 5 on every rank, P = ceil_align(5, 8) = 8
+    p, n = impl.stride(plan), plan.per_rank_tokens[1]
+    assert p > max(plan.per_rank_tokens)
+    shards = [torch.randn(k, 16).to(torch.bfloat16) for k in plan.per_rank_tokens]
+    check = TimedCheck(impl, plan, 1, shards, 16, 3, "cpu", warmup=1)
+    local = torch.full((p, 16), 7.0, dtype=torch.bfloat16)
+    partials = torch.empty((impl.buffer_rows(plan), 16), dtype=torch.bfloat16)
+    check.inputs(0, local, partials)
+    assert bool(local[n:].eq(0).all()) and bool(local[:n].ne(0).any())
+    for r, k in enumerate(plan.per_rank_tokens):
+        assert bool(partials[r * p + k : (r + 1) * p].eq(0).all())
+    right = torch.zeros((p, 16), dtype=torch.bfloat16)
+    right[:n] = check.expected_sum()
+    check.scattered(0, right, local)
+    assert check.reason(3) == ""
+    check.inputs(1, local, partials)
+    dirty = torch.zeros((p, 16), dtype=torch.bfloat16)
+    dirty[:n] = check.expected_sum()
+    dirty[p - 1, 0] = 1.0
+    check.scattered(1, dirty, local)
+    assert "scatter output: padding rows of the [8, H] shard are not zero" in check.reason(3)
+    check.inputs(2, local, partials)
+    right = torch.zeros((p, 16), dtype=torch.bfloat16)
+    right[:n] = check.expected_sum()
+    local[n, 0] = 1.0  # the caller's padding row written
+    check.scattered(2, right, local)
+    assert "iteration 2 (timed 1): the caller's rows changed" in check.reason(3)
+    check.scattered(2, right[:n].clone(), local)  # the [n_r, H] protocol's answer
+    assert f"scatter output: shape ({n}, 16), not ({p}, 16)" in check.reason(3)

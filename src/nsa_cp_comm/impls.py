@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from . import engines
 from .alternatives import (
     A2A_NOTE,
     a2a_combine,
@@ -41,7 +42,7 @@ from .alternatives import (
     sumlen_scatter,
 )
 from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
-from .plan import CPPlan
+from .plan import CPPlan, ceil_align
 from .production import (
     Production,
     calls_form,
@@ -54,6 +55,10 @@ from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_gath
 
 ENTRY_POINT_GROUP = "nsa_cp_comm.impls"
 LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
+# What ``gather`` takes and ``scatter`` returns: this rank's ``[n_r, H]`` rows,
+# or the split's padded shard ``[P, H]`` (the rows, then ``P - n_r`` zero rows;
+# ``P`` from the plan's engine), as an engine that pads at the split keeps it.
+SHARDS: tuple[str, ...] = ("rows", "padded")
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 
 
@@ -83,6 +88,10 @@ class RoundTripImpl:
     group) -> Production``: the production form the timed loop runs, under
     the same contract as ``gather`` and ``scatter``, checked at every
     iteration (without it, the timed loop runs ``gather`` and ``scatter``).
+    ``shard``: ``"rows"`` (``gather`` takes and ``scatter`` returns ``[n_r,
+    H]``) or ``"padded"`` (both the split's ``[P, H]``, ``P`` the plan's
+    engine's physical length, the padding rows zero in and out; implies
+    ``pads_split``, ``rank_major_padded`` with row stride ``P`` by default).
     """
 
     name: str
@@ -101,6 +110,7 @@ class RoundTripImpl:
     pads_split: bool = False
     prepare: Callable[..., Production] | None = None
     supports: Callable[[CPPlan], str] | None = None
+    shard: str = "rows"
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -113,6 +123,14 @@ class RoundTripImpl:
         for attr in ("prepare", "supports", "row_stride"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
+        if self.shard not in SHARDS:
+            raise ValueError(f"impl {self.name!r}: shard={self.shard!r} is not one of {', '.join(SHARDS)}")
+        if self.shard == "padded":
+            if self.layout != "rank_major_padded":
+                raise ValueError(f"impl {self.name!r}: shard='padded' needs layout='rank_major_padded', "
+                                 f"not {self.layout!r}")
+            # the shard is padded at the split: attention holds the padding rows too
+            object.__setattr__(self, "pads_split", True)
 
     def claims_legacy_bits(self, plan: CPPlan) -> bool:
         """Whether its results on ``plan`` must be legacy's bit for bit (even plans only)."""
@@ -131,8 +149,24 @@ class RoundTripImpl:
         return form
 
     def stride(self, plan: CPPlan) -> int:
-        """Rows of each rank's block in the padded layout (its rows, then zeros)."""
-        return self.row_stride(plan) if self.row_stride is not None else plan.max_rank_len
+        """Rows of each rank's block in the padded layout (its rows, then zeros):
+        ``row_stride``'s, else ``P`` for a padded shard, else ``max_rank_len``."""
+        if self.row_stride is not None:
+            return self.row_stride(plan)
+        return shard_len(plan) if self.shard == "padded" else plan.max_rank_len
+
+    def shard_rows(self, plan: CPPlan, rank: int) -> int:
+        """Rows of what ``gather`` takes and ``scatter`` returns on ``rank``:
+        ``n_r``, or the plan's ``P`` for a padded shard."""
+        return shard_len(plan) if self.shard == "padded" else plan.per_rank_tokens[rank]
+
+    def plan_columns(self, plan: CPPlan) -> dict[str, Any]:
+        """The plan-level padding columns as this implementation moves the plan:
+        ``padded_total`` (``stride * cp``), ``padding_frac`` and ``claim_holds``
+        (that buffer equals the cp-aligned raw total)."""
+        total = self.stride(plan) * plan.cp_size
+        return {"padded_total": total, "padding_frac": 1.0 - plan.total_tokens / total,
+                "claim_holds": total == ceil_align(sum(plan.seq_lens), plan.cp_size)}
 
     def starts(self, plan: CPPlan) -> list[int]:
         """First row of each rank's rows in the gathered buffer."""
@@ -172,6 +206,12 @@ class DispatchImpl:
 
 
 Impl = RoundTripImpl | DispatchImpl
+
+
+def shard_len(plan: CPPlan) -> int:
+    """``P``, the rows of a padded shard: the physical length by the rule of the
+    plan's engine (the plan owns the split's padding, not the implementation)."""
+    return engines.get(plan.engine).physical_len(plan)
 
 
 def _check_common(impl: Any) -> None:

@@ -36,13 +36,13 @@ class Production:
     """One implementation's production form at one point, on one rank.
 
     Per round trip: ``stage(local)`` (optional) puts this rank's ``[n_r, H]``
-    rows where the gather reads them: the ``local`` phase of the timed loop,
+    rows (a padded shard's ``[P, H]``: ``shard="padded"``) where the gather reads them: the ``local`` phase of the timed loop,
     or, with ``produced``, untimed (in serving code the rows' producer writes
     them there, like nccl-tests' in-place column). ``gather(local)`` runs the
     gather and returns the gathered buffer in the implementation's layout.
     The caller fills ``partials`` (the scatter's input, in that layout; it
     must not alias the gathered buffer) before ``scatter()``, which may
-    consume it and returns this rank's ``[n_r, H]``. Buffers are allocated
+    consume it and returns this rank's ``[n_r, H]`` (or ``[P, H]``). Buffers are allocated
     once, by ``prepare``; what a call returns may be a view of them, valid
     until the next call.
     """

@@ -54,7 +54,10 @@ CHECKS: dict[str, str] = {
                     "of the point's engine's rule (`engine`: `P = ceil_align(max n_r, 2*cp` for zigzag splits, `cp` "
                     "otherwise`)`, on the engine's own split): a `P` wrong everywhere (gather, declared stride, "
                     "production form) is consistent with itself and fails only here",
-    "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too)",
+    "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too); "
+                    "with `shard = \"padded\"`, the scatter's `[P, H]` output's rows `n_r..P` too (the partials' "
+                    "padding rows are zero, and the engine's reduce-scatter sums them: garbage there is the "
+                    "implementation's)",
     "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
                      "wrong dtype, shape or device, and where in the gathered buffer the returned rows are: rows at "
@@ -82,7 +85,8 @@ CHECKS: dict[str, str] = {
                        "(each rank's rows XORed with a per-iteration mask, the partials a per-iteration pattern whose "
                        "sums are exact), returned the gathered buffer with every rank's rows of that iteration "
                        "byte-exact at the layout's offsets and zero padding, and the scatter output equal byte for "
-                       "byte to the ranks' partials summed, and left the caller's rows as given: checked untimed "
+                       "byte to the ranks' partials summed (with `shard = \"padded\"`: `[P, H]`, the sums then zero "
+                       "rows), and left the caller's rows as given: checked untimed "
                        "right after each phase against a reference drawn from the seed, not from what the form was "
                        "given (a cache, a stale shared buffer, a form right only some of the time or that writes into "
                        "its input fails); the reason counts the wrong iterations. A dispatch implementation's "
@@ -161,6 +165,26 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor
     return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
 
 
+def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Tensor) -> torch.Tensor:
+    """What ``gather`` takes on this rank: a copy of its ``[n_r, H]`` rows, or
+    for ``shard = "padded"`` the split's ``[P, H]`` shard, the rows then zeros
+    (as the engine's ``pad_local_rows`` leaves them)."""
+    if impl.shard != "padded":
+        return rows.clone()
+    out = rows.new_zeros((impl_registry.shard_len(plan), rows.shape[1]))
+    out[: rows.shape[0]].copy_(rows)
+    return out
+
+
+def dirty_tail(t: object, n: int) -> int | None:
+    """The first nonzero row of ``t`` at or after row ``n`` (a padded shard's
+    padding), or None when they are all zero (or ``t`` is no 2-d tensor)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        return None
+    bad = t[n:].ne(0).any(dim=1).nonzero().flatten()
+    return n + int(bad[0]) if bad.numel() else None
+
+
 def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor,
                   holds: Callable[[int, torch.Tensor], bool]) -> Iterator[tuple[str, int, int]]:
     """A gathered buffer of the layout's size against the layout:
@@ -235,6 +259,8 @@ def _read_by_global_rank(impl: impl_registry.RoundTripImpl, plan: CPPlan, rank: 
     if g == rank or g >= plan.cp_size or not isinstance(out, torch.Tensor):
         return ""
     starts, n = impl.starts(plan), plan.per_rank_tokens
+    if impl.shard == "padded":  # whole [P, H] blocks: every count is P
+        n = [impl.stride(plan)] * plan.cp_size
     if bitwise_equal(out, full[starts[rank] : starts[rank] + n[rank]]):
         return ""
     readings = {
@@ -384,6 +410,13 @@ def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
         out = impl.scatter(probe, plan, group)
     _check_group(rep, seen, "scatter")
     right = isinstance(out, torch.Tensor) and bitwise_equal(out, before)
+    n = plan.per_rank_tokens[rank]
+    if (not right and impl.shard == "padded" and isinstance(out, torch.Tensor) and out.shape == before.shape
+            and bitwise_equal(out[:n], before[:n])):
+        # the rows are right; the [P, H] shard's padding rows are not zero
+        rep.fail("padding_zero", f"the scatter's [{before.shape[0]}, H] shard has nonzero padding row "
+                 f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
+        right = True
     global_read = "" if right or not usable else _read_by_global_rank(impl, plan, rank, full, out)
     code = _UNJUDGED if not usable else _RIGHT if right else _GLOBAL if global_read else _OTHER
     codes = _share(code, group, device)
@@ -431,13 +464,21 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     rep = ImplReport()
     full, before, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size)
+    # (the MoE gives zero rows zero outputs, no bias: a padded shard's padding
+    # rows of the partials are zero, as the engine's MoE gives them)
+    n = plan.per_rank_tokens[rank]
     out = impl.scatter(partial.clone(), plan, group)
     if usable:
         _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
+        if impl.shard == "padded" and dirty_tail(out, n) is not None:
+            rep.fail("padding_zero", f"the round trip's [{before.shape[0]}, H] shard has nonzero padding row "
+                     f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
     if impl.claims_legacy_bits(plan):
         # Legacy on the same inputs: the padded algorithm with m*cp == T must
         # give its bytes, through the general path (no even-plan shortcut).
         # Decided from the plan alone, so every rank issues these collectives.
+        # (A padded shard's rows are its first n_r: legacy takes those.)
+        before = before[:n]
         lf = legacy_gather(before, plan, group, check=False)
         lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group, check=False)
         if usable:

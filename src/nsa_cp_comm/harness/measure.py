@@ -23,6 +23,7 @@ from .checks import (
     check_light,
     check_passthrough,
     checked_group,
+    shard_input,
 )
 from .blame import (
     AT_AGREEMENT,
@@ -93,7 +94,8 @@ def check_point(
     for i, name in enumerate(spec.impls):
         announce_place((AT_CHECKS, i), name)
         impl = impl_registry.get(name)
-        local = shards[rank].clone()
+        # its own copy; a padded-shard implementation gets the split's [P, H]
+        local = shard_input(impl, plan, shards[rank]) if impl.mode == "FULL" else shards[rank].clone()
         reason = impl_registry.skip_reason(impl, backend, plan)
         if reason:
             reports[name] = ImplReport(status="skipped", reason=reason)

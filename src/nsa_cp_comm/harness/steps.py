@@ -52,7 +52,8 @@ def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     new (written untimed before it) and, with ``verify`` (off only to measure
     what the checks cost), its outputs are checked untimed after each phase."""
     dtype = DTYPES[spec.dtype]
-    local = torch.empty((plan.per_rank_tokens[rank], spec.hidden_size), dtype=dtype, device=device)
+    # [n_r, H], or a padded shard's [P, H] (its padding rows zero, as the split leaves them)
+    local = torch.zeros((impl.shard_rows(plan, rank), spec.hidden_size), dtype=dtype, device=device)
     form = impl.production(plan, spec.hidden_size, dtype, device, group)
     produced = form.stage if form.produced else None
     timed_stage = form.stage if not form.produced else None

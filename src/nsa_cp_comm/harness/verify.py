@@ -19,6 +19,11 @@ form that corrupts its input cannot corrupt the reference with it.
   row ``v_(j,k)``, all small multiples of 1/8 whose sums over ranks are exact
   in bfloat16 and float32 in any order. This rank's output must equal
   ``sum_j P_j[its rows] + sum_j v_(j,k)`` byte-exact.
+- A padded shard (``shard = "padded"``): the rows are the first ``n_r`` of
+  the ``[P, H]`` shard, its padding rows zero every iteration; the partials'
+  padding rows are zero, so the scatter's ``[P, H]`` must hold the sums then
+  zeros (the engine's reduce-scatter sums the padding rows too), and the
+  caller's shard, padding included, must be as given.
 
 Every rank draws the masks and rows of every rank from one generator seeded
 by the point's seed, so no check needs a collective and the ranks stay in
@@ -93,6 +98,11 @@ class TimedCheck:
         self.scratch_int = self.scratch.view(self.int_dtype)
         self.wrong: dict[int, list[str]] = {}
         self.seconds = 0.0  # spent checking, for the cost figure
+        # A padded shard: [P, H] in and out, and the partials' padding rows (zero) listed once.
+        self.padded_shard = impl.shard == "padded"
+        self.shard_rows = impl.shard_rows(plan, rank)
+        self.pad_rows = (torch.cat([torch.arange(self.starts[b] + self.n[b], self.starts[b] + self.block[b])
+                                    for b in range(self.cp)]).to(device) if self.padded_shard else None)
 
     # --- inputs -----------------------------------------------------------------
     def _block(self, j: int, b: int) -> torch.Tensor:
@@ -125,10 +135,14 @@ class TimedCheck:
         v = torch.randint(-self.amp, self.amp + 1, (self.cp, self.hidden), generator=g, dtype=torch.int16)
         self.v = v.to(device=self.device, dtype=self.dtype)  # eighths
         self.v_sum = v.sum(0).to(device=self.device, dtype=self.dtype)
-        torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=local.view(self.int_dtype))
+        n = self.n[self.rank]
+        torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=local[:n].view(self.int_dtype))
+        local[n:].zero_()  # a padded shard's padding rows, as the split leaves them
         partials.copy_(self.base)
         partials.add_(self.v[self.rank])
         partials.mul_(0.125)
+        if self.padded_shard:
+            partials.index_fill_(0, self.pad_rows, 0)
 
     def expected_sum(self) -> torch.Tensor:
         """This rank's rows of the ranks' partials summed, this iteration (a view of the scratch buffer)."""
@@ -162,11 +176,20 @@ class TimedCheck:
         """The scatter's output of iteration ``it`` (this rank's rows summed
         over ranks), and the caller's rows after the round trip."""
         t0 = time.perf_counter()
-        fault = rows_fault("scatter output", out, self.expected_sum(), self.int_dtype, "the ranks' partials summed")
-        if fault:
-            self._fail(it, fault)
-        mine = torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=self.scratch_int[: self.n[self.rank]])
-        if not torch.equal(local.view(self.int_dtype), mine):
+        want = self.expected_sum()
+        n = self.n[self.rank]
+        diff = unlike(out, stand_in((self.shard_rows, self.hidden), self.dtype, self.device))
+        if diff:
+            self._fail(it, f"scatter output: {diff}")
+        else:
+            fault = rows_fault("scatter output", out[:n], want, self.int_dtype, "the ranks' partials summed")
+            if fault:
+                self._fail(it, fault)
+            elif self.padded_shard and bool(out[n:].ne(0).any()):
+                self._fail(it, f"scatter output: padding rows of the [{self.shard_rows}, H] shard are not zero "
+                               "(the partials' are)")
+        mine = torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=self.scratch_int[:n])
+        if not torch.equal(local[:n].view(self.int_dtype), mine) or bool(local[n:].ne(0).any()):
             self._fail(it, "the caller's rows changed during the round trip (the gather must leave them untouched)")
         self.seconds += time.perf_counter() - t0
 
