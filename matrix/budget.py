@@ -104,6 +104,10 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     spec, plan, kinds = res.spec, res.plan(), _timed(res)
     cp, H, ranks, experts, topk = spec.cp_size, spec.hidden_size, spec.world_size, spec.experts, spec.topk
     m, P, item = plan.max_rank_len, plan.padded_total, DTYPES[spec.dtype].itemsize
+    # An implementation that takes the split's padded shard ([P_r, H], the
+    # engine's physical length) gathers P_r*cp rows, at least m*cp.
+    if any(getattr(impl_registry.get(name), "shard", "rows") == "padded" for name in res.impls):
+        P = max(P, impl_registry.shard_len(plan) * cp)
     row = H * item
 
     weights = experts * H * FFN_SIZE * 2 * item + H * experts * 8
