@@ -83,7 +83,7 @@ class _Outcomes:
         self.store = dist.PrefixStore(f"nsa_cp_comm/torchrun_point/{run}/", store)
         self.world = world
 
-    def post(self, rank: int, outcome: tuple[str, Any, str]) -> None:
+    def post(self, rank: int, outcome: tuple[str, Any, str, str]) -> None:
         try:
             self.store.set(f"outcome/{rank}", pickle.dumps(outcome))
             if outcome[0] != "ok":
@@ -116,8 +116,8 @@ class _Outcomes:
                 return
             time.sleep(_POLL_S)
 
-    def collect(self, deadline: float) -> dict[int, tuple[str, Any, str]]:
-        got: dict[int, tuple[str, Any, str]] = {}
+    def collect(self, deadline: float) -> dict[int, tuple[str, Any, str, str]]:
+        got: dict[int, tuple[str, Any, str, str]] = {}
         while len(got) < self.world and time.monotonic() < deadline and "signal" not in _STOP:
             for r in range(self.world):
                 if r not in got and self.store.check([f"outcome/{r}"]):
@@ -126,11 +126,22 @@ class _Outcomes:
         return got
 
 
-def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float, outcomes: _Outcomes) -> tuple[str, Any, str]:
-    """This rank's ``(status, reports, error)``; returns by ``timeout_s`` (or a
-    grace after a peer failed) even if the point is stuck in a collective."""
+def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float,
+              outcomes: _Outcomes) -> tuple[str, Any, str, str]:
+    """This rank's ``(status, reports, error, doing)``; returns by
+    ``timeout_s`` (or a grace after a peer failed) even if the point is stuck
+    in a collective. ``doing``: on a failure, the place the rank last
+    announced (its point's place marker), so the failure is blamed on the
+    implementation whose turn it was, as in a rank pool."""
     from nsa_cp_comm.harness.measure import point_on_rank
+    from nsa_cp_comm.harness.ranks import last_announced
 
+    outcome = _point_outcome(point_on_rank, spec, backend, device, timeout_s, outcomes)
+    return (*outcome, "" if outcome[0] == "ok" else last_announced())
+
+
+def _point_outcome(point_on_rank: Any, spec: Any, backend: str, device: Any, timeout_s: float,
+                   outcomes: _Outcomes) -> tuple[str, Any, str]:
     box: dict[str, tuple[str, Any, str]] = {}
 
     def body() -> None:
@@ -164,15 +175,15 @@ def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float, outcomes: 
             return ("aborted", None, "stopped after another rank failed")
 
 
-def _rank_results(got: dict[int, tuple[str, Any, str]], world: int) -> list[Any]:
+def _rank_results(got: dict[int, tuple[str, Any, str, str]], world: int) -> list[Any]:
     from nsa_cp_comm.harness.ranks import RankResult
 
     stopped = "signal" in _STOP
     out = []
     for r in range(world):
         if r in got:
-            status, value, error = got[r]
-            out.append(RankResult(r, status, value=value, error=error))
+            status, value, error, doing = got[r]
+            out.append(RankResult(r, status, value=value, error=error, doing=doing))
         elif stopped:
             out.append(RankResult(r, "crashed", error="no report: torchrun stopped the point after a rank exited"))
         else:

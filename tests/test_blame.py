@@ -210,3 +210,31 @@ def test_returned_rows_are_found_wherever_they_are_in_the_gathered_buffer(monkey
         assert checks._found_at(full, full[at : at + k].clone()) == at, (at, k)
     assert checks._found_at(full, full[2:5] + 1) is None
     assert checks._found_at(full, full[2:5].float()) is None  # another dtype is not the buffer's rows
+
+
+def test_a_rank_torchrun_started_reports_the_place_it_failed_in(monkeypatch):
+    """Ranks torchrun started have no pool to read their place markers: each
+    reports the place it last announced with its failure, so the failure is
+    blamed on the implementation whose turn it was."""
+    import json
+
+    import torch
+
+    from matrix import torchrun_point
+    from nsa_cp_comm.harness import measure
+    from nsa_cp_comm.harness.blame import AT_TIMED, announce_place
+
+    def failing(spec, backend):
+        announce_place((AT_TIMED, 3), "legacy", "iteration 2")
+        raise RuntimeError("boom")
+
+    class NoPeerFailed:
+        def peer_failed(self) -> bool:
+            return False
+
+    monkeypatch.setattr(measure, "point_on_rank", failing)
+    out = torchrun_point._run_rank(None, "gloo", torch.device("cpu"), 60, NoPeerFailed())
+    assert out[0] == "error" and "boom" in out[2], out
+    assert json.loads(out[3])["impl"] == "legacy"
+    (rank,) = torchrun_point._rank_results({0: out}, 1)
+    assert rank.doing == out[3]

@@ -68,6 +68,9 @@ _WORKER_DEVICE = None
 # see announce().
 _MARKER_FD: int | None = None
 _TASK_ID: object = None
+# Outside a pool (ranks torchrun started): the latest announcement, which the
+# rank reports itself when its point fails (:func:`last_announced`).
+_LAST: list[str] = [""]
 MARKER_SUFFIX = ".doing"
 # On a timed-out task the starter asks each stuck rank for its Python stack
 # (faulthandler, which writes it even while the rank waits inside a collective)
@@ -83,12 +86,19 @@ def announce(text: str) -> None:
     when the task fails: a rank killed, hung or aborted mid-task cannot say it
     afterwards. A file, not a message on the pipe, so the starter can read it
     after the rank is gone and nothing reads the pipe while a rank is busy.
-    A no-op outside a pool (ranks started by torchrun)."""
+    Outside a pool (ranks started by torchrun) it is kept in the process for
+    :func:`last_announced`: such a rank reports its own failure."""
+    _LAST[0] = " ".join(text.split())
     if _MARKER_FD is not None:
         line = f"{_TASK_ID}\t{' '.join(text.split())}\n".encode()
         # One write at offset 0: the first line is always the latest (a longer
         # earlier line's tail after it is never read).
         os.pwrite(_MARKER_FD, line, 0)
+
+
+def last_announced() -> str:
+    """What this rank last announced (:func:`announce`), or ''."""
+    return _LAST[0]
 
 
 def _marker_path(store_path: str | os.PathLike[str], rank: int, suffix: str = MARKER_SUFFIX) -> Path:
