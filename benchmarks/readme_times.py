@@ -41,6 +41,9 @@ JSON_PATH = REPO / "benchmarks" / "data" / "readme_times.json"
 README = REPO / "README.md"
 BLOCK = re.compile(r"(<!-- readme_times:(\w+) -->\n)(.*?)(\n<!-- /readme_times -->)", re.S)
 NAMES = ("sweep", "tests")
+# Blocks rendered from another script's committed figures, not measured here.
+STEADY_JSON = REPO / "benchmarks" / "data" / "steady_main_job.json"
+RENDERED = (*NAMES, "steady")
 # Set to the name being measured in the run that measures it
 # (tests/test_setup.py leaves that figure's command unchecked there).
 MEASURING = "NSA_README_TIMES_MEASURING"
@@ -174,11 +177,25 @@ def render(name: str, data: dict[str, Any]) -> str:
             f"Measured with `python benchmarks/readme_times.py --write`: `{t['command']}` "
             f"({counted}) took {t['wall_s']:.0f} s on {_on(t)}; {_load_text(t)}."
         )
+    elif name == "steady":
+        text = steady_text(json.loads(STEADY_JSON.read_text()))
     else:
         raise KeyError(name)
     # Code spans stay on one line: a wrapped one could start a line with `-`.
     glued = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\x00"), text)
     return textwrap.fill(glued, width=78, break_on_hyphens=False, break_long_words=False).replace("\x00", " ")
+
+
+def steady_text(s: dict[str, Any]) -> str:
+    """The main job under load, from benchmarks/steady_main_job.py's figures."""
+    runs = s["runs"]
+    walls = [r["wall_s"] for r in runs]
+    held = (f"the 1-minute load held at {s['load_target']:g} or more (each run's median load "
+            f"{min(r['load_during']['median'] for r in runs):.0f}-{max(r['load_during']['median'] for r in runs):.0f})"
+            if s.get("load_target") is not None else f"{s['burners']} busy processes")
+    return (f"Under load (`python benchmarks/steady_main_job.py --load {s.get('load_target') or 0:g} --write`): "
+            f"{s['exit_0']} of {len(runs)} default sweeps exited 0 with {held}, in {min(walls):.0f}-{max(walls):.0f} s "
+            f"each ({s.get('commit') or 'commit not recorded'}, {s['date']}).")
 
 
 def blocks(readme: str) -> dict[str, str]:
@@ -187,7 +204,7 @@ def blocks(readme: str) -> dict[str, str]:
 
 
 def rendered_readme(readme: str, data: dict[str, Any]) -> str:
-    missing = [n for n in NAMES if n not in blocks(readme)]
+    missing = [n for n in RENDERED if n not in blocks(readme)]
     if missing:
         raise SystemExit(f"README has no <!-- readme_times:{missing[0]} --> block")
     return BLOCK.sub(lambda m: m.group(1) + render(m.group(2), data) + m.group(4), readme)
