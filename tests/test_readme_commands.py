@@ -73,6 +73,12 @@ ELSEWHERE: dict[str, str] = {
     "-m matrix.torchrun_point cp_size=16 +layout=zigzag 'seq_lens=[16384]' hidden_size=7168 dtype=bfloat16 "
     "results_dir=/shared/nsa-cp/cp16": "needs two nodes",
     'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
+    "pip install --no-deps -e examples/sglang_cp_plugin": "the engine_comm chain runs the same install of an "
+    "example plug-in; tests/test_sglang_plugin.py imports this one from the checkout",
+    "python -m matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
+    "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/test_sglang_plugin.py::"
+    "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
+    "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
     'srun --ntasks-per-node 1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
     '--rdzv-endpoint "$HEAD:29500" --rdzv-id "$SLURM_JOB_ID" -m matrix.torchrun_point cp_size=16 +layout=zigzag '
     "'seq_lens=[16384]' results_dir=/shared/nsa-cp/cp16": "needs a SLURM allocation",
