@@ -195,9 +195,12 @@ def composed_once(points: list[Point]) -> Iterator[None]:
     again as it starts: two composes a job, ~0.2 s each on a CPU core (about
     30 s of the default sweep's 160 points). Preflight composed the same jobs
     already, failing in one line before anything ran; the second check only
-    costs time. With no points (flags preflight does not model: Hydra's own),
-    nothing changes."""
+    costs time. The launcher's composes are reused across jobs that differ
+    only in plain keys (:mod:`.compose_cache`). With no points (flags
+    preflight does not model: Hydra's own), nothing changes."""
     from hydra.plugins.sweeper import Sweeper
+
+    from .compose_cache import reuse_composes
 
     if not points:
         yield
@@ -205,7 +208,8 @@ def composed_once(points: list[Point]) -> Iterator[None]:
     checked = Sweeper.validate_batch_is_legal
     Sweeper.validate_batch_is_legal = lambda self, batch: None  # type: ignore[method-assign]
     try:
-        yield
+        with reuse_composes():
+            yield
     finally:
         Sweeper.validate_batch_is_legal = checked  # type: ignore[method-assign]
 

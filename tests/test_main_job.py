@@ -97,16 +97,17 @@ COUNTING = textwrap.dedent("""
 """)
 
 
-def test_a_sweep_with_checked_rows_exits_0_and_composes_each_job_once(tmp_path):
+def test_a_sweep_with_checked_rows_exits_0_and_composes_each_choice_of_groups_once(tmp_path):
     """Points with the mode their backend implies: checked, so exit 0. Preflight
-    composed every job before the sweep; Hydra composes each once more, as it
-    starts, not twice (preflight.composed_once)."""
+    composed every job before the sweep; Hydra's launcher composes the first
+    once more, as it starts, not twice, and the second (another seq_lens
+    only) from a copy of the first's (preflight.composed_once)."""
     cmd = [sys.executable, "-c", COUNTING, "-m", "cp_size=1", "seq_lens=[8],[9]", "mlp_mode=FULL",
            f"results_dir={tmp_path / 'res'}", *SMALL]
     run = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "nothing was checked" not in run.stderr
-    assert "composes: 2" in run.stderr.splitlines(), run.stderr[-2000:]
+    assert "composes: 1" in run.stderr.splitlines(), run.stderr[-2000:]
 
 
 def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
