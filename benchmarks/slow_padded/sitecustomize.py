@@ -6,9 +6,10 @@ processes included. When ``NSA_SLOW_PADDED`` holds a fraction ``f`` (``0.3``),
 the padded implementation's production form on rank 0, at the end of every
 round trip, busy-waits ``f`` times what its local, gather and scatter phases
 took on that rank in that round trip. Each phase ends for the job when its
-slowest rank is done, so each point's round trip takes about ``1 + f`` times
-its own time whatever the machine's load (as slower code would), the checks
-still pass, and nothing else changes. One rank spins, not every one: with
+slowest rank is done, so each point's round trip takes up to ``1 + f`` times
+its own time whatever the machine's load (less where the slowest rank's
+phases run above rank 0's own), as slower code would; the checks still pass,
+and nothing else changes. One rank spins, not every one: with
 more ranks than cores, every rank spinning took the cores the others needed
 for their own phases, and the cp 4 points read 1.4x-1.5x in the paired
 metric where the cp 2 points read 1.2x. Never on the product's path: only
