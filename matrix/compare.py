@@ -86,7 +86,8 @@ ABSOLUTE_FALLBACK = "roundtrip_p50_us"
 DEFAULT_METRIC = PAIRED
 # Measured by benchmarks/compare_power.py on a 2-core machine (docs/review.md): with
 # iters=auto the paired metric's run-to-run drift stays under this, and a path
-# slowed 1.3x is beyond it on most points.
+# slowed about 1.3x is beyond it (how often it is caught, point by point, is
+# quoted there).
 DEFAULT_THRESHOLD = "15%"
 METRICS: tuple[str, ...] = (PAIRED, *TIMING_COLUMNS)
 SPREAD = "roundtrip_iqr_us"

@@ -113,6 +113,21 @@ def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
     assert f"**flagged on every padded point in {detected - 1} of {n} runs**" in compare_power.render(missed)
 
 
+def test_gate_figures_quote_each_points_own_slowdown():
+    """The slowdown quoted is every padded point's own, read from the trials:
+    one point that saw less than the rest moves the quoted range."""
+    data = json.loads(compare_power.JSON_PATH.read_text())
+    seen = json.loads(json.dumps(data))
+    for t in seen["trials"]:
+        t.setdefault("slowdown_per_point", {"cp=2 [1000]": 1.3})
+        t.setdefault("aa_per_point", {"cp=2 [1000]": 1.0})
+    low = json.loads(json.dumps(seen))
+    low["trials"][-1]["slowdown_per_point"]["cp=2 [1000]"] = 1.04
+    low["trials"][-1]["aa_per_point"]["cp=2 [1000]"] = 0.71
+    assert "saw as 1.04x-" in compare_power.render(low) and "moved 0.71x-" in compare_power.render(low)
+    assert "saw as 1.04x-" not in compare_power.render(seen)
+
+
 def test_pytest_closing_line_is_counted():
     out = "....\n924 passed, 3 skipped, 1 deselected, 2 warnings in 100.23s (0:01:40)\n"
     assert readme_times.parse_pytest_counts(out) == {"passed": 924, "skipped": 3, "deselected": 1}
