@@ -111,7 +111,8 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
     "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
     "tests/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
-    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (24 points)",
+    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (4 points at "
+                                                                  "the largest cp)",
     "tests/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
     "tests/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
     "tests/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",

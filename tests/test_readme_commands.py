@@ -1,7 +1,8 @@
 """Every command in the ``bash`` blocks of the README and docs/ is accounted
 for: run here as written (in a fresh directory, with the shared environment on
-PATH as ``source .nox/_shared/bin/activate`` puts it), or named with the reason
-it cannot run in a test. A command added to a doc without a line here fails
+PATH as ``source .nox/_shared/bin/activate`` puts it; a long sweep over fewer
+of its points, :data:`FEWER_POINTS`), or named with the reason it cannot run
+in a test. A command added to a doc without a line here fails
 :func:`test_every_documented_command_is_accounted_for`, so the docs cannot drift."""
 
 from __future__ import annotations
