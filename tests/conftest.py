@@ -111,7 +111,8 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
     "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
     "tests/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
-    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (24 points)",
+    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (4 points at "
+                                                                  "the largest cp)",
     "tests/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
     "tests/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
     "tests/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",
@@ -146,6 +147,21 @@ SLOW: dict[str, str] = {
 }
 
 
+# The slow set's longest tests, longest first: they start first. xdist hands
+# each worker a test when it is nearly idle, in collection order; one of these
+# handed out last would run alone at the end while the other worker waits.
+# Each entry is a SLOW test (a node id prefix, as there); order by durations
+# (`pytest -m slow --durations=20`).
+LONGEST: tuple[str, ...] = (
+    "tests/test_readme_commands.py::test_readme_commands_run_as_written[review]",
+    "tests/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
+    "tests/test_conformance.py::test_the_preset_through_the_cli",
+    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was",
+    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed",
+    "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder",
+)
+
+
 def _slow_entry(nodeid: str) -> str | None:
     return next((e for e in SLOW if nodeid == e or nodeid.startswith(e)), None)
 
@@ -156,6 +172,13 @@ def _slow_entry(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config, items):
     used = set()
     grouped = config.pluginmanager.hasplugin("xdist")
+    rank = {e: i for i, e in enumerate(LONGEST)}
+
+    def first(item) -> int:
+        return next((i for e, i in rank.items() if item.nodeid.startswith(e)), len(rank))
+
+    items[:] = sorted(items, key=first)  # stable: the rest keep their order
+    longest = {e for e in LONGEST for item in items if item.nodeid.startswith(e)}
     for item in items:
         if grouped and "rank_pool" in getattr(item, "fixturenames", ()):
             # One xdist worker runs every test on the warm pools (`--dist
@@ -172,3 +195,8 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(set(SLOW) - used) if whole and not config.option.keyword else []
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW names no collected test: {', '.join(stale)}")
+    not_slow = [e for e in LONGEST if not _slow_entry(e)]
+    stale = sorted(set(LONGEST) - longest) if whole and not config.option.keyword else []
+    if not_slow or stale:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST names no collected slow test: "
+                                f"{', '.join(not_slow + stale)}")

@@ -118,23 +118,34 @@ def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdi
 def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
     from nsa_cp_comm.harness import RankPool
 
-    # A barrier on one rank only, at the end of its timed turn: it stays in
-    # that turn (the next turn starts at a fence on another group), its peers
-    # wait at the fence.
-    name = B("extra_barrier_timed")
-    with RankPool(3, workdir=pool_workdir) as pool:
-        res = by_impl(run_point(point(3, (name, "padded")), pool, timeout_s=8))
-    bad = res[name]
-    assert bad.status == "timeout" and bad.failed_check == "collective_skipped", bad.reason
-    assert f"rank 0 still in {name}'s turn in the timed loop (iteration 1) while the others had moved on" in bad.reason
-    assert f"{name} issued a collective on rank 0 that the others did not" in bad.reason, bad.reason
-    assert "rank 0 waiting in torch.distributed.barrier, called at tests/broken_impls.py:" in bad.reason
-    assert "in _extra_barrier" in bad.reason, bad.reason
-    assert res["padded"].status == "ok", res["padded"].reason
-    # A timed form built on the default group: its rank is the global rank.
-    name = B("default_group_form")
-    with RankPool(3, workdir=pool_workdir) as pool:
-        res = by_impl(run_point(point(2, (name, "padded"), bystanders=1), pool, timeout_s=60))
+    started = [RankPool(3, workdir=pool_workdir)]
+
+    def fresh() -> RankPool:  # kept: the second point has a world of three ranks too
+        started.append(RankPool(3, workdir=pool_workdir))
+        return started[-1]
+
+    try:
+        # A barrier on one rank only, at the end of its timed turn: it stays in
+        # that turn (the next turn starts at a fence on another group), its peers
+        # wait at the fence.
+        name = B("extra_barrier_timed")
+        res = by_impl(run_point(point(3, (name, "padded")), started[0], timeout_s=8, fresh=fresh))
+        bad = res[name]
+        assert bad.status == "timeout" and bad.failed_check == "collective_skipped", bad.reason
+        assert (f"rank 0 still in {name}'s turn in the timed loop (iteration 1) while the others had moved on"
+                in bad.reason), bad.reason
+        assert f"{name} issued a collective on rank 0 that the others did not" in bad.reason, bad.reason
+        assert "rank 0 waiting in torch.distributed.barrier, called at tests/broken_impls.py:" in bad.reason
+        assert "in _extra_barrier" in bad.reason, bad.reason
+        assert res["padded"].status == "ok", res["padded"].reason
+        # A timed form built on the default group: its rank is the global rank.
+        # On the ranks padded was just rerun on: one rank start fewer.
+        name = B("default_group_form")
+        assert started[-1].alive, "the rerun's ranks were closed"
+        res = by_impl(run_point(point(2, (name, "padded"), bystanders=1), started[-1], timeout_s=60, fresh=fresh))
+    finally:
+        for pool in started:
+            pool.close()
     bad = res[name]
     assert bad.status == "error" and bad.failed_check == "group", bad.reason
     assert f"in building {name}'s timed form (prepare): an index out of range" in bad.reason, bad.reason

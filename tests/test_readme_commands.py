@@ -1,7 +1,8 @@
 """Every command in the ``bash`` blocks of the README and docs/ is accounted
 for: run here as written (in a fresh directory, with the shared environment on
-PATH as ``source .nox/_shared/bin/activate`` puts it), or named with the reason
-it cannot run in a test. A command added to a doc without a line here fails
+PATH as ``source .nox/_shared/bin/activate`` puts it; a long sweep over fewer
+of its points, :data:`FEWER_POINTS`), or named with the reason it cannot run
+in a test. A command added to a doc without a line here fails
 :func:`test_every_documented_command_is_accounted_for`, so the docs cannot drift."""
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ CHAINS: dict[str, tuple[str, ...]] = {
         "python -m matrix -m impl=engine_comm.adapter:impl,padded cp_size=2 hidden_size=512 results_dir=results/engine",
         "python -m matrix.report results/engine",
     ),
+}
+# Appended to a chain's sweep, over fewer of its points (Hydra takes a key's
+# last value): the command still runs as written, every other value as
+# printed, but a sweep's cost grows with its points and the suite runs on
+# loaded 2-core machines. Each value is one the command sweeps
+# (test_fewer_points_narrow_the_sweep_they_follow).
+FEWER_POINTS: dict[str, str] = {
+    # iters=auto samples each point for up to 30 s: the cp=2 half of the sweep
+    # times with it (an even and an uneven plan, legacy refused on the latter),
+    # and report and compare read those rows; the stopping rule itself is
+    # tests/test_calibrate.py's, on warm ranks.
+    CHAINS["review"][0]: "cp_size=2",
+    CHAINS["review"][1]: "cp_size=2",
+    # cp=3 has the chain's empty rank ([1,1]) and an uneven plan; the plug-in
+    # at cp=2 is the next command's (and tests/test_plugins.py's).
+    CHAINS["engine_comm"][1]: "cp_size=3",
 }
 # Run with --dry-run appended: a whole sweep is too long for the suite; its
 # points still compose and pass preflight exactly as written.
@@ -158,7 +175,7 @@ def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
     cwd = _fresh(tmp_path)
     try:
         for cmd in CHAINS[chain]:
-            proc = _shell(cmd, cwd)
+            proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd)
             assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
     finally:
         if chain == "engine_comm":
@@ -168,6 +185,19 @@ def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
             _shell(f"pip install -q --no-deps -e {shlex.quote(str(REPO / 'examples' / 'engine_comm'))}", REPO)
     if chain == "help_and_one_point":  # the default, timestamped results folder: one
         assert len(list((cwd / "results").iterdir())) == 1
+
+
+def test_fewer_points_narrow_the_sweep_they_follow():
+    """Each override appended to a chain's command picks values that command
+    already sweeps: the run is a subset of the README's sweep, not another one."""
+    chained = {c for chain in CHAINS.values() for c in chain}
+    for cmd, extra in FEWER_POINTS.items():
+        assert cmd in chained, cmd
+        words = shlex.split(cmd)
+        assert "-m" in words, cmd  # a sweep
+        key, _, values = extra.partition("=")
+        swept = [w.partition("=")[2].split(",") for w in words if w.startswith(f"{key}=")]
+        assert len(swept) == 1 and set(values.split(",")) < set(swept[0]), (cmd, extra)
 
 
 @pytest.mark.parametrize("cmd", DRY)
