@@ -316,11 +316,15 @@ POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason; *
                                   f"waited: rank 0 at tests/broken_impls.py:* in _hang; rank 1 waiting in "
                                   f"torch.distributed.*, called at tests/broken_impls.py:* in _gather{_CP}"),
 }
+# Each rank reports the place it last announced with its failure: the reason
+# names the implementation's step, as a rank pool's does. A rank that crashed
+# reports nothing, so no place.
 TORCHRUN_FAULTS = {
-    "raise_rank": (600.0, "error", f"rank 0 error: RuntimeError: injected fault on rank 1{_CP}"),
+    "raise_rank": (600.0, "error",
+                   f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on rank 1{_CP}"),
     # torchrun stops every rank once one exits; rank 1 may go before it posted its outcome
     "crash_rank": (600.0, "error", f"rank 0* crashed: no report: torchrun stopped the point after a rank exited{_CP}"),
-    "hang_rank": (3.0, "timeout", f"rank 0,1 timeout: no answer within 3s{_CP}"),
+    "hang_rank": (3.0, "timeout", f"in {BROKEN}:hang_rank's checks: rank 0,1 timeout: no answer within 3s{_CP}"),
 }
 
 FAULTS: tuple[FaultCase, ...] = (
