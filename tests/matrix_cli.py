@@ -42,6 +42,15 @@ def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeou
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
 
 
+def _sigint_default() -> None:
+    # As a terminal's foreground job has it. A shell without job control starts
+    # a background job (`cmd &`) with SIGINT ignored, which every child inherits:
+    # a sweep started from such a test run would ignore the Ctrl-C under test.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sweep_in_background(results_dir: Path, timeout: float = 180) -> subprocess.Popen:
     """A three-point sweep of long points started in its own session, returned
     once its first row is written (or it ended, or ``timeout`` passed): for
@@ -51,7 +60,8 @@ def sweep_in_background(results_dir: Path, timeout: float = 180) -> subprocess.P
     args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
             f"results_dir={results_dir}"]
     proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=_sigint_default)
     deadline = time.monotonic() + timeout
     while not (results_dir / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
