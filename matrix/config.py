@@ -358,18 +358,13 @@ def _sweep_overrides(root: Any) -> list[Any]:
     return OverridesParser.create().parse_overrides(lines)
 
 
-def _last(root: Any, key: str) -> Any:
+def sweep_values(root: Any, key: str) -> list[Any]:
+    """Every value ``key`` takes in the sweep (command line over the preset's
+    ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
     last = None
     for ov in _sweep_overrides(root):
         if ov.key_or_group.lstrip("+~") == key and not ov.is_delete():
             last = ov
-    return last
-
-
-def sweep_values(root: Any, key: str) -> list[Any]:
-    """Every value ``key`` takes in the sweep (command line over the preset's
-    ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
-    last = _last(root, key)
     if last is None:
         return [root[key]]
     return list(last.sweep_iterator()) if last.is_sweep_override() else [last.value()]

@@ -133,15 +133,16 @@ def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float,
     in a collective. ``doing``: on a failure, the place the rank last
     announced (its point's place marker), so the failure is blamed on the
     implementation whose turn it was, as in a rank pool."""
-    from nsa_cp_comm.harness.measure import point_on_rank
     from nsa_cp_comm.harness.ranks import last_announced
 
-    outcome = _point_outcome(point_on_rank, spec, backend, device, timeout_s, outcomes)
+    outcome = _point_outcome(spec, backend, device, timeout_s, outcomes)
     return (*outcome, "" if outcome[0] == "ok" else last_announced())
 
 
-def _point_outcome(point_on_rank: Any, spec: Any, backend: str, device: Any, timeout_s: float,
+def _point_outcome(spec: Any, backend: str, device: Any, timeout_s: float,
                    outcomes: _Outcomes) -> tuple[str, Any, str]:
+    from nsa_cp_comm.harness.measure import point_on_rank
+
     box: dict[str, tuple[str, Any, str]] = {}
 
     def body() -> None:

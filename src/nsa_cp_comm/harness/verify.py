@@ -64,7 +64,53 @@ def _generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-class TimedCheck:
+class IterationCheck:
+    """What the checks of timed iterations share: the dtype's integer view
+    and mask bits, every rank's rows in it, the draws of every iteration (one
+    generator per implementation and ``tag``, the same sequence on every rank,
+    so no two implementations share an input to memoise), each iteration's row
+    masks, and the tally of wrong iterations."""
+
+    def __init__(self, impl, cp: int, rank: int, shards: list[torch.Tensor], seed: int, device, warmup: int,
+                 tag: int) -> None:
+        dtype = shards[rank].dtype
+        if dtype not in _BITS:
+            raise ValueError(f"no timed-iteration check for dtype {dtype}")
+        self.int_dtype, self.sign, self.low_bits = _BITS[dtype]
+        self.impl, self.rank, self.device, self.warmup, self.seed = impl, rank, device, warmup, seed
+        self.cp, self.dtype = cp, dtype
+        self.shards = [s.view(self.int_dtype) for s in shards]
+        self.amp = _amplitude(cp)
+        self.draws = _generator(shard_seed(seed, 0), zlib.crc32(impl.name.encode()), tag)
+        self.masks: torch.Tensor | None = None
+        self.wrong: dict[int, list[str]] = {}
+        self.seconds = 0.0  # spent checking, for the cost figure
+
+    def _draw_masks(self, hidden: int) -> None:
+        """This iteration's mask row per rank: the sign bit and the low
+        mantissa bits, XORed into every row of that rank (finite stays finite)."""
+        g = self.draws
+        low = torch.randint(1, 2**self.low_bits, (self.cp, hidden), generator=g, dtype=torch.int32)
+        sign = torch.randint(0, 2, (self.cp, hidden), generator=g, dtype=torch.int32) * self.sign
+        self.masks = (low | sign).to(self.int_dtype).to(self.device)
+
+    def _fail(self, it: int, what: str) -> None:
+        self.wrong.setdefault(it, []).append(what)
+
+    def reason(self, total: int) -> str:
+        """'' when every iteration was right; else how many of ``total`` were
+        wrong, and what was wrong in the first ones."""
+        if not self.wrong:
+            return ""
+
+        def where(it: int) -> str:
+            return f"iteration {it}" + (" (warm-up)" if it < self.warmup else f" (timed {it - self.warmup})")
+
+        shown = "; ".join(f"{where(it)}: {', '.join(what)}" for it, what in sorted(self.wrong.items())[:_SHOWN])
+        return f"wrong in {len(self.wrong)} of {total} iterations of the timed loop: {shown}"
+
+
+class TimedCheck(IterationCheck):
     """One FULL-mode implementation's timed iterations on one rank: writes
     each iteration's inputs (:meth:`inputs`) and checks its outputs
     (:meth:`gathered`, :meth:`scattered`), counting the iterations that were
@@ -72,32 +118,20 @@ class TimedCheck:
 
     def __init__(self, impl, plan: CPPlan, rank: int, shards: list[torch.Tensor], hidden: int, seed: int,
                  device, warmup: int) -> None:
-        dtype = shards[rank].dtype
-        if dtype not in _BITS:
-            raise ValueError(f"no timed-iteration check for dtype {dtype}")
-        self.int_dtype, self.sign, self.low_bits = _BITS[dtype]
-        self.impl, self.plan, self.rank, self.device, self.warmup = impl, plan, rank, device, warmup
-        self.cp, self.hidden, self.dtype = plan.cp_size, hidden, dtype
-        self.shards = [s.view(self.int_dtype) for s in shards]
+        super().__init__(impl, plan.cp_size, rank, shards, seed, device, warmup, 0x7E57)
+        self.plan, self.hidden = plan, hidden
         self.starts = impl.starts(plan)
         self.n = plan.per_rank_tokens
         padded = impl.layout == "rank_major_padded"
         # Each rank's block of the layout: its rows, then (padded layout) its padding.
         self.block = [impl.stride(plan) if padded else self.n[r] for r in range(self.cp)]
-        self.seed = seed
-        self.amp = _amplitude(self.cp)
-        # The draws of every iteration: one generator, the same sequence on every
-        # rank; another per implementation, so no two share an input to memoise.
-        self.draws = _generator(shard_seed(seed, 0), zlib.crc32(impl.name.encode()), 0x7E57)
-        self.masks = self.v = self.v_sum = None
+        self.v = self.v_sum = None
         # Partials in eighths, as small ints: exact in every dtype, a quarter of float32's memory.
         self.base = self._own_partials()
         self.summed = self._summed_rows()
         # One buffer every comparison writes its expected rows into: no allocation per iteration.
-        self.scratch = torch.empty((plan.max_rank_len, hidden), dtype=dtype, device=device)
+        self.scratch = torch.empty((plan.max_rank_len, hidden), dtype=self.dtype, device=device)
         self.scratch_int = self.scratch.view(self.int_dtype)
-        self.wrong: dict[int, list[str]] = {}
-        self.seconds = 0.0  # spent checking, for the cost figure
         # A padded shard: [P, H] in and out, and the partials' padding rows (zero) listed once.
         self.padded_shard = impl.shard == "padded"
         self.shard_rows = impl.shard_rows(plan, rank)
@@ -129,9 +163,7 @@ class TimedCheck:
         """Write iteration ``it``'s rows into ``local`` and partials into
         ``partials`` (untimed, before the iteration)."""
         g = self.draws
-        low = torch.randint(1, 2**self.low_bits, (self.cp, self.hidden), generator=g, dtype=torch.int32)
-        sign = torch.randint(0, 2, (self.cp, self.hidden), generator=g, dtype=torch.int32) * self.sign
-        self.masks = (low | sign).to(self.int_dtype).to(self.device)
+        self._draw_masks(self.hidden)
         v = torch.randint(-self.amp, self.amp + 1, (self.cp, self.hidden), generator=g, dtype=torch.int16)
         self.v = v.to(device=self.device, dtype=self.dtype)  # eighths
         self.v_sum = v.sum(0).to(device=self.device, dtype=self.dtype)
@@ -152,9 +184,6 @@ class TimedCheck:
         return want.mul_(0.125)
 
     # --- checks ---------------------------------------------------------------------
-    def _fail(self, it: int, what: str) -> None:
-        self.wrong.setdefault(it, []).append(what)
-
     def _rows_of_this_iteration(self, r: int, rows: torch.Tensor) -> bool:
         want = torch.bitwise_xor(self.shards[r], self.masks[r], out=self.scratch_int[: self.n[r]])
         return torch.equal(rows.view(self.int_dtype), want)
@@ -182,7 +211,7 @@ class TimedCheck:
         if diff:
             self._fail(it, f"scatter output: {diff}")
         else:
-            fault = rows_fault("scatter output", out[:n], want, self.int_dtype, "the ranks' partials summed")
+            fault = rows_differ("scatter output", out[:n], want, self.int_dtype, "the ranks' partials summed")
             if fault:
                 self._fail(it, fault)
             elif self.padded_shard and bool(out[n:].ne(0).any()):
@@ -193,32 +222,19 @@ class TimedCheck:
             self._fail(it, "the caller's rows changed during the round trip (the gather must leave them untouched)")
         self.seconds += time.perf_counter() - t0
 
-    def reason(self, total: int) -> str:
-        """'' when every iteration was right; else how many were wrong, and the first ones."""
-        return wrong_reason(self.wrong, self.warmup, total)
-
 
 def rows_fault(label: str, out: object, want: torch.Tensor, int_dtype: torch.dtype, meaning: str) -> str:
     """'' when ``out`` is ``want`` byte for byte; else what differs: its
     kind, shape, dtype or device, or how many rows are not ``meaning``."""
     diff = unlike(out, stand_in(tuple(want.shape), want.dtype, want.device))
-    if diff:
-        return f"{label}: {diff}"
+    return f"{label}: {diff}" if diff else rows_differ(label, out, want, int_dtype, meaning)
+
+
+def rows_differ(label: str, out: torch.Tensor, want: torch.Tensor, int_dtype: torch.dtype, meaning: str) -> str:
+    """'' when ``out`` (a tensor like ``want``) holds ``want``'s bytes; else
+    how many rows are not ``meaning``, and the first."""
     got, exp = out.view(int_dtype), want.view(int_dtype)
     if torch.equal(got, exp):
         return ""
     bad = (got != exp).any(dim=1).nonzero().flatten().tolist()
     return f"{label}: {len(bad)} of {want.shape[0]} row(s) are not {meaning} (first {bad[0]})"
-
-
-def wrong_reason(wrong: dict[int, list[str]], warmup: int, total: int) -> str:
-    """'' when no iteration was wrong; else how many of ``total`` were, and
-    what was wrong in the first ones (``wrong``: iteration -> what)."""
-    if not wrong:
-        return ""
-
-    def where(it: int) -> str:
-        return f"iteration {it}" + (" (warm-up)" if it < warmup else f" (timed {it - warmup})")
-
-    shown = "; ".join(f"{where(it)}: {', '.join(what)}" for it, what in sorted(wrong.items())[:_SHOWN])
-    return f"wrong in {len(wrong)} of {total} iterations of the timed loop: {shown}"

@@ -28,7 +28,6 @@ no check needs a collective.
 from __future__ import annotations
 
 import time
-import zlib
 
 import torch
 
@@ -36,13 +35,13 @@ from ..alternatives import a2a_layout
 from ..plan import CPPlan
 from .checks import stand_in, unlike
 from .spec import shard_seed
-from .verify import _BITS, _amplitude, _generator, rows_fault, wrong_reason
+from .verify import IterationCheck, _generator, rows_fault
 
 # Low mantissa bits of a float32 routing weight redrawn each iteration.
 _WEIGHT_BITS = 12
 
 
-class DispatchCheck:
+class DispatchCheck(IterationCheck):
     """One dispatch implementation's timed iterations on one rank: writes each
     iteration's inputs (:meth:`inputs`) and checks the dispatch's received rows
     and routing (:meth:`dispatched`) and the combine's output
@@ -51,15 +50,9 @@ class DispatchCheck:
 
     def __init__(self, impl, plan: CPPlan, rank: int, shards: list[torch.Tensor], moe, seed: int, device,
                  warmup: int) -> None:
-        dtype = shards[rank].dtype
-        if dtype not in _BITS:
-            raise ValueError(f"no timed-iteration check for dtype {dtype}")
-        self.int_dtype, self.sign, self.low_bits = _BITS[dtype]
-        self.impl, self.rank, self.device, self.warmup, self.seed = impl, rank, device, warmup, seed
-        self.cp, self.dtype, self.hidden = plan.cp_size, dtype, shards[rank].shape[1]
+        super().__init__(impl, plan.cp_size, rank, shards, seed, device, warmup, 0xD15)
+        self.hidden = shards[rank].shape[1]
         self.per = moe.num_experts // self.cp
-        self.amp = _amplitude(self.cp)
-        self.shards = [s.view(self.int_dtype) for s in shards]
         k = moe.topk
         routes = [moe.route(s) if s.shape[0] else
                   (torch.empty((0, k), dtype=torch.int64, device=device),
@@ -94,10 +87,7 @@ class DispatchCheck:
             at += splits[d]
             self.summed.index_add_(0, tok, self._segment(d, rank, splits[d]).to(torch.float32))
             self.sent_to[tok, d] = 1.0
-        self.draws = _generator(shard_seed(seed, 0), zlib.crc32(impl.name.encode()), 0xD15)
-        self.masks = self.v = self.shift = self.w_masks = None
-        self.wrong: dict[int, list[str]] = {}
-        self.seconds = 0.0
+        self.v = self.shift = self.w_masks = None
 
     def _segment(self, d: int, s: int, rows: int) -> torch.Tensor:
         """Destination ``d``'s combine-input pattern for the rows source ``s`` sent it, in eighths."""
@@ -115,9 +105,7 @@ class DispatchCheck:
     def inputs(self, it: int, local: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
         """Write iteration ``it``'s rows, routing and combine input (untimed, before the iteration)."""
         g = self.draws
-        low = torch.randint(1, 2**self.low_bits, (self.cp, self.hidden), generator=g, dtype=torch.int32)
-        sign = torch.randint(0, 2, (self.cp, self.hidden), generator=g, dtype=torch.int32) * self.sign
-        self.masks = (low | sign).to(self.int_dtype).to(self.device)
+        self._draw_masks(self.hidden)
         self.v = torch.randint(-self.amp, self.amp + 1, (self.cp, self.hidden), generator=g,
                                dtype=torch.int16).to(self.device)
         self.shift = int(torch.randint(0, self.per, (1,), generator=g))
@@ -130,9 +118,6 @@ class DispatchCheck:
         y.mul_(0.125)
 
     # --- checks ---------------------------------------------------------------------
-    def _fail(self, it: int, what: str) -> None:
-        self.wrong.setdefault(it, []).append(what)
-
     def dispatched(self, it: int, recv: object, handle: object) -> None:
         """The rows and routing the dispatch of iteration ``it`` delivered here."""
         t0 = time.perf_counter()
@@ -167,7 +152,3 @@ class DispatchCheck:
         if not torch.equal(local.view(self.int_dtype), mine):
             self._fail(it, "the caller's rows changed during the round trip (the dispatch must leave them untouched)")
         self.seconds += time.perf_counter() - t0
-
-    def reason(self, total: int) -> str:
-        """'' when every iteration was right; else how many were wrong, and the first ones."""
-        return wrong_reason(self.wrong, self.warmup, total)
