@@ -42,7 +42,7 @@ from .alternatives import (
     sumlen_scatter,
 )
 from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
-from .plan import CPPlan, ceil_align
+from .plan import CPPlan
 from .production import (
     Production,
     calls_form,
@@ -164,9 +164,7 @@ class RoundTripImpl:
         """The plan-level padding columns as this implementation moves the plan:
         ``padded_total`` (``stride * cp``), ``padding_frac`` and ``claim_holds``
         (that buffer equals the cp-aligned raw total)."""
-        total = self.stride(plan) * plan.cp_size
-        return {"padded_total": total, "padding_frac": 1.0 - plan.total_tokens / total,
-                "claim_holds": total == ceil_align(sum(plan.seq_lens), plan.cp_size)}
+        return plan.padding_columns(self.stride(plan))
 
     def starts(self, plan: CPPlan) -> list[int]:
         """First row of each rank's rows in the gathered buffer."""

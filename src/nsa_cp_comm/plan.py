@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Policy = Literal["round_robin", "zigzag", "zigzag_page"]
 POLICIES: tuple[str, ...] = ("round_robin", "zigzag", "zigzag_page")
@@ -61,14 +61,22 @@ class CPPlan:
     @property
     def padding_frac(self) -> float:
         """Share of the padded buffer that is padding: ``1 - T / (m * cp)``."""
-        return 1.0 - self.total_tokens / self.padded_total
+        return self.padding_columns()["padding_frac"]
 
     @property
     def claim_holds(self) -> bool:
         """Whether ``m * cp == ceil_align(sum(seq_lens), cp)``, the assumption
         that the pre-existing cp alignment sizes the gather buffer. False for
         page-aligned and multi-request zigzag splits in general."""
-        return self.padded_total == ceil_align(sum(self.seq_lens), self.cp_size)
+        return self.padding_columns()["claim_holds"]
+
+    def padding_columns(self, stride: int | None = None) -> dict[str, Any]:
+        """``padded_total``, ``padding_frac`` and ``claim_holds`` of a gather
+        buffer of ``stride`` rows per rank (default ``max_rank_len``; an
+        implementation padded at the split moves ``P``)."""
+        total = (self.max_rank_len if stride is None else stride) * self.cp_size
+        return {"padded_total": total, "padding_frac": 1.0 - self.total_tokens / total,
+                "claim_holds": total == ceil_align(sum(self.seq_lens), self.cp_size)}
 
     def rank_indices(self, rank: int) -> tuple[int, ...]:
         """Global token indices (over the padded, concatenated batch) that
