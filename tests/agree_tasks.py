@@ -87,3 +87,38 @@ def every_dtype_on_every_rank() -> dict[str, str]:
         except ValueError as exc:
             refused[str(dtype)] = str(exc)
     return refused
+
+
+def inside_agreed(label: str) -> dict:
+    """One :func:`agreed` block, then round trips inside it: ``{"error": this
+    rank's error text, "exchanges": the agreement's collectives inside the
+    block (bookkeeping), "after": the all-reduce after it}``. Rank 1 is the
+    odd one out where the label says so."""
+    from nsa_cp_comm.collectives import _BOOKKEEPING
+    from nsa_cp_comm.agree import agreed
+
+    rank = dist.get_rank()
+    odd = rank == 1
+    plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
+    other = plan_split([1002], 2, policy="zigzag_page", page_size=64)
+    n = plan.per_rank_tokens[rank]
+    error, exchanges = "", 0
+    try:
+        with agreed(other if (odd and label == "entry_plan_differs") else plan,
+                    H + (1 if odd and label == "entry_width_differs" else 0), torch.float32, "cpu"):
+            before = _BOOKKEEPING.get(id(dist.group.WORLD), 0)
+            if label in ("covered", "entry_plan_differs", "entry_width_differs"):
+                full = padded_gather(_local(plan, rank), plan)
+                padded_scatter(full, plan)
+            elif label == "other_plan":  # every rank alike: exchanged as outside the block
+                padded_gather(_local(other, rank), other)
+            elif label == "one_row_too_many":
+                padded_gather(_local(plan, rank, rows=n + (1 if odd else 0)), plan) if odd else None
+            elif label == "dtype_int32":
+                padded_gather(_local(plan, rank, dtype=torch.int32), plan) if odd else None
+            exchanges = _BOOKKEEPING.get(id(dist.group.WORLD), 0) - before
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        error = f"{type(exc).__name__}: {exc}"
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"error": error, "exchanges": exchanges, "after": int(t.item())}

@@ -84,3 +84,29 @@ def test_every_dtype_on_every_rank_agrees(rank_pool):
     results = rank_pool(2).run(agree_tasks.every_dtype_on_every_rank, timeout_s=60)
     assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
     assert [r.value for r in results] == [{}, {}]
+
+
+def test_an_agreed_block_costs_one_exchange_and_still_refuses_what_differs(rank_pool):
+    """agreed(): one exchange on entry, none for the round trips it covers;
+    a disagreement on entry is the same error on every rank, a call with
+    another plan exchanges as usual, and a rank whose own tensor differs from
+    what was agreed raises (there only, before any collective)."""
+    pool = rank_pool(2)
+
+    def run(label):
+        results = pool.run(agree_tasks.inside_agreed, label, timeout_s=60)
+        assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+        assert [r.value["after"] for r in results] == [2, 2]
+        return [r.value for r in results]
+
+    covered = run("covered")
+    assert [v["error"] for v in covered] == ["", ""] and [v["exchanges"] for v in covered] == [0, 0]
+    assert [v["exchanges"] for v in run("other_plan")] == [1, 1]
+    for label, text in (("entry_plan_differs", "agreed: ranks passed different plans"),
+                        ("entry_width_differs", "agreed: ranks disagree on hidden size H: rank 0=8, rank 1=9")):
+        errors = [v["error"] for v in run(label)]
+        assert errors[0] == errors[1] and errors[0].startswith("ValueError: ") and text in errors[0], errors
+    for label, text in (("one_row_too_many", "padded_gather local on this rank has 513 rows, the plan expects 512"),
+                        ("dtype_int32", "dtype torch.int32, device type cpu; the ranks agreed on 8, torch.float32")):
+        errors = [v["error"] for v in run(label)]
+        assert errors[0] == "" and errors[1].startswith("ValueError: ") and text in errors[1], errors

@@ -15,12 +15,15 @@ only, so all ranks raise the same error, or none does.
 Cost: one tiny all-gather per call (tens of microseconds on NCCL, about a
 hundred on gloo), paid by the public functions' ``check=True`` default. The
 matrix's timed loop calls the unchecked forms; its correctness phase runs
-checked.
+checked, inside one :func:`agreed` block per point: many checked calls on the
+same plan and tensors then cost one exchange.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -130,20 +133,94 @@ def verdict(what: str, prints: list[list[int]]) -> str | None:
             if field == 6:
                 shown = [_dtype_text(v) for v in values]
             elif field == 7:
-                shown = [_DEVICE_TYPES[v] if 0 <= v < len(_DEVICE_TYPES) else "other" for v in values]
+                shown = [_device_text(v) for v in values]
             else:
                 shown = [str(v) for v in values]
             return f"{what}: ranks disagree on {label}: {', '.join(f'rank {r}={v}' for r, v in enumerate(shown))}"
     return None
 
 
+# What the ranks of a process group (by id) agreed on entering agreed():
+# (plan fingerprint, width, dtype code, device kind).
+_AGREED: dict[int, tuple[int, int, int, int]] = {}
+
+
+def _group_key(group: dist.ProcessGroup | None) -> int:
+    return id(group if group is not None else dist.group.WORLD)
+
+
+def _covered(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None) -> bool:
+    """Whether an :func:`agreed` block on ``group`` already holds this call's
+    agreement: its plan is the agreed one (every rank is given the same plan,
+    so the ranks decide this alike). The tensor, this rank's own, is then
+    checked here against what was agreed, and a difference raises on this
+    rank (its peers may be inside the collective by then)."""
+    held = _AGREED.get(_group_key(group))
+    if held is None or not isinstance(plan, CPPlan) or plan_fingerprint(plan) != held[0]:
+        return False
+    p = fingerprint(what, tensor, plan, expected_rows)
+    if p[0] != USABLE:
+        wrong = _KIND_TEXT[p[0]]
+    elif p[3] != p[4]:
+        wrong = f"has {p[3]} rows, the plan expects {p[4]}"
+    elif (p[5], p[6], p[7]) != held[1:]:
+        wrong = (f"has width {p[5]}, dtype {_dtype_text(p[6])}, device type {_device_text(p[7])}; the ranks agreed on "
+                 f"{held[1]}, {_dtype_text(held[2])}, {_device_text(held[3])}")
+    else:
+        return True
+    raise ValueError(f"{what} on this rank {wrong} (inside agreed(): raised on this rank only)")
+
+
+def _device_text(code: int) -> str:
+    return _DEVICE_TYPES[code] if 0 <= code < len(_DEVICE_TYPES) else "other"
+
+
+@contextlib.contextmanager
+def agreed(plan: CPPlan, hidden: int, dtype: torch.dtype, device: torch.device | str,
+           group: dist.ProcessGroup | None = None) -> Iterator[None]:
+    """One agreement for many checked round trips on ``group``: on entry the
+    ranks exchange one fingerprint of ``plan``, the width ``hidden``, ``dtype``
+    and the device kind, and every rank raises the same ValueError when they
+    differ (as :func:`agree`). Inside, a checked call on ``group`` with that
+    plan, width, dtype and device kind skips its own exchange; its rows are
+    checked on the rank (a wrong count raises there only: the price of the
+    saved exchange, for callers that build every rank's inputs from the same
+    plan, like the matrix's checks). A call with anything else exchanges as
+    usual. Every rank of ``group`` must enter together (a collective)."""
+    rank = dist.get_rank(group)
+    if isinstance(plan, CPPlan):
+        rows = plan.per_rank_tokens[rank] if 0 <= rank < plan.cp_size else -2
+        kind = torch.device(device).type
+        mine = [USABLE, plan_fingerprint(plan), plan.cp_size, rows, rows, int(hidden), _dtype_code(dtype),
+                _DEVICE_TYPES.index(kind) if kind in _DEVICE_TYPES else 9, 0]
+    else:
+        mine = fingerprint("agreed", None, plan, -2)
+    _exchange("agreed", mine, None, group)
+    key = _group_key(group)
+    before = _AGREED.get(key)
+    _AGREED[key] = (mine[1], mine[5], mine[6], mine[7])
+    try:
+        yield
+    finally:
+        if before is None:
+            _AGREED.pop(key, None)
+        else:
+            _AGREED[key] = before
+
+
 def agree(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None = None) -> None:
     """Exchange fingerprints and raise ValueError, on every rank alike, when any
     rank's ``tensor`` or ``plan`` disagrees with the others' or with the plan.
 
-    Every rank of ``group`` must call it at the same point (it is a collective).
+    Every rank of ``group`` must call it at the same point (it is a collective),
+    except inside an :func:`agreed` block that covers the call.
     ``expected_rows`` is what the caller's own plan says this rank holds."""
-    mine = fingerprint(what, tensor, plan, expected_rows)
+    if _covered(what, tensor, plan, expected_rows, group):
+        return
+    _exchange(what, fingerprint(what, tensor, plan, expected_rows), tensor, group)
+
+
+def _exchange(what: str, mine: list[int], tensor: object, group: dist.ProcessGroup | None) -> None:
     world = dist.get_world_size(group)
     device = _exchange_device(tensor, group)
     out = torch.empty(world * FIELDS, dtype=torch.int64, device=device)

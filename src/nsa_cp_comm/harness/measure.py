@@ -8,6 +8,7 @@ Nothing here knows about Hydra or CSV files.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import impls as impl_registry
+from ..agree import agreed
 from .checks import (
     ImplReport,
     check_dispatch,
@@ -91,30 +93,36 @@ def check_point(
     if not light:
         moe = moe or reference_moe(spec, device)
     reports: dict[str, ImplReport] = {}
-    for i, name in enumerate(spec.impls):
-        announce_place((AT_CHECKS, i), name)
-        impl = impl_registry.get(name)
-        # its own copy; a padded-shard implementation gets the split's [P, H]
-        local = shard_input(impl, plan, shards[rank]) if impl.mode == "FULL" else shards[rank].clone()
-        reason = impl_registry.skip_reason(impl, backend, plan)
-        if reason:
-            reports[name] = ImplReport(status="skipped", reason=reason)
-        elif impl.mode == "SCATTERED":
-            if mode is not ScatterMode.SCATTERED:
-                reports[name] = ImplReport(
-                    status="skipped",
-                    reason=f"impl={name} is a MoE all-to-all (SCATTERED mode, moe_a2a_backend=deepep), not {mode.value}",
-                )
+    # One agreement on the plan, width, dtype and device for every checked
+    # round trip of the point (each would otherwise exchange its own, a
+    # collective on the consistency-checked group); SCATTERED mode has none.
+    scope = (agreed(plan, spec.hidden_size, DTYPES[spec.dtype], device, group) if mode is ScatterMode.FULL
+             else contextlib.nullcontext())
+    with scope:
+        for i, name in enumerate(spec.impls):
+            announce_place((AT_CHECKS, i), name)
+            impl = impl_registry.get(name)
+            # its own copy; a padded-shard implementation gets the split's [P, H]
+            local = shard_input(impl, plan, shards[rank]) if impl.mode == "FULL" else shards[rank].clone()
+            reason = impl_registry.skip_reason(impl, backend, plan)
+            if reason:
+                reports[name] = ImplReport(status="skipped", reason=reason)
+            elif impl.mode == "SCATTERED":
+                if mode is not ScatterMode.SCATTERED:
+                    reports[name] = ImplReport(
+                        status="skipped",
+                        reason=f"impl={name} is a MoE all-to-all (SCATTERED mode, moe_a2a_backend=deepep), not {mode.value}",
+                    )
+                else:
+                    reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
+            elif mode is ScatterMode.SCATTERED:
+                reports[name] = check_passthrough(spec, plan, rank, device, local, shards)
+            elif light:
+                reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
             else:
-                reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
-        elif mode is ScatterMode.SCATTERED:
-            reports[name] = check_passthrough(spec, plan, rank, device, local, shards)
-        elif light:
-            reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
-        else:
-            reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
-        if watch is not None:
-            watch.after(name, "its checks")
+                reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
+            if watch is not None:
+                watch.after(name, "its checks")
     return reports
 
 
