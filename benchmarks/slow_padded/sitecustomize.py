@@ -3,17 +3,18 @@
 Loaded by Python at start-up (``site`` imports ``sitecustomize`` from the path)
 in every process of a sweep whose PYTHONPATH starts with this folder, rank
 processes included. When ``NSA_SLOW_PADDED`` holds a fraction ``f`` (``0.3``),
-the padded implementation's production form on rank 0, at the end of every
-round trip, busy-waits ``f`` times what its local, gather and scatter phases
-took on that rank in that round trip. Each phase ends for the job when its
-slowest rank is done, so each point's round trip takes up to ``1 + f`` times
-its own time whatever the machine's load (less where the slowest rank's
-phases run above rank 0's own), as slower code would; the checks still pass,
-and nothing else changes. One rank spins, not every one: with
-more ranks than cores, every rank spinning took the cores the others needed
-for their own phases, and the cp 4 points read 1.4x-1.5x in the paired
-metric where the cp 2 points read 1.2x. Never on the product's path: only
-this benchmark puts this folder on PYTHONPATH.
+the padded implementation's production form on rank 0 busy-waits, before
+every round trip's reduce-scatter, ``f`` times what its local and gather
+phases took on that rank in that round trip and its scatter in the one
+before. Every rank waits for rank 0 inside the reduce-scatter, so the wait
+adds to every rank's scatter phase and the round trip (its slowest rank's
+time) grows by it whatever the machine's load, as slower code would; the
+checks still pass, and nothing else changes. Waiting after the scatter on
+rank 0 alone was hidden in part where another rank's phases ran above rank
+0's own (cp 4 under load read 1.14x-1.35x for f = 0.4, cp 2 1.17x-1.67x);
+every rank spinning took the cores the others needed for their own phases
+(the cp 4 points read 1.4x-1.5x where the cp 2 points read 1.2x). Never on
+the product's path: only this benchmark puts this folder on PYTHONPATH.
 """
 
 import os
@@ -22,8 +23,6 @@ import time
 _FRACTION = os.environ.get("NSA_SLOW_PADDED")
 if _FRACTION:
     import dataclasses
-
-    import torch.distributed as dist
 
     from nsa_cp_comm import impls as _impls
 
@@ -44,17 +43,16 @@ if _FRACTION:
             return run
 
         gather = timed(form.gather, first=form.stage is None)
+        last_scatter = [0.0]
 
         def scatter():
-            out = timed(form.scatter)()
-            if dist.get_rank() != 0:
-                return out
-            # a busy wait, as slower code would: a sleep gives the core away,
-            # and on a loaded machine the rank comes back late for the next
-            # step (the control's), which then hides part of the slowdown
-            end = time.perf_counter() + _fraction * spent[0]
-            while time.perf_counter() < end:
-                pass
+            # every rank sleeps before the reduce-scatter, which then starts
+            # when the last one is back: the round trip (its slowest rank's
+            # time) grows by the longest sleep, about f times its own time
+            time.sleep(_fraction * (spent[0] + last_scatter[0]))
+            t0 = time.perf_counter()
+            out = form.scatter()
+            last_scatter[0] = time.perf_counter() - t0
             return out
 
         stage = timed(form.stage, first=True) if form.stage is not None else None

@@ -34,7 +34,11 @@ AUTO = "auto"
 # Its record's key in a rank's report: never an implementation's name (a
 # leading underscore is not a valid registry name).
 CALIBRATION = "_calibration"
-CI_WIDTH = 0.15  # the 95% interval of a median, relative to it
+# The 95% interval of a median, relative to it. A point's two runs differ by
+# the sampling error of both medians: at 15% an unchanged point moved up to
+# 16% between two runs and a 1.3x slowdown read as 1.14x (under compare's 15%
+# threshold) on the 2-core review flow; at 10% neither (benchmarks/compare_power.py).
+CI_WIDTH = 0.10
 CONFIDENCE = 0.95
 MIN_ITERS = 20
 MAX_ITERS = 2000
