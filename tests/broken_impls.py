@@ -784,3 +784,14 @@ def point_with_mutation(spec, backend, mutation="none"):
             impls.REGISTRY[where] = saved
         else:
             setattr(where, attr, saved)
+
+
+# --- a caller's mistake on one rank, inside the library's checked call --------
+def _drops_a_row_on_rank_1(local, plan, group):
+    # Mistake: one rank hands the library one row short (e.g. a shard trimmed
+    # by a local length); the library's checked call must refuse it.
+    return padded_gather(local[:-1] if dist.get_rank(group) == 1 else local, plan, group)
+
+
+short_on_one_rank = RoundTripImpl("short_on_one_rank", _drops_a_row_on_rank_1, padded_scatter,
+                                  doc="gives the library one row short on rank 1")

@@ -473,6 +473,14 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_agree",
     ),
     FaultCase(
+        "a plug-in that hands the library's checked gather one row short on one rank",
+        "the point's checks, inside its one input agreement (`nsa_cp_comm.agree.agreed`)",
+        "refused on that rank before any collective, naming the rows and the plan's; its peer is stopped, not left "
+        "waiting in the gather",
+        "test_a_short_shard_handed_to_the_library_on_one_rank_is_refused_inside_the_points_agreement",
+        "test_checks",
+    ),
+    FaultCase(
         "a plug-in that starts a helper process (`sleep 987654`) and returns",
         "a point's rank processes",
         "each rank leads its own process group; closing the pool kills the groups whole: no helper outlives the sweep",

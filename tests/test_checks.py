@@ -106,3 +106,16 @@ def test_an_implementation_that_writes_into_its_input_fails_alone(rank_pool):
     res = run(rank_pool, where=EVEN, impls=(B("mutates_input"), "legacy"))
     assert res[B("mutates_input")].status == "failed" and res[B("mutates_input")].failed_check == "input_mutated"
     assert res["legacy"].status == "ok", res["legacy"].reason
+
+
+def test_a_short_shard_handed_to_the_library_on_one_rank_is_refused_inside_the_points_agreement(rank_pool):
+    """The checks run inside one agreed() block per point: a plug-in that hands
+    the library's checked gather one row short on rank 1 is refused there, on
+    that rank, before any collective, and its peer is stopped, not left waiting."""
+    spec = PointSpec(**UNEVEN, impls=(B("short_on_one_rank"),), hidden_size=32, warmup=0, iters=1)
+    results = rank_pool(spec.cp_size).run(broken_impls.point_with_mutation, spec, "gloo", "none", timeout_s=120)
+    # (the CP group runs in reverse order of the world: its rank 1 is world rank 0)
+    seen = sorted((r.status, r.error) for r in results)
+    assert seen[0][0] == "aborted" or seen[0][0] == "error", seen
+    assert seen[1][0] == "error" and "padded_gather local on this rank has 511 rows, the plan expects 512" \
+        in seen[1][1], seen
