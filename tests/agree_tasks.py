@@ -114,8 +114,10 @@ def inside_agreed(label: str) -> dict:
                 padded_gather(_local(other, rank), other)
             elif label == "one_row_too_many":
                 padded_gather(_local(plan, rank, rows=n + (1 if odd else 0)), plan) if odd else None
-            elif label == "dtype_int32":
-                padded_gather(_local(plan, rank, dtype=torch.int32), plan) if odd else None
+            elif label == "dtype_int32":  # every rank alike: exchanged as outside the block
+                padded_gather(_local(plan, rank, dtype=torch.int32), plan)
+            elif label == "none":
+                padded_gather(None if odd else _local(plan, rank), plan) if odd else None
             exchanges = _BOOKKEEPING.get(id(dist.group.WORLD), 0) - before
     except Exception as exc:  # noqa: BLE001 - reported to the test
         error = f"{type(exc).__name__}: {exc}"

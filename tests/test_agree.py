@@ -89,8 +89,9 @@ def test_every_dtype_on_every_rank_agrees(rank_pool):
 def test_an_agreed_block_costs_one_exchange_and_still_refuses_what_differs(rank_pool):
     """agreed(): one exchange on entry, none for the round trips it covers;
     a disagreement on entry is the same error on every rank, a call with
-    another plan exchanges as usual, and a rank whose own tensor differs from
-    what was agreed raises (there only, before any collective)."""
+    another plan or dtype on every rank exchanges as usual, and a rank whose
+    own rows are not the plan's, or that passes no tensor, raises (there
+    only, before any collective)."""
     pool = rank_pool(2)
 
     def run(label):
@@ -101,12 +102,14 @@ def test_an_agreed_block_costs_one_exchange_and_still_refuses_what_differs(rank_
 
     covered = run("covered")
     assert [v["error"] for v in covered] == ["", ""] and [v["exchanges"] for v in covered] == [0, 0]
-    assert [v["exchanges"] for v in run("other_plan")] == [1, 1]
+    for label in ("other_plan", "dtype_int32"):
+        values = run(label)
+        assert [v["exchanges"] for v in values] == [1, 1] and [v["error"] for v in values] == ["", ""], values
     for label, text in (("entry_plan_differs", "agreed: ranks passed different plans"),
                         ("entry_width_differs", "agreed: ranks disagree on hidden size H: rank 0=8, rank 1=9")):
         errors = [v["error"] for v in run(label)]
         assert errors[0] == errors[1] and errors[0].startswith("ValueError: ") and text in errors[0], errors
     for label, text in (("one_row_too_many", "padded_gather local on this rank has 513 rows, the plan expects 512"),
-                        ("dtype_int32", "dtype torch.int32, device type cpu; the ranks agreed on 8, torch.float32")):
+                        ("none", "padded_gather local on this rank is not a torch.Tensor")):
         errors = [v["error"] for v in run(label)]
         assert errors[0] == "" and errors[1].startswith("ValueError: ") and text in errors[1], errors

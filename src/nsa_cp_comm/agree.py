@@ -151,21 +151,22 @@ def _group_key(group: dist.ProcessGroup | None) -> int:
 
 def _covered(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None) -> bool:
     """Whether an :func:`agreed` block on ``group`` already holds this call's
-    agreement: its plan is the agreed one (every rank is given the same plan,
-    so the ranks decide this alike). The tensor, this rank's own, is then
-    checked here against what was agreed, and a difference raises on this
-    rank (its peers may be inside the collective by then)."""
+    agreement: its plan, width, dtype and device kind are the agreed ones. A
+    call with the agreed plan and other tensor properties on every rank alike
+    (a wider buffer, a float32 sum) exchanges as usual. With the agreed plan,
+    what only one rank can get wrong is checked here, on the rank, and raises
+    there (its peers may be inside the collective by then): a tensor that is
+    unusable, or whose rows are not what the plan says this rank holds."""
     held = _AGREED.get(_group_key(group))
     if held is None or not isinstance(plan, CPPlan) or plan_fingerprint(plan) != held[0]:
         return False
     p = fingerprint(what, tensor, plan, expected_rows)
     if p[0] != USABLE:
         wrong = _KIND_TEXT[p[0]]
+    elif (p[5], p[6], p[7]) != held[1:]:
+        return False
     elif p[3] != p[4]:
         wrong = f"has {p[3]} rows, the plan expects {p[4]}"
-    elif (p[5], p[6], p[7]) != held[1:]:
-        wrong = (f"has width {p[5]}, dtype {_dtype_text(p[6])}, device type {_device_text(p[7])}; the ranks agreed on "
-                 f"{held[1]}, {_dtype_text(held[2])}, {_device_text(held[3])}")
     else:
         return True
     raise ValueError(f"{what} on this rank {wrong} (inside agreed(): raised on this rank only)")
@@ -183,10 +184,11 @@ def agreed(plan: CPPlan, hidden: int, dtype: torch.dtype, device: torch.device |
     and the device kind, and every rank raises the same ValueError when they
     differ (as :func:`agree`). Inside, a checked call on ``group`` with that
     plan, width, dtype and device kind skips its own exchange; its rows are
-    checked on the rank (a wrong count raises there only: the price of the
-    saved exchange, for callers that build every rank's inputs from the same
-    plan, like the matrix's checks). A call with anything else exchanges as
-    usual. Every rank of ``group`` must enter together (a collective)."""
+    checked on the rank (a wrong count, or no usable tensor, raises there
+    only: the price of the saved exchange, for callers that build every
+    rank's inputs from the same plan, like the matrix's checks). A call with
+    anything else exchanges as usual, so it must differ on every rank alike.
+    Every rank of ``group`` must enter together (a collective)."""
     rank = dist.get_rank(group)
     if isinstance(plan, CPPlan):
         rows = plan.per_rank_tokens[rank] if 0 <= rank < plan.cp_size else -2
