@@ -3,18 +3,18 @@
 Loaded by Python at start-up (``site`` imports ``sitecustomize`` from the path)
 in every process of a sweep whose PYTHONPATH starts with this folder, rank
 processes included. When ``NSA_SLOW_PADDED`` holds a fraction ``f`` (``0.3``),
-the padded implementation's production form on rank 0 busy-waits, before
-every round trip's reduce-scatter, ``f`` times what its local and gather
+every rank of the padded implementation's production form sleeps, before
+each round trip's reduce-scatter, ``f`` times what its local and gather
 phases took on that rank in that round trip and its scatter in the one
-before. Every rank waits for rank 0 inside the reduce-scatter, so the wait
-adds to every rank's scatter phase and the round trip (its slowest rank's
-time) grows by it whatever the machine's load, as slower code would; the
-checks still pass, and nothing else changes. Waiting after the scatter on
-rank 0 alone was hidden in part where another rank's phases ran above rank
-0's own (cp 4 under load read 1.14x-1.35x for f = 0.4, cp 2 1.17x-1.67x);
-every rank spinning took the cores the others needed for their own phases
-(the cp 4 points read 1.4x-1.5x where the cp 2 points read 1.2x). Never on
-the product's path: only this benchmark puts this folder on PYTHONPATH.
+before. The reduce-scatter starts when the last rank is back, so the round
+trip (its slowest rank's time) grows by about ``f`` times its own at every
+cp and load, as slower code would; the checks still pass, and nothing else
+changes. Two faults before it were uneven across cp: rank 0 alone busy-
+waiting after the scatter was hidden in part where another rank's phases ran
+above its own (cp 4 read 1.12x-1.35x for f = 0.4, cp 2 1.17x-1.67x), and
+every rank busy-waiting took the cores the others needed for their own
+phases (cp 4 read 1.4x-1.5x where cp 2 read 1.2x). Never on the product's
+path: only this benchmark puts this folder on PYTHONPATH.
 """
 
 import os

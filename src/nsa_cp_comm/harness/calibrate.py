@@ -34,10 +34,10 @@ AUTO = "auto"
 # Its record's key in a rank's report: never an implementation's name (a
 # leading underscore is not a valid registry name).
 CALIBRATION = "_calibration"
-# The 95% interval of a median, relative to it. A point's two runs differ by
-# the sampling error of both medians: at 15% an unchanged point moved up to
-# 16% between two runs and a 1.3x slowdown read as 1.14x (under compare's 15%
-# threshold) on the 2-core review flow; at 10% neither (benchmarks/compare_power.py).
+# The 95% interval of a median, relative to it. Two runs of a point differ by
+# the sampling error of both medians: on the 2-core review flow an unchanged
+# point moved 0.88x-1.16x between two runs at 15%, up to compare's 15%
+# threshold, and 0.90x-1.11x at 10% (benchmarks/compare_power.py, 10 pairs each).
 CI_WIDTH = 0.10
 CONFIDENCE = 0.95
 MIN_ITERS = 20

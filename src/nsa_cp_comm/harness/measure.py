@@ -111,7 +111,8 @@ def check_point(
                 if mode is not ScatterMode.SCATTERED:
                     reports[name] = ImplReport(
                         status="skipped",
-                        reason=f"impl={name} is a MoE all-to-all (SCATTERED mode, moe_a2a_backend=deepep), not {mode.value}",
+                        reason=f"impl={name} is a MoE all-to-all (SCATTERED mode, moe_a2a_backend=deepep), "
+                               f"not {mode.value}",
                     )
                 else:
                     reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
