@@ -149,7 +149,7 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
         if full:
             seconds += 10 * P * H / elements + 2 * P * topk * H * FFN_SIZE * 4 / flops
     # iters=auto stops at its time cap, if not before
-    seconds += min(loop_s, calibrate.TIME_CAP_S) if calibrate.is_auto(spec.iters) else loop_s
+    seconds += min(loop_s, calibrate.time_cap()) if calibrate.is_auto(spec.iters) else loop_s
     start_s = tp.start_s * max(1.0, ranks / machine.cores)
     key = _memory_key(res, weights, buffers)
     return Estimate(ranks, res.backend, res.device, rank_bytes, dev, key, seconds, start_s, busbw)

@@ -326,6 +326,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
     if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
+    if calibrate.is_auto(cfg["iters"]):
+        try:
+            calibrate.time_cap()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if calibrate.is_auto(cfg["iters"]) and cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:
         raise _fail("timeout_s", cfg["timeout_s"], f"must be at least {AUTO_TIMEOUT_MIN_S:g} with iters=auto "
                     f"(its timed loop runs up to {calibrate.TIME_CAP_S:g} s, and the checks before it take time too)")

@@ -84,3 +84,27 @@ def test_samples_record_the_iterations_and_the_calibration():
     first, second = line.splitlines()
     assert '"iters":2' in first and '"calibration":{"iters":2,"ci_width":0.1,"target":0.15,"reached":true}' in first
     assert '"iters":2' in second and "calibration" not in second
+
+
+def test_the_time_cap_is_shortened_only_by_seconds_within_it(monkeypatch, tmp_path):
+    """NSA_CP_AUTO_MAX_S: seconds in (0, 30] shorten iters=auto's cap, on every
+    process that reads the environment; anything else is one line naming it
+    (and exit 2 from the command line, before any rank starts)."""
+    assert calibrate.time_cap({}) == calibrate.TIME_CAP_S
+    assert calibrate.time_cap({calibrate.TIME_CAP_ENV: "7.5"}) == 7.5
+    for bad in ("0", "-1", "31", "ten", "nan", "inf"):
+        with pytest.raises(ValueError, match=rf"^NSA_CP_AUTO_MAX_S='{bad}': must be seconds in \(0, 30\]$"):
+            calibrate.time_cap({calibrate.TIME_CAP_ENV: bad})
+    monkeypatch.setenv(calibrate.TIME_CAP_ENV, "5")
+    assert calibrate.Calibrator(control=None, group=None, device="cpu").time_cap_s == 5.0
+    cfg = {**vars(MatrixConfig()), "iters": "auto", "results_dir": "/tmp/x"}
+    validate(cfg)
+    monkeypatch.setenv(calibrate.TIME_CAP_ENV, "ten")
+    with pytest.raises(ConfigError, match=r"^NSA_CP_AUTO_MAX_S='ten': must be seconds"):
+        validate(cfg)
+    validate({**cfg, "iters": 8})  # read only where iters=auto
+    from matrix_cli import run_matrix
+
+    run = run_matrix(tmp_path / "r", "cp_size=2", "hidden_size=64", "iters=auto", multirun=False)
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert run.returncode == 2 and lines == ["error: NSA_CP_AUTO_MAX_S='ten': must be seconds in (0, 30]"], run.stderr

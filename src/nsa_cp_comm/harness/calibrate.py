@@ -7,8 +7,8 @@ the A/A control's in the same iteration; the round trip itself where no
 control runs) has a distribution-free 95% confidence interval no wider than
 :data:`CI_WIDTH` of the median. It never stops before :data:`MIN_ITERS`
 timed iterations, and stops at :data:`MAX_ITERS` or once the timed loop has
-run :data:`TIME_CAP_S` seconds, whether or not the target was reached (the
-samples say which).
+run :data:`TIME_CAP_S` seconds (fewer where :data:`TIME_CAP_ENV` says so),
+whether or not the target was reached (the samples say which).
 
 Every rank must run the same number of iterations (each phase starts with a
 barrier): the decision is taken on the same numbers on every rank. Each
@@ -20,6 +20,7 @@ the results do (:func:`.timing.fold_phases`) and reaches the same decision.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,11 +44,30 @@ CONFIDENCE = 0.95
 MIN_ITERS = 20
 MAX_ITERS = 2000
 TIME_CAP_S = 30.0
+# Seconds in (0, TIME_CAP_S]: a shorter cap, for a quick run of a calibrated
+# sweep (the test suite's run of the README's review flow); read by every
+# process of the sweep, so set it in the environment the sweep starts from.
+TIME_CAP_ENV = "NSA_CP_AUTO_MAX_S"
 CHECK_EVERY = 10  # timed iterations between two checks (each is one small collective)
 
 
 def is_auto(iters: object) -> bool:
     return iters == AUTO
+
+
+def time_cap(environ: Mapping[str, str] = os.environ) -> float:
+    """The timed loop's time cap: :data:`TIME_CAP_S`, or :data:`TIME_CAP_ENV`'s
+    seconds where set; ValueError naming it when it is not in (0, TIME_CAP_S]."""
+    raw = environ.get(TIME_CAP_ENV, "")
+    if not raw:
+        return TIME_CAP_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= TIME_CAP_S:
+        raise ValueError(f"{TIME_CAP_ENV}={raw!r}: must be seconds in (0, {TIME_CAP_S:g}]")
+    return value
 
 
 def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -124,10 +144,12 @@ class Calibrator:
 
     def __init__(self, *, control: str | None, group: dist.ProcessGroup | None, device: torch.device | str,
                  target: float = CI_WIDTH, min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS,
-                 time_cap_s: float = TIME_CAP_S, check_every: int = CHECK_EVERY) -> None:
+                 time_cap_s: float | None = None, check_every: int = CHECK_EVERY) -> None:
         self.control, self.group, self.device = control, group, torch.device(device)
         self.target, self.min_iters, self.max_iters = target, min_iters, max_iters
-        self.time_cap_s, self.check_every = time_cap_s, check_every
+        # every rank reads the same environment (the pool starts them with the sweep's)
+        self.time_cap_s = time_cap_s if time_cap_s is not None else time_cap()
+        self.check_every = check_every
         self.t0: float | None = None
         self.last = Decision(False, False, math.inf)
         self.iters = 0
