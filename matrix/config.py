@@ -331,9 +331,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
             calibrate.time_cap()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    if calibrate.is_auto(cfg["iters"]) and cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:
-        raise _fail("timeout_s", cfg["timeout_s"], f"must be at least {AUTO_TIMEOUT_MIN_S:g} with iters=auto "
-                    f"(its timed loop runs up to {calibrate.TIME_CAP_S:g} s, and the checks before it take time too)")
+        if cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:
+            raise _fail("timeout_s", cfg["timeout_s"], f"must be at least {AUTO_TIMEOUT_MIN_S:g} with iters=auto "
+                        f"(its timed loop runs up to {calibrate.TIME_CAP_S:g} s, and the checks before it take time "
+                        "too)")
     if cfg["align"] is not None and sum(cfg["seq_lens"]) + cfg["align"] > TOTAL_TOKENS_MAX:
         raise _fail("align", cfg["align"], f"pads the batch past {TOTAL_TOKENS_MAX} tokens")
 

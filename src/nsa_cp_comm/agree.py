@@ -158,9 +158,11 @@ def _covered(what: str, tensor: object, plan: object, expected_rows: int, group:
     there (its peers may be inside the collective by then): a tensor that is
     unusable, or whose rows are not what the plan says this rank holds."""
     held = _AGREED.get(_group_key(group))
-    if held is None or not isinstance(plan, CPPlan) or plan_fingerprint(plan) != held[0]:
+    if held is None or not isinstance(plan, CPPlan):
         return False
     p = fingerprint(what, tensor, plan, expected_rows)
+    if p[1] != held[0]:
+        return False
     if p[0] != USABLE:
         wrong = _KIND_TEXT[p[0]]
     elif (p[5], p[6], p[7]) != held[1:]:
@@ -190,14 +192,11 @@ def agreed(plan: CPPlan, hidden: int, dtype: torch.dtype, device: torch.device |
     anything else exchanges as usual, so it must differ on every rank alike.
     Every rank of ``group`` must enter together (a collective)."""
     rank = dist.get_rank(group)
-    if isinstance(plan, CPPlan):
-        rows = plan.per_rank_tokens[rank] if 0 <= rank < plan.cp_size else -2
-        kind = torch.device(device).type
-        mine = [USABLE, plan_fingerprint(plan), plan.cp_size, rows, rows, int(hidden), _dtype_code(dtype),
-                _DEVICE_TYPES.index(kind) if kind in _DEVICE_TYPES else 9, 0]
-    else:
-        mine = fingerprint("agreed", None, plan, -2)
-    _exchange("agreed", mine, None, group)
+    rows = plan.per_rank_tokens[rank] if isinstance(plan, CPPlan) and 0 <= rank < plan.cp_size else -2
+    # the tensors to come, as a shape on the device (one element of storage)
+    like = torch.empty_strided((max(rows, 0), hidden), (0, 0), dtype=dtype, device=device)
+    mine = fingerprint("agreed", like, plan, rows)
+    _exchange("agreed", mine, like, group)
     key = _group_key(group)
     before = _AGREED.get(key)
     _AGREED[key] = (mine[1], mine[5], mine[6], mine[7])
