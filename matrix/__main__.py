@@ -180,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = [sys.argv[0], *argv]
     # Hydra prints a job's exception as a traceback; here it comes to the handlers below
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    if points and points[0].runs_here and points[0].resolved.device == "cpu":
+        from nsa_cp_comm.harness.ranks import prestart
+
+        # Its environment as the jobs' ranks will have it (after the line above):
+        # the fork server imports torch while Hydra composes the first jobs.
+        prestart("cpu")
     try:
         with composed_once(points):
             app()

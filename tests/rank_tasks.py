@@ -278,6 +278,22 @@ def whoami(tag: str, *, extra: int = 0) -> tuple:
     return (dist.get_rank(), dist.get_world_size(), tag, extra, os.getpid(), str(rank_device()))
 
 
+def environment_variable(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def cpus() -> list[int]:
+    """The CPUs this rank may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def parent_pid(pid: int) -> int:
+    """A live process's parent (read in the test process, not a rank task)."""
+    from pathlib import Path
+
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def raise_on_last_others_in_collective() -> int:
     if dist.get_rank() == dist.get_world_size() - 1:
         time.sleep(0.2)

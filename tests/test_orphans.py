@@ -156,7 +156,8 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
     for name, text in (("driver.py", DRIVER), ("reaper.py", REAPER), ("rank-python", GATE)):
         (tmp_path / name).write_text(text)
     (tmp_path / "rank-python").chmod(0o755)
-    env = dict(_driver_env(), DRILL=str(gate), DRILL_HOLD="2", DRILL_PYTHON=sys.executable,
+    # The exec path's drill (CUDA ranks take it; tests/test_forkserver.py drills the fork path)
+    env = dict(_driver_env(), NSA_CP_COMM_FORK_RANKS="0", DRILL=str(gate), DRILL_HOLD="2", DRILL_PYTHON=sys.executable,
                DRILL_WRAPPER=str(tmp_path / "rank-python"), **({"DRILL_WORKER": str(worker)} if worker else {}))
     reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
                                str(tmp_path / "driver.py"), str(work)],
@@ -236,18 +237,25 @@ class Interrupt(BaseException):
     """Stands for a KeyboardInterrupt arriving while ranks start."""
 
 
-def test_an_interrupted_start_kills_the_started_ranks_and_removes_the_rendezvous(tmp_path):
+def start_interrupted(workdir: Path, after_s: float) -> None:
+    """Start a pool of 2 ranks in ``workdir`` and interrupt it ``after_s``
+    seconds in; the interrupt must reach the caller."""
     def interrupt(signum, frame):
         raise Interrupt
 
     old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)  # the ranks are still importing torch then
+    signal.setitimer(signal.ITIMER_REAL, after_s)
     try:
         with pytest.raises(Interrupt):
-            RankPool(2, workdir=tmp_path)
+            RankPool(2, workdir=workdir)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_an_interrupted_start_kills_the_started_ranks_and_removes_the_rendezvous(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSA_CP_COMM_FORK_RANKS", "0")  # exec'd ranks: still importing torch at the interrupt
+    start_interrupted(tmp_path, 0.5)
     assert wait_until_gone(str(tmp_path), 5.0) == []
     assert list(tmp_path.glob(f"{STORE_PREFIX}*")) == []
 

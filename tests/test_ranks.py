@@ -151,9 +151,11 @@ def test_run_refuses_a_timeout_that_would_not_end(rank_pool, timeout_s):
 def test_ranks_run_the_worker_by_path(rank_pool):
     """Not ``python -m nsa_cp_comm.harness._worker``, which imports torch before the
     worker can tie its life to its starter's (tests/test_orphans.py)."""
+    worker, me = str(ranks.WORKER_PATH).encode(), str(os.getpid()).encode()
     for pid in rank_pool(1).pids:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert argv[1] == str(ranks.WORKER_PATH).encode() and argv[2] == str(os.getpid()).encode(), argv
+        # exec'd, or forked from a fork server that was itself run by path (tests/test_forkserver.py)
+        assert argv[1] == worker and (argv[2] == me or argv[2:4] == [b"fork-server", me]), argv
 
 
 def sigkill_on_last() -> int:

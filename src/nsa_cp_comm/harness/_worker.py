@@ -2,6 +2,10 @@
 
     python .../nsa_cp_comm/_worker.py STARTER_PID RANK WORLD BACKEND DEVICE STORE FD THREADS
 
+or, as the fork server that CPU ranks are forked from (:mod:`.forkserver`):
+
+    python .../nsa_cp_comm/_worker.py fork-server STARTER_PID FD
+
 A fresh interpreter rather than multiprocessing's spawn, which would re-import
 the parent's ``__main__`` (a Hydra app, a test runner) in every rank.
 
@@ -20,6 +24,7 @@ import os
 import sys
 
 ORPHAN_EXIT = 75  # the starter was gone before the death signal was armed
+SERVE_ARG = "fork-server"  # the first argument of a fork server
 
 
 def die_with_starter(starter_pid: int) -> None:
@@ -60,9 +65,15 @@ def ignore_interrupts() -> None:
 
 if __name__ == "__main__":
     ignore_interrupts()
-    die_with_starter(int(sys.argv[1]))
+    serving = sys.argv[1] == SERVE_ARG
+    die_with_starter(int(sys.argv[2] if serving else sys.argv[1]))
     _drop_script_dir()
     from nsa_cp_comm.harness.ranks import worker_main
 
-    rank, world, backend, device, store, fd, threads = sys.argv[2:9]
-    worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))
+    if serving:
+        from nsa_cp_comm.harness.forkserver import serve
+
+        serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
+    else:
+        rank, world, backend, device, store, fd, threads = sys.argv[2:9]
+        worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))

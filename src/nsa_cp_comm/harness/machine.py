@@ -24,6 +24,44 @@ RANKS_PER_CORE, MIN_RANK_LIMIT = 4, 8
 THREADS_PER_RANK = 8  # tasks one rank holds at once: interpreter, gloo, OpenMP
 
 
+# Set to 0 to leave the ranks unbound (the kernel places them).
+BIND_ENV = "NSA_CP_COMM_BIND_RANKS"
+
+
+def rank_cpus(rank: int, world: int, cpus: list[int]) -> set[int] | None:
+    """The CPUs rank ``rank`` of ``world`` is bound to, out of the starter's
+    ``cpus``: with more ranks than CPUs, one CPU each, round robin; else None
+    (unbound: the kernel places them).
+
+    Why bind only then: with 8 ranks on 2 cores, every step of a gloo
+    collective wakes a thread of another rank, and an unbound one may be
+    woken on, or moved to, a core where it waits behind others. On the
+    2-core VM here a cp=8 all-gather took 12-13 ms unbound and 7-8 ms bound,
+    a cp=4 one 3.7-4.2 ms against 2.3-2.7; two ranks on two cores were
+    slower bound, one on each (1.2-1.7 ms against 1.0-1.1).
+    ``benchmarks/point_phases.py`` shows the sweep's phases either way
+    (``NSA_CP_COMM_BIND_RANKS=0``)."""
+    if world <= len(cpus):
+        return None
+    return {cpus[rank % len(cpus)]}
+
+
+def bind_rank(rank: int, world: int) -> set[int] | None:
+    """Bind this process (and the threads it starts from now on) to
+    :func:`rank_cpus`; None where it is not bound (no more ranks than CPUs,
+    ``NSA_CP_COMM_BIND_RANKS=0``, no affinity on this platform, or the
+    kernel refused)."""
+    if os.environ.get(BIND_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        mine = rank_cpus(rank, world, sorted(os.sched_getaffinity(0)))
+        if mine is not None:
+            os.sched_setaffinity(0, mine)
+    except OSError:
+        return None
+    return mine
+
+
 @dataclass(frozen=True)
 class Machine:
     """What a machine offers the ranks of one point."""

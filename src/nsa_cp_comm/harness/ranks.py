@@ -47,7 +47,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from .machine import cgroup_dirs
+from . import forkserver
+from .machine import bind_rank, cgroup_dirs
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
 
@@ -170,6 +171,7 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
     """Body of a rank process (started by :class:`RankPool` through
     ``_worker.py``, which has already tied this process's life to its
     starter's): join the group, then run tasks from the pipe."""
+    bind_rank(rank, world_size)  # first: every thread started below inherits it
     conn = Connection(fd)
     started = threading.Event()
     threading.Thread(target=_exit_when_starter_closes, args=(fd, started), daemon=True).start()
@@ -380,6 +382,22 @@ def remove_stale_stores(workdir: Path) -> list[Path]:
     return removed
 
 
+def rank_env() -> dict[str, str]:
+    """The environment a rank gets: this process's, with its ``sys.path`` as
+    ``PYTHONPATH`` (a task must import what its starter can)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def prestart(device: str) -> None:
+    """Start the fork server that ``device``'s ranks will be forked from, and
+    return at once: it imports torch while the caller does other work (a
+    sweep's first configs). Nothing where ranks of ``device`` are exec'd."""
+    if forkserver.usable(device):
+        forkserver.start(rank_env(), WORKER_PATH)
+
+
 class RankPool:
     """``world_size`` warm rank processes in one process group.
 
@@ -409,7 +427,7 @@ class RankPool:
         self.closed = True  # until there is something to close
         self._next_task = 0
         self._conns: list[Connection] = []
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen | forkserver.ForkedRank] = []
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         remove_stale_stores(workdir)
@@ -424,23 +442,35 @@ class RankPool:
             raise
 
     def _start(self, start_timeout_s: float) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env = rank_env()
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        deadline = time.monotonic() + start_timeout_s
+        server = None
+        if forkserver.usable(self.device):
+            try:
+                server = forkserver.server_for(env, WORKER_PATH, deadline)
+            except TimeoutError as exc:
+                raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {exc} "
+                                   f"after {start_timeout_s:g}s") from None
         for r in range(self.world_size):
             ours, theirs = socket.socketpair()
             try:
-                args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
-                        self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
-                # Each rank leads its own process group: what a task starts on it
-                # (a plug-in's helper processes) is killed with it (close()).
-                self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
-                                                    stdin=subprocess.DEVNULL, process_group=0))
+                if server is not None:
+                    rank_args = (r, self.world_size, self.backend, self.device, str(self._store_path), threads)
+                    self._procs.append(server.spawn(rank_args, theirs.fileno()))
+                else:
+                    args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
+                            self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
+                    # Each rank leads its own process group: what a task starts on it
+                    # (a plug-in's helper processes) is killed with it (close()).
+                    self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
+                                                        stdin=subprocess.DEVNULL, process_group=0))
                 self._conns.append(Connection(ours.detach()))
             finally:
                 theirs.close()
                 ours.close()  # no-op once detached; else the rank sees EOF and exits
-        ready = self._collect("ready", start_timeout_s)
+        # The bound counts from the pool's start: a fork server still importing torch spent part of it.
+        ready = self._collect("ready", start_timeout_s, deadline=deadline)
         if not all(r.ok for r in ready):
             _, reason = summarize_failure(ready)
             # Only ranks still starting at the deadline: slow, not broken (a
@@ -543,10 +573,10 @@ class RankPool:
             p.wait()
             _kill_group(p.pid)
 
-    def _collect(self, task_id: object, timeout_s: float) -> list[RankResult]:
+    def _collect(self, task_id: object, timeout_s: float, deadline: float | None = None) -> list[RankResult]:
         got: dict[int, RankResult] = {}
         oom_before = oom_kill_count()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s if deadline is None else deadline
         failed_at: float | None = None
         while len(got) < self.world_size:
             now = time.monotonic()

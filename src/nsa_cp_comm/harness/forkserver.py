@@ -1,0 +1,356 @@
+"""CPU ranks forked from a server that has already imported torch.
+
+A rank started by exec spends about 1.5 s of CPU starting the interpreter and
+importing torch before it can join its group. A sweep over worlds of 1, 2, 4
+and 8 ranks starts 15 of them: about 12 s of a 2-core machine's wall time,
+more than any check of a point costs. A fork server pays it once per starter:
+a process started exactly as a rank is (``_worker.py fork-server``, run by
+path, whose first statements tie its life to its starter's) imports torch and
+then forks each rank on request. The forked rank arms its own death signal
+against the server, and checks that the server is still its parent, before
+anything else: the chain starter -> server -> rank holds as the direct one
+does, so no rank outlives its starter. The server reaps its ranks and sends
+each exit status to the starter, where :class:`ForkedRank` answers for it as
+``subprocess.Popen`` does for an exec'd rank.
+
+What a forked rank sees is what an exec'd one would: the server is started
+with the environment the pool gives its ranks and is kept per environment
+(a variable read at import, a ``sitecustomize``, see the server's), per
+interpreter and per starting thread (the death signal follows the thread that
+started the server); the rank takes the starter's working directory at its
+own start. Each rank leads its own process group, as an exec'd one does.
+
+CPU ranks only: CUDA state does not survive a fork, so CUDA ranks start by
+exec, as does every rank with ``NSA_CP_COMM_FORK_RANKS=0`` (the orphan drills
+of the exec path use it) or where the server cannot run (not Linux).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+
+# Set to 0 to start every rank by exec.
+FORK_ENV = "NSA_CP_COMM_FORK_RANKS"
+# _worker.py's first argument that makes it a server (its SERVE_ARG; not
+# imported from it: _worker imports this module).
+SERVE_ARG = "fork-server"
+# How often the server reaps its ranks when no request arrives.
+REAP_S = 0.02
+# Servers kept at once (one per environment and thread a pool was started
+# with); beyond it, an idle one is closed, and with none idle ranks start by exec.
+MAX_SERVERS = 3
+_MESSAGE_BYTES = 1 << 16
+
+
+def usable(device: str) -> bool:
+    """Whether ranks of ``device`` start from a fork server here."""
+    return device == "cpu" and sys.platform.startswith("linux") and os.environ.get(FORK_ENV, "1") != "0"
+
+
+# --- the server's side: runs in the process _worker.py starts -------------------------
+
+
+def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> None:
+    """The server's loop, in a process whose first statements already tied it
+    to its starter (``_worker.py``, which has imported torch and the rank's
+    ``body``, ``ranks.worker_main``): say ready, then fork a rank for every
+    request and report every rank's exit. Each forked rank first calls
+    ``guard(server_pid)``: the worker file's own ``die_with_starter``, so a
+    rank forked here is guarded as the server was. Leaves when the starter
+    closes its end (its ranks then get their death signal)."""
+    import torch  # noqa: F401 - imported once, before any fork: the point of the server
+    import torch.distributed  # noqa: F401
+
+    sock = socket.socket(fileno=fd)
+    me = os.getpid()
+    children: set[int] = set()
+
+    def send(*msg: Any) -> None:
+        try:
+            sock.sendall(pickle.dumps(msg))
+        except OSError:
+            os._exit(0)  # the starter is gone
+
+    send("ready", me)
+    while True:
+        readable, _, _ = select.select([sock], [], [], REAP_S)
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            send("exit", pid, os.waitstatus_to_exitcode(status))
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            os._exit(0)
+        request = pickle.loads(data)
+        if request[0] == "spawn":
+            _, token, args, cwd = request
+            pid = os.fork()
+            if pid == 0:
+                _become_rank(sock, fds[0], me, args, cwd, guard, body)
+            for f in fds:
+                os.close(f)
+            children.add(pid)
+            send("pid", token, pid)
+        elif request[0] == "kill" and request[1] in children:
+            try:
+                os.kill(request[1], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _become_rank(server: socket.socket, fd: int, server_pid: int, args: tuple, cwd: str,
+                 guard: Callable[[int], None], body: Callable[..., None]) -> None:
+    """In the forked child: the rank's first statements (its death signal
+    against the server, the parent check), its own process group and the
+    starter's directory, then the rank's body. Never returns."""
+    code = 0
+    try:
+        server.close()  # the starter sees the server's end close only when the server's own closes
+        guard(server_pid)
+        os.setpgid(0, 0)
+        os.chdir(cwd)
+        body(*args[:5], fd, args[5])
+    except BaseException:  # noqa: BLE001 - a rank's failure is its exit status
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+# --- the starter's side ----------------------------------------------------------------
+
+
+class ForkServer:
+    """One server process and its channel; see the module's docstring."""
+
+    def __init__(self, env: dict[str, str], worker: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(worker), SERVE_ARG, str(os.getpid()), str(theirs.fileno())],
+                env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid: int | None = None  # the server's, once ready (the same as proc.pid)
+        self.codes: dict[int, int] = {}  # exit status of each ended rank
+        self.children: set[int] = set()  # ranks started and not yet reported ended
+        self._pids: dict[int, int] = {}  # request token -> rank pid
+        self._next = 0
+        self.dead = False
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def busy(self) -> bool:
+        self.drain(0)
+        return bool(self.children)
+
+    def drain(self, timeout_s: float) -> None:
+        """Read what the server said, waiting at most ``timeout_s`` for the first message."""
+        while not self.dead:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout_s))
+            if not ready:
+                return
+            timeout_s = 0.0
+            try:
+                data = self.sock.recv(_MESSAGE_BYTES)
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            msg = pickle.loads(data)
+            if msg[0] == "ready":
+                self.pid = msg[1]
+            elif msg[0] == "pid":
+                self._pids[msg[1]] = msg[2]
+                self.children.add(msg[2])
+            elif msg[0] == "exit":
+                self.children.discard(msg[1])
+                self.codes[msg[1]] = msg[2]
+
+    def _lost(self) -> None:
+        """The server ended: every rank it had not reported ended got its death
+        signal (SIGKILL) as it did; another process reaps them."""
+        self.dead = True
+        for pid in self.children:
+            self.codes.setdefault(pid, -signal.SIGKILL)
+        self.children.clear()
+
+    def wait_ready(self, deadline: float) -> bool:
+        """Whether the server is ready (torch imported) by ``deadline`` (monotonic)."""
+        while self.pid is None and not self.dead:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.drain(min(left, 0.05))
+            if self.pid is None and self.proc.poll() is not None:
+                self._lost()
+        return self.pid is not None and not self.dead
+
+    def spawn(self, args: tuple, fd: int) -> ForkedRank:
+        """Fork a rank: ``args`` = (rank, world, backend, device, store, threads);
+        ``fd`` its end of the starter's pipe (the server gets a copy)."""
+        token = self._next
+        self._next += 1
+        try:
+            socket.send_fds(self.sock, [pickle.dumps(("spawn", token, args, os.getcwd()))], [fd])
+        except OSError as exc:
+            self._lost()
+            raise RuntimeError(f"the rank fork server is gone ({exc})") from None
+        while token not in self._pids:
+            if self.dead:
+                raise RuntimeError("the rank fork server ended while forking a rank")
+            self.drain(0.05)
+        return ForkedRank(self, self._pids.pop(token))
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL a rank the server has not reported ended (the server, which
+        reaps them, checks: a pid it reaped is never signalled)."""
+        if pid in self.children and not self.dead:
+            try:
+                self.sock.sendall(pickle.dumps(("kill", pid)))
+            except OSError:
+                self._lost()
+
+    def close(self) -> None:
+        """End the server (its live ranks get their death signal) and reap it."""
+        self.dead = True
+        self.sock.close()
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ForkedRank:
+    """A forked rank, answering as ``subprocess.Popen`` does for an exec'd one
+    (``pid``, ``poll``, ``wait``, ``kill``, ``returncode``: negative for a signal)."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.server.codes.get(self.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server.drain(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
+            left = 0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic()))
+            self.server.drain(left)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            self.server.kill(self.pid)
+
+
+_SERVERS: dict[tuple[Any, ...], ForkServer] = {}
+
+
+def _key(env: dict[str, str], worker: Path) -> tuple[Any, ...]:
+    return sys.executable, str(worker), threading.get_ident(), tuple(sorted(env.items()))
+
+
+def find(env: dict[str, str], worker: Path) -> ForkServer | None:
+    """The live server for ranks of ``env`` started from this thread, if any."""
+    server = _SERVERS.get(_key(env, worker))
+    return server if server is not None and server.alive else None
+
+
+def start(env: dict[str, str], worker: Path) -> ForkServer | None:
+    """The server for ranks of ``env`` started from this thread, started now
+    (not waited for) if there is none; None when :data:`MAX_SERVERS` are busy."""
+    key = _key(env, worker)
+    server = _SERVERS.get(key)
+    if server is not None and not server.alive:
+        server.close()
+        del _SERVERS[key]
+        server = None
+    if server is None:
+        for other_key, other in list(_SERVERS.items()):
+            if len(_SERVERS) < MAX_SERVERS:
+                break
+            if not other.busy():
+                other.close()
+                del _SERVERS[other_key]
+        if len(_SERVERS) >= MAX_SERVERS:
+            return None
+        server = _SERVERS[key] = ForkServer(env, worker)
+    return server
+
+
+def server_for(env: dict[str, str], worker: Path, deadline: float) -> ForkServer | None:
+    """The ready server for ranks of ``env`` started from this thread
+    (:func:`start`); None when :data:`MAX_SERVERS` are busy (start by exec).
+    Raises :class:`TimeoutError` when it is not ready by ``deadline`` (it is
+    kept: the next pool's start waits on)."""
+    server = start(env, worker)
+    if server is None:
+        return None
+    key = _key(env, worker)
+    if not server.wait_ready(deadline):
+        if server.dead:
+            del _SERVERS[key]
+            server.close()
+            raise RuntimeError(f"the rank fork server exited ({server.proc.poll()}) before it was ready")
+        raise TimeoutError("the rank fork server was still importing torch")
+    return server
+
+
+def servers() -> list[ForkServer]:
+    """The servers this process keeps."""
+    return list(_SERVERS.values())
+
+
+def close_servers() -> None:
+    while _SERVERS:
+        _, server = _SERVERS.popitem()
+        server.close()
+
+
+atexit.register(close_servers)

@@ -1,0 +1,186 @@
+"""CPU ranks forked from a fork server keep what an exec'd rank promises.
+
+The server (``_worker.py fork-server``) imports torch once per starter and
+forks each CPU rank. Whatever kills the starter kills the server and every
+rank it forked (the drill holds them stopped, so only the kernel's death
+signal can end them); a rank sees the environment its pool was started
+with; the pool reads each forked rank's exit status as it reads an exec'd
+one's; with ``NSA_CP_COMM_FORK_RANKS=0`` ranks are exec'd, as CUDA ranks are.
+Where ranks outnumber the CPUs, each is bound to one (``machine.rank_cpus``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import rank_tasks
+from nsa_cp_comm.harness import RankPool, forkserver, ranks
+from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
+from test_orphans import REAPER, _driver_env, _read_line, _reap, start_interrupted
+
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
+START_S = 180.0
+DEATH_SIGNAL_S = 10.0
+
+# A sweep-like driver on the fork path: prints the server's pid and its 3 ranks', then sleeps.
+DRIVER = """\
+import sys, time
+from pathlib import Path
+from nsa_cp_comm.harness import RankPool, forkserver, ranks
+if len(sys.argv) > 2:
+    ranks.WORKER_PATH = Path(sys.argv[2])  # a worker file to serve from instead of the real one
+pool = RankPool(3, backend="gloo", device="cpu", workdir=sys.argv[1])
+print(forkserver.servers()[0].proc.pid, *pool.pids, flush=True)
+time.sleep(600)
+"""
+
+
+def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | None]:
+    """Start a driver's 3 forked ranks, SIGSTOP the server and the ranks,
+    SIGKILL the driver; each one's exit code (-9: SIGKILL) or None if it
+    lives on, as ``{"server": .., "rank0": .., ...}``."""
+    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "reaper.py").write_text(REAPER)
+    work = tmp_path / "work"
+    env = dict(_driver_env())
+    env.pop(forkserver.FORK_ENV, None)
+    reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
+                               str(tmp_path / "driver.py"), str(work), *([str(worker)] if worker else [])],
+                              cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    ended: dict[int, int] = {}
+    said: list[str] = []
+    named: dict[str, int] = {}
+    try:
+        driver = int(_read_line(reaper, START_S) or 0)
+        assert driver, "the drill's driver did not start"
+        deadline = time.monotonic() + START_S
+        while not said and time.monotonic() < deadline:
+            _reap(reaper, ended, said, {-1}, 1.0)
+        assert said, "the driver's pool did not start"
+        server, *rank_pids = map(int, said[0].split())
+        named = {"server": server, **{f"rank{r}": pid for r, pid in enumerate(rank_pids)}}
+        for pid in named.values():
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(driver, signal.SIGKILL)
+        _reap(reaper, ended, said, {driver, *named.values()}, DEATH_SIGNAL_S)
+        assert ended.get(driver) == -signal.SIGKILL, (driver, ended)
+    finally:
+        for pid in named.values():  # what outlived the drill
+            if pid not in ended:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        reaper.kill()
+        reaper.wait()
+    return {name: ended.get(pid) for name, pid in named.items()}
+
+
+@LINUX
+def test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked(tmp_path):
+    """Stopped, neither the server nor a rank can act: the death signal
+    (starter -> server -> rank) is all that ends them."""
+    assert fork_drill(tmp_path) == {"server": -9, "rank0": -9, "rank1": -9, "rank2": -9}
+
+
+@LINUX
+def test_the_fork_drill_fails_for_a_worker_without_the_death_signal(tmp_path):
+    """The drill can fail: served from a worker file whose guard arms no
+    death signal, the server and its ranks outlive their starter."""
+    source = ranks.WORKER_PATH.read_text()
+    assert "libc.prctl(1, 9)" in source, "the worker no longer arms the death signal so: update this mutation"
+    worker = tmp_path / "unguarded_worker.py"
+    worker.write_text(source.replace("libc.prctl(1, 9)", "pass"))
+    assert fork_drill(tmp_path, worker) == {"server": None, "rank0": None, "rank1": None, "rank2": None}
+
+
+@LINUX
+def test_cpu_ranks_are_forked_from_one_server_per_environment(tmp_path, monkeypatch):
+    """The ranks' parent is the server, run by path as a rank is; a second
+    pool reuses it; a pool started under another environment gets another
+    server, and its ranks see that environment."""
+    monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 2)  # room for two
+    with RankPool(2, workdir=tmp_path / "a") as first:
+        server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+        parents = [rank_tasks.parent_pid(pid) for pid in first.pids]
+        argv = Path(f"/proc/{first.pids[0]}/cmdline").read_bytes().split(b"\0")
+    assert parents == [server.proc.pid] * 2
+    assert argv[1:4] == [str(ranks.WORKER_PATH).encode(), b"fork-server", str(os.getpid()).encode()], argv
+    with RankPool(1, workdir=tmp_path / "b") as again:
+        assert rank_tasks.parent_pid(again.pids[0]) == server.proc.pid
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("NSA_TEST_FORK_MARK", mark)
+    with RankPool(2, workdir=tmp_path / "c") as other:
+        seen = other.run(rank_tasks.environment_variable, "NSA_TEST_FORK_MARK", timeout_s=60)
+        assert rank_tasks.parent_pid(other.pids[0]) != server.proc.pid
+    assert [r.value for r in seen] == [mark, mark]
+
+
+def test_with_fork_off_ranks_are_execd_children_of_the_starter(tmp_path, monkeypatch):
+    monkeypatch.setenv(forkserver.FORK_ENV, "0")
+    with RankPool(2, workdir=tmp_path) as pool:
+        for pid in pool.pids:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert argv[1:3] == [str(ranks.WORKER_PATH).encode(), str(os.getpid()).encode()], argv
+            assert rank_tasks.parent_pid(pid) == os.getpid()
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_rank_killed_mid_task_is_reported_alike_forked_or_execd(tmp_path, monkeypatch, fork):
+    monkeypatch.setenv(forkserver.FORK_ENV, fork)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
+    pool = RankPool(2, workdir=tmp_path)
+    try:
+        forked = rank_tasks.parent_pid(pool.pids[1]) != os.getpid()
+        results = pool.run(rank_tasks.exit_on_last, 7, timeout_s=60)
+    finally:
+        pool.close()
+    assert forked == (fork == "1")
+    assert results[1].status == "crashed" and results[1].error == "exited with code 7", results
+
+
+def test_ranks_outnumbering_the_cpus_are_bound_one_cpu_each_round_robin():
+    assert rank_cpus(0, 3, [0, 1]) == {0} and rank_cpus(1, 3, [0, 1]) == {1} and rank_cpus(2, 3, [0, 1]) == {0}
+    assert rank_cpus(5, 8, [2, 5, 7]) == {7}
+    assert rank_cpus(0, 2, [0, 1]) is None  # as many CPUs as ranks: the kernel places them
+    assert rank_cpus(0, 1, [0, 1, 2, 3]) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) > 3,
+                    reason="needs CPU affinity and at most 3 CPUs (to outnumber them with few ranks)")
+@pytest.mark.parametrize("bind", ["1", "0"])
+def test_ranks_outnumbering_the_cpus_run_on_their_own_cpu(tmp_path, monkeypatch, bind):
+    """Bound (the default), each rank's CPUs are its share; with
+    NSA_CP_COMM_BIND_RANKS=0, every rank keeps the starter's."""
+    monkeypatch.setenv(BIND_ENV, bind)
+    cpus = sorted(os.sched_getaffinity(0))
+    world = len(cpus) + 1
+    with RankPool(world, workdir=tmp_path) as pool:
+        got = [r.value for r in pool.run(rank_tasks.cpus, timeout_s=60)]
+    want = [sorted(rank_cpus(r, world, cpus)) if bind == "1" else cpus for r in range(world)]
+    assert got == want
+
+
+@LINUX
+def test_an_interrupted_start_on_the_fork_path_forks_no_rank_and_leaves_no_rendezvous(tmp_path, monkeypatch):
+    """Interrupted while its new server still imports torch, a pool forks no
+    rank and leaves no rendezvous file; the server serves the next pool."""
+    monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
+    monkeypatch.setenv("NSA_TEST_FORK_MARK", uuid.uuid4().hex)  # a new server
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)  # room for it
+    start_interrupted(tmp_path, 0.3)
+    server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+    assert server is not None and server.pid is None and not server.children  # not ready yet: nothing forked
+    assert list(tmp_path.glob(f"{ranks.STORE_PREFIX}*")) == []
+    with RankPool(2, workdir=tmp_path) as pool:
+        assert [rank_tasks.parent_pid(pid) for pid in pool.pids] == [server.proc.pid] * 2
