@@ -389,6 +389,15 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_orphans",
     ),
     FaultCase(
+        "SIGKILL of a process whose CPU ranks were forked from its fork server, the server and the ranks stopped",
+        "the process that starts the ranks",
+        "neither the server nor a rank survives it: the server's first statements arm the parent-death signal "
+        "as a rank's do, and each forked rank arms its own against the server, then exits if the server is no "
+        "longer its parent; served from a worker without the signal, all of them outlive it (the drill fails)",
+        "test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked",
+        "test_forkserver",
+    ),
+    FaultCase(
         "KeyboardInterrupt (or any exception) while a `RankPool` starts",
         "the process that starts the ranks",
         "the ranks started so far are killed and reaped and the rendezvous file removed; a rank its "
@@ -738,6 +747,8 @@ NOTES = """\
 - No rank outlives its starter on Linux (the parent-death signal is Linux's;
   elsewhere a rank notices only when its pipe closes). The signal follows the
   thread that started the ranks: start pools from a thread that outlives them.
+  CPU ranks forked from a fork server are tied to it, and it to the starter's
+  thread, in the same way (one server per starting thread).
 - The sweep bounds are estimates from stated constants (`matrix/budget.py`),
   meant to catch a sweep off by an order of magnitude, not to predict run
   times; `force=true` skips them. With a remote launcher only what no node can

@@ -116,8 +116,12 @@ def test_cpu_ranks_are_forked_from_one_server_per_environment(tmp_path, monkeypa
         argv = Path(f"/proc/{first.pids[0]}/cmdline").read_bytes().split(b"\0")
     assert parents == [server.proc.pid] * 2
     assert argv[1:4] == [str(ranks.WORKER_PATH).encode(), b"fork-server", str(os.getpid()).encode()], argv
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "a later test")  # left out of the server's key, as pytest's own
     with RankPool(1, workdir=tmp_path / "b") as again:
         assert rank_tasks.parent_pid(again.pids[0]) == server.proc.pid
+        # ... but the rank gets the pool's value
+        assert again.run(rank_tasks.environment_variable, "PYTEST_CURRENT_TEST", timeout_s=60)[0].value == \
+            "a later test"
     mark = uuid.uuid4().hex
     monkeypatch.setenv("NSA_TEST_FORK_MARK", mark)
     with RankPool(2, workdir=tmp_path / "c") as other:
@@ -184,3 +188,22 @@ def test_an_interrupted_start_on_the_fork_path_forks_no_rank_and_leaves_no_rende
     assert list(tmp_path.glob(f"{ranks.STORE_PREFIX}*")) == []
     with RankPool(2, workdir=tmp_path) as pool:
         assert [rank_tasks.parent_pid(pid) for pid in pool.pids] == [server.proc.pid] * 2
+
+
+@LINUX
+def test_a_forked_rank_that_ends_while_its_server_is_stopped_is_read_from_the_kernel(tmp_path, monkeypatch):
+    """The server reaps and reports; stopped, it cannot, and the rank's
+    status is read from its zombie: killing and waiting never hang on it."""
+    monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
+    pool = RankPool(2, workdir=tmp_path)
+    server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+    assert server is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        rank = pool._procs[1]
+        rank.kill()
+        assert rank.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        pool.close()

@@ -47,8 +47,6 @@ FORK_ENV = "NSA_CP_COMM_FORK_RANKS"
 # _worker.py's first argument that makes it a server (its SERVE_ARG; not
 # imported from it: _worker imports this module).
 SERVE_ARG = "fork-server"
-# How often the server reaps its ranks when no request arrives.
-REAP_S = 0.02
 # Servers kept at once (one per environment and thread a pool was started
 # with); beyond it, an idle one is closed, and with none idle ranks start by exec.
 MAX_SERVERS = 3
@@ -70,13 +68,20 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
     request and report every rank's exit. Each forked rank first calls
     ``guard(server_pid)``: the worker file's own ``die_with_starter``, so a
     rank forked here is guarded as the server was. Leaves when the starter
-    closes its end (its ranks then get their death signal)."""
+    closes its end (its ranks then get their death signal). It sleeps until
+    a request or a rank's end (SIGCHLD) wakes it: nothing polls while the
+    ranks are timed."""
     import torch  # noqa: F401 - imported once, before any fork: the point of the server
     import torch.distributed  # noqa: F401
 
     sock = socket.socket(fileno=fd)
     me = os.getpid()
     children: set[int] = set()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
     def send(*msg: Any) -> None:
         try:
@@ -86,7 +91,12 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
 
     send("ready", me)
     while True:
-        readable, _, _ = select.select([sock], [], [], REAP_S)
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            try:
+                os.read(wake_r, 4096)
+            except BlockingIOError:
+                pass
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -96,7 +106,7 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
                 break
             children.discard(pid)
             send("exit", pid, os.waitstatus_to_exitcode(status))
-        if not readable:
+        if sock not in readable:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MESSAGE_BYTES, 1)
@@ -104,34 +114,36 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
             data, fds = b"", []
         if not data:
             os._exit(0)
-        request = pickle.loads(data)
-        if request[0] == "spawn":
-            _, token, args, cwd = request
-            pid = os.fork()
-            if pid == 0:
-                _become_rank(sock, fds[0], me, args, cwd, guard, body)
-            for f in fds:
-                os.close(f)
-            children.add(pid)
-            send("pid", token, pid)
-        elif request[0] == "kill" and request[1] in children:
-            try:
-                os.kill(request[1], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _, token, args, env, cwd = pickle.loads(data)
+        pid = os.fork()
+        if pid == 0:
+            os.close(wake_r)
+            os.close(wake_w)
+            _become_rank(sock, fds[0], me, args, env, cwd, guard, body)
+        for f in fds:
+            os.close(f)
+        children.add(pid)
+        send("pid", token, pid)
 
 
-def _become_rank(server: socket.socket, fd: int, server_pid: int, args: tuple, cwd: str,
-                 guard: Callable[[int], None], body: Callable[..., None]) -> None:
+def _become_rank(server: socket.socket, fd: int, server_pid: int, args: tuple, env: dict[str, str],
+                 cwd: str | None, guard: Callable[[int], None], body: Callable[..., None]) -> None:
     """In the forked child: the rank's first statements (its death signal
-    against the server, the parent check), its own process group and the
-    starter's directory, then the rank's body. Never returns."""
+    against the server, the parent check), the default SIGCHLD, its own
+    process group, the pool's environment and the starter's directory, then
+    the rank's body. Never returns."""
     code = 0
     try:
         server.close()  # the starter sees the server's end close only when the server's own closes
         guard(server_pid)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setpgid(0, 0)
-        os.chdir(cwd)
+        if dict(os.environ) != env:  # a variable the server's key leaves out (VOLATILE)
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
         body(*args[:5], fd, args[5])
     except BaseException:  # noqa: BLE001 - a rank's failure is its exit status
         import traceback
@@ -222,30 +234,30 @@ class ForkServer:
                 self._lost()
         return self.pid is not None and not self.dead
 
-    def spawn(self, args: tuple, fd: int) -> ForkedRank:
+    def spawn(self, args: tuple, fd: int, env: dict[str, str], deadline: float) -> ForkedRank:
         """Fork a rank: ``args`` = (rank, world, backend, device, store, threads);
-        ``fd`` its end of the starter's pipe (the server gets a copy)."""
+        ``fd`` its end of the starter's pipe (the server gets a copy); ``env``
+        its environment. Raises :class:`TimeoutError` when the server has not
+        answered by ``deadline`` (a stopped server)."""
         token = self._next
         self._next += 1
         try:
-            socket.send_fds(self.sock, [pickle.dumps(("spawn", token, args, os.getcwd()))], [fd])
+            cwd: str | None = os.getcwd()
+        except OSError:  # a removed directory: the rank keeps the server's
+            cwd = None
+        try:
+            socket.send_fds(self.sock, [pickle.dumps(("spawn", token, args, env, cwd))], [fd])
         except OSError as exc:
             self._lost()
             raise RuntimeError(f"the rank fork server is gone ({exc})") from None
         while token not in self._pids:
             if self.dead:
                 raise RuntimeError("the rank fork server ended while forking a rank")
-            self.drain(0.05)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the rank fork server did not answer")
+            self.drain(min(left, 0.05))
         return ForkedRank(self, self._pids.pop(token))
-
-    def kill(self, pid: int) -> None:
-        """SIGKILL a rank the server has not reported ended (the server, which
-        reaps them, checks: a pid it reaped is never signalled)."""
-        if pid in self.children and not self.dead:
-            try:
-                self.sock.sendall(pickle.dumps(("kill", pid)))
-            except OSError:
-                self._lost()
 
     def close(self) -> None:
         """End the server (its live ranks get their death signal) and reap it."""
@@ -260,7 +272,10 @@ class ForkServer:
 
 class ForkedRank:
     """A forked rank, answering as ``subprocess.Popen`` does for an exec'd one
-    (``pid``, ``poll``, ``wait``, ``kill``, ``returncode``: negative for a signal)."""
+    (``pid``, ``poll``, ``wait``, ``kill``, ``returncode``: negative for a
+    signal). Its status comes from the server, which reaps it; a rank that
+    ended while the server cannot answer (stopped) is read from the kernel,
+    which keeps an unreaped rank's status (``/proc/PID/stat``)."""
 
     def __init__(self, server: ForkServer, pid: int) -> None:
         self.server = server
@@ -273,27 +288,54 @@ class ForkedRank:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.server.drain(0)
+        if self.returncode is None:
+            status = _unreaped_status(self.pid)
+            if status is not None:
+                return os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
             left = 0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic()))
             self.server.drain(left)
-        return self.returncode  # type: ignore[return-value]
+        return code
 
     def kill(self) -> None:
+        # Directly: the server may be the one that is stuck. Until the server
+        # reports the rank reaped, its pid is the rank's (a zombie's at worst).
         if self.poll() is None:
-            self.server.kill(self.pid)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _unreaped_status(pid: int) -> int | None:
+    """The wait status of ``pid`` if it is a zombie (ended, not yet reaped),
+    from ``/proc/PID/stat``'s exit_code field (Linux 3.5+); else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    return int(fields[-1])
 
 
 _SERVERS: dict[tuple[Any, ...], ForkServer] = {}
 
 
+# Variables a server's key leaves out: pytest sets this one anew for every
+# test, and no rank reads it at start-up; a forked rank still gets its value.
+VOLATILE = ("PYTEST_CURRENT_TEST",)
+
+
 def _key(env: dict[str, str], worker: Path) -> tuple[Any, ...]:
-    return sys.executable, str(worker), threading.get_ident(), tuple(sorted(env.items()))
+    kept = sorted((k, v) for k, v in env.items() if k not in VOLATILE)
+    return sys.executable, str(worker), threading.get_ident(), tuple(kept)
 
 
 def find(env: dict[str, str], worker: Path) -> ForkServer | None:

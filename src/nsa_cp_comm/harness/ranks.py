@@ -457,7 +457,11 @@ class RankPool:
             try:
                 if server is not None:
                     rank_args = (r, self.world_size, self.backend, self.device, str(self._store_path), threads)
-                    self._procs.append(server.spawn(rank_args, theirs.fileno()))
+                    try:
+                        self._procs.append(server.spawn(rank_args, theirs.fileno(), env, deadline))
+                    except TimeoutError as exc:
+                        raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks "
+                                           f"failed: {exc} within {start_timeout_s:g}s") from None
                 else:
                     args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
                             self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
