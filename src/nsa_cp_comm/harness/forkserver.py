@@ -15,10 +15,12 @@ each exit status to the starter, where :class:`ForkedRank` answers for it as
 
 What a forked rank sees is what an exec'd one would: the server is started
 with the environment the pool gives its ranks and is kept per environment
-(a variable read at import, a ``sitecustomize``, see the server's), per
+(what is read at import, a ``sitecustomize``, is the server's), per
 interpreter and per starting thread (the death signal follows the thread that
-started the server); the rank takes the starter's working directory at its
-own start. Each rank leads its own process group, as an exec'd one does.
+started the server); the rank gets the pool's environment and the starter's
+working directory as it starts (a variable that :data:`VOLATILE` leaves out
+of the key differs there). Each rank leads its own process group, as an
+exec'd one does.
 
 CPU ranks only: CUDA state does not survive a fork, so CUDA ranks start by
 exec, as does every rank with ``NSA_CP_COMM_FORK_RANKS=0`` (the orphan drills
@@ -37,8 +39,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -50,7 +52,8 @@ SERVE_ARG = "fork-server"
 # Servers kept at once (one per environment and thread a pool was started
 # with); beyond it, an idle one is closed, and with none idle ranks start by exec.
 MAX_SERVERS = 3
-_MESSAGE_BYTES = 1 << 16
+# The largest message either side sends (a spawn request carries the environment).
+_MESSAGE_BYTES = 1 << 20
 
 
 def usable(device: str) -> bool:
@@ -115,7 +118,13 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
         if not data:
             os._exit(0)
         _, token, args, env, cwd = pickle.loads(data)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # a process limit: the pool says so, as an exec'd start would
+            for f in fds:
+                os.close(f)
+            send("error", token, f"{type(exc).__name__}: {exc}")
+            continue
         if pid == 0:
             os.close(wake_r)
             os.close(wake_w)
@@ -166,6 +175,8 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], worker: Path) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end in (ours, theirs):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _MESSAGE_BYTES)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, str(worker), SERVE_ARG, str(os.getpid()), str(theirs.fileno())],
@@ -180,6 +191,7 @@ class ForkServer:
         self.codes: dict[int, int] = {}  # exit status of each ended rank
         self.children: set[int] = set()  # ranks started and not yet reported ended
         self._pids: dict[int, int] = {}  # request token -> rank pid
+        self._errors: dict[int, str] = {}  # request token -> why the server could not fork it
         self._next = 0
         self.dead = False
 
@@ -211,6 +223,8 @@ class ForkServer:
             elif msg[0] == "pid":
                 self._pids[msg[1]] = msg[2]
                 self.children.add(msg[2])
+            elif msg[0] == "error":
+                self._errors[msg[1]] = msg[2]
             elif msg[0] == "exit":
                 self.children.discard(msg[1])
                 self.codes[msg[1]] = msg[2]
@@ -251,6 +265,8 @@ class ForkServer:
             self._lost()
             raise RuntimeError(f"the rank fork server is gone ({exc})") from None
         while token not in self._pids:
+            if token in self._errors:
+                raise RuntimeError(f"the rank fork server could not fork a rank: {self._errors.pop(token)}")
             if self.dead:
                 raise RuntimeError("the rank fork server ended while forking a rank")
             left = deadline - time.monotonic()
