@@ -207,3 +207,14 @@ def test_a_forked_rank_that_ends_while_its_server_is_stopped_is_read_from_the_ke
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
         pool.close()
+
+
+def test_the_rank_start_benchmark_runs(tmp_path):
+    """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
+    env = dict(_driver_env())
+    env.pop(forkserver.FORK_ENV, None)
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "benchmarks" / "rank_start.py"),
+                          "--cp", "2", "--reps", "3"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = run.stdout.splitlines()[-1].split()
+    assert row[0] == "2" and len(row) == 6 and all("/" in cell for cell in row[3:]), run.stdout

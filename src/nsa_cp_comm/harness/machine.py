@@ -35,12 +35,10 @@ def rank_cpus(rank: int, world: int, cpus: list[int]) -> set[int] | None:
 
     Why bind only then: with 8 ranks on 2 cores, every step of a gloo
     collective wakes a thread of another rank, and an unbound one may be
-    woken on, or moved to, a core where it waits behind others. On the
-    2-core VM here a cp=8 all-gather took 12-13 ms unbound and 7-8 ms bound,
-    a cp=4 one 3.7-4.2 ms against 2.3-2.7; two ranks on two cores were
-    slower bound, one on each (1.2-1.7 ms against 1.0-1.1).
-    ``benchmarks/point_phases.py`` shows the sweep's phases either way
-    (``NSA_CP_COMM_BIND_RANKS=0``)."""
+    woken on, or moved to, a core where it waits behind others; bound, the
+    collectives of 4 and 8 ranks took about half the time on the 2-core VM
+    here (``benchmarks/rank_start.py`` measures both ways). Ranks that fit
+    the CPUs are left to the kernel."""
     if world <= len(cpus):
         return None
     return {cpus[rank % len(cpus)]}
