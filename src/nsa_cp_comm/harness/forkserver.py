@@ -126,27 +126,30 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
             send("error", token, f"{type(exc).__name__}: {exc}")
             continue
         if pid == 0:
-            os.close(wake_r)
-            os.close(wake_w)
-            _become_rank(sock, fds[0], me, args, env, cwd, guard, body)
+            _become_rank(sock, (wake_r, wake_w), fds[0], me, args, env, cwd, guard, body)
         for f in fds:
             os.close(f)
         children.add(pid)
         send("pid", token, pid)
 
 
-def _become_rank(server: socket.socket, fd: int, server_pid: int, args: tuple, env: dict[str, str],
-                 cwd: str | None, guard: Callable[[int], None], body: Callable[..., None]) -> None:
+def _become_rank(server: socket.socket, wake: tuple[int, int], fd: int, server_pid: int, args: tuple,
+                 env: dict[str, str], cwd: str | None, guard: Callable[[int], None],
+                 body: Callable[..., None]) -> None:
     """In the forked child: the rank's first statements (its death signal
-    against the server, the parent check), the default SIGCHLD, its own
-    process group, the pool's environment and the starter's directory, then
-    the rank's body. Never returns."""
+    against the server, the parent check), the default SIGCHLD and no
+    wake-up pipe (``wake``, the server's: unset before it is closed, so no
+    signal writes into a reused descriptor), its own process group, the
+    pool's environment and the starter's directory, then the rank's body.
+    Never returns."""
     code = 0
     try:
         server.close()  # the starter sees the server's end close only when the server's own closes
         guard(server_pid)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for end in wake:
+            os.close(end)
         os.setpgid(0, 0)
         if dict(os.environ) != env:  # a variable the server's key leaves out (VOLATILE)
             os.environ.clear()
