@@ -40,15 +40,37 @@ def wait_for_no_process(text: str, timeout_s: float = 30.0) -> list[str]:
     return left
 
 
+def ranks_left(pids: set[int], timeout_s: float = 30.0) -> set[int]:
+    """Which of ``pids`` are still live (not zombies) after up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (left := pids & set(live_processes(""))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def forked_ranks(under: Path) -> set[int]:
+    """This process's ranks that its fork servers forked for a rendezvous
+    under ``under`` (what an exec'd rank's command line names) and have not
+    reported ended."""
+    from nsa_cp_comm.harness import forkserver
+
+    for server in forkserver.servers():
+        server.drain(0)
+    return {pid for server in forkserver.servers() for pid in server.children
+            if server.stores.get(pid, "").startswith(str(under))}
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(tmp_path):
     """Every rank process a test starts has its rendezvous file (or results_dir)
-    under the test's tmp_path: none may outlive the test."""
+    under the test's tmp_path, or (forked in this process) is one its fork
+    server reports: none may outlive the test."""
     yield
     from nsa_cp_comm.harness.ranks import close_pools
 
     close_pools()  # warm pools of matrix.point.run in this process
     assert wait_for_no_process(str(tmp_path)) == []
+    assert ranks_left(forked_ranks(tmp_path)) == set()
 
 
 # --- bad input: the library ------------------------------------------------------------
@@ -507,7 +529,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     timeout_s, status, reason = table.POOL_FAULTS[fault]
     job = tmp_path / "job"
     # timeout_s counts once the ranks are up: start them first (as an earlier point of the sweep would).
-    get_pool(2, backend="gloo", device="cpu", workdir=job)
+    started = set(get_pool(2, backend="gloo", device="cpu", workdir=job).pids)
     t0 = time.monotonic()
     impl = f"{table.BROKEN}:{fault}"
     (row,) = run(_point_cfg(tmp_path, impl=impl, timeout_s=timeout_s), job_dir=job)
@@ -517,7 +539,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
     if status == "timeout":
         assert took >= timeout_s, took
-    assert wait_for_no_process(str(job)) == []  # killed and reaped
+    assert wait_for_no_process(str(job)) == [] and ranks_left(started) == set()  # killed and reaped
     # The next point of the sweep runs normally, on fresh ranks.
     (nxt,) = run(_point_cfg(tmp_path, seq_lens=[100]), job_dir=job)
     assert nxt["status"] == "ok" and nxt["correct"] is True, nxt["reason"]
@@ -549,15 +571,17 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
     proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         got = _wait_rows(res / "results.csv", 2, proc, timeout_s=120)
-        running = processes_mentioning(str(res))
+        # exec'd ranks name the results folder; the fork server and the ranks it forked name the sweep
+        server = f"_worker.py fork-server {proc.pid} "
+        running = processes_mentioning(str(res)) + processes_mentioning(server)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()
     assert got > 0, "the sweep wrote no row (or ended) before the kill"
     assert any("nsa_cp_comm/harness/_worker.py" in p for p in running), running  # its ranks were up
-    # Its ranks die with it (PR_SET_PDEATHSIG): nothing of the run survives.
-    assert wait_for_no_process(str(res)) == []
+    # Its ranks die with it (PR_SET_PDEATHSIG, through the fork server): nothing of the run survives.
+    assert wait_for_no_process(str(res)) == [] and wait_for_no_process(server) == []
     rows = read_table(res / "results.csv")
     done = {r["point_id"] for r in rows}
     assert 0 < len(done) < len(every), "kill the sweep midway"

@@ -193,6 +193,8 @@ class ForkServer:
         self.pid: int | None = None  # the server's, once ready (the same as proc.pid)
         self.codes: dict[int, int] = {}  # exit status of each ended rank
         self.children: set[int] = set()  # ranks started and not yet reported ended
+        # each rank's rendezvous file (what an exec'd rank's command line names)
+        self.stores: dict[int, str] = {}
         self._pids: dict[int, int] = {}  # request token -> rank pid
         self._errors: dict[int, str] = {}  # request token -> why the server could not fork it
         self._next = 0
@@ -276,7 +278,9 @@ class ForkServer:
             if left <= 0:
                 raise TimeoutError("the rank fork server did not answer")
             self.drain(min(left, 0.05))
-        return ForkedRank(self, self._pids.pop(token))
+        pid = self._pids.pop(token)
+        self.stores[pid] = args[4]
+        return ForkedRank(self, pid)
 
     def close(self) -> None:
         """End the server (its live ranks get their death signal) and reap it."""
