@@ -184,7 +184,7 @@ def test_an_interrupted_start_on_the_fork_path_forks_no_rank_and_leaves_no_rende
     monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)  # room for it
     start_interrupted(tmp_path, 0.3)
     server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
-    assert server is not None and server.pid is None and not server.children  # not ready yet: nothing forked
+    assert server is not None and not server.ready and not server.children  # not ready yet: nothing forked
     assert list(tmp_path.glob(f"{ranks.STORE_PREFIX}*")) == []
     with RankPool(2, workdir=tmp_path) as pool:
         assert [rank_tasks.parent_pid(pid) for pid in pool.pids] == [server.proc.pid] * 2

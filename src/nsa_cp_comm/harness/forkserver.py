@@ -74,9 +74,6 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
     closes its end (its ranks then get their death signal). It sleeps until
     a request or a rank's end (SIGCHLD) wakes it: nothing polls while the
     ranks are timed."""
-    import torch  # noqa: F401 - imported once, before any fork: the point of the server
-    import torch.distributed  # noqa: F401
-
     sock = socket.socket(fileno=fd)
     me = os.getpid()
     children: set[int] = set()
@@ -92,7 +89,7 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
         except OSError:
             os._exit(0)  # the starter is gone
 
-    send("ready", me)
+    send("ready")
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:
@@ -190,7 +187,7 @@ class ForkServer:
         finally:
             theirs.close()
         self.sock = ours
-        self.pid: int | None = None  # the server's, once ready (the same as proc.pid)
+        self.ready = False  # torch imported: it forks from now on
         self.codes: dict[int, int] = {}  # exit status of each ended rank
         self.children: set[int] = set()  # ranks started and not yet reported ended
         # each rank's rendezvous file (what an exec'd rank's command line names)
@@ -224,7 +221,7 @@ class ForkServer:
                 return
             msg = pickle.loads(data)
             if msg[0] == "ready":
-                self.pid = msg[1]
+                self.ready = True
             elif msg[0] == "pid":
                 self._pids[msg[1]] = msg[2]
                 self.children.add(msg[2])
@@ -244,14 +241,14 @@ class ForkServer:
 
     def wait_ready(self, deadline: float) -> bool:
         """Whether the server is ready (torch imported) by ``deadline`` (monotonic)."""
-        while self.pid is None and not self.dead:
+        while not self.ready and not self.dead:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             self.drain(min(left, 0.05))
-            if self.pid is None and self.proc.poll() is not None:
+            if not self.ready and self.proc.poll() is not None:
                 self._lost()
-        return self.pid is not None and not self.dead
+        return self.ready and not self.dead
 
     def spawn(self, args: tuple, fd: int, env: dict[str, str], deadline: float) -> ForkedRank:
         """Fork a rank: ``args`` = (rank, world, backend, device, store, threads);

@@ -445,34 +445,13 @@ class RankPool:
         env = rank_env()
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         deadline = time.monotonic() + start_timeout_s
-        server = None
-        if forkserver.usable(self.device):
-            try:
-                server = forkserver.server_for(env, WORKER_PATH, deadline)
-            except TimeoutError as exc:
-                raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {exc} "
-                                   f"after {start_timeout_s:g}s") from None
-        for r in range(self.world_size):
-            ours, theirs = socket.socketpair()
-            try:
-                if server is not None:
-                    rank_args = (r, self.world_size, self.backend, self.device, str(self._store_path), threads)
-                    try:
-                        self._procs.append(server.spawn(rank_args, theirs.fileno(), env, deadline))
-                    except TimeoutError as exc:
-                        raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks "
-                                           f"failed: {exc} within {start_timeout_s:g}s") from None
-                else:
-                    args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
-                            self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
-                    # Each rank leads its own process group: what a task starts on it
-                    # (a plug-in's helper processes) is killed with it (close()).
-                    self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
-                                                        stdin=subprocess.DEVNULL, process_group=0))
-                self._conns.append(Connection(ours.detach()))
-            finally:
-                theirs.close()
-                ours.close()  # no-op once detached; else the rank sees EOF and exits
+        try:
+            server = forkserver.server_for(env, WORKER_PATH, deadline) if forkserver.usable(self.device) else None
+            for r in range(self.world_size):
+                self._start_rank(r, server, env, threads, deadline)
+        except TimeoutError as exc:  # the fork server still importing torch, or not answering
+            raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {exc} "
+                               f"within {start_timeout_s:g}s") from None
         # The bound counts from the pool's start: a fork server still importing torch spent part of it.
         ready = self._collect("ready", start_timeout_s, deadline=deadline)
         if not all(r.ok for r in ready):
@@ -482,6 +461,26 @@ class RankPool:
             slow = all(r.ok or r.status == "timeout" for r in ready)
             raise (StartTimeout if slow else RuntimeError)(
                 f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
+
+    def _start_rank(self, r: int, server: forkserver.ForkServer | None, env: dict[str, str], threads: int,
+                    deadline: float) -> None:
+        """Start rank ``r``: forked from ``server``, or exec'd where there is none."""
+        ours, theirs = socket.socketpair()
+        try:
+            if server is not None:
+                rank_args = (r, self.world_size, self.backend, self.device, str(self._store_path), threads)
+                self._procs.append(server.spawn(rank_args, theirs.fileno(), env, deadline))
+            else:
+                args = [sys.executable, str(WORKER_PATH), str(os.getpid()), str(r), str(self.world_size),
+                        self.backend, self.device, str(self._store_path), str(theirs.fileno()), str(threads)]
+                # Each rank leads its own process group: what a task starts on it
+                # (a plug-in's helper processes) is killed with it (close()).
+                self._procs.append(subprocess.Popen(args, env=env, pass_fds=(theirs.fileno(),),
+                                                    stdin=subprocess.DEVNULL, process_group=0))
+            self._conns.append(Connection(ours.detach()))
+        finally:
+            theirs.close()
+            ours.close()  # no-op once detached; else the rank sees EOF and exits
 
     @property
     def workdir(self) -> Path:
