@@ -14,16 +14,23 @@ threshold), on the README's review flow (its sweep, ``iters=auto``):
   metric's median, NEW over BASE) and their median.
 
 Runs of a trial are interleaved (base, A/A, slowed) so the machine's drift
-hits all three alike; each trial records the 1-minute load average, and the
-iterations ``iters=auto`` ran. The JSON is written after every trial (a cut
-run keeps what it measured). ``--default-pair`` also runs the default preset
-twice and compares them. The figures go to benchmarks/data/compare_power.json
-and the block of docs/review.md between ``<!-- compare_power -->`` and
-``<!-- /compare_power -->`` (tests/test_setup.py checks they agree).
+hits all three alike; each trial records the 1-minute load average, the
+iterations ``iters=auto`` ran and, for every compare that failed, the rows
+and reasons it failed on (a false alarm explained). ``--load L`` holds the
+machine's 1-minute load average at L during the trials (busy-loop processes
+that make up what the machine's own work does not, as
+benchmarks/steady_main_job.py holds it). The JSON is written after every
+trial (a cut run keeps what it measured). ``--default-pair`` also runs the
+default preset twice and compares them. The figures go to
+benchmarks/data/compare_power.json (with ``--load L``,
+compare_power_loadL.json) and the block of docs/review.md between
+``<!-- compare_power -->`` and ``<!-- /compare_power -->`` (with a load,
+``<!-- compare_power:loadL -->``); tests/test_setup.py checks they agree.
 
     python benchmarks/compare_power.py                   # 10 pairs (about 1 h on 2 loaded cores)
+    python benchmarks/compare_power.py --load 20         # the same with the load held at 20
     python benchmarks/compare_power.py --pairs 2 --json /tmp/p.json --no-doc   # a trial
-    python benchmarks/compare_power.py --render          # the doc from the committed JSON
+    python benchmarks/compare_power.py --render          # every doc block from the committed JSONs
 """
 
 from __future__ import annotations
@@ -45,6 +52,26 @@ REPO = Path(__file__).resolve().parent.parent
 JSON_PATH = REPO / "benchmarks" / "data" / "compare_power.json"
 DOC = REPO / "docs" / "review.md"
 BLOCK = re.compile(r"(<!-- compare_power -->\n)(.*?)(\n<!-- /compare_power -->)", re.S)
+
+
+def json_path(load: float | None) -> Path:
+    """The measurement's file: the machine as it is, or with the load held at ``load``."""
+    return JSON_PATH if load is None else JSON_PATH.with_name(f"compare_power_load{load:g}.json")
+
+
+def block(load: float | None) -> re.Pattern[str]:
+    """The doc block quoting :func:`json_path`'s figures."""
+    if load is None:
+        return BLOCK
+    tag = f"compare_power:load{load:g}"
+    return re.compile(rf"(<!-- {tag} -->\n)(.*?)(\n<!-- /{tag} -->)", re.S)
+
+
+def measured_loads() -> list[float | None]:
+    """The loads with a committed measurement: None (as the machine is) first."""
+    held = sorted(float(p.stem.removeprefix("compare_power_load"))
+                  for p in JSON_PATH.parent.glob("compare_power_load*.json"))
+    return [None, *held]
 SLOW_DIR = REPO / "benchmarks" / "slow_padded"
 # The README's review flow (tests/test_setup.py checks it is the README's).
 SWEEP = ("-m", "cp_size=2,4", "seq_lens=[1000],[1001,300]", "hidden_size=256", "iters=auto")
@@ -90,10 +117,19 @@ def compare(base: Path, new: Path) -> dict[str, Any]:
     # the table lists every row, the FAIL listing the failing ones again
     flagged = list(dict.fromkeys(" ".join(ln.split()) for ln in proc.stdout.splitlines() if "REGRESSED" in ln))
     noise = next((ln for ln in proc.stdout.splitlines() if ln.startswith("noise measured:")), "")
+    # why it failed, in compare's own words: its FAIL lines and every row it marks in capitals
+    failing = [" ".join(ln.split()) for ln in proc.stdout.splitlines()
+               if ln.startswith("FAIL") or (ln.startswith("|") and FAILING_MARK.search(ln))]
     return {"exit": proc.returncode, "regressed": int(counts.get("regressed", 0) or 0),
             "unverified": int(counts.get("unverified", 0) or 0),
             "padded_flagged": sum("| padded |" in ln for ln in flagged),
-            "regressed_lines": flagged[:20], "noise": noise, "stderr": proc.stderr.strip()[-500:]}
+            "regressed_lines": flagged[:20], "noise": noise,
+            "reasons": list(dict.fromkeys(failing))[:20] if proc.returncode else [],
+            "stderr": proc.stderr.strip()[-500:]}
+
+
+# The marks of compare's rows that fail the gate.
+FAILING_MARK = re.compile(r"REGRESSED|UNVERIFIED|MISSING in NEW|STATUS WORSE|FAILING in NEW|CORRECTNESS LOST")
 
 
 def _rows(results: Path) -> list[dict[str, str]]:
@@ -177,14 +213,30 @@ def defaults() -> dict[str, str]:
     return {"metric": cmp.DEFAULT_METRIC, "threshold": cmp.DEFAULT_THRESHOLD}
 
 
-def measure(pairs: int, default_pair: bool, out: Path) -> dict[str, Any]:
+def measure(pairs: int, default_pair: bool, out: Path, held: float | None = None) -> dict[str, Any]:
+    from steady_main_job import LoadHolder
+
     data: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": machine(), "defaults": defaults(),
                             "sweep": "python -m matrix " + " ".join(SWEEP), "slowdown": SLOWDOWN, "fault_fraction": FAULT_FRACTION,
-                            "fault": FAULT.format(FAULT_FRACTION),
+                            "fault": FAULT.format(FAULT_FRACTION), "load_target": held,
                             "pairs_asked": pairs, "load_before": round(os.getloadavg()[0], 2), "trials": []}
+    holder = LoadHolder(held, 0)
+    if held is not None:
+        holder.start()
+        time.sleep(60)  # let the 1-minute load average reach the target
+    try:
+        _trials(data, pairs, default_pair, out, holder)
+    finally:
+        holder.close()
+    write(data, out)
+    return data
+
+
+def _trials(data: dict[str, Any], pairs: int, default_pair: bool, out: Path, holder: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="compare-power-") as tmp:
         for i in range(pairs):
             base, aa, slow = Path(tmp, f"base{i}"), Path(tmp, f"aa{i}"), Path(tmp, f"slow{i}")
+            holder.take_samples()
             load = [os.getloadavg()[0]]
             t_base = sweep(base)
             load.append(os.getloadavg()[0])
@@ -192,8 +244,10 @@ def measure(pairs: int, default_pair: bool, out: Path) -> dict[str, Any]:
             load.append(os.getloadavg()[0])
             sweep(slow, slow=FAULT_FRACTION)
             load.append(os.getloadavg()[0])
+            load += holder.take_samples()  # every 5 s while the load is held
             data["points"] = len({r["point_id"] for r in _rows(base)})
             trial = {"sweep_s": round(t_base, 1), "load": round(max(load), 2), "load_min": round(min(load), 2),
+                     "load_median": round(statistics.median(load), 2),
                      "padded_points": padded_points(base), "iterations": iterations(base),
                      "aa": compare(base, aa), "slowed": compare(base, slow),
                      "achieved_slowdown": padded_ratio(base, slow), "paired_slowdown": paired_ratio(base, slow),
@@ -213,8 +267,6 @@ def measure(pairs: int, default_pair: bool, out: Path) -> dict[str, Any]:
             sweep(b, ("+matrix=default",))
             data["default_pair"] = compare(a, b)
             print(f"default preset A/A: exit {data['default_pair']['exit']}", flush=True)
-    write(data, out)
-    return data
 
 
 def write(data: dict[str, Any], out: Path) -> None:
@@ -256,10 +308,14 @@ def render(data: dict[str, Any]) -> str:
     flagged = sum(min(t["slowed"]["padded_flagged"], t["padded_points"]) for t in trials)
     its = [t["iterations"] for t in trials]
     loads = sorted(x for t in trials for x in (t["load_min"], t["load"]))
+    held = data.get("load_target")
+    command = "python benchmarks/compare_power.py" + (f" --load {held:g}" if held is not None else "")
+    load_text = (f"1-minute load average held at {held:g}: {loads[0]:.1f}-{loads[-1]:.1f} during the trials, "
+                 f"median {statistics.median(t.get('load_median', t['load']) for t in trials):.1f}"
+                 if held is not None else f"1-minute load average {loads[0]:.1f}-{loads[-1]:.1f} during the trials")
     text = (
-        f"Measured with `python benchmarks/compare_power.py` on a {m['nproc']}-core {m['cpu']} machine "
-        f"(torch {m['torch']}, {data['date']}; 1-minute load average {loads[0]:.1f}-{loads[-1]:.1f} during "
-        f"the trials), at the defaults (`--metric {d['metric']}`, `--fail-above {d['threshold']}`) on the "
+        f"Measured with `{command}` on a {m['nproc']}-core {m['cpu']} machine "
+        f"(torch {m['torch']}, {data['date']}; {load_text}), at the defaults (`--metric {d['metric']}`, `--fail-above {d['threshold']}`) on the "
         f"README's review flow (`{data['sweep']}`, {data['points']} points): **{false_alarms} false alarms "
         f"in {n} pairs** of runs of identical code, and the padded path slowed about {data['slowdown']:g}x "
         + (f"({data.get('fault') or OLD_FAULT.format(data['fault_fraction'])}, "
@@ -276,6 +332,10 @@ def render(data: dict[str, Any]) -> str:
         + f"; one sweep of the review flow took {min(t['sweep_s'] for t in trials):.0f}-"
         f"{max(t['sweep_s'] for t in trials):.0f} s."
     )
+    alarms = [(i, t) for i, t in enumerate(trials) if t["aa"]["exit"] != 0]
+    if alarms:
+        text += " Why each A/A pair failed, in compare's words: " + "; ".join(
+            f"pair {i + 1}: " + (" / ".join(t["aa"].get("reasons", [])[:3]) or "(not recorded)") for i, t in alarms) + "."
     rerun = sum("aa_note" in t for t in trials)
     if rerun:
         text += (f" In {rerun} pair(s) compare itself raised (an overflow since fixed) and was run again on the "
@@ -290,31 +350,47 @@ def render(data: dict[str, Any]) -> str:
 
 
 def rendered_doc(doc: str, data: dict[str, Any]) -> str:
-    if not BLOCK.search(doc):
-        raise SystemExit(f"{DOC.name} has no <!-- compare_power --> block")
-    return BLOCK.sub(lambda mt: mt.group(1) + render(data) + mt.group(3), doc)
+    pattern = block(data.get("load_target"))
+    if not pattern.search(doc):
+        raise SystemExit(f"{DOC.name} has no block for {json_path(data.get('load_target')).name}: "
+                         f"{pattern.pattern.split(chr(92))[0]}")
+    return pattern.sub(lambda mt: mt.group(1) + render(data) + mt.group(3), doc)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--load", type=float, default=None,
+                    help="hold the 1-minute load average at this value during the trials (the machine's work counted)")
     ap.add_argument("--default-pair", action="store_true", help="also compare two runs of the default preset")
-    ap.add_argument("--json", type=Path, default=JSON_PATH)
+    ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/data/compare_power[_loadL].json")
     ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file holding the block")
     ap.add_argument("--no-doc", action="store_true")
-    ap.add_argument("--render", action="store_true", help="the doc's block from the JSON, without measuring")
+    ap.add_argument("--render", action="store_true",
+                    help="the doc's blocks from the committed JSONs (or --json's), without measuring")
     args = ap.parse_args(argv)
     if args.render:
-        data = json.loads(args.json.read_text())
+        paths = [args.json] if args.json else [json_path(load) for load in measured_loads()]
+        measured = [json.loads(p.read_text()) for p in paths]
     else:
         if not 1 <= args.pairs <= 100:
             print(f"error: --pairs={args.pairs}: must be in [1, 100]", file=sys.stderr)
             return 2
-        data = measure(args.pairs, args.default_pair, args.json)
-        print(f"wrote {args.json}: {data['false_alarms']} false alarms, {data['detected']} of "
-              f"{len(data['trials'])} detected")
+        if args.load is not None and not 0 < args.load <= 64:
+            print(f"error: --load={args.load:g}: must be in (0, 64]", file=sys.stderr)
+            return 2
+        out = args.json or json_path(args.load)
+        if not args.no_doc and not block(args.load).search(args.doc.read_text()):
+            print(f"error: {args.doc} has no block for {out.name} to quote it in", file=sys.stderr)
+            return 2
+        measured = [measure(args.pairs, args.default_pair, out, args.load)]
+        print(f"wrote {out}: {measured[0]['false_alarms']} false alarms, {measured[0]['detected']} of "
+              f"{len(measured[0]['trials'])} detected")
     if not args.no_doc:
-        args.doc.write_text(rendered_doc(args.doc.read_text(), data))
+        doc = args.doc.read_text()
+        for data in measured:
+            doc = rendered_doc(doc, data)
+        args.doc.write_text(doc)
     return 0
 
 

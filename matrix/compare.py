@@ -77,7 +77,7 @@ from ._review import (
 from .results import CONFIG_COLUMNS, TIMING_COLUMNS
 from .inputs import BadInputFile, error_line
 from .samples import SAMPLES_FILE, Samples, read_samples
-from .significance import ALPHA, MIN_SAMPLES, adjusted, p_greater, smallest_p
+from .significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -147,30 +147,53 @@ def run_samples(run: Run) -> Samples:
             raise InputError(f"{run.arg}={run.value}: {exc}") from None
         merged.found |= one.found
         merged.skipped_lines += one.skipped_lines
+        # files in order: a later file's line of a point decides, usable or not
+        for key in one.rejected:
+            merged.by_key.pop(key, None)
+        for key in one.by_key:
+            merged.rejected.pop(key, None)
         merged.by_key.update(one.by_key)
+        merged.rejected.update(one.rejected)
     return merged
 
 
-def _samples_of(run: Run, samples: Samples, metric: str) -> list[np.ndarray | None]:
-    lat = run.latest
-    pids = lat["point_id"].astype(str).tolist() if "point_id" in lat else [""] * len(lat)
-    impls = lat["impl"].astype(str).tolist()
-    get = samples.paired if metric == PAIRED else samples.roundtrip
-    return [get(pid, impl) if sampled(metric) else None for pid, impl in zip(pids, impls)]
+def _column(lat: pd.DataFrame, name: str) -> list[str]:
+    return lat[name].astype(str).str.strip().tolist() if name in lat else [""] * len(lat)
+
+
+def _number(value: object) -> float:
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return out if math.isfinite(out) else math.nan
 
 
 def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame:
     """One row per point and impl (the run's latest rows): its canonical config, the
-    metric, status, correctness, the round trip's spread and median, and the
-    row's samples of the metric (``samples`` column, None where absent)."""
+    metric, status, correctness, the round trip's spread and median, the row's
+    samples of the metric (``samples``, None where absent, and ``samples_why``,
+    what is wrong with them then), whether ``iters=auto`` timed it (``auto``)
+    and the machine's 1-minute load when it was timed (``load``: its samples
+    line's, else its run's in runs.jsonl)."""
     lat = run.latest
     frame = run.latest_config.copy()
-    per_point = _samples_of(run, samples or Samples(), metric)
+    samples = samples or Samples()
+    pids, impls, stamps = _column(lat, "point_id"), _column(lat, "impl"), _column(lat, "timestamp")
+    found = [samples.evidence(pid, impl, metric == PAIRED, stamp) if sampled(metric) else (None, "")
+             for pid, impl, stamp in zip(pids, impls, stamps)]
+    per_point = [x for x, _ in found]
     if metric == PAIRED:
         frame["value"] = [float(np.median(x)) if x is not None else np.nan for x in per_point]
     else:
         frame["value"] = pd.to_numeric(lat[metric], errors="coerce").to_numpy()
     frame["samples"] = per_point
+    frame["samples_why"] = [why for _, why in found]
+    lines = [samples.line(pid, impl) for pid, impl in zip(pids, impls)]
+    frame["auto"] = [bool(line.get("calibration")) for line in lines]
+    run_load = pd.to_numeric(lat["load_1m"], errors="coerce").to_numpy() if "load_1m" in lat else [math.nan] * len(lat)
+    frame["load"] = [_number(line.get("load_1m")) if line.get("load_1m") is not None else _number(rl)
+                     for line, rl in zip(lines, run_load)]
     frame["status"] = lat["status"].str.strip().astype(object)
     frame["correct"] = parse_bool(lat["correct"])
     frame["iqr"] = pd.to_numeric(lat[SPREAD], errors="coerce")
@@ -196,7 +219,8 @@ def check_metric(run: Run, metric: str) -> None:
 def columns_read(metric: str) -> tuple[str, ...]:
     """The schema columns compare reads (the rest of a file is skipped)."""
     value = () if metric == PAIRED else (metric,)
-    return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", *ENV_COLUMNS)
+    return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
+            "load_1m", *ENV_COLUMNS)
 
 
 def _env_warnings(base: Run, new: Run) -> list[str]:
@@ -235,19 +259,31 @@ def _present(col: pd.Series) -> pd.Series:
     return col.map(lambda x: isinstance(x, np.ndarray)).astype(bool)
 
 
-def _unverified_why(j: pd.DataFrame, metric: str, sampled_b: pd.Series, sampled_n: pd.Series) -> pd.Series:
-    """What a timed row lacks to be verified, for its mark."""
-    def side(has_b: pd.Series, has_n: pd.Series) -> np.ndarray:
-        return np.where(~has_b & ~has_n, "BASE and NEW", np.where(~has_b, "BASE", "NEW"))
+def _side(has_b: pd.Series, has_n: pd.Series) -> np.ndarray:
+    """Which side lacks a thing, for a mark: "BASE", "NEW" or "BASE and NEW"."""
+    return np.where(~has_b & ~has_n, "BASE and NEW", np.where(~has_b, "BASE", "NEW"))
 
+
+def _missing_why(j: pd.DataFrame, sampled_b: pd.Series, sampled_n: pd.Series) -> pd.Series:
+    """Per row, which side's samples are missing and why (``samples_why`` of that side)."""
+    wb = j["samples_why_base"].fillna("").astype(str)
+    wn = j["samples_why_new"].fillna("").astype(str)
+    parts = _join_marks([pd.Series(np.where(~sampled_b, "BASE: " + wb, ""), index=j.index),
+                         pd.Series(np.where(~sampled_n, "NEW: " + wn, ""), index=j.index)])
+    return "samples missing, " + parts
+
+
+def _unchecked_why(j: pd.DataFrame, metric: str) -> pd.Series:
+    """Why a timed row no rule could check is unverified: for the paired
+    metric, neither run kept samples and the fallback has no spread; for
+    another, a value on one side only."""
     if metric != PAIRED:
         vb, vn = j["value_base"].notna(), j["value_new"].notna()
-        return pd.Series("no " + metric + " in " + side(vb, vn), index=j.index, dtype=object)
+        return pd.Series("no " + metric + " in " + _side(vb, vn), index=j.index, dtype=object)
     pb, pn = j["p50_base"].notna(), j["p50_new"].notna()
-    lacks = "no samples in " + side(sampled_b, sampled_n)
     absolute = np.where(pb & pn, f"{ABSOLUTE_FALLBACK} without a spread",
-                        f"no {ABSOLUTE_FALLBACK} in " + side(pb, pn))
-    return pd.Series(lacks + "; " + absolute, index=j.index, dtype=object)
+                        f"no {ABSOLUTE_FALLBACK} in " + _side(pb, pn))
+    return pd.Series(f"neither run kept {SAMPLES_FILE}; " + absolute, index=j.index, dtype=object)
 
 
 def fewest_samples(j: pd.DataFrame) -> pd.Series:
@@ -263,15 +299,53 @@ def _too_few_why(j: pd.DataFrame) -> pd.Series:
                       "iters=auto" if k < MIN_SAMPLES else "" for k in fewest], index=j.index, dtype=object)
 
 
-def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float) -> pd.DataFrame:
+def _spread_of(x: object) -> float:
+    """A sample's IQR over its median (NaN where it has none)."""
+    if not isinstance(x, np.ndarray) or len(x) < 2 or not np.median(x) > 0:
+        return math.nan
+    q1, q3 = np.percentile(x, [25, 75])
+    return float((q3 - q1) / np.median(x))
+
+
+def _powers(j: pd.DataFrame, tested: pd.Series, threshold: float, higher_better: bool) -> pd.Series:
+    """Per tested row, the test's power to flag the change the gate must
+    resolve at this threshold (NaN elsewhere)."""
+    out = pd.Series(np.nan, index=j.index)
+    change = -resolved_change(threshold) if higher_better else resolved_change(threshold)
+    for i in np.flatnonzero(tested.to_numpy()):
+        out.iat[i] = power(j["samples_base"].iat[i], j["samples_new"].iat[i], change)
+    return out
+
+
+def _low_power_why(j: pd.DataFrame, threshold: float) -> pd.Series:
+    """What a row too noisy for the gate to judge lacks, and what to run instead."""
+    pct = f"{resolved_change(threshold) * 100:g}%"
+
+    def one(k: int, pw: float, sb: object, sn: object, auto_b: object, auto_n: object) -> str:
+        spread = np.nanmax([_spread_of(sb), _spread_of(sn)])
+        head = (f"P(flag a {pct} change) = {pw:.2f} < {POWER_MIN:g} with {k} samples a side"
+                + (f", spread {spread * 100:.0f}%" if math.isfinite(spread) else ""))
+        if auto_b is True and auto_n is True:
+            return f"too noisy: {head}, at iters=auto's cap; rerun both on a quieter machine"
+        return f"low power: {head}; time both runs with iters=auto"
+
+    return pd.Series([one(int(k), pw, sb, sn, ab, an) if pd.notna(pw) else "" for k, pw, sb, sn, ab, an in zip(
+        fewest_samples(j), j["power"], j["samples_base"], j["samples_new"], j["auto_base"], j["auto_new"])],
+        index=j.index, dtype=object)
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float,
+            samples_kept: bool = True) -> pd.DataFrame:
     """The outer join of two keyed runs, sorted by configuration, with one boolean
-    column per verdict (see the module docstring) and ``change_pct``/``spread``."""
+    column per verdict (see the module docstring) and ``change_pct``/``spread``.
+    ``samples_kept``: either run has a samples file (its rows' samples are
+    then their evidence, and a row without them is unverified)."""
     # one integer per configuration, numbered over both runs at once, to join on
     config = pd.concat([base[list(CONFIG_COLUMNS)], new[list(CONFIG_COLUMNS)]], ignore_index=True)
     codes = point_codes(config)
     base = base.assign(key=codes[: len(base)])
     new = new.assign(key=codes[len(base):])
-    values = ["key", "value", "status", "correct", "iqr", "p50", "samples"]
+    values = ["key", "value", "status", "correct", "iqr", "p50", "samples", "samples_why", "auto", "load"]
     j = base[values].merge(new[values], on="key", how="outer", suffixes=("_base", "_new"), indicator=True)
     config = config.assign(key=codes).drop_duplicates("key")
     j = j.merge(config, on="key", how="left")
@@ -291,35 +365,48 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
 
     both_ok = both & sb.eq("ok") & sn.eq("ok")
     sampled_b, sampled_n = _present(j["samples_base"]), _present(j["samples_new"])
+    with_samples = sampled_b & sampled_n
     # Samples too few for any difference to be significant: the test could
     # never flag the row, so it does not count as tested.
-    few = both_ok & sampled_b & sampled_n & (fewest_samples(j) < MIN_SAMPLES)
+    few = both_ok & with_samples & (fewest_samples(j) < MIN_SAMPLES)
     b, n = j["value_base"], j["value_new"]
+    p50b, p50n = j["p50_base"], j["p50_new"]
     if metric == PAIRED:
-        # A row without the paired samples on both sides falls back to its
-        # absolute time, which moves with the load: only with a spread to
-        # tell a change from noise; without one, or with too few samples to
-        # test, it is unverified.
-        tested = both_ok & sampled_b & sampled_n & ~few
-        p50b, p50n = j["p50_base"], j["p50_new"]
-        abs_spread = _spread(j, ABSOLUTE_FALLBACK)
-        fallback = both_ok & ~tested & ~few & p50b.notna() & p50n.notna() & abs_spread.notna()
-        untimed = ~(sampled_b | sampled_n | p50b.notna() | p50n.notna())
-        unverified = both_ok & ~tested & ~fallback & ~untimed
-        # shown in the table: the absolute times of rows without the paired samples
-        absolute = fallback | (unverified & ~few)
-        b, n = b.where(~absolute, p50b), n.where(~absolute, p50n)
-        timed = tested | fallback
-        spread = abs_spread.where(fallback)
+        # timed: a time on either side (its samples or its round trip's median)
+        timed_any = sampled_b | sampled_n | p50b.notna() | p50n.notna()
+        no_value = pd.Series(False, index=j.index)
     else:
         # A metric measured on one side only cannot be compared; on neither
         # (bandwidth at cp 1, where nothing moves) there is nothing to compare.
-        timed = both_ok & b.notna() & n.notna()
-        tested = timed & sampled_b & sampled_n & ~few  # too few: the spread rule instead
+        timed_any = b.notna() & n.notna()
+        no_value = both_ok & (b.notna() ^ n.notna())
+    # The samples are the evidence: where either run kept them, a timed row
+    # without them on a side is unverified. Only runs that both predate the
+    # samples (no samples file at all) are gated on the CSV's values and
+    # their spread, which move with the load.
+    tested = both_ok & timed_any & with_samples & ~few if sampled(metric) else pd.Series(False, index=j.index)
+    lacking = both_ok & timed_any & ~with_samples & sampled(metric) & samples_kept
+    if metric == PAIRED:
+        abs_spread = _spread(j, ABSOLUTE_FALLBACK)
+        fallback = both_ok & ~tested & ~few & ~lacking & p50b.notna() & p50n.notna() & abs_spread.notna()
+        no_rule = both_ok & timed_any & ~tested & ~fallback & ~few & ~lacking
+        # shown in the table: the absolute times of rows without the paired samples
+        absolute = fallback | no_rule | lacking
+        b, n = b.where(~absolute, p50b), n.where(~absolute, p50n)
+        spread = abs_spread.where(fallback)
+        timed = tested | fallback
+    else:
+        # the spread rule: metrics without samples (bandwidths, sizes), or
+        # sampled ones where neither run kept samples
+        by_spread = both_ok & timed_any & ~tested & ~few & ~lacking
+        no_rule = no_value
         fallback = pd.Series(False, index=j.index)
-        unverified = both_ok & (b.notna() ^ n.notna())
-        spread = _spread(j, metric).where(timed & ~tested)
+        absolute = pd.Series(False, index=j.index)
+        spread = _spread(j, metric).where(by_spread)
+        timed = tested | by_spread
     j["value_base"], j["value_new"] = b, n
+    # what the values are, for a regression's evidence
+    j["basis"] = np.where(absolute, ABSOLUTE_FALLBACK, "median paired ratio") if metric == PAIRED else metric
     worse_by = (b - n) if higher_is_better(metric) else (n - b)
     beyond_threshold = worse_by.abs() > threshold * b.abs()
     beyond_spread = spread.isna() | (worse_by.abs() > spread)
@@ -331,14 +418,21 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     j["timed"] = timed
     j["tested"] = tested
     j["fallback"] = fallback
-    j["unverified"] = unverified
-    why = _unverified_why(j, metric, sampled_b, sampled_n).where(~few, _too_few_why(j))
-    j["unverified_why"] = why.where(unverified, "")
-    j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
-    j["spread"] = spread
     j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
     j["improved"] = timed & (worse_by < 0) & beyond_threshold & supported_better
-    j["within_noise"] = timed & beyond_threshold & ~j["regressed"] & ~j["improved"]
+    # A tested row the gate could not have flagged at its threshold is no pass.
+    j["power"] = _powers(j, tested & ~j["regressed"] & ~j["improved"], threshold, higher_is_better(metric))
+    low_power = j["power"].lt(POWER_MIN)
+    j["unverified"] = lacking | no_rule | few | low_power
+    why = pd.Series("", index=j.index, dtype=object)
+    why = why.where(~no_rule, _unchecked_why(j, metric))
+    why = why.where(~lacking, _missing_why(j, sampled_b, sampled_n))
+    why = why.where(~few, _too_few_why(j))
+    why = why.where(~low_power, _low_power_why(j, threshold))
+    j["unverified_why"] = why.where(j["unverified"], "")
+    j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
+    j["spread"] = spread
+    j["within_noise"] = timed & beyond_threshold & ~j["regressed"] & ~j["improved"] & ~low_power
     with np.errstate(divide="ignore", invalid="ignore"):
         # a zero base (possible only for sizes) gives +-inf for any change, 0 for none
         change = np.where(b.eq(0) & n.eq(0), 0.0, (n - b) / b * 100)
@@ -483,7 +577,7 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
     no_timing = j["_merge"].eq("both") & ~j["timed"] & ~j["unverified"]
     # rows of the paired metric gated on their absolute time name it
     fb = j["fallback"]
-    basis = f"{ABSOLUTE_FALLBACK}, no samples: "
+    basis = f"{ABSOLUTE_FALLBACK}, neither run kept samples: "
     base_was = pd.Series(np.where(j["_merge"].eq("right_only"), "no row", sb), index=j.index)
     by_spread = ~j["tested"] & ~fb
     spread_rule_marks = [
@@ -503,13 +597,24 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
         when(j["regressed"] & j["tested"], "REGRESSED (beyond " + pct + ", significant: p=" + pval + ")"),
         *spread_rule_marks,
         when(j["within_noise"] & j["tested"], "within noise (beyond " + pct + " but not significant: p=" + pval + ")"),
-        when(j["improved"] & fb, f"improved ({ABSOLUTE_FALLBACK}, no samples)"),
+        when(j["regressed"], evidence(j)),
+        when(j["improved"] & fb, f"improved ({ABSOLUTE_FALLBACK}, neither run kept samples)"),
         when(j["improved"] & ~fb, "improved"),
         when(j["unverified"], ("unverified (allowed: " if allow_unverified else "UNVERIFIED (")
              + j["unverified_why"].astype(str) + ")"),
         when(no_timing, "no timing"),
     ]
     return _join_marks([blank, *parts])
+
+
+def evidence(j: pd.DataFrame) -> pd.Series:
+    """What a regressed row's verdict rests on, beside its p-value: NEW over
+    BASE in the metric gated on, and the 1-minute load each run was timed at."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (j["value_new"] / j["value_base"]).map(lambda v: f"x{v:.3g}" if math.isfinite(v) else "n/a")
+    load = lambda v: "unknown" if pd.isna(v) else f"{v:.1f}"  # noqa: E731
+    return pd.Series("evidence: " + j["basis"] + " NEW/BASE " + ratio + ", 1-minute load BASE "
+                     + j["load_base"].map(load) + " NEW " + j["load_new"].map(load), index=j.index, dtype=object)
 
 
 def _change(values: pd.Series) -> pd.Series:
@@ -664,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
     if metric == PAIRED:
         notes += [_no_samples_note(run) for run, smp in ((base, sb), (new, sn)) if not smp.found]
-    j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold)
+    j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold, samples_kept=sb.found or sn.found)
     gate = gating(j, args.allow_missing, args.allow_unverified)
     empty = nothing_compared(j)
 

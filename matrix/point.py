@@ -47,7 +47,7 @@ COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
 # Keys that change how a sweep runs, not what a point measures: no column.
-NOT_IN_ROWS = ("force", "startup_timeout_s")
+NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 
 def point_id(cfg: Mapping[str, Any]) -> str:
@@ -98,7 +98,8 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     Provenance only: neither ``point_id`` nor resume reads it."""
     parts = [*env_prefix(str(cfg["impl"])), *command()]
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s") and cfg[k] in (False, 0, None)):
+        if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s", "allow_skipped")
+                                and cfg[k] in (False, 0, None)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return shlex.join(parts)
@@ -138,6 +139,8 @@ def _environment(pid: int) -> dict[str, Any]:
         "python_version": platform.python_version(), "nsa_cp_comm_version": nsa_cp_comm.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
         "gpu_name": device_name("cuda") if n_gpus else "", "gpu_count": n_gpus,
+        # the machine's 1-minute load average as the run's first row was written
+        "load_1m": round(os.getloadavg()[0], 2),
     }
 
 

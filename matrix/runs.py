@@ -57,6 +57,7 @@ META_COLUMNS: tuple[str, ...] = (
     "gpu_count",
     "command",
     "started",
+    "load_1m",
 )
 # The environment a row of layout 2 carries in its own columns.
 LAYOUT2_ENV: tuple[str, ...] = META_COLUMNS[:4]

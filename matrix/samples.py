@@ -4,13 +4,16 @@ A row of ``results.csv`` keeps percentiles; compare needs the samples behind
 them to tell a difference from noise. One JSON line per timed (point, impl):
 
     {"schema_version": 3, "point_id": ..., "impl": ..., "run_id": ..., "timestamp": ...,
-     "roundtrip_us": [...], "control_us": [...], "iters": N}
+     "roundtrip_us": [...], "control_us": [...], "iters": N, "load_1m": L}
 
 plus, for a point run with ``iters=auto``, ``"calibration": {"iters": N,
 "ci_width": W, "target": T, "reached": true}``: how many timed iterations it
 took, the widest relative 95% interval of a median paired ratio when it
 stopped, the target width, and whether it was reached before a cap
-(nsa_cp_comm.harness.calibrate).
+(nsa_cp_comm.harness.calibrate). ``load_1m`` is the machine's 1-minute load
+average when the point's lines were written (lines written before it was kept
+have none): compare names it beside a regression, the evidence of what the
+machine was doing.
 
 (Lines of schema 2 say ``"v": 1`` instead and have no run_id; they read the
 same. A line of a schema newer than the reader's is skipped and counted.)
@@ -21,8 +24,10 @@ iterations (nsa_cp_comm.harness.steps.control_steps), so ``roundtrip / control``
 iteration is a paired ratio that the machine's load moves far less than either
 time. Lines are appended whole under a lock, as rows are; the last line of a
 (point_id, impl) in file order is the one read, as for rows. A line that is
-not such an object is skipped and counted, never fatal: the samples refine
-the gate, the rows are the record.
+not such an object is skipped and counted, never fatal to the read; but the
+samples are the gate's evidence: a timed row whose line is missing, unusable
+or of another run of its point is one compare cannot verify
+(:meth:`Samples.evidence` says why).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ def lines_for(rows: Sequence[Mapping[str, object]], samples: Sequence[Mapping[st
         }
         if calibration is not None and calibration[i]:
             line["calibration"] = dict(calibration[i])
+        line["load_1m"] = round(os.getloadavg()[0], 2)
         out.append(json.dumps(line, separators=(",", ":")) + "\n")
     return "".join(out)
 
@@ -110,25 +116,58 @@ def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[s
 
 @dataclass
 class Samples:
-    """A run's samples: ``{(point_id, impl): {"roundtrip": array, "control": array}}``."""
+    """A run's samples: ``{(point_id, impl): {"roundtrip": array, "control": array, ...}}``.
 
-    by_key: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict)
+    ``rejected`` holds, for each (point_id, impl) whose latest line was
+    unusable, what was wrong with it; ``skipped_lines`` counts every line set
+    aside (those and lines naming no point)."""
+
+    by_key: dict[tuple[str, str], dict[str, object]] = field(default_factory=dict)
+    rejected: dict[tuple[str, str], str] = field(default_factory=dict)
     skipped_lines: int = 0
     found: bool = False
 
     def paired(self, point_id: str, impl: str) -> np.ndarray | None:
         """Per-iteration roundtrip / control, or None where either is absent."""
-        s = self.by_key.get((point_id, impl))
-        if s is None or not len(s["control"]) or len(s["control"]) != len(s["roundtrip"]):
-            return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = s["roundtrip"] / s["control"]
-        r = r[np.isfinite(r) & (r > 0)]
-        return r if len(r) else None
+        return self.evidence(point_id, impl, paired=True)[0]
 
     def roundtrip(self, point_id: str, impl: str) -> np.ndarray | None:
-        s = self.by_key.get((point_id, impl))
-        return s["roundtrip"] if s is not None and len(s["roundtrip"]) else None
+        return self.evidence(point_id, impl, paired=False)[0]
+
+    def line(self, point_id: str, impl: str) -> Mapping[str, object]:
+        """The fields of the (point_id, impl)'s latest usable line (empty where none)."""
+        return self.by_key.get((point_id, impl), {})
+
+    def evidence(self, point_id: str, impl: str, paired: bool, timestamp: str = "") -> tuple[np.ndarray | None, str]:
+        """A row's samples (the paired ratio per iteration, or the round trip's
+        times) and ``""``; or None and what is wrong, in words. ``timestamp``,
+        the row's own: a line of another run of the point is not its evidence."""
+        key = (point_id, impl)
+        s = self.by_key.get(key)
+        if s is None:
+            if key in self.rejected:
+                return None, f"its {SAMPLES_FILE} line is unusable ({self.rejected[key]})"
+            if not self.found:
+                return None, f"no {SAMPLES_FILE}"
+            unread = f"; {self.skipped_lines} unreadable line(s) skipped" if self.skipped_lines else ""
+            return None, f"no line in {SAMPLES_FILE}{unread}"
+        stamp = str(s.get("timestamp") or "")
+        if timestamp and stamp and stamp != timestamp:
+            return None, f"its line is another run's (timestamp {stamp}, the row's {timestamp})"
+        rt, ctl = s["roundtrip"], s["control"]
+        assert isinstance(rt, np.ndarray) and isinstance(ctl, np.ndarray)
+        if not len(rt):
+            return None, "no round trip samples"
+        if not paired:
+            return rt, ""
+        if not len(ctl):
+            return None, "no control samples (control_us empty)"
+        if len(ctl) != len(rt):
+            return None, f"{len(ctl)} control samples for {len(rt)} round trips"
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = rt / ctl
+        r = r[np.isfinite(r) & (r > 0)]
+        return (r, "") if len(r) else (None, "no finite, positive ratio of round trip over control")
 
 
 def _valid(values: object) -> np.ndarray | None:
@@ -141,6 +180,16 @@ def _valid(values: object) -> np.ndarray | None:
 def _newer(version: object) -> bool:
     """Whether a line's schema_version is one this reader does not know."""
     return version is not None and not (isinstance(version, int) and version <= SCHEMA_VERSION)
+
+
+def _unusable(obj: Mapping[str, object]) -> str:
+    """What makes a line naming a point unusable as its samples, or ''."""
+    if _newer(obj.get("schema_version")):
+        return f"schema_version {obj.get('schema_version')!r}, newer than this reader's {SCHEMA_VERSION}"
+    for name, value in (("roundtrip_us", obj.get("roundtrip_us")), ("control_us", obj.get("control_us", []))):
+        if _valid(value) is None:
+            return f"{name} is not a list of finite numbers >= 0 (a NaN, a string or a negative)"
+    return ""
 
 
 def read_samples(path: Path) -> Samples:
@@ -157,14 +206,20 @@ def read_samples(path: Path) -> Samples:
             except ValueError:
                 out.skipped_lines += bool(line.strip())
                 continue
-            if isinstance(obj, dict) and _newer(obj.get("schema_version")):
-                out.skipped_lines += 1
-                continue
-            rt = _valid(obj.get("roundtrip_us")) if isinstance(obj, dict) else None
-            ctl = _valid(obj.get("control_us", [])) if isinstance(obj, dict) else None
             pid, impl = (obj.get("point_id"), obj.get("impl")) if isinstance(obj, dict) else (None, None)
-            if rt is None or ctl is None or not isinstance(pid, str) or not isinstance(impl, str):
+            if not isinstance(pid, str) or not isinstance(impl, str):
                 out.skipped_lines += 1
                 continue
-            out.by_key[(pid, impl)] = {"roundtrip": rt, "control": ctl}
+            # the latest line of a point and impl decides, usable or not
+            key = (pid, impl)
+            why = _unusable(obj)
+            if why:
+                out.skipped_lines += 1
+                out.rejected[key] = why
+                out.by_key.pop(key, None)
+                continue
+            out.rejected.pop(key, None)
+            out.by_key[key] = {"roundtrip": _valid(obj["roundtrip_us"]), "control": _valid(obj.get("control_us", [])),
+                               "timestamp": obj.get("timestamp"), "load_1m": obj.get("load_1m"),
+                               "calibration": obj.get("calibration")}
     return out

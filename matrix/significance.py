@@ -24,8 +24,10 @@ between the runs should stay under (compare says when it does not).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -55,9 +57,11 @@ def _ranks(values: np.ndarray) -> tuple[np.ndarray, float]:
 EXACT_MAX = 60  # samples a side up to which the exact distribution is used
 
 
-def _exact_upper_tail(u: float, n1: int, n2: int) -> float:
-    """P(U >= u) under the null, no ties: the coefficients of the Gaussian
-    binomial [n1+n2 choose n1]_q count the arrangements with each U."""
+@functools.lru_cache(maxsize=64)
+def _exact_tails(n1: int, n2: int) -> np.ndarray:
+    """``tails[u]`` = P(U >= u) under the null, no ties, for u = 0..n1*n2: the
+    coefficients of the Gaussian binomial [n1+n2 choose n1]_q count the
+    arrangements with each U."""
     counts = np.zeros(n1 * n2 + 1)
     counts[0] = 1.0
     # prod_{i=1..n1} (1 - q^(n2+i)) / (1 - q^i), as polynomial operations
@@ -67,8 +71,16 @@ def _exact_upper_tail(u: float, n1: int, n2: int) -> float:
         for k in range(i, len(num)):  # divide by (1 - q^i): running sum with stride i
             num[k] += num[k - i]
         counts = num
-    total = counts.sum()
-    return float(counts[int(math.ceil(u)) :].sum() / total)
+    tails = np.cumsum(counts[::-1])[::-1] / counts.sum()
+    tails.flags.writeable = False
+    return tails
+
+
+def _exact_upper_tail(u: float, n1: int, n2: int) -> float:
+    """P(U >= u) under the null, no ties."""
+    tails = _exact_tails(n1, n2)
+    k = int(math.ceil(u))
+    return float(tails[k]) if k < len(tails) else 0.0
 
 
 def p_greater(base: Sequence[float], new: Sequence[float]) -> float:
@@ -125,3 +137,72 @@ def min_samples(alpha: float = ALPHA) -> int:
 
 
 MIN_SAMPLES = min_samples()
+
+
+# The power a row's samples must give the test to see a change the gate is
+# said to resolve (:func:`resolved_change`); a row with less could not have
+# failed, and is not a pass.
+POWER_MIN = 0.8
+
+
+def resolved_change(threshold: float) -> float:
+    """The change a pass must have been able to flag: twice the threshold.
+
+    A row is flagged only when its observed change is beyond the threshold,
+    so a true change of exactly the threshold is observed beyond it about
+    half the time, whatever the samples: no gate resolves its own threshold.
+    Twice it is the first change the threshold no longer hides, and at
+    compare's 15% it is the 1.3x slowdown whose detection
+    benchmarks/compare_power.py measures."""
+    return 2 * threshold
+
+
+def _critical_u(n1: int, n2: int, alpha: float, exact: bool) -> float:
+    """The smallest U that :func:`p_greater` finds significant at ``alpha``
+    (``inf`` where none is)."""
+    if exact:
+        tails = _exact_tails(n1, n2)
+        hits = np.flatnonzero(tails < alpha)
+        return float(hits[0]) if len(hits) else math.inf
+    n = n1 + n2
+    sd = math.sqrt(n1 * n2 * (n + 1) / 12)
+    return n1 * n2 / 2 + 0.5 + NormalDist().inv_cdf(1 - alpha) * sd
+
+
+def power(base: Sequence[float], new: Sequence[float], change: float, alpha: float = ALPHA) -> float:
+    """The chance that :func:`p_greater` finds NEW larger at ``alpha`` were NEW
+    ``1 + change`` times BASE, with these two samples' sizes and noise.
+
+    The noise is the two samples' own, each scaled to its median and pooled
+    (so a change between them is not taken for noise). Under the shifted
+    alternative U's mean and variance follow from P(Y > X) and the two
+    covariance terms of Lehmann's formula, estimated on that noise; the
+    critical U is the test's own (exact or normal, as :func:`p_greater`
+    decides) and U is taken as normal around its mean."""
+    x = np.asarray(base, dtype=float)
+    y = np.asarray(new, dtype=float)
+    n1, n2 = len(x), len(y)
+    if not n1 or not n2 or not (np.median(x) > 0 and np.median(y) > 0):
+        return 0.0
+    noise = np.sort(np.concatenate([x / np.median(x), y / np.median(y)]))
+    shifted = noise * (1 + change)
+
+    def above(values: np.ndarray, than: np.ndarray) -> np.ndarray:
+        """P(V > t) + P(V = t) / 2 for each t of ``than``, V drawn from ``values`` (sorted)."""
+        lo = np.searchsorted(values, than, side="left")
+        hi = np.searchsorted(values, than, side="right")
+        return (len(values) - hi + (hi - lo) / 2) / len(values)
+
+    g = above(shifted, noise)  # for each X, P(Y > X)
+    h = 1 - above(noise, shifted)  # for each Y, P(X < Y)
+    theta = float(g.mean())
+    var = n1 * n2 * (theta * (1 - theta) + (n2 - 1) * (float((g**2).mean()) - theta**2)
+                     + (n1 - 1) * (float((h**2).mean()) - theta**2))
+    ties = len(np.unique(np.concatenate([x, y]))) < n1 + n2  # as p_greater decides on the samples themselves
+    crit = _critical_u(n1, n2, alpha, exact=not ties and max(n1, n2) <= EXACT_MAX)
+    if math.isinf(crit):
+        return 0.0
+    mean = n1 * n2 * theta
+    if var <= 1e-12:
+        return 1.0 if mean >= crit else 0.0
+    return float(1 - NormalDist().cdf((crit - 0.5 - mean) / math.sqrt(var)))

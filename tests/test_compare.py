@@ -230,7 +230,7 @@ def test_20_percent_slower_fails(base: str, tmp_path: Path, capsys: pytest.Captu
     code, out, _ = run([base, new], capsys)
     assert code == 1
     assert counts(out)["regressed"] == "1" and summary(out).endswith("FAIL")
-    assert "+20.0%" in out and "REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)" in out
+    assert "+20.0%" in out and "REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the spread)" in out
     # a looser threshold lets it pass, in either spelling
     for threshold in ("25%", "0.25"):
         assert compare.main([base, new, "--fail-above", threshold]) == 0
@@ -245,7 +245,7 @@ def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path: Path
     base = write_run(tmp_path / "b", _without_spread(base_rows()))
     new = write_run(tmp_path / "n", _without_spread(changed(FIRST, roundtrip_p50_us=210.0 * 1.2)))
     code, out, _ = run([base, new, "--metric", "roundtrip_p50_us"], capsys)
-    assert code == 1 and "REGRESSED (beyond 5%; no spread)" in marks(out)
+    assert code == 1 and any(m.startswith("REGRESSED (beyond 5%; no spread); evidence: ") for m in marks(out))
     assert "none: 5% alone" in out  # the rule that applied is named
     assert compare.main([base, new, "--metric", "roundtrip_p50_us", "--fail-above", "25%"]) == 0
 
@@ -259,14 +259,14 @@ def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path: Pat
     code, out, _ = run([base, new, "--fail-above", "15%"], capsys)
     assert code == 1, out
     assert counts(out)["unverified"] == "8" and counts(out)["regressed"] == "0"
-    assert marks(out).count("UNVERIFIED (no samples in BASE and NEW; roundtrip_p50_us without a spread)") == 16
+    assert marks(out).count("UNVERIFIED (neither run kept samples.jsonl; roundtrip_p50_us without a spread)") == 16
     assert "+200.0%" in out  # the absolute change is shown
     assert "FAIL: 8 row(s) of 4 point(s) trip a gate (unverified 8)" in out
     assert "8 timed row(s) that neither rule could check: unverified" in out
     assert "a size" not in out  # the rule line names the rules that applied, nothing else
     code, out, _ = run([base, new, "--fail-above", "15%", "--allow-unverified"], capsys)
     assert code == 0 and "unverified=8 (allowed)" in summary(out)
-    assert "unverified (allowed: no samples in BASE and NEW; roundtrip_p50_us without a spread)" in marks(out)
+    assert "unverified (allowed: neither run kept samples.jsonl; roundtrip_p50_us without a spread)" in marks(out)
 
 
 def test_4_percent_slower_passes(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -285,7 +285,7 @@ def test_regression_beyond_threshold_and_spread_fails(tmp_path: Path, capsys: py
     base, new = _spread_runs(tmp_path, 10.0, 20.0, 1.2)  # +42 us against a spread of 15 us
     code, out, _ = run([base, new], capsys)
     assert code == 1 and counts(out)["regressed"] == "1"
-    assert "REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)" in out
+    assert "REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the spread)" in out
     assert "mean roundtrip_iqr_us of the two rows" in out  # the rule is named
 
 
@@ -294,7 +294,7 @@ def test_regression_within_spread_is_noise(tmp_path: Path, capsys: pytest.Captur
     code, out, _ = run([base, new], capsys)
     assert code == 0
     assert counts(out)["regressed"] == "0" and counts(out)["within-noise"] == "1"
-    assert "within noise (roundtrip_p50_us, no samples: beyond 5% but not the spread 50)" in out
+    assert "within noise (roundtrip_p50_us, neither run kept samples: beyond 5% but not the spread 50)" in out
 
 
 def test_spread_of_one_side_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -346,7 +346,7 @@ def test_a_timing_missing_on_one_side_is_unverified(base: str, tmp_path: Path, c
     new = write_run(tmp_path / "new", changed(FIRST, **{column: None}))
     code, out, _ = run([base, new, "--metric", metric], capsys)
     assert code == 1 and counts(out)["unverified"] == "1", out
-    assert any(m.startswith("UNVERIFIED (no ") and m.endswith(" in NEW)") for m in marks(out)), marks(out)
+    assert any(m.startswith("UNVERIFIED (") and m.endswith(f"no {column} in NEW)") for m in marks(out)), marks(out)
     assert run([base, new, "--metric", metric, "--allow-unverified"], capsys)[0] == 0
     neither = write_run(tmp_path / "neither", changed(FIRST, **{column: None}))
     code, out, _ = run([neither, new, "--metric", metric], capsys)
@@ -397,7 +397,8 @@ def test_big_run_lists_only_marked_points(tmp_path: Path, capsys: pytest.Capture
     code, out, _ = run([base, new], capsys)
     assert code == 1
     assert f"{compare.LIST_LIMIT + 49} of {compare.LIST_LIMIT + 50} rows show no change" in out
-    assert marks(out) == ["REGRESSED (roundtrip_p50_us, no samples: beyond 5% and the spread)"] * 2  # and under FAIL
+    regressed = "REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the spread); evidence: "
+    assert [m[:len(regressed)] for m in marks(out)] == [regressed] * 2  # and under FAIL
     code, out, _ = run([base, new, "--all"], capsys)
     assert len(marks(out)) == compare.LIST_LIMIT + 50 + 1
 

@@ -59,13 +59,31 @@ def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path: Path, ca
     assert absolute == 1 and "REGRESSED" in out_abs  # what the absolute metric would have said
 
 
-def test_beyond_the_threshold_but_not_significant_is_noise(tmp_path: Path, capsys):
-    """Medians 30% apart over samples that overlap: no evidence."""
+def test_beyond_the_threshold_but_too_noisy_to_judge_is_unverified_not_noise(tmp_path: Path, capsys):
+    """Medians 30% apart over 8 samples that overlap: "within noise" and PASS
+    before, though a 15% change could not have been flagged on such samples."""
     spread = [50, 300, 80, 250, 100, 400, 60, 200]
     base = write_sampled(tmp_path / "b", {"p1": (spread, [100.0] * 8)})
     new = write_sampled(tmp_path / "n", {"p1": ([x * 1.3 for x in spread[::-1]], [100.0] * 8)})
     code, out = gate(base, new, capsys)
-    assert code == 0 and "within-noise=1" in summary(out)
+    assert code == 1 and "unverified=1" in summary(out) and "within-noise=0" in summary(out), out
+    assert any(m.startswith("UNVERIFIED (low power: P(flag a 30% change) = 0.")
+               and "< 0.8 with 8 samples a side" in m and m.endswith("time both runs with iters=auto)")
+               for m in marks(out)), marks(out)
+    assert gate(base, new, capsys, "--allow-unverified")[0] == 0
+
+
+def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path: Path, capsys):
+    """A bimodal row whose median jumps between its modes (+100%) while the
+    rank test sees the mixture barely move: within noise, and the test had
+    the power to see 15% on these samples."""
+    rng = np.random.default_rng(5)
+    low, high = (lambda k: list(100 * (1 + 0.001 * rng.standard_normal(k)))), \
+        (lambda k: list(200 * (1 + 0.001 * rng.standard_normal(k))))
+    base = write_sampled(tmp_path / "b", {"p1": (low(101) + high(99), [100.0] * 200)})
+    new = write_sampled(tmp_path / "n", {"p1": (low(99) + high(101), [100.0] * 200)})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and "within-noise=1" in summary(out) and "unverified=0" in summary(out), out
     assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
 
 
@@ -82,7 +100,8 @@ def test_runs_without_samples_fall_back_to_absolute_times_and_say_so(tmp_path: P
     base = write_run(tmp_path / "b", [make_row(p50=100.0, point_id="p1")])
     new = write_run(tmp_path / "n", [make_row(p50=300.0, point_id="p1")])
     code, out = gate(base, new, capsys)
-    assert code == 1 and "REGRESSED (roundtrip_p50_us, no samples: beyond 15% and the spread)" in marks(out)
+    assert code == 1 and any(m.startswith("REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 15% and the "
+                                          "spread); evidence: roundtrip_p50_us NEW/BASE x3") for m in marks(out))
     for arg in ("BASE", "NEW"):
         assert (f"note: {arg}={tmp_path / arg[0].lower()} has no samples.jsonl although 1 of its rows are timed "
                 "(written before samples were kept, or not copied with its results)") in out
@@ -111,42 +130,90 @@ def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr
     return str(path)
 
 
+DAMAGES = ["line missing", "empty control", "NaN", "all NaN", "unreadable line", "truncated file", "file deleted",
+           "line of another run", "line newer than the reader"]
+
+
 def _break(path: str, how: str) -> None:
-    """A samples file whose one line is unusable, as found in the wild."""
+    """A samples file whose one line is unusable, as a crashed writer, a copy
+    or a hand leaves it."""
     f = Path(path) / SAMPLES_FILE
+    line = json.loads(f.read_text())
     if how == "line missing":
         f.write_text("")
     elif how == "empty control":
-        line = json.loads(f.read_text())
         f.write_text(json.dumps({**line, "control_us": []}) + "\n")
-    else:  # a NaN: not JSON's, Python's json writes it anyway
-        line = json.loads(f.read_text())
+    elif how == "NaN":  # not JSON's, Python's json writes it anyway
         f.write_text(json.dumps({**line, "roundtrip_us": [float("nan")] + line["roundtrip_us"][1:]}) + "\n")
+    elif how == "all NaN":
+        nan = float("nan")
+        f.write_text(json.dumps({**line, "roundtrip_us": [nan] * line["iters"], "control_us": [nan] * line["iters"]})
+                     + "\n")
+    elif how == "unreadable line":
+        f.write_text('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n')
+    elif how == "truncated file":
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif how == "file deleted":
+        f.unlink()
+    elif how == "line of another run":
+        f.write_text(json.dumps({**line, "timestamp": "2025-06-01T00:00:00+00:00"}) + "\n")
+    else:
+        f.write_text(json.dumps({**line, "schema_version": 99}) + "\n")
 
 
-@pytest.mark.parametrize("how", ["line missing", "empty control", "NaN"])
+@pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize("side", ["base", "new"])
-def test_a_slow_row_without_usable_samples_does_not_pass(tmp_path: Path, capsys, how: str, side: str):
-    """3x slower, its samples unusable on one side: "no timing", PASS before.
-    With a spread it is gated on its absolute time; without one it is unverified."""
-    base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
-    new = _one_point(tmp_path, "n", _noisy(300), _noisy(100))
+@pytest.mark.parametrize("iqr", [5.0, 13620.0, None], ids=["quiet", "loaded", "no-spread"])
+def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path: Path, capsys, how: str, side: str,
+                                                                         iqr: float | None):
+    """3x slower, its samples unusable on one side: it fell back to
+    roundtrip_p50_us and its spread, which at load 16-22 (IQR 13.6 ms on a
+    3.7 ms point) swallowed +200% and passed. Whatever the spread, the row
+    is unverified, the side and what is wrong named."""
+    base = _one_point(tmp_path, "b", _noisy(100), _noisy(100), iqr=iqr)
+    new = _one_point(tmp_path, "n", _noisy(300), _noisy(100), iqr=iqr)
     _break(base if side == "base" else new, how)
     code, out = gate(base, new, capsys)
-    assert code == 1 and "regressed=1" in summary(out), out
-    assert "REGRESSED (roundtrip_p50_us, no samples: beyond 15% and the spread)" in marks(out)
-    side_name = side.upper()
-    base = _one_point(tmp_path / "2", "b", _noisy(100), _noisy(100), iqr=None)
-    new = _one_point(tmp_path / "2", "n", _noisy(300), _noisy(100), iqr=None)
-    _break(base if side == "base" else new, how)
-    code, out = gate(base, new, capsys)
-    assert code == 1 and "unverified=1" in summary(out), out
-    assert f"UNVERIFIED (no samples in {side_name}; roundtrip_p50_us without a spread)" in marks(out)
+    assert code == 1 and "unverified=1" in summary(out) and "regressed=0" in summary(out), out
+    assert "FAIL: 1 row(s) of 1 point(s) trip a gate (unverified 1)" in out
+    assert any(m.startswith(f"UNVERIFIED (samples missing, {side.upper()}: ") for m in marks(out)), marks(out)
     assert gate(base, new, capsys, "--allow-unverified")[0] == 0
     # the same runs, samples intact: tested, and the verdict is the test's
-    whole = _one_point(tmp_path / "3", "n", _noisy(300), _noisy(100), iqr=None)
-    code, out = gate(_one_point(tmp_path / "3", "b", _noisy(100), _noisy(100), iqr=None), whole, capsys)
+    whole_b = _one_point(tmp_path / "2", "b", _noisy(100), _noisy(100), iqr=iqr)
+    code, out = gate(whole_b, _one_point(tmp_path / "2", "n", _noisy(300), _noisy(100), iqr=iqr), capsys)
     assert code == 1 and any(m.startswith("REGRESSED (beyond 15%, significant") for m in marks(out))
+    # and an undamaged A/A pair passes
+    assert gate(whole_b, _one_point(tmp_path / "3", "n", _noisy(100), _noisy(100), iqr=iqr), capsys)[0] == 0
+
+
+@pytest.mark.parametrize("how,why", [
+    ("line missing", "no line in samples.jsonl"),
+    ("empty control", "no control samples (control_us empty)"),
+    ("NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
+    ("all NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
+    ("unreadable line", "its samples.jsonl line is unusable (roundtrip_us is not a list"),
+    ("truncated file", "no line in samples.jsonl; 1 unreadable line(s) skipped"),
+    ("file deleted", "no samples.jsonl"),
+    ("line of another run", "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01"),
+    ("line newer than the reader", "its samples.jsonl line is unusable (schema_version 99, newer than"),
+])
+def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path: Path, capsys, how: str, why: str):
+    base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
+    new = _one_point(tmp_path, "n", _noisy(100), _noisy(100))
+    _break(new, how)
+    code, out = gate(base, new, capsys)
+    assert code == 1 and any(m.startswith(f"UNVERIFIED (samples missing, NEW: {why}") for m in marks(out)), marks(out)
+
+
+def test_only_runs_that_both_kept_no_samples_fall_back_and_the_verdict_says_so(tmp_path: Path, capsys):
+    """One side's file deleted: unverified (above). Both: a folder older than
+    the samples, gated on absolute times, and every mark says so."""
+    base = _one_point(tmp_path, "b", _noisy(100), _noisy(100), iqr=5.0)
+    new = _one_point(tmp_path, "n", _noisy(300), _noisy(100), iqr=5.0)
+    _break(base, "file deleted"), _break(new, "file deleted")
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "regressed=1" in summary(out)
+    assert any(m.startswith("REGRESSED (roundtrip_p50_us, neither run kept samples: ") for m in marks(out))
 
 
 @pytest.mark.parametrize("extra", [[], ["--allow-missing"], ["--allow-missing", "--allow-unverified"]])
@@ -210,13 +277,18 @@ def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path: 
 
 
 def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path: Path, capsys):
+    """The latest line of a point decides: an unusable one after a good one
+    leaves the row without evidence (the good one is an earlier run's)."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     with (tmp_path / "b" / SAMPLES_FILE).open("a") as f:
         f.write('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\nnot json\n')
     smp = read_samples(tmp_path / "b" / SAMPLES_FILE)
-    assert smp.skipped_lines == 2 and smp.paired("p1", "padded") is not None
-    _, out = gate(base, base, capsys)
+    assert smp.skipped_lines == 2 and smp.paired("p1", "padded") is None
+    assert smp.rejected[("p1", "padded")].startswith("roundtrip_us is not a list of finite numbers")
+    code, out = gate(base, base, capsys)
     assert "2 unreadable line(s) of samples.jsonl skipped" in out
+    assert code == 1 and any(m.startswith("UNVERIFIED (samples missing, BASE: its samples.jsonl line is unusable")
+                             for m in marks(out))
 
 
 # --- the test itself
@@ -283,3 +355,100 @@ def test_samples_sidecar_round_trips(tmp_path: Path):
     lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["roundtrip_us"] == [1.0, 2.0]
     assert list(read_samples(tmp_path / SAMPLES_FILE).paired("a", "padded")) == [0.5, 1.0]
+
+
+# --- power: a row the gate could not have flagged is no pass
+
+
+def _aa(tmp_path: Path, n: int, spread: float, calibration: bool = False) -> tuple[str, str]:
+    """Two runs of one unchanged point, ``n`` samples a side of paired ratio spread ``spread``."""
+    rng = np.random.default_rng(11)
+    paths = []
+    for name in ("b", "n"):
+        ctl = list(100 * (1 + 0.01 * rng.standard_normal(n)))
+        rt = [c * (1 + spread * z) for c, z in zip(ctl, np.abs(rng.standard_normal(n)))]
+        path = write_sampled(tmp_path / name, {"p1": (rt, ctl)})
+        if calibration:
+            f = Path(path) / SAMPLES_FILE
+            line = json.loads(f.read_text())
+            line["calibration"] = {"iters": n, "ci_width": 0.3, "target": 0.1, "reached": False}
+            f.write_text(json.dumps(line) + "\n")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.mark.parametrize("n,spread,verdict", [
+    (8, 0.5, "low power"),  # the default preset's iters under load: a 15% change cannot show
+    (8, 0.01, "pass"),  # the same count on quiet samples can
+    (400, 0.5, "pass"),  # the noisy samples, as many as iters=auto takes
+])
+def test_a_fixed_iteration_row_too_noisy_for_the_threshold_is_unverified(tmp_path: Path, capsys, n: int,
+                                                                         spread: float, verdict: str):
+    base, new = _aa(tmp_path, n, spread)
+    code, out = gate(base, new, capsys)
+    if verdict == "pass":
+        assert code == 0 and summary(out).endswith("PASS"), out
+        return
+    assert code == 1 and "unverified=1" in summary(out), out
+    assert any(m.startswith("UNVERIFIED (low power: P(flag a 30% change) = ") for m in marks(out)), marks(out)
+    # a coarser threshold is one these samples can see
+    assert gate(base, new, capsys, "--fail-above", "400%")[0] == 0
+
+
+def test_iters_auto_rows_still_too_noisy_say_so(tmp_path: Path, capsys):
+    base, new = _aa(tmp_path, 8, 0.5, calibration=True)
+    code, out = gate(base, new, capsys)
+    assert code == 1 and any(m.startswith("UNVERIFIED (too noisy: ") and "at iters=auto's cap" in m
+                             for m in marks(out)), marks(out)
+
+
+def test_the_power_estimate_matches_the_test_it_predicts():
+    """The checker of the power rule: its estimate against how often
+    p_greater really flags a shifted sample drawn from the same noise."""
+    from matrix.significance import ALPHA, power
+
+    rng = np.random.default_rng(2)
+    for n, sd in ((8, 0.05), (20, 0.2), (60, 0.3), (200, 0.5)):
+        draw = lambda: np.abs(1 + sd * rng.standard_normal(n))  # noqa: E731
+        estimate = power(draw(), draw(), 0.15)
+        seen = np.mean([p_greater(draw(), draw() * 1.15) < ALPHA for _ in range(300)])
+        assert abs(estimate - seen) < 0.2, (n, sd, estimate, seen)
+    assert power([1.0] * 3, [1.0] * 3, 10.0) == 0.0  # three a side can never be significant at 1%
+
+
+# --- evidence: a regressed row says what it rests on
+
+
+def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path: Path, capsys):
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100))})
+    for path, load in ((base, 2.0), (new, 19.5)):
+        f = Path(path) / SAMPLES_FILE
+        f.write_text(json.dumps({**json.loads(f.read_text()), "load_1m": load}) + "\n")
+    code, out = gate(base, new, capsys)
+    mark = next(m for m in marks(out) if m.startswith("REGRESSED"))
+    assert code == 1 and "significant: p=" in mark
+    ratio = float(mark.split("evidence: median paired ratio NEW/BASE x")[1].split(",")[0])
+    assert 1.7 < ratio < 2.3 and mark.endswith(", 1-minute load BASE 2.0 NEW 19.5"), mark
+    # a line without its load: the run's, from runs.jsonl
+    for path in (base, new):
+        f = Path(path) / SAMPLES_FILE
+        line = json.loads(f.read_text())
+        line.pop("load_1m")
+        f.write_text(json.dumps(line) + "\n")
+    with (Path(new) / "runs.jsonl").open() as f:
+        run = json.loads(f.readline())
+    (Path(new) / "runs.jsonl").write_text(json.dumps({**run, "load_1m": 7.25}) + "\n")
+    _, out = gate(base, new, capsys)
+    mark = next(m for m in marks(out) if m.startswith("REGRESSED"))
+    assert "1-minute load BASE unknown NEW 7.2" in mark, mark
+
+
+def test_samples_lines_and_runs_keep_the_load(tmp_path: Path):
+    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}]
+    append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
+    line = json.loads((tmp_path / SAMPLES_FILE).read_text())
+    assert isinstance(line["load_1m"], float) and line["load_1m"] >= 0
+    from matrix import point
+
+    assert point.environment()["load_1m"] >= 0

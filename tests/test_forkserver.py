@@ -158,6 +158,8 @@ def test_ranks_outnumbering_the_cpus_are_bound_one_cpu_each_round_robin():
     assert rank_cpus(5, 8, [2, 5, 7]) == {7}
     assert rank_cpus(0, 2, [0, 1]) is None  # as many CPUs as ranks: the kernel places them
     assert rank_cpus(0, 1, [0, 1, 2, 3]) is None
+    # on a loaded machine ranks that fit are bound too (the paired ratio's noise halves)
+    assert rank_cpus(0, 2, [0, 1], loaded=True) == {0} and rank_cpus(1, 2, [0, 1], loaded=True) == {1}
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) > 3,

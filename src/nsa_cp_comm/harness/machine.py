@@ -28,18 +28,25 @@ THREADS_PER_RANK = 8  # tasks one rank holds at once: interpreter, gloo, OpenMP
 BIND_ENV = "NSA_CP_COMM_BIND_RANKS"
 
 
-def rank_cpus(rank: int, world: int, cpus: list[int]) -> set[int] | None:
+def rank_cpus(rank: int, world: int, cpus: list[int], loaded: bool = False) -> set[int] | None:
     """The CPUs rank ``rank`` of ``world`` is bound to, out of the starter's
-    ``cpus``: with more ranks than CPUs, one CPU each, round robin; else None
-    (unbound: the kernel places them).
+    ``cpus``: with more ranks than CPUs, or on a ``loaded`` machine (its
+    1-minute load average at or above its CPUs), one CPU each, round robin;
+    else None (unbound: the kernel places them).
 
     Why bind only then: with 8 ranks on 2 cores, every step of a gloo
     collective wakes a thread of another rank, and an unbound one may be
     woken on, or moved to, a core where it waits behind others; bound, the
     collectives of 4 and 8 ranks took about half the time on the 2-core VM
-    here (``benchmarks/rank_start.py`` measures both ways). Ranks that fit
-    the CPUs are left to the kernel."""
-    if world <= len(cpus):
+    here (``benchmarks/rank_start.py`` measures both ways). On a loaded
+    machine the same holds for ranks that fit the CPUs: with the load held at
+    20 on the 2-core VM, two unbound ranks' round trip over the A/A control
+    in the same iteration (what compare gates on) spread 0.87-1.30 in log
+    standard deviation over four runs, bound 0.49-0.60, which is the
+    difference between a gate that can and cannot see a 15% change in
+    iters=auto's 30 s. Ranks that fit an idle machine's CPUs are left to the
+    kernel."""
+    if world <= len(cpus) and not loaded:
         return None
     return {cpus[rank % len(cpus)]}
 
@@ -52,7 +59,8 @@ def bind_rank(rank: int, world: int) -> set[int] | None:
     if os.environ.get(BIND_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
         return None
     try:
-        mine = rank_cpus(rank, world, sorted(os.sched_getaffinity(0)))
+        cpus = sorted(os.sched_getaffinity(0))
+        mine = rank_cpus(rank, world, cpus, loaded=os.getloadavg()[0] >= len(cpus))
         if mine is not None:
             os.sched_setaffinity(0, mine)
     except OSError:
