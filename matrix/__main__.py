@@ -202,12 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     if not points:  # --help, --cfg and other Hydra flags: Hydra's own output
         return 0
     try:
-        counts, files = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
+        counts, files, gaps = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
     except SchemaError as exc:  # the results file was damaged during the sweep
         print(f"error: {exc}", file=sys.stderr)
         return 1
     single = len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
     print(summary.render(counts, files, single=single), flush=True)
+    for line in summary.gap_report(gaps, counts):
+        print(line, flush=True)
     why = summary.nothing_checked_line(counts)
     if why:
         print(why, file=sys.stderr, flush=True)

@@ -66,6 +66,8 @@ class MatrixConfig:
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
     force: bool = False  # run even where preflight estimates the sweep exceeds this machine
+    # pass a sweep where an outside implementation ran nothing, or no uneven plan, at some cp
+    allow_skipped: bool = False
     # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
     # batches (matrix.workload.expand_argv); recorded in each row, not in the point's identity
     workload: Optional[Any] = None
@@ -109,7 +111,7 @@ SEQ_LENS_MAX_ENTRIES = 1 << 16
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
 # A point with iters=auto: room for its time cap and the checks before the loop.
 AUTO_TIMEOUT_MIN_S = 2 * calibrate.TIME_CAP_S
-BOOLS = ("shared_kv", "flush_l2", "resume", "force")
+BOOLS = ("shared_kv", "flush_l2", "resume", "force", "allow_skipped")
 
 # Config groups and Hydra's own keys that may appear on the command line.
 GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp", "engine")

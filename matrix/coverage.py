@@ -1,20 +1,27 @@
-"""The report's plan coverage: which plan classes (matrix.plan_classes) each
-implementation ran at each cp, and a loud warning where an implementation
-from outside the project ran no uneven plan at some cp (its bugs in uneven
-shards cannot have shown there: a sweep of even plans passes code that
-breaks on the first uneven batch).
+"""Plan coverage: which plan classes (matrix.plan_classes) each
+implementation ran at each cp, and the gaps of an implementation from
+outside the project (:func:`gaps`): a cp of the sweep where it ran no plan,
+or no uneven plan (its bugs in uneven shards cannot have shown
+there: a sweep of even plans passes code that breaks on the first uneven
+batch, and one whose every plan is skipped passes anything). A gap is a
+loud line of the report and of the sweep's summary, and fails the sweep
+unless ``allow_skipped=true``.
 
-A row counts as run when it is not ``skipped``. Rows of a results file
+The report's table counts a row as run when it is not ``skipped``; a gap is
+judged on the rows whose plan the implementation's code ran (:data:`RAN`). Rows of a results file
 written before the ``plan_class`` column get their classes from their plan
 columns (the plan is rebuilt once per distinct plan).
 """
 
 from __future__ import annotations
 
-import pandas as pd
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from ._review import frame_md
 from .plan_classes import CLASSES, SEPARATOR, UNEVEN
+
+if TYPE_CHECKING:  # the sweep's summary calls gaps() without pandas
+    import pandas as pd
 
 CONFORMANCE = "+matrix=conformance"
 # The origin of the project's own implementations (nsa_cp_comm.impls.origin): "nsa_cp_comm VERSION".
@@ -24,6 +31,8 @@ BUILTIN_ORIGIN = "nsa_cp_comm "
 def plan_classes(df: pd.DataFrame) -> pd.Series:
     """Each row's ``plan_class`` cell; where it is empty, classified from the
     row's plan (policy, cp_size, effective_page_size, align, seq_lens)."""
+    import pandas as pd
+
     given = df["plan_class"].astype(object).fillna("").astype(str).str.strip() if "plan_class" in df else \
         pd.Series("", index=df.index)
     empty = given.eq("")
@@ -52,9 +61,17 @@ def _classify(policy: str, cp: str, page: str, align: str, seq_lens: str) -> str
     return label(plan)
 
 
+def is_outside(impl: object, origin: object) -> bool:
+    """Whether a row's implementation is from outside the project (a plug-in,
+    by reference or entry point): its origin is not nsa_cp_comm's own."""
+    text = "" if origin is None else str(origin).strip()
+    if text.lower() == "nan":
+        text = ""
+    return not text.startswith(BUILTIN_ORIGIN) and (text != "" or ":" in str(impl))
+
+
 def outside(df: pd.DataFrame) -> pd.Series:
-    """Rows of implementations from outside the project (a plug-in, by
-    reference or entry point): their origin is not nsa_cp_comm's own."""
+    """Rows of implementations from outside the project (:func:`is_outside`)."""
     origin = df["impl_origin"].astype(object).fillna("").astype(str).str.strip()
     return ~origin.str.startswith(BUILTIN_ORIGIN) & (origin.ne("") | df["impl"].astype(str).str.contains(":"))
 
@@ -64,34 +81,87 @@ def _ran(df: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(_classes=plan_classes(rows).str.split(SEPARATOR, regex=False))
 
 
-def without_uneven(df: pd.DataFrame) -> list[tuple[str, int]]:
-    """``(impl, cp)`` of each outside implementation and cp > 1 where it ran
-    only even plans."""
-    rows = _ran(df[outside(df)])
-    if rows.empty:
-        return []
-    uneven = rows["_classes"].map(lambda cs: any(c in UNEVEN for c in cs))
-    has = uneven.groupby([rows["impl"].astype(str), rows["cp_size"]]).any()
-    return [(impl, int(cp)) for (impl, cp), any_uneven in has.items() if cp > 1 and not any_uneven]
+# What a gap is.
+RAN_NOTHING = "ran nothing"
+NO_UNEVEN = "ran no uneven plan"
+
+
+# The statuses of a row whose plan the implementation's code ran: passing, or
+# failing (the failure is then its verdict); skipped, refused and passthrough
+# rows ran none of it.
+RAN = ("ok", "failed", "error", "timeout")
+
+
+def gaps(rows: Iterable[Mapping[str, object]]) -> list[tuple[str, int, str, str]]:
+    """``(impl, cp, what, why)`` for each outside implementation and each cp
+    of ``rows`` (the cps any implementation's rows are at) where no row of it
+    ran (:data:`RAN`; ``what`` is :data:`RAN_NOTHING`), or, at cp > 1, none
+    that ran is of an uneven plan class (:data:`NO_UNEVEN`). ``why``: the
+    first reason one of its rows there that did not run gave, or ''. Pure
+    Python: the sweep's summary calls it on the rows it read."""
+    cps: set[int] = set()
+    uneven: dict[tuple[str, int], bool] = {}  # (impl, cp) -> an uneven plan ran there
+    reasons: dict[tuple[str, int], str] = {}
+    impls: set[str] = set()
+    for row in rows:
+        try:
+            cp = int(float(str(row.get("cp_size"))))
+        except ValueError:
+            continue
+        cps.add(cp)
+        impl = str(row.get("impl", ""))
+        if not is_outside(impl, row.get("impl_origin")):
+            continue
+        impls.add(impl)
+        if str(row.get("status", "")).strip() in RAN:
+            classes = str(row.get("plan_class") or "").split(SEPARATOR)
+            uneven[(impl, cp)] = uneven.get((impl, cp), False) or any(c in UNEVEN for c in classes)
+        elif str(row.get("reason") or "").strip() not in ("", "nan"):
+            reasons.setdefault((impl, cp), " ".join(str(row.get("reason")).split()))
+    out = []
+    for impl in sorted(impls):
+        for cp in sorted(cps):
+            key = (impl, cp)
+            if key not in uneven:
+                out.append((impl, cp, RAN_NOTHING, reasons.get(key, "")))
+            elif cp > 1 and not uneven[key]:
+                out.append((impl, cp, NO_UNEVEN, reasons.get(key, "")))
+    return out
+
+
+def gap_lines(found: list[tuple[str, int, str, str]]) -> list[tuple[str, str]]:
+    """``(head, detail)`` per outside implementation and kind of gap: the
+    head names it and the cps, the detail says what follows and what to run."""
+    by: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for impl, cp, what, why in found:
+        by.setdefault((impl, what), []).append((cp, why))
+    out = []
+    for (impl, what), where in by.items():
+        why = next((w for _, w in where if w), "")
+        detail = ("every row of it there is skipped, refused or passthrough" if what == RAN_NOTHING else "")
+        detail += (f"{'; ' if detail else ''}first reason: {why}" if why else "")
+        out.append((f"`{impl}` {what} at cp={', '.join(str(cp) for cp, _ in where)}",
+                    (f"{detail}; " if detail else "") + "its rows there cannot show a bug in uneven shards (an empty "
+                    "rank, padding, a short rank before a long one). Run "
+                    f"`python -m matrix {CONFORMANCE} impl={impl},padded` (docs/plugins.md)"))
+    return out
 
 
 def warnings(df: pd.DataFrame) -> list[str]:
-    """The report's loud lines, one per outside implementation with a cp it
-    ran only even plans at; none otherwise."""
-    by_impl: dict[str, list[int]] = {}
-    for impl, cp in without_uneven(df):
-        by_impl.setdefault(impl, []).append(cp)
-    return [
-        f"**WARNING: `{impl}` ran no uneven plan at cp={', '.join(map(str, sorted(cps)))}**: its rows there "
-        f"cannot show a bug in uneven shards (an empty rank, padding, a short rank before a long one). Run "
-        f"`python -m matrix {CONFORMANCE} impl={impl},padded` (docs/plugins.md)."
-        for impl, cps in by_impl.items()
-    ]
+    """The report's loud lines, one per outside implementation and kind of
+    gap (:func:`gaps`); none otherwise."""
+    return [f"**WARNING: {head}**: {detail}." for head, detail in gap_lines(_gaps(df))]
+
+
+def _gaps(df: pd.DataFrame) -> list[tuple[str, int, str, str]]:
+    return gaps(df.assign(plan_class=plan_classes(df)).to_dict("records")) if len(df) else []
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:
     """Per implementation and cp: the rows that ran each plan class, the
     bystander counts they ran with, and whether any plan was uneven."""
+    import pandas as pd
+
     rows = _ran(df)
     if rows.empty:
         return pd.DataFrame()
@@ -112,6 +182,8 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
     """(report lines, appendix lines) of the coverage section: where an
     outside implementation ran, a line of totals and its table by cp; every
     impl's table in the appendix."""
+    from ._review import frame_md
+
     frame = table(df)
     if frame.empty:
         return [], []
@@ -125,9 +197,9 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
             f"`{CONFORMANCE}` runs each at every cp): "
             + ", ".join(f"{c} {int(n)}" for c, n in totals.items())
             + f"; by impl and cp in the [appendix]({appendix_file})."]
-    bad = without_uneven(df)
+    bad = _gaps(df)
     main += ["", f"Outside implementations, by cp (`missing`: the classes not run there; "
-                 f"{len(bad)} cp(s) of even plans only{', warned at the top' if bad else ''}):", ""]
+                 f"{len(bad)} cp(s) of nothing run or even plans only{', warned at the top' if bad else ''}):", ""]
     main.append(frame_md(ours.head(8), index=True))
     if len(ours) > 8:
         main += ["", f"... {len(ours) - 8} more: all in the [appendix]({appendix_file})"]

@@ -65,6 +65,8 @@ MEANING: dict[str, str] = {
     "results_dir": "where results.csv and samples.jsonl go; ${now:...} is taken once per sweep",
     "resume": "rerun only points without a row or whose rows are error/timeout",
     "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
+    "allow_skipped": "exit 0 although an outside implementation ran nothing ok, or no uneven plan ok, at a cp "
+                     "of the sweep (listed after the summary either way)",
     "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
     "engine": "a config group, engine=NAME: the serving engine whose split and padding rules the plans follow",
 }

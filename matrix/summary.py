@@ -4,9 +4,13 @@ The summary is read back from the results files after the sweep, for the
 points preflight expanded: it is the same whichever launcher ran the points
 (in this process, or as jobs on other machines), and a point that never wrote
 a row counts as ``missing``. The exit code is 1 when any point is failed,
-error, timeout or missing, else 0. Timed rows with too few samples for
-compare to flag a change (iters below MIN_SAMPLES) are named on a line of
-their own: compare, not the sweep, fails them.
+error, timeout or missing, or when an implementation from outside the
+project ran no plan, or no uneven plan, at a cp of the sweep
+(matrix.coverage: a plug-in that skips everything is no pass; each such gap
+is a line after the summary, and ``allow_skipped=true`` lets it exit 0),
+else 0. Timed rows with too few samples for compare to flag a change (iters
+below MIN_SAMPLES) are named on a line of their own: compare, not the sweep,
+fails them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .coverage import gap_lines, gaps
 from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
 from .significance import MIN_SAMPLES
 
@@ -45,11 +50,15 @@ def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> s
     return f"{head(cfg)}: " + " | ".join(describe(r) for r in rows)
 
 
-def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[str], list[str]]:
+def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
+              ) -> tuple[Counter[str], list[str], list[tuple[str, str]]]:
     """``points``: (config, point_id). Counts of the points' latest rows by
-    status, read from the results files, and the results files read; counts
-    of points: ``points``, ``missing`` (points without a row) and ``failing
-    points`` (points with a failed, error or timeout row)."""
+    status, read from the results files, the results files read, and the
+    coverage gaps of outside implementations (matrix.coverage.gap_lines);
+    counts of points: ``points``, ``missing`` (points without a row) and
+    ``failing points`` (points with a failed, error or timeout row); of gaps:
+    ``coverage gaps``, those not allowed (``allow_skipped`` false at a point
+    of the sweep)."""
     by_dir: dict[str, set[str]] = {}
     pts = list(points)
     for cfg, pid in pts:
@@ -60,17 +69,21 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]) -> tuple[Counter[
             if pid in pids:
                 rows[(d, pid)] = list(by_impl.values())
     counts: Counter[str] = Counter()
+    swept: list[dict[str, str]] = []
     for cfg, pid in pts:
         counts["points"] += 1
         got = rows.get((str(cfg["results_dir"]), pid), [])
         if not got:
             counts["missing"] += 1
+        swept += got
         for row in got:
             counts[row.get("status") or "missing"] += 1
         counts["failing points"] += any(row.get("status") in BAD_STATUSES for row in got)
         counts["unflaggable rows"] += sum(unflaggable(row) for row in got)
     files = [str(results_path(d)) for d in sorted(by_dir)]
-    return counts, files
+    found = gaps(swept)
+    counts["coverage gaps"] = 0 if all(cfg.get("allow_skipped") for cfg, _ in pts) else len(found)
+    return counts, files, gap_lines(found)
 
 
 def unflaggable(row: Mapping[str, Any]) -> bool:
@@ -121,12 +134,24 @@ def checked_rows(counts: Counter[str]) -> int:
 def exit_code(counts: Counter[str]) -> int:
     """1 when a point is failed, error, timeout or wrote no row; else 5 when no
     row checked anything (every row skipped: a sweep that proves nothing
-    must not pass); else 0."""
+    must not pass); else 1 when an outside implementation has a coverage gap
+    not allowed; else 0."""
     if any(counts[s] for s in (*BAD_STATUSES, "missing")):
         return EXIT_BAD
     if counts["points"] and not checked_rows(counts):
         return EXIT_NOTHING_CHECKED
+    if counts["coverage gaps"]:
+        return EXIT_BAD
     return EXIT_OK
+
+
+def gap_report(lines: list[tuple[str, str]], counts: Counter[str]) -> list[str]:
+    """The lines after the summary naming each coverage gap, and what they do to the exit."""
+    if not lines:
+        return []
+    verdict = ("exit 1 (allow_skipped=true passes them)" if counts["coverage gaps"]
+               else "allowed (allow_skipped=true)")
+    return [f"coverage: {head}: {detail}" for head, detail in lines] + [f"coverage: {len(lines)} gap(s): {verdict}"]
 
 
 def nothing_checked_line(counts: Counter[str]) -> str:

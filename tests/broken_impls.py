@@ -661,6 +661,18 @@ slow_stage = dataclasses.replace(_PADDED, prepare=_slow_form,
                                  doc=f"padded whose timed staging copy sleeps {SLOW_STAGE_S} s: right, and slow")
 
 
+# --- right wherever they run, but they run too little ------------------------------
+# What the sweep's coverage verdict (matrix.coverage.gaps) is for: every row
+# they write is ok or skipped, and a sweep of them alone proves nothing at a
+# cp where they skip everything, or every uneven plan.
+skips_cp3 = dataclasses.replace(
+    _PADDED, supports=lambda plan: "not built for cp=3" if plan.cp_size == 3 else "",
+    doc="padded that refuses every plan at cp=3 (supports)")
+even_only = dataclasses.replace(
+    _PADDED, supports=lambda plan: "" if plan.is_even else "uneven shards are not supported",
+    doc="padded that refuses every uneven plan (supports)")
+
+
 # --- timed forms that bring the ranks down ---------------------------------------
 def _with_call(act, *, after_scatter=False):
     """padded's production form that calls ``act(call, group)`` before its

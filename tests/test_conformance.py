@@ -169,13 +169,13 @@ def test_report_warns_loudly_of_a_plugin_with_only_even_plans_at_a_cp(tmp_path):
     section = md.split("## Plan classes covered")[1].split("\n## ")[0]
     # cp=3: one even row, nothing else
     assert re.search(r"\| tests.broken_impls:neighbour_rows +\| +3 \| +1 \| +0 \| +0 \| +0 \| +0 \| +0 \|", section)
-    assert "1 cp(s) of even plans only, warned at the top" in section
+    assert "1 cp(s) of nothing run or even plans only, warned at the top" in section
 
 
 def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tmp_path):
     md = _report(tmp_path / "a", _rows({2: ["even", "empty_rank"], 3: ["longest_not_first"]}))
     assert "WARNING" not in md
-    assert "0 cp(s) of even plans only)" in md.split("## Plan classes covered")[1]
+    assert "0 cp(s) of nothing run or even plans only)" in md.split("## Plan classes covered")[1]
     # the project's own implementation on even plans only: its uneven paths have their own tests
     md = _report(tmp_path / "b", _rows({3: ["even"]}, impl="legacy", origin="nsa_cp_comm 0.1.0"))
     assert "WARNING" not in md
@@ -245,3 +245,65 @@ def test_a_bystander_point_is_a_point_of_its_own(tmp_path):
     run, df = _loaded(tmp_path)
     assert (len(run.latest), run.duplicates, df[report.PAIR].nunique()) == (8, 0, 4)
     assert set(coverage.table(df)["bystanders"]) == {"0,1"}
+
+
+# --- the sweep's coverage verdict: what ran, not what was kept
+
+
+def _cov_row(impl: str, cp: int, status: str, plan_class: str = "even", origin: str = "tests.broken_impls",
+             reason: str = "") -> dict[str, object]:
+    return {"impl": impl, "cp_size": str(cp), "status": status, "plan_class": plan_class, "impl_origin": origin,
+            "reason": reason}
+
+
+def test_gaps_count_the_rows_an_outside_impl_ran():
+    """Skipped, refused and passthrough rows ran none of its code; ok and
+    failing rows did. The project's own impls have no gaps; cp 1 needs no
+    uneven plan."""
+    mine = "tests.broken_impls:x"
+    rows = [_cov_row("padded", cp, "ok", "uneven_by_one", "nsa_cp_comm 0.1.0") for cp in (1, 2, 3, 4)]
+    rows += [_cov_row(mine, 1, "ok"), _cov_row(mine, 2, "ok"), _cov_row(mine, 2, "failed", "empty_rank")]
+    rows += [_cov_row(mine, 3, s, "uneven_by_one", reason="not built for cp=3")
+             for s in ("skipped", "refused", "passthrough")]
+    rows += [_cov_row(mine, 4, "ok"), _cov_row(mine, 4, "skipped", "empty_rank", reason="uneven not supported")]
+    assert coverage.gaps(rows) == [(mine, 3, coverage.RAN_NOTHING, "not built for cp=3"),
+                                   (mine, 4, coverage.NO_UNEVEN, "uneven not supported")]
+    # every cp covered: no gap
+    rows += [_cov_row(mine, 3, "ok", "empty_rank"), _cov_row(mine, 4, "timeout", "longest_not_first")]
+    assert coverage.gaps(rows) == []
+    # the project's own implementation skipping everything is not an outside gap
+    assert coverage.gaps([_cov_row("legacy", 3, "skipped", origin="nsa_cp_comm 0.1.0")]) == []
+
+
+SKIPPERS = f"{BROKEN}:skips_cp3,{BROKEN}:even_only"
+
+
+def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(tmp_path):
+    """At cp 3, where it refused every plan, there was no warning and the
+    sweep exited 0; the one that refused every uneven plan was warned about
+    in the report only."""
+    from matrix_cli import run_matrix
+
+    res = tmp_path / "res"
+    run = run_matrix(res, f"impl={SKIPPERS}", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32", "iters=5",
+                     "warmup=0", "dtype=float32")
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    summary_line = next(ln for ln in run.stdout.splitlines() if ln.startswith("matrix summary:"))
+    assert "failed 0, error 0, timeout 0" in summary_line, summary_line
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("coverage: ")]
+    assert any(ln.startswith(f"coverage: `{BROKEN}:skips_cp3` ran nothing at cp=3: every row of it there is "
+                             "skipped, refused or passthrough; first reason: ") and "not built for cp=3" in ln
+               for ln in lines), lines
+    assert any(ln.startswith(f"coverage: `{BROKEN}:even_only` ran no uneven plan at cp=2, 3") for ln in lines), lines
+    assert not any("skips_cp3` ran no uneven" in ln or "cp=2" in ln and "skips_cp3" in ln for ln in lines), lines
+    assert lines[-1] == "coverage: 2 gap(s): exit 1 (allow_skipped=true passes them)"
+    # the same sweep, finished, allowed: exit 0, the gaps still listed
+    again = run_matrix(res, f"impl={SKIPPERS}", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32", "iters=5",
+                       "warmup=0", "dtype=float32", "resume=true", "allow_skipped=true")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "coverage: 2 gap(s): allowed (allow_skipped=true)" in again.stdout
+    # and the report warns of both
+    assert report.main([str(res)]) == 0
+    head = (res / "report.md").read_text().split("## Verdicts")[0]
+    assert f"**WARNING: `{BROKEN}:skips_cp3` ran nothing at cp=3**" in head, head
+    assert f"**WARNING: `{BROKEN}:even_only` ran no uneven plan at cp=2, 3**" in head, head

@@ -15,12 +15,12 @@ def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Pat
                          make_row("legacy", status="timeout", point_id="p1"),
                          make_row("padded", cp=4, point_id="p2"), make_row("legacy", cp=4, point_id="p2")])
     cfg = {"results_dir": str(tmp_path)}
-    counts, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
+    counts, _, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
     line = summary.render(counts, [])
     assert line == ("matrix summary: 3 points, 4 rows: ok 2, failed 0, error 1, timeout 1; "
                     "failed, error or timeout: 2 rows of 1 point; missing 1 point (wrote no row)")
     assert summary.exit_code(counts) == summary.EXIT_BAD
-    counts, _ = summary.summarize([(cfg, "p2")])
+    counts, _, _ = summary.summarize([(cfg, "p2")])
     assert summary.render(counts, []) == "matrix summary: 1 point, 2 rows: ok 2, failed 0, error 0, timeout 0"
 
 
@@ -30,9 +30,9 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
     write_run(tmp_path, [make_row("padded", point_id="p1", iters=3), make_row("legacy", point_id="p1", iters=3),
                          make_row("padded", point_id="p2", iters="auto"), make_row("padded", point_id="p3")])
     cfg = {"results_dir": str(tmp_path)}
-    counts, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
+    counts, _, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
     assert summary.render(counts, []).splitlines()[1] == (
         "samples too few: 2 timed rows with fewer than 5 iterations: no change in them can be significant, and "
         "compare fails them as unverified; time with iters=5 or more, or iters=auto")
-    counts, _ = summary.summarize([(cfg, "p2"), (cfg, "p3")])
+    counts, _, _ = summary.summarize([(cfg, "p2"), (cfg, "p3")])
     assert "samples too few" not in summary.render(counts, [])
