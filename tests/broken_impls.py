@@ -446,6 +446,24 @@ def _rare_corruption(form, plan, hidden, dtype, device, group):
     return dataclasses.replace(form, scatter=corrupt)
 
 
+# The timed loop of tests/test_timed_check.py: one warm-up and 12 timed iterations.
+LOOP_CALLS = 13
+
+
+def _last_only(form, plan, hidden, dtype, device, group):
+    # Right on every call but the timed loop's last: one element changed there.
+    calls, scatter = [0], form.scatter
+
+    def corrupt(*args):
+        calls[0] += 1
+        out = scatter(*args)
+        if calls[0] == LOOP_CALLS and out.numel():
+            out.view(-1)[0] += 1
+        return out
+
+    return dataclasses.replace(form, scatter=corrupt)
+
+
 CHEATS = {
     "wrong_way_stage": (_wrong_way, "stages the wrong way round: local.copy_(slot)"),
     "stops_gathering": (_stops_gathering, "reuses its workspace and stops issuing the all-gather after 3 calls"),
@@ -454,6 +472,7 @@ CHEATS = {
     "idle_between": (_idle_between, "idle (stale buffers) on calls 3 and 4"),
     "every_other": (_every_other, "the all-gather on odd calls only"),
     "rare_corruption": (_rare_corruption, "one scatter output in ten has one element changed"),
+    "last_only": (_last_only, f"its {LOOP_CALLS}th scatter output (the last of a 1 + 12 loop) has one element changed"),
 }
 for _name, (_cheat, _doc) in CHEATS.items():
     globals()[_name] = _cheating(_name, _cheat, _doc)

@@ -85,3 +85,60 @@ def _wrapping_gather(local, plan, group):
 
 wraps_all_gather = RoundTripImpl("wraps_all_gather", _wrapping_gather, _scatter,
                                  doc="wraps torch.distributed's all-gather on its first call")
+
+
+def _precision_gather(local, plan, group):
+    torch.set_float32_matmul_precision("medium")  # TF32-class matmuls from now on, never restored
+    return _gather(local, plan, group)
+
+
+sets_matmul_precision = RoundTripImpl("sets_matmul_precision", _precision_gather, _scatter,
+                                      doc="sets torch's float32 matmul precision to medium")
+
+
+def _slowing_gather(local, plan, group):
+    """Wrap the project's own gather, which padded's timed form calls, with a
+    sleep: this plug-in's rows are right, the next point's padded row slow."""
+    import time
+
+    from nsa_cp_comm import production
+
+    fn = production.all_gather_into
+    if not getattr(fn, "slowed", False):
+        def slowed(*args, _fn=fn, **kwargs):
+            time.sleep(0.002)
+            return _fn(*args, **kwargs)
+
+        slowed.slowed = True
+        production.all_gather_into = slowed
+    return _gather(local, plan, group)
+
+
+slows_library_gather = RoundTripImpl("slows_library_gather", _slowing_gather, _scatter,
+                                     doc="wraps nsa_cp_comm.production.all_gather_into with a 2 ms sleep")
+
+
+def _late_change_form(plan, hidden, dtype, device, group):
+    """The checked round trips leave the rank as it was; the production
+    form's second scatter (in the timed loop) changes the thread count."""
+    import dataclasses
+
+    from nsa_cp_comm.production import Production, calls_form
+
+    form: Production = calls_form(changes_in_its_timed_loop, plan, hidden, dtype, device, group)
+    calls: list[int] = []
+
+    def scatter():
+        calls.append(1)
+        if len(calls) == 2:
+            if not _THREADS:
+                _THREADS.append(5 if torch.get_num_threads() == 7 else 7)
+            torch.set_num_threads(_THREADS[0])
+        return form.scatter()
+
+    return dataclasses.replace(form, scatter=scatter)
+
+
+changes_in_its_timed_loop = RoundTripImpl(
+    "changes_in_its_timed_loop", _gather, _scatter, prepare=_late_change_form,
+    doc="sets torch's intra-op threads in its timed loop's second round trip, not in its checks")

@@ -396,6 +396,30 @@ def _state_change(how: str):
     if how == "default_device":
         torch.set_default_device("meta")
         return lambda: torch.set_default_device(None)
+    if how == "matmul_precision":
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("medium" if before != "medium" else "high")
+        return lambda: torch.set_float32_matmul_precision(before)
+    if how.startswith("backend:"):  # backend:cudnn.benchmark, backend:cuda.matmul.allow_tf32
+        *path, name = how.removeprefix("backend:").split(".")
+        owner = torch.backends
+        for part in path:
+            owner = getattr(owner, part)
+        saved = getattr(owner, name)
+        setattr(owner, name, not saved)
+        return lambda: setattr(owner, name, saved)
+    if how.startswith("lib:"):  # lib:module.attribute, or lib:module.Class.method
+        import importlib
+
+        module_name, _, rest = how.removeprefix("lib:").rpartition(".")
+        try:
+            owner, name = importlib.import_module(module_name), rest
+        except ModuleNotFoundError:  # module.Class.method
+            module_name, _, cls = module_name.rpartition(".")
+            owner, name = getattr(importlib.import_module(module_name), cls), rest
+        saved = vars(owner)[name]
+        setattr(owner, name, _wrapped(getattr(owner, name), name))
+        return lambda: setattr(owner, name, saved)
     raise ValueError(f"how={how!r}")
 
 

@@ -36,6 +36,15 @@ HOSTILE = "tests.hostile_impls"
                             f"(was torch.distributed.distributed_c10d.{name})")
       for name in ("all_gather_single", "all_reduce", "_new_group_with_tag")],
     ("wrap:ProcessGroup._allgather_base", "torch.distributed.ProcessGroup._allgather_base is rank_tasks._wrapped."),
+    # torch couples these two: setting either sets the other
+    ("matmul_precision", "float32 matmul precision is medium (was highest); cuda matmul allow_tf32 is True (was False)"),
+    ("backend:cuda.matmul.allow_tf32", "float32 matmul precision is high (was highest); cuda matmul allow_tf32 is "
+                                       "True (was False)"),
+    ("backend:cudnn.benchmark", "cudnn benchmark is True (was False)"),
+    ("backend:cudnn.allow_tf32", "cudnn allow_tf32 is "),
+    *[(f"lib:{name}", f"{name} is rank_tasks._wrapped.<locals>.wrapped (was ")
+      for name in ("nsa_cp_comm.production.all_gather_into", "nsa_cp_comm.collectives.reduce_scatter_into",
+                   "nsa_cp_comm.roundtrip.padded_gather", "nsa_cp_comm.communicator.CPLayerCommunicator.prepare_mlp")],
 ])
 def test_each_recorded_item_changed_by_a_task_is_named(rank_pool, how, named):
     """Each item alone, undone by the same task, so the warm pool stays clean
@@ -45,7 +54,7 @@ def test_each_recorded_item_changed_by_a_task_is_named(rank_pool, how, named):
     for r in pool.run(rank_tasks.state_changes_seen, how, timeout_s=60):
         assert r.ok, r.error
         seen, after = r.value
-        assert seen.startswith(named) and "; " not in seen, seen  # that item, and only it
+        assert seen.startswith(named) and "; " not in seen.removeprefix(named), seen  # that item, and only it
         assert after == ""
 
 
@@ -91,7 +100,8 @@ def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are
     from nsa_cp_comm.harness.spec import PointSpec
 
     pool = rank_pool(2)
-    impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order", "padded")
+    impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order", "padded",
+             f"{HOSTILE}:sets_matmul_precision", f"{HOSTILE}:slows_library_gather")
     spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **SMALL)
     rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
     assert not pool.alive
@@ -109,10 +119,38 @@ def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are
     fn = "torch.distributed.distributed_c10d.all_gather_single"
     assert f"{fn} is tests.hostile_impls._wrap_all_gather.<locals>.traced (was " in wraps.reason
     assert "intra-op threads" not in wraps.reason
+    # torch's precision switches, and the project's own functions the built-ins call
+    precision, slows = rows[impls[4]], rows[impls[5]]
+    for row in (precision, slows):
+        assert (row.status, row.failed_check) == ("failed", "rank_state"), row
+    assert "float32 matmul precision is medium (was " in precision.reason, precision.reason
+    assert ("nsa_cp_comm.production.all_gather_into is tests.hostile_impls._slowing_gather.<locals>.slowed (was "
+            "nsa_cp_comm.collectives.all_gather_into)") in slows.reason, slows.reason
     fresh = rank_pool(2)
     ok = point._after_point_check(fresh, run_point(PointSpec((10, 6), 2, "zigzag", impls=("padded",), **SMALL), fresh,
                                                    timeout_s=60), 60)
     assert [r.status for r in ok] == ["ok"] and fresh.alive, ok
+
+
+def test_a_change_made_in_a_real_timed_turn_is_blamed_on_that_turn_alone(rank_pool):
+    """The watch looks after every timed turn: a plug-in that changes its
+    ranks in its timed loop only gets the failed row, naming the turn, and
+    the point's other implementations are rerun on fresh ranks and pass.
+    Without the look after timed turns, only the after-point check sees the
+    change, and every row of the point fails, the built-ins' included."""
+    from matrix import point
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    pool = rank_pool(2)
+    impls = (f"{HOSTILE}:changes_in_its_timed_loop", "padded", "legacy")
+    spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **{**SMALL, "iters": 4})
+    rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
+    late = rows[impls[0]]
+    assert (late.status, late.failed_check) == ("failed", "rank_state"), late
+    assert "found after its turn in iteration " in late.reason and "of the timed loop" in late.reason, late.reason
+    assert re.search(r"intra-op threads is (\d+) \(was (\d+)\)", late.reason), late.reason
+    assert rows["padded"].status == "ok" and rows["legacy"].status == "ok", (rows["padded"], rows["legacy"])
 
 
 def test_a_change_made_in_a_timed_turn_is_blamed_on_that_turn():

@@ -5,6 +5,8 @@ bad input as one line."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -545,3 +547,33 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
 def test_usage_error_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([]) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_each_impls_ratio_is_over_the_points_every_impl_was_timed_in_the_report_and_its_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Like with like: a plug-in 3x slower only on the uneven point legacy
+    refused is 1x on the points all three were timed. Taken over each impl's
+    own pairs the median would read 2x. The verdict line of report.md and the
+    summary of report.json are two renderings of it: they agree, on a folder
+    with a torn line and a refused row too."""
+    mine = dict(impl_origin="mine 1.0")
+    rows = [
+        make_row("padded", seq_lens=(512, 512), p50=100.0), make_row("legacy", seq_lens=(512, 512), p50=100.0),
+        make_row("mine", seq_lens=(512, 512), p50=100.0, **mine),
+        make_row("padded", seq_lens=(1001, 300), p50=100.0, padded_total=1304),
+        make_row("legacy", seq_lens=(1001, 300), p50=None, status="refused", padded_total=1304),
+        make_row("mine", seq_lens=(1001, 300), p50=300.0, padded_total=1304, **mine),
+    ]
+    append(tmp_path, rows)
+    with (tmp_path / "results.csv").open("a") as f:
+        f.write("2,1,[7")  # a torn last line
+    assert report.main([str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    assert summary["ratio_to_reference"]["mine"]["n"] == 1
+    assert summary["ratio_to_reference"]["mine"]["median"] == pytest.approx(1.0)
+    first = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("**Verdict"))
+    for impl, r in summary["ratio_to_reference"].items():
+        if impl != "padded":
+            assert f"{impl}/padded {r['median']:.2f} (quartiles {r['q1']:.2f}-{r['q3']:.2f} over {r['n']} point" \
+                in first, (impl, r, first)
+    assert "2.00" not in first, first

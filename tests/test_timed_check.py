@@ -40,6 +40,9 @@ def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, 
     # The count is of wrong iterations, out of all of them (warm-up included).
     assert "wrong in 1 of 13 iterations" in rows["tests.broken_impls:rare_corruption"].reason
     assert "wrong in 2 of 13 iterations" in rows["tests.broken_impls:idle_between"].reason
+    # the loop's last iteration is checked as every other is
+    last = rows["tests.broken_impls:last_only"].reason
+    assert "wrong in 1 of 13 iterations" in last and "iteration 12 (timed 11)" in last, last
     zeroed = rows["tests.broken_impls:zeroes_caller"].reason
     assert "the caller's rows changed during the round trip" in zeroed
 

@@ -3,10 +3,13 @@
 Ranks are reused across points, so a point that leaves a rank changed would
 fail, or silently change, the next, unrelated point: its process group
 destroyed; torch's global settings (intra- and inter-op threads, grad mode,
-deterministic algorithms, flush-denormal, default dtype and device) changed;
-a ``torch.distributed`` function the harness calls replaced by a wrapper (a
-plug-in that wraps the all-gather at import slows every later point on those
-ranks). :func:`remember` records the state a rank starts with. During a
+deterministic algorithms, flush-denormal, default dtype and device, float32
+matmul precision, the TF32 and reduced-precision switches of CUDA matmuls,
+cuDNN's switches) changed; a ``torch.distributed`` function the harness
+calls, or a function or method of this library (``nsa_cp_comm``, whose
+collectives, round trips and timed forms the built-ins call), replaced by a
+wrapper (a plug-in that wraps the all-gather, or ``production.all_gather_into``,
+slows every later point on those ranks: padded about 2.2x, and ``ok``). :func:`remember` records the state a rank starts with. During a
 point, :class:`Watch` compares after each implementation's steps, so the
 implementation after whose step a change was first found gets the ``failed``
 row (``failed_check`` ``rank_state``) and the others are rerun on fresh ranks
@@ -45,6 +48,7 @@ BYSTANDER_RANK = (1 << 20) - 1
 
 _START: dict[str, Any] = {}
 _START_FUNCTIONS: dict[str, Any] = {}
+_LIBRARY: list[tuple[str, Any, str, Any]] = []
 
 
 def _settings() -> dict[str, Any]:
@@ -64,7 +68,27 @@ def _settings() -> dict[str, Any]:
     get_device = getattr(torch, "get_default_device", None)
     if get_device is not None:
         state["default device"] = get_device()
+    state["float32 matmul precision"] = torch.get_float32_matmul_precision()
+    # readable in a CPU build too; a plug-in may set them whatever the device
+    for name, read in _BACKEND_SWITCHES:
+        try:
+            state[name] = read(torch.backends)
+        except (AttributeError, RuntimeError):
+            pass
     return state
+
+
+# torch.backends switches that change what a kernel computes or how fast.
+_BACKEND_SWITCHES: tuple[tuple[str, Any], ...] = (
+    ("cuda matmul allow_tf32", lambda b: b.cuda.matmul.allow_tf32),
+    ("cuda matmul fp16 reduced-precision reduction", lambda b: b.cuda.matmul.allow_fp16_reduced_precision_reduction),
+    ("cuda matmul bf16 reduced-precision reduction", lambda b: b.cuda.matmul.allow_bf16_reduced_precision_reduction),
+    ("cudnn enabled", lambda b: b.cudnn.enabled),
+    ("cudnn allow_tf32", lambda b: b.cudnn.allow_tf32),
+    ("cudnn benchmark", lambda b: b.cudnn.benchmark),
+    ("cudnn deterministic", lambda b: b.cudnn.deterministic),
+    ("mkldnn enabled", lambda b: b.mkldnn.enabled),
+)
 
 
 def _functions() -> dict[str, Any]:
@@ -88,6 +112,40 @@ def _functions() -> dict[str, Any]:
     return found
 
 
+def _library_places() -> list[tuple[str, Any, str, Any]]:
+    """``(name, namespace, attribute, value)`` for every function and class of
+    this library's loaded modules and every method those classes define, as
+    their module holds them (a module that imported ``all_gather_into`` holds
+    its own name for it, which a wrapper can replace alone), and for the
+    registry's built-in implementations; a namespace is the live ``vars()``
+    of a module or class, or the registry itself. Walked once, at
+    :func:`remember`: a look after every timed turn reads only these places."""
+    import inspect
+    import sys
+
+    found: list[tuple[str, Any, str, Any]] = []
+    classes: set[int] = set()  # a class's methods once, under its own module's name
+    for modname, module in list(sys.modules.items()):
+        if not (modname == "nsa_cp_comm" or modname.startswith("nsa_cp_comm.")) or module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            if name.startswith("__") or not (inspect.isfunction(value) or inspect.isclass(value)):
+                continue
+            if not str(getattr(value, "__module__", "")).startswith("nsa_cp_comm"):
+                continue
+            found.append((f"{modname}.{name}", vars(module), name, value))
+            if inspect.isclass(value) and id(value) not in classes:
+                classes.add(id(value))
+                own = f"{value.__module__}.{value.__qualname__}"
+                found += [(f"{own}.{attr}", vars(value), attr, member) for attr, member in vars(value).items()
+                          if not attr.startswith("__") and inspect.isfunction(member)]
+    impls = sys.modules.get("nsa_cp_comm.impls")
+    if impls is not None:
+        found += [(f"nsa_cp_comm.impls.REGISTRY[{name!r}]", impls.REGISTRY, name, impl)
+                  for name, impl in list(impls.REGISTRY.items()) if impls.origin(impl) == impls._own_origin()]
+    return found
+
+
 def _name(fn: Any) -> str:
     if fn is None:
         return "missing"
@@ -100,6 +158,7 @@ def remember() -> None:
     """Record this rank's state as it starts (once its group is up)."""
     _START.update(_settings())
     _START_FUNCTIONS.update(_functions())
+    _LIBRARY[:] = _library_places()
 
 
 def begin_point(seed: int, rank: int | None) -> None:
@@ -120,6 +179,8 @@ def differences() -> list[str]:
     now = _functions()
     found += [f"{key} is {_name(now.get(key))} (was {_name(fn)})" for key, fn in _START_FUNCTIONS.items()
               if now.get(key) is not fn]
+    found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
+              if space.get(attr) is not value]
     return found
 
 
