@@ -26,21 +26,25 @@ input (one line):
   skipped the point);
 - regressed: both rows are timed and the metric got worse (a rise for times
   and ratios, a drop for ``*_GBps``) by more than ``--fail-above`` **and**
-  beyond the noise: where both rows have per-iteration samples
-  (``samples.jsonl``, matrix.samples), the samples differ by a one-sided
+  beyond the noise: for a sampled metric, NEW's per-iteration samples
+  (``samples.jsonl``, matrix.samples) differ from BASE's by a one-sided
   Mann-Whitney U test, Benjamini-Hochberg at false discovery rate 1% over
-  the rows tested (matrix.significance); elsewhere worse by more than the rows' spread
-  (``roundtrip_iqr_us``), for the paired metric on ``roundtrip_p50_us``
-  instead. A change beyond the threshold that the noise covers is marked
-  ``within noise`` and does not gate;
-- unverified: a row timed in both runs that neither rule could check: for
-  the paired metric, samples unusable on a side (no line, an empty control,
-  a NaN) and no ``roundtrip_p50_us`` with a spread to fall back on, or
-  samples too few a side for any difference to be significant (fewer than
-  5: e.g. the smoke preset's iters=3, whose smallest p-value is 0.05); for
-  another metric, a value on one side only (``--allow-unverified`` lets it
-  pass). A sampled metric other than the paired one with too few samples is
-  gated by the spread rule instead.
+  the rows tested (matrix.significance); where neither run kept samples at
+  all (folders older than them), and for metrics without samples, worse by
+  more than the rows' spread (``roundtrip_iqr_us``; for the paired metric on
+  ``roundtrip_p50_us`` instead). A change beyond the threshold that the noise
+  covers, on samples with the power to see one, is marked ``within noise``
+  and does not gate. Every regressed row names its evidence: NEW over BASE
+  and the 1-minute load each side was timed at;
+- unverified (``--allow-unverified`` lets it pass): a row timed in both runs
+  whose samples are missing, unusable (unreadable, NaN, no control, a line
+  of another run) or absent on a side while either run kept samples; with
+  too few samples for any difference to be significant (fewer than 5: e.g.
+  the smoke preset's iters=3, whose smallest p-value is 0.05); tested but
+  with less than 0.8 power to flag twice the threshold (``low power``, or
+  ``too noisy`` where iters=auto hit its cap: significance.power); where
+  neither run kept samples, no ``roundtrip_p50_us`` with a spread to fall
+  back on; for another metric, a value on one side only.
 
 The default metric, ``roundtrip_vs_control``, is each iteration's round trip
 over the A/A control's round trip timed in the same iteration (a bare
