@@ -800,6 +800,8 @@ def main(argv: list[str] | None = None) -> int:
         "correctness-lost": int(j["correctness_lost"].sum()),
         "regressed": int(j["regressed"].sum()),
         "unverified": int(j["unverified"].sum()),
+        # of those, tested but without the power to have flagged a regression
+        "underpowered": int((j["unverified"] & j["power"].lt(POWER_MIN)).sum()),
         "within-noise": int(j["within_noise"].sum()),
         "improved": int(j["improved"].sum()),
     }

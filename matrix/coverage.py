@@ -92,14 +92,14 @@ NO_UNEVEN = "ran no uneven plan"
 RAN = ("ok", "failed", "error", "timeout")
 
 
-def gaps(rows: Iterable[Mapping[str, object]]) -> list[tuple[str, int, str, str]]:
+def gaps(rows: Iterable[Mapping[str, object]], cps: Iterable[int] = ()) -> list[tuple[str, int, str, str]]:
     """``(impl, cp, what, why)`` for each outside implementation and each cp
-    of ``rows`` (the cps any implementation's rows are at) where no row of it
+    of ``rows`` (the cps any implementation's rows are at, and ``cps``) where no row of it
     ran (:data:`RAN`; ``what`` is :data:`RAN_NOTHING`), or, at cp > 1, none
     that ran is of an uneven plan class (:data:`NO_UNEVEN`). ``why``: the
     first reason one of its rows there that did not run gave, or ''. Pure
     Python: the sweep's summary calls it on the rows it read."""
-    cps: set[int] = set()
+    swept: set[int] = set(cps)
     uneven: dict[tuple[str, int], bool] = {}  # (impl, cp) -> an uneven plan ran there
     reasons: dict[tuple[str, int], str] = {}
     impls: set[str] = set()
@@ -108,7 +108,7 @@ def gaps(rows: Iterable[Mapping[str, object]]) -> list[tuple[str, int, str, str]
             cp = int(float(str(row.get("cp_size"))))
         except ValueError:
             continue
-        cps.add(cp)
+        swept.add(cp)
         impl = str(row.get("impl", ""))
         if not is_outside(impl, row.get("impl_origin")):
             continue
@@ -120,7 +120,7 @@ def gaps(rows: Iterable[Mapping[str, object]]) -> list[tuple[str, int, str, str]
             reasons.setdefault((impl, cp), " ".join(str(row.get("reason")).split()))
     out = []
     for impl in sorted(impls):
-        for cp in sorted(cps):
+        for cp in sorted(swept):
             key = (impl, cp)
             if key not in uneven:
                 out.append((impl, cp, RAN_NOTHING, reasons.get(key, "")))
@@ -154,7 +154,16 @@ def warnings(df: pd.DataFrame) -> list[str]:
 
 
 def _gaps(df: pd.DataFrame) -> list[tuple[str, int, str, str]]:
-    return gaps(df.assign(plan_class=plan_classes(df)).to_dict("records")) if len(df) else []
+    """:func:`gaps` of a loaded run: the outside rows' cells, column by
+    column, and every cp of the run."""
+    if not len(df):
+        return []
+    mine = df[outside(df)]
+    cols = {"impl": mine["impl"], "cp_size": mine["cp_size"], "status": mine["status"],
+            "plan_class": plan_classes(mine), "impl_origin": mine["impl_origin"], "reason": mine["reason"]}
+    rows = [dict(zip(cols, cells)) for cells in zip(*(c.astype(object).tolist() for c in cols.values()))]
+    cps = {int(cp) for cp in df["cp_size"].dropna().unique()}
+    return gaps(rows, cps)
 
 
 def table(df: pd.DataFrame) -> pd.DataFrame:

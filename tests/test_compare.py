@@ -117,7 +117,7 @@ def test_run_against_itself_passes(base: str, capsys: pytest.CaptureFixture[str]
     assert code == 0, out
     assert summary(out) == (
         "summary: points=6 rows=10 joined=10 missing=0 only-in-new=0 status-worse=0 failing-in-new=0 "
-        "correctness-lost=0 regressed=0 unverified=0 within-noise=0 improved=0 -> PASS"
+        "correctness-lost=0 regressed=0 unverified=0 underpowered=0 within-noise=0 improved=0 -> PASS"
     )
     assert err == ""  # same environment: no warning
     assert "+0.0%" in out

@@ -106,8 +106,11 @@ CHECKS: dict[str, str] = {
     "rank_state": "every rank is as it started after each of the implementation's steps (its checks, its timed "
                   "form's building, each of its timed turns) and after the point (asked by the pool): its "
                   "process group alive, torch's intra- and inter-op threads, grad mode, deterministic algorithms "
-                  "(and warn-only), flush-denormal, default dtype and device unchanged, and every torch.distributed "
-                  "function the harness calls the same object; the reason names each change with its old and new "
+                  "(and warn-only), flush-denormal, default dtype and device, float32 matmul precision, CUDA matmul "
+                  "TF32 and reduced-precision switches, cuDNN and mkldnn switches unchanged, every torch.distributed "
+                  "function the harness calls and every function, class and method of this library (as each of its "
+                  "modules holds it, and the registry's built-ins) the same object; the reason names each change "
+                  "with its old and new "
                   "value and the ranks, the implementation after whose step it was found gets the row, and the "
                   "others are rerun on fresh ranks. The mistake: a global left set, or a collective wrapped, that "
                   "would change the next point's rows",
