@@ -213,13 +213,22 @@ def defaults() -> dict[str, str]:
     return {"metric": cmp.DEFAULT_METRIC, "threshold": cmp.DEFAULT_THRESHOLD}
 
 
+def _commit() -> str:
+    """The checkout's commit: the gate measured is the one of that tree."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def measure(pairs: int, default_pair: bool, out: Path, held: float | None = None,
             fraction: float = FAULT_FRACTION) -> dict[str, Any]:
     from steady_main_job import LoadHolder
 
     data: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": machine(), "defaults": defaults(),
                             "sweep": "python -m matrix " + " ".join(SWEEP), "slowdown": SLOWDOWN, "fault_fraction": fraction,
-                            "fault": FAULT.format(fraction), "load_target": held,
+                            "fault": FAULT.format(fraction), "load_target": held, "commit": _commit(),
                             "pairs_asked": pairs, "load_before": round(os.getloadavg()[0], 2), "trials": []}
     holder = LoadHolder(held, 0)
     if held is not None:
@@ -310,7 +319,8 @@ def render(data: dict[str, Any]) -> str:
     its = [t["iterations"] for t in trials]
     loads = sorted(x for t in trials for x in (t["load_min"], t["load"]))
     held = data.get("load_target")
-    command = "python benchmarks/compare_power.py" + (f" --load {held:g}" if held is not None else "")
+    command = ("python benchmarks/compare_power.py" + (f" --load {held:g}" if held is not None else "")
+               + (f" --fault-fraction {data['fault_fraction']:g}" if data["fault_fraction"] != FAULT_FRACTION else ""))
     load_text = (f"1-minute load average held at {held:g}: {loads[0]:.1f}-{loads[-1]:.1f} during the trials, "
                  f"median {statistics.median(t.get('load_median', t['load']) for t in trials):.1f}"
                  if held is not None else f"1-minute load average {loads[0]:.1f}-{loads[-1]:.1f} during the trials")
@@ -318,7 +328,8 @@ def render(data: dict[str, Any]) -> str:
         f"Measured with `{command}` on a {m['nproc']}-core {m['cpu']} machine "
         f"(torch {m['torch']}, {data['date']}; {load_text}), at the defaults (`--metric {d['metric']}`, `--fail-above {d['threshold']}`) on the "
         f"README's review flow (`{data['sweep']}`, {data['points']} points): **{false_alarms} false alarms "
-        f"in {n} pairs** of runs of identical code, and the padded path slowed about {data['slowdown']:g}x "
+        f"in {n} pairs** of runs of identical code, and the padded path slowed "
+        + (f"about {data['slowdown']:g}x " if data.get("load_target") is None else "")
         + (f"({data.get('fault') or OLD_FAULT.format(data['fault_fraction'])}, "
            f"which the paired metric saw as {points_seen[0]:.2f}x-{points_seen[-1]:.2f}x at each point, median "
            f"{statistics.median(points_seen):.2f}x; between identical runs a point moved "

@@ -77,12 +77,15 @@ def test_render_changes_with_the_figures():
     assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
 
 
-def test_docs_quote_exactly_the_committed_gate_figures():
-    data = json.loads(compare_power.JSON_PATH.read_text())
-    block = compare_power.BLOCK.search(compare_power.DOC.read_text())
-    assert block, f"{compare_power.DOC.name} has no <!-- compare_power --> block"
+@pytest.mark.parametrize("load", compare_power.measured_loads(), ids=lambda v: f"load{v:g}" if v else "as-is")
+def test_docs_quote_exactly_the_committed_gate_figures(load):
+    path = compare_power.json_path(load)
+    data = json.loads(path.read_text())
+    assert data.get("load_target") == load
+    block = compare_power.block(load).search(compare_power.DOC.read_text())
+    assert block, f"{compare_power.DOC.name} has no block for {path.name}"
     assert _squash(block.group(2)) == _squash(compare_power.render(data)), (
-        "the quoted gate figures differ from compare_power.json: run python benchmarks/compare_power.py --render")
+        f"the quoted gate figures differ from {path.name}: run python benchmarks/compare_power.py --render")
 
 
 def test_gate_figures_are_of_the_readme_review_flow():
