@@ -45,7 +45,7 @@ MIN_ITERS = 20
 MAX_ITERS = 2000
 TIME_CAP_S = 30.0
 # Seconds in (0, TIME_CAP_S]: a shorter cap, for a quick run of a calibrated
-# sweep (the test suite's run of the README's review flow); read by every
+# sweep, with less power (compare may then find its rows too noisy); read by every
 # process of the sweep, so set it in the environment the sweep starts from.
 TIME_CAP_ENV = "NSA_CP_AUTO_MAX_S"
 CHECK_EVERY = 10  # timed iterations between two checks (each is one small collective)
