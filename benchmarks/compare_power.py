@@ -213,18 +213,9 @@ def defaults() -> dict[str, str]:
     return {"metric": cmp.DEFAULT_METRIC, "threshold": cmp.DEFAULT_THRESHOLD}
 
 
-def _commit() -> str:
-    """The checkout's commit: the gate measured is the one of that tree."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def measure(pairs: int, default_pair: bool, out: Path, held: float | None = None,
             fraction: float = FAULT_FRACTION) -> dict[str, Any]:
-    from steady_main_job import LoadHolder
+    from steady_main_job import LoadHolder, _commit
 
     data: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": machine(), "defaults": defaults(),
                             "sweep": "python -m matrix " + " ".join(SWEEP), "slowdown": SLOWDOWN, "fault_fraction": fraction,
