@@ -138,12 +138,11 @@ def gap_lines(found: list[tuple[str, int, str, str]]) -> list[tuple[str, str]]:
     out = []
     for (impl, what), where in by.items():
         why = next((w for _, w in where if w), "")
-        detail = ("every row of it there is skipped, refused or passthrough" if what == RAN_NOTHING else "")
-        detail += (f"{'; ' if detail else ''}first reason: {why}" if why else "")
-        out.append((f"`{impl}` {what} at cp={', '.join(str(cp) for cp, _ in where)}",
-                    (f"{detail}; " if detail else "") + "its rows there cannot show a bug in uneven shards (an empty "
-                    "rank, padding, a short rank before a long one). Run "
-                    f"`python -m matrix {CONFORMANCE} impl={impl},padded` (docs/plugins.md)"))
+        parts = ["every row of it there is skipped, refused or passthrough"] if what == RAN_NOTHING else []
+        parts += [f"first reason: {why}"] if why else []
+        parts.append("its rows there cannot show a bug in uneven shards (an empty rank, padding, a short rank "
+                     f"before a long one). Run `python -m matrix {CONFORMANCE} impl={impl},padded` (docs/plugins.md)")
+        out.append((f"`{impl}` {what} at cp={', '.join(str(cp) for cp, _ in where)}", "; ".join(parts)))
     return out
 
 

@@ -182,14 +182,16 @@ def _newer(version: object) -> bool:
     return version is not None and not (isinstance(version, int) and version <= SCHEMA_VERSION)
 
 
-def _unusable(obj: Mapping[str, object]) -> str:
-    """What makes a line naming a point unusable as its samples, or ''."""
+def _parsed(obj: Mapping[str, object]) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """A line's round trips and controls, and '' ; or what makes the line
+    unusable as its point's samples (the arrays then None)."""
     if _newer(obj.get("schema_version")):
-        return f"schema_version {obj.get('schema_version')!r}, newer than this reader's {SCHEMA_VERSION}"
-    for name, value in (("roundtrip_us", obj.get("roundtrip_us")), ("control_us", obj.get("control_us", []))):
-        if _valid(value) is None:
-            return f"{name} is not a list of finite numbers >= 0 (a NaN, a string or a negative)"
-    return ""
+        return None, None, f"schema_version {obj.get('schema_version')!r}, newer than this reader's {SCHEMA_VERSION}"
+    rt, ctl = _valid(obj.get("roundtrip_us")), _valid(obj.get("control_us", []))
+    for name, arr in (("roundtrip_us", rt), ("control_us", ctl)):
+        if arr is None:
+            return None, None, f"{name} is not a list of finite numbers >= 0 (a NaN, a string or a negative)"
+    return rt, ctl, ""
 
 
 def read_samples(path: Path) -> Samples:
@@ -212,14 +214,13 @@ def read_samples(path: Path) -> Samples:
                 continue
             # the latest line of a point and impl decides, usable or not
             key = (pid, impl)
-            why = _unusable(obj)
+            rt, ctl, why = _parsed(obj)
             if why:
                 out.skipped_lines += 1
                 out.rejected[key] = why
                 out.by_key.pop(key, None)
                 continue
             out.rejected.pop(key, None)
-            out.by_key[key] = {"roundtrip": _valid(obj["roundtrip_us"]), "control": _valid(obj.get("control_us", [])),
-                               "timestamp": obj.get("timestamp"), "load_1m": obj.get("load_1m"),
-                               "calibration": obj.get("calibration")}
+            out.by_key[key] = {"roundtrip": rt, "control": ctl, "timestamp": obj.get("timestamp"),
+                               "load_1m": obj.get("load_1m"), "calibration": obj.get("calibration")}
     return out
