@@ -214,13 +214,22 @@ def defaults() -> dict[str, str]:
 
 
 def measure(pairs: int, default_pair: bool, out: Path, held: float | None = None,
-            fraction: float = FAULT_FRACTION) -> dict[str, Any]:
+            fraction: float = FAULT_FRACTION, earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``pairs`` trials into ``out``; with ``earlier`` (a measurement of the
+    same sweep, fault and load), its trials are kept and the new ones follow
+    them, each trial naming the commit it ran."""
     from steady_main_job import LoadHolder, _commit
 
     data: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": machine(), "defaults": defaults(),
                             "sweep": "python -m matrix " + " ".join(SWEEP), "slowdown": SLOWDOWN, "fault_fraction": fraction,
                             "fault": FAULT.format(fraction), "load_target": held, "commit": _commit(),
                             "pairs_asked": pairs, "load_before": round(os.getloadavg()[0], 2), "trials": []}
+    if earlier is not None:
+        for t in earlier["trials"]:
+            t.setdefault("commit", earlier.get("commit"))
+        data["trials"] = list(earlier["trials"])
+        data["pairs_asked"] = len(data["trials"]) + pairs
+        data["dates"] = sorted({*earlier.get("dates", [earlier["date"]]), data["date"]})
     holder = LoadHolder(held, 0)
     if held is not None:
         holder.start()
@@ -235,7 +244,7 @@ def measure(pairs: int, default_pair: bool, out: Path, held: float | None = None
 
 def _trials(data: dict[str, Any], pairs: int, default_pair: bool, out: Path, holder: Any, fraction: float) -> None:
     with tempfile.TemporaryDirectory(prefix="compare-power-") as tmp:
-        for i in range(pairs):
+        for i in range(len(data["trials"]), len(data["trials"]) + pairs):
             base, aa, slow = Path(tmp, f"base{i}"), Path(tmp, f"aa{i}"), Path(tmp, f"slow{i}")
             holder.take_samples()
             load = [os.getloadavg()[0]]
@@ -253,7 +262,7 @@ def _trials(data: dict[str, Any], pairs: int, default_pair: bool, out: Path, hol
                      "aa": compare(base, aa), "slowed": compare(base, slow),
                      "achieved_slowdown": padded_ratio(base, slow), "paired_slowdown": paired_ratio(base, slow),
                      "paired_aa": paired_ratio(base, aa), "slowdown_per_point": per_point(base, slow),
-                     "aa_per_point": per_point(base, aa)}
+                     "aa_per_point": per_point(base, aa), "commit": data["commit"]}
             data["trials"].append(trial)
             print(f"trial {i}: A/A exit {trial['aa']['exit']} ({trial['aa']['regressed']} regressed); "
                   f"slowed x{trial['achieved_slowdown']} (paired x{trial['paired_slowdown']}, "
@@ -373,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/data/compare_power[_loadL].json")
     ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file holding the block")
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the trials already in the JSON and add --pairs more (same sweep, fault and load)")
     ap.add_argument("--render", action="store_true",
                     help="the doc's blocks from the committed JSONs (or --json's), without measuring")
     args = ap.parse_args(argv)
@@ -393,7 +404,19 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < args.fault_fraction <= 5:
             print(f"error: --fault-fraction={args.fault_fraction:g}: must be in (0, 5]", file=sys.stderr)
             return 2
-        measured = [measure(args.pairs, args.default_pair, out, args.load, args.fault_fraction)]
+        earlier = None
+        if args.append:
+            earlier = json.loads(out.read_text()) if out.is_file() else None
+            if earlier is None:
+                print(f"error: --append: {out} does not exist", file=sys.stderr)
+                return 2
+            same = {"sweep": "python -m matrix " + " ".join(SWEEP), "fault_fraction": args.fault_fraction,
+                    "load_target": args.load}
+            differ = [f"{k} {earlier.get(k)!r} (now {v!r})" for k, v in same.items() if earlier.get(k) != v]
+            if differ:
+                print(f"error: --append: {out} measured another setting: {', '.join(differ)}", file=sys.stderr)
+                return 2
+        measured = [measure(args.pairs, args.default_pair, out, args.load, args.fault_fraction, earlier)]
         print(f"wrote {out}: {measured[0]['false_alarms']} false alarms, {measured[0]['detected']} of "
               f"{len(measured[0]['trials'])} detected")
     if not args.no_doc:

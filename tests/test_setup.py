@@ -312,3 +312,17 @@ def test_every_dependency_is_a_range():
     names = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0] for d in deps}
     assert {"torch", "numpy", "tabulate", "hypothesis"} <= names
     assert any(m.startswith("fuzz:") for m in project["tool"]["pytest"]["ini_options"]["markers"])
+
+
+def test_gate_figures_append_only_to_a_measurement_of_the_same_setting(tmp_path, capsys):
+    """--append joins new trials to a file only when it measured the same
+    sweep, fault and held load: trials of two settings never mix in one count."""
+    data = json.loads(compare_power.JSON_PATH.read_text())
+    out = tmp_path / "p.json"
+    out.write_text(json.dumps(data))
+    other = data["fault_fraction"] + 0.1
+    argv = ["--append", "--pairs", "1", "--json", str(out), "--no-doc", "--fault-fraction", f"{other:g}"]
+    assert compare_power.main(argv) == 2
+    assert "fault_fraction" in capsys.readouterr().err
+    assert compare_power.main(["--append", "--pairs", "1", "--json", str(tmp_path / "none.json"), "--no-doc"]) == 2
+    assert "does not exist" in capsys.readouterr().err
