@@ -77,12 +77,13 @@ def _timing_meanings() -> dict[str, str]:
 
 # What every column that is not a config key means.
 COLUMN_MEANING: dict[str, str] = {
-    "policy": "the split policy the point ran: `zigzag_page` (shared KV), `zigzag` or `round_robin`",
+    "policy": "the split policy the point ran: `zigzag_page` (shared KV), `zigzag`, `round_robin`, "
+              "`dual_chunk_swap` (vLLM) or `contiguous` (vllm-ascend)",
     "effective_page_size": "the page size that shaped the split (1 without shared KV)",
     "effective_id": "hash of what the point measures; a second point with the same one in the same results is "
                     "`skipped`, naming the first",
     "total_tokens": "`T`: the batch's tokens the split divides (after padding to `align` where the engine pads the "
-                    "batch: `seed_fix`; the raw total for `sglang_0_5_23`)",
+                    "batch: `seed_fix`; the raw total for the others)",
     "max_rank_len": "`m`: the most tokens any rank holds",
     "padded_total": "`m * cp`: the padded gather buffer's rows",
     "padding_frac": "`1 - T / (m * cp)`: the share of the padded buffer that is padding",
@@ -103,10 +104,10 @@ COLUMN_MEANING: dict[str, str] = {
     "bytes_padded": "bytes of those rows: `S`, what the collectives move",
     "bytes_useful": "bytes of the batch's `T` rows",
     "attn_pad_rows": "padding rows per layer in one rank's attention input (max over ranks; `pad_at_split` only)",
-    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on (no engine masks them "
-                    "on the all-gather path: all processed)",
+    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on (computed by every "
+                    "engine but vLLM 0.33, whose router masks them)",
     "attn_pad_masked_rows": "of `attn_pad_rows`, those the engine keeps out of attention's output (SGLang 0.5.23 "
-                            "zeroes them: all; `seed_fix`: none, attention computes them)",
+                            "zeroes them, as vLLM 0.33 and vllm-ascend mask them: all; `seed_fix`: none, attention computes them)",
     "algbw_padded_GBps": "nccl-tests' algorithm bandwidth over the collective time: `2 * S / t`, `S` the padded "
                          "bytes (cp > 1 only)",
     "busbw_padded_GBps": "nccl-tests' bus bandwidth: `algbw * (cp - 1) / cp`, padded bytes",

@@ -42,7 +42,7 @@ class MatrixConfig:
     page_size: int = 1
     seq_lens: list[int] = field(default_factory=lambda: [1000])
     shared_kv: bool = False  # true: page-aligned split (zigzag_page)
-    split: str = "zigzag"  # policy when shared_kv is false: zigzag | round_robin
+    split: str = "zigzag"  # policy when shared_kv is false: zigzag | round_robin | dual_chunk_swap | contiguous
     align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
     moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
     mlp_mode: str = "auto"  # auto | FULL | SCATTERED
@@ -80,7 +80,7 @@ KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
 IMPL_KEYWORDS: tuple[str, ...] = ("both", "all", "designs")
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "split": ("zigzag", "round_robin"),
+    "split": ("zigzag", "round_robin", "dual_chunk_swap", "contiguous"),
     "moe_a2a_backend": ("none", "deepep"),
     "mlp_mode": ("auto", "FULL", "SCATTERED"),
     "backend": ("auto", "gloo", "nccl"),

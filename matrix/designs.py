@@ -6,7 +6,7 @@ ranks, same run, same engine), both ``ok``. "Cheaper" is judged as the
 point's engine pays it (nsa_cp_comm.engines), each from the rows alone: bytes
 each layer's gather moves (``bytes_padded``), padding rows per layer in
 attention (``attn_pad_rows``; computed or zeroed as the engine does) and in
-the MoE (``moe_pad_rows``; every engine computes them on the all-gather path),
+the MoE (``moe_pad_rows``; computed, or masked by vLLM 0.33's router),
 the collectives per layer (one all-gather, one reduce-scatter, either
 design), and round-trip time, where a difference within the rows' spread
 (``roundtrip_iqr_us``) is a tie.
@@ -68,7 +68,8 @@ def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
     lines = ["`padded` pads each shard to `m = max n_r` inside the gather only; `pad_at_split` pads every "
              "rank to the engine's `P = ceil_align(m, 2*cp zigzag | cp)` at the split, so the padding rows pass "
              "through every layer: attention computes them (the seed fix's engine) or zeroes their output "
-             "(SGLang 0.5.23: masked), the MoE computes them (no engine masks the all-gather MoE's input). Each "
+             "(SGLang 0.5.23, vLLM 0.33, vllm-ascend: masked), the MoE computes them (vLLM 0.33's router masks "
+             "them: `topk_ids = -1`). Each "
              "design issues one all-gather and one reduce-scatter per layer. Per point: both `ok` on the same "
              "plan, ranks and engine.", ""]
     if p.empty:

@@ -82,6 +82,9 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
     if policy == "round_robin":
         q, rem = np.divmod(total, cp)
         return q[:, None] + (np.arange(cp)[None, :] < rem[:, None])
+    if policy == "contiguous":  # cp slices of ceil(T / cp): the tail rank(s) short
+        size = -(-total // cp)
+        return np.clip(total[:, None] - np.arange(cp)[None, :] * size[:, None], 0, size[:, None])
     padded = batches.lens.copy()
     padded[starts + batches.sizes - 1] += total - sums  # the last request takes the batch's padding
     batch = np.repeat(np.arange(nb, dtype=np.int64), batches.sizes)
@@ -90,6 +93,20 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
         q, rem = np.divmod(padded, n)
         base = 2 * np.bincount(batch, weights=q, minlength=nb).astype(np.int64)
         return base[:, None] + _block_counts(rem, batch, nb, n, cp)
+    if policy == "dual_chunk_swap":
+        # chunks of c = ceil(q / n): chunks 0..f-1 full, chunk f holds the rest
+        # p < c (when f < n). Rank k gets chunk k (c if k < f) and chunk
+        # n-1-k (c if n-1-k < f), and the partial chunk goes to its owner.
+        c = -(-padded // n)
+        f, part = np.divmod(padded, c)
+        full = np.bincount(batch * (n + 1) + f, weights=c, minlength=nb * (n + 1)).reshape(nb, n + 1)
+        ge = np.cumsum(full[:, ::-1], axis=1)[:, ::-1].astype(np.int64)  # ge[:, j]: c summed where f >= j
+        k = np.arange(cp)
+        out = ge[:, k + 1] + ge[:, n - k]
+        has = f < n
+        owner = np.where(f < cp, f, n - 1 - f)[has]
+        out += np.bincount(batch[has] * cp + owner, weights=part[has], minlength=nb * cp).astype(np.int64).reshape(nb, cp)
+        return out
     # zigzag_page: whole pages per block (an even split of the pages); the block
     # holding the last page is short by the page's unused tail, the ones after it empty
     pages = -(-padded // page_size)
@@ -156,6 +173,7 @@ def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, mod
         row = {
             "engine": engine, "cp_size": cp, "policy": policy,
             "strategy": engines.get(engine).strategy_names(policy), "design": d, "batches": len(stats["raw"]),
+            "padding_at": _padding_at(engine, d),
             "refused_frac": float(stats["refused"].mean()) if len(stats["raw"]) else 0.0,
             "overhead_mean": float(over.mean()) if len(over) else None, "overhead_p50": _pct(over, 50),
             "overhead_p99": _pct(over, 99), "overhead_max": float(over.max()) if len(over) else None,
@@ -172,6 +190,12 @@ def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, mod
                 row["predicted_collective_us_p99"] = float(np.percentile(t, 99))
         rows.append(row)
     return rows
+
+
+def _padding_at(engine: str, design: str) -> str:
+    """Where a design's padding rows sit: none moved (legacy_even), inside the
+    gather buffer only (padded), or where the engine's split puts them."""
+    return {"legacy_even": "none", "padded": "the gather buffer only"}.get(design, engines.get(engine).padding_at)
 
 
 def plot(rows: list[dict], title: str):
@@ -199,7 +223,7 @@ def plot(rows: list[dict], title: str):
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["engine", "cp_size", "strategy", "design", "refused_frac", "overhead_mean", "overhead_p99",
+    cols = ["engine", "cp_size", "strategy", "design", "padding_at", "refused_frac", "overhead_mean", "overhead_p99",
             "attn_pad_processed_p99", "attn_pad_masked_p99", "moe_pad_processed_p99", "collectives_per_layer",
             "gather_MB_mean"]
     if any(r.get("moe_pad_masked_p99") for r in rows):
@@ -243,9 +267,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batches", type=int, default=100_000, help="batches to draw (the workload's K)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--cp", default="8,16,32,64,128", help="cp sizes, comma-separated")
-    ap.add_argument("--policy", default="zigzag_page,zigzag,round_robin",
+    ap.add_argument("--policy", default=",".join(POLICIES),
                     help="split policies, comma-separated (each engine plans those it has; round_robin is SGLang's "
-                         "interleave)")
+                         "interleave, dual_chunk_swap vLLM's, contiguous vllm-ascend's)")
     ap.add_argument("--engine", default=",".join(engines.NAMES),
                     help=f"engines whose rules plan the batches, comma-separated ({', '.join(engines.NAMES)})")
     ap.add_argument("--page-size", type=int, default=64)
@@ -313,7 +337,11 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
             rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model, engine=eng))
     t_plans = time.perf_counter() - t0 - t_draw
     meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
-            "engines": {e: {"title": engines.get(e).title, "source": engines.get(e).source} for e in names},
+            "engines": {e: {"title": engines.get(e).title, "source": engines.get(e).source,
+                            "padding_at": engines.get(e).padding_at,
+                            "attention_padding": "masked" if engines.get(e).attn_pad_masked else "processed",
+                            "moe_padding": "masked" if engines.get(e).moe_pad_masked else "processed"}
+                        for e in names},
             "splits": [f"{e}/{p}" for e, p in pairs],
             "not_planned": [f"{e}/{p}: {engines.get(e).strategy_refusal(p)}" for e in names for p in policies
                             if (e, p) not in pairs],

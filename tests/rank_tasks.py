@@ -447,3 +447,34 @@ def rand_after_point(spec, backend: str, noise: str) -> list[float]:
         torch.manual_seed(1234)
     point_on_rank(spec, backend)
     return torch.rand(4).tolist()
+
+
+def part_in_two_groups() -> int:
+    """Rank 0 announces one place and waits in an all-reduce on a second group,
+    the others another place and an all-reduce on the world: each waits in a
+    collective its peers never enter (no mismatch check sees it)."""
+    from nsa_cp_comm.harness.ranks import announce
+
+    other = dist.new_group(list(range(dist.get_world_size())))
+    t = torch.ones(1)
+    if dist.get_rank() == 0:
+        announce("place b")
+        dist.all_reduce(t, group=other)
+    else:
+        announce("place a")
+        dist.all_reduce(t)
+    return dist.get_rank()
+
+
+def slow_rank_then_join(seconds: float) -> int:
+    """Rank 0 computes (sleeps) at its own place while the others wait in an
+    all-reduce at the next one, then joins them: slow, not parted."""
+    from nsa_cp_comm.harness.ranks import announce
+
+    if dist.get_rank() == 0:
+        announce("place a")
+        time.sleep(seconds)
+    announce("place b")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())

@@ -21,7 +21,7 @@ import pytest
 from matrix import plans
 from matrix.workload import Batches
 from nsa_cp_comm import engines
-from nsa_cp_comm.plan import ceil_align
+from nsa_cp_comm.plan import POLICIES, ceil_align
 
 pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
 from hypothesis import given  # noqa: E402
@@ -71,8 +71,52 @@ def seed_fix_rule(lens: list[int], cp: int, policy: str, page: int) -> dict:
     return {"n_r": n_r, "P": -(-max(n_r) // align) * align, "refused": False, "raw": sum(lens), "attn_masked": False}
 
 
+def vllm_segments(lens: list[int], pcp: int, rank: int) -> list[tuple[int, int]]:
+    """vLLM's ``PCPManager._get_rank_segments`` for a batch of fresh prefills, as its code
+    reads: (global start, length) of each chunk the rank takes, request by request."""
+    out, start, num_chunks = [], 0, 2 * pcp
+    for query_len in lens:
+        chunk_size = (query_len + num_chunks - 1) // num_chunks
+        for chunk_idx in (rank, num_chunks - 1 - rank):
+            chunk_offset = chunk_idx * chunk_size
+            chunk_len = min(chunk_size, query_len - chunk_offset)
+            if chunk_len <= 0:
+                continue
+            out.append((start + chunk_offset, chunk_len))
+        start += query_len
+    return out
+
+
+def vllm_rule(lens: list[int], cp: int, policy: str) -> dict:
+    """vLLM 0.33: the segments' lengths per rank; ``_build_batch_layout`` pads every rank to
+    ``max(per_rank_num_tokens)``; no PCP manager at pcp <= 1; is_padding masks attention."""
+    n_r = [sum(n for _, n in vllm_segments(lens, cp, r)) for r in range(cp)]
+    return {"n_r": n_r, "P": max(n_r), "refused": cp <= 1, "raw": sum(lens), "attn_masked": True}
+
+
+def ascend_slice(num_input_tokens: int, tp_size: int, tp_rank: int) -> tuple[int, int, int]:
+    """vllm-ascend's ``_build_local_token_metadata``: (local_start, local_end, tokens_per_rank)."""
+    num_tokens_pad = ((num_input_tokens + tp_size - 1) // tp_size) * tp_size
+    tokens_per_rank = num_tokens_pad // tp_size
+    local_start = tp_rank * tokens_per_rank
+    return local_start, local_start + tokens_per_rank, tokens_per_rank
+
+
+def ascend_rule(lens: list[int], cp: int, policy: str) -> dict:
+    """vllm-ascend DSA-CP: each request's interval clamped to the rank's slice; the real rows
+    of a rank are those before T; P = tokens_per_rank."""
+    total, n_r = sum(lens), []
+    for r in range(cp):
+        lo, hi, per = ascend_slice(total, cp, r)
+        starts = np.cumsum([0] + lens)
+        n_r.append(int(sum(max(0, min(e, hi) - max(b, lo)) for b, e in zip(starts[:-1], starts[1:]))))
+    return {"n_r": n_r, "P": per, "refused": cp <= 1, "raw": total, "attn_masked": True}
+
+
 RULES = {"seed_fix": lambda lens, cp, policy, page: seed_fix_rule(lens, cp, policy, page),
-         "sglang_0_5_23": lambda lens, cp, policy, page: sglang_rule(lens, cp, policy)}
+         "sglang_0_5_23": lambda lens, cp, policy, page: sglang_rule(lens, cp, policy),
+         "vllm_0_33": lambda lens, cp, policy, page: vllm_rule(lens, cp, policy),
+         "vllm_ascend": lambda lens, cp, policy, page: ascend_rule(lens, cp, policy)}
 
 
 def mismatches(rules: engines.Engine, lens: list[int], cp: int, policy: str, page: int) -> list[str]:
@@ -110,6 +154,32 @@ def test_seed_fix_engine_follows_its_rule(case):
 @given(cases("sglang_0_5_23"))
 def test_sglang_0_5_23_follows_its_code(case):
     assert mismatches(engines.get("sglang_0_5_23"), *case) == []
+
+
+@pytest.mark.fuzz
+@given(cases("vllm_0_33"))
+def test_vllm_0_33_follows_its_code(case):
+    assert mismatches(engines.get("vllm_0_33"), *case) == []
+
+
+@pytest.mark.fuzz
+@given(cases("vllm_ascend"))
+def test_vllm_ascend_follows_its_code(case):
+    assert mismatches(engines.get("vllm_ascend"), *case) == []
+
+
+@pytest.mark.fuzz
+@given(st.lists(LENGTHS, min_size=1, max_size=8), st.integers(2, 16))
+def test_each_ranks_rows_are_the_engines_rows_in_its_order(lens, cp):
+    """Which global tokens a rank holds, in its local row order: vLLM's segments request by
+    request (chunk r, then chunk 2*pcp-1-r), vllm-ascend's one slice clamped to the stream."""
+    dcs = engines.get("vllm_0_33").plan(lens, cp, policy="dual_chunk_swap")
+    con = engines.get("vllm_ascend").plan(lens, cp, policy="contiguous")
+    for r in range(cp):
+        want = [t for start, n in vllm_segments(lens, cp, r) for t in range(start, start + n)]
+        assert list(dcs.rank_indices(r)) == want
+        lo, hi, _ = ascend_slice(sum(lens), cp, r)
+        assert list(con.rank_indices(r)) == list(range(lo, min(hi, sum(lens))))
 
 
 @st.composite
@@ -163,6 +233,63 @@ def test_a_broken_rule_is_caught(broken, case, needle):
     assert any(needle in m for m in mismatches(broken, *case)), mismatches(broken, *case)
 
 
+VLLM, ASCEND = engines.get("vllm_0_33"), engines.get("vllm_ascend")
+
+
+@pytest.mark.parametrize("engine,broken,case,needle", [
+    # P aligned to cp as SGLang aligns interleave: [5] at pcp 2 is n = (2, 3), P = 3, not 4
+    (VLLM, dataclasses.replace(VLLM, split_align=lambda policy, cp: cp), ([5], 2, "dual_chunk_swap", 1),
+     "physical length"),
+    # the batch padded to cp first: [5] becomes [6], n = (3, 3)
+    (VLLM, dataclasses.replace(VLLM, pads_batch=True), ([5], 2, "dual_chunk_swap", 1), "per-rank lengths"),
+    # a pcp=1 batch run with CP
+    (VLLM, dataclasses.replace(VLLM, refuses=lambda mn, total, cp, policy: mn < 0), ([5], 1, "dual_chunk_swap", 1),
+     "refusal"),
+    # P aligned to 2*tp: [5] at tp 2 has slices of 3, so P = 3, not 4
+    (ASCEND, dataclasses.replace(ASCEND, split_align=lambda policy, cp: 2 * cp), ([5], 2, "contiguous", 1),
+     "physical length"),
+    (ASCEND, dataclasses.replace(ASCEND, attn_pad_masked=False), ([7], 2, "contiguous", 1), "masked/processed"),
+])
+def test_a_broken_vllm_rule_is_caught(engine, broken, case, needle):
+    assert mismatches(engine, *case) == []
+    assert any(needle in m for m in mismatches(broken, *case)), mismatches(broken, *case)
+
+
+def test_a_wrong_chunk_size_or_padding_placement_is_caught(monkeypatch):
+    """The splits themselves can fail their transcriptions: DualChunkSwap with near-equal
+    blocks (zigzag's) instead of ceil-sized chunks, and the contiguous split with slices of
+    ``T // tp + 1`` instead of ``ceil(T / tp)`` (on [6] at tp 3: ranks (3, 3, 0), the padding a
+    whole rank where the engine has none)."""
+    from nsa_cp_comm import plan as plan_mod
+
+    assert mismatches(VLLM, [5], 2, "dual_chunk_swap", 1) == []
+    assert mismatches(ASCEND, [6], 3, "contiguous", 1) == []
+    monkeypatch.setattr(plan_mod, "_chunk_blocks", plan_mod._even_blocks)
+    assert any("per-rank lengths" in m for m in mismatches(VLLM, [5], 2, "dual_chunk_swap", 1))
+    monkeypatch.setattr(plan_mod, "_contiguous_len", lambda total, cp: total // cp + 1)
+    assert any("per-rank lengths" in m for m in mismatches(ASCEND, [6], 3, "contiguous", 1))
+
+
+def test_short_prefills_leave_ranks_empty_under_vllm_and_ascend():
+    """1 token at PCP 2 is rows [1, 0] (vLLM #53573's batch); 3 tokens at TP 4 fill rank 0's slice
+    of one token and leave rank 3 with padding only."""
+    assert VLLM.plan([1], 2, policy="dual_chunk_swap").per_rank_tokens == (1, 0)
+    assert VLLM.plan([2], 2, policy="dual_chunk_swap").per_rank_tokens == (1, 1)
+    assert VLLM.plan([3], 4, policy="dual_chunk_swap").per_rank_tokens == (1, 1, 1, 0)
+    assert ASCEND.plan([3], 4, policy="contiguous").per_rank_tokens == (1, 1, 1, 0)
+
+
+def test_a_graph_bucket_smaller_than_the_longest_rank_is_refused():
+    from nsa_cp_comm.engines import vllm_0_33
+
+    assert vllm_0_33.graph_padded_len([2, 3]) == 3
+    assert vllm_0_33.graph_padded_len([2, 3], buckets=(1, 2, 4, 8)) == 4
+    assert vllm_0_33.graph_padded_len([2, 9], buckets=(1, 2, 4, 8)) == 9  # past the largest: eager
+    assert vllm_0_33.graph_padded_len([2, 3], bucket=8) == 8
+    with pytest.raises(ValueError, match=r"padded_num_tokens=2 is smaller than max\(per_rank_num_tokens\)=3"):
+        vllm_0_33.graph_padded_len([2, 3], bucket=2)
+
+
 def test_a_broken_bulk_plan_is_caught(monkeypatch):
     """The bulk property can fail: a numpy split that pads the batch where the engine does not."""
     groups = [[18057, 8366, 1064], [16]]
@@ -193,7 +320,7 @@ def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
     for name in engines.NAMES:
         assert f"engine: {name}" in (conf / f"{name}.yaml").read_text()
         rules = engines.get(name)
-        assert rules.source and rules.title and set(rules.strategies) <= {"round_robin", "zigzag", "zigzag_page"}
+        assert rules.source and rules.title and set(rules.strategies) <= set(POLICIES)
     with pytest.raises(ValueError, match=r"engine='vllm' is not one of seed_fix, sglang_0_5_23"):
         engines.get("vllm")
 

@@ -17,7 +17,7 @@ import pytest
 
 from matrix import plans
 from matrix.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
-from nsa_cp_comm import impls, plan_split
+from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,10 @@ def test_cli_writes_stats_and_plot(tmp_path):
     out = json.loads((tmp_path / "plans.json").read_text())
     assert {(r["engine"], r["cp_size"], r["design"]) for r in out["rows"]} == {
         (e, c, d) for e in ("seed_fix", "sglang_0_5_23") for c in (2, 8) for d in plans.DESIGNS}
-    assert set(out["meta"]["engines"]) == {"seed_fix", "sglang_0_5_23"}
+    assert set(out["meta"]["engines"]) == set(engines.NAMES)
+    assert out["meta"]["engines"]["vllm_ascend"]["padding_at"] == "the tail rank(s) of the stream"
+    assert out["meta"]["engines"]["vllm_0_33"]["moe_padding"] == "masked"
+    assert any(line.startswith("vllm_0_33/zigzag: ") for line in out["meta"]["not_planned"])
     assert "sglang==0.5.23" in out["meta"]["engines"]["sglang_0_5_23"]["source"]
     for r in out["rows"]:
         if r["design"] == "legacy_even":

@@ -76,6 +76,9 @@ def reference_blocks(padded_len: int, cp: int, policy: str, page: int) -> tuple[
     if policy == "zigzag":
         q, rem = divmod(padded_len, n)
         return tuple(q + (i < rem) for i in range(n))
+    if policy == "dual_chunk_swap":  # chunks of ceil(len / n), the last ones short or empty
+        size = -(-padded_len // n)
+        return tuple(max(0, min(size, padded_len - i * size)) for i in range(n))
     pages = -(-padded_len // page)
     q, rem = divmod(pages, n)
     out, left = [], padded_len
@@ -96,6 +99,9 @@ def reference_rank_indices(b: Batch) -> tuple[int, list[list[int]]]:
     cp = b.cp
     if b.policy == "round_robin":
         return T, [[t for t in range(T) if t % cp == r] for r in range(cp)]
+    if b.policy == "contiguous":  # cp slices of ceil(T / cp) tokens of the stream
+        size = -(-T // cp)
+        return T, [list(range(r * size, min(T, (r + 1) * size))) for r in range(cp)]
     n = 2 * cp
     ranks = []
     for k in range(cp):
@@ -103,8 +109,11 @@ def reference_rank_indices(b: Batch) -> tuple[int, list[list[int]]]:
         for length in padded:
             blk = reference_blocks(length, cp, b.policy, b.page_size)
             bounds = [start + sum(blk[:i]) for i in range(n + 1)]
-            prev += range(bounds[k], bounds[k + 1])
-            nxt += range(bounds[n - 1 - k], bounds[n - k])
+            if b.policy == "dual_chunk_swap":  # request by request: chunk k, then chunk n-1-k
+                prev += [*range(bounds[k], bounds[k + 1]), *range(bounds[n - 1 - k], bounds[n - k])]
+            else:
+                prev += range(bounds[k], bounds[k + 1])
+                nxt += range(bounds[n - 1 - k], bounds[n - k])
             start += length
         ranks.append(prev + nxt)
     return T, ranks
@@ -145,10 +154,16 @@ def check_blocks(b: Batch) -> None:
     cp, n = b.cp, 2 * b.cp
     assert len(plan.blocks) == len(b.seq_lens)
     assert all(x >= 0 for blk in plan.blocks for x in blk)
-    if b.policy == "round_robin":
+    if b.policy in ("round_robin", "contiguous"):
         assert all(len(blk) == cp for blk in plan.blocks)
         assert [sum(blk) for blk in plan.blocks] == list(plan.padded_lens)
-        assert all(t % cp == r for r in range(cp) for t in plan.rank_indices(r))
+        assert [sum(blk[r] for blk in plan.blocks) for r in range(cp)] == list(plan.per_rank_tokens)
+        if b.policy == "round_robin":
+            assert all(t % cp == r for r in range(cp) for t in plan.rank_indices(r))
+        else:  # one run of the stream per rank, only the tail rank(s) short
+            assert all(list(plan.rank_indices(r)) == list(range(plan.rank_offset(r), plan.rank_offset(r)
+                       + plan.per_rank_tokens[r])) for r in range(cp))
+            assert list(plan.per_rank_tokens) == sorted(plan.per_rank_tokens, reverse=True)
         return
     for length, blk in zip(plan.padded_lens, plan.blocks):
         assert len(blk) == n and sum(blk) == length
@@ -161,6 +176,9 @@ def check_blocks(b: Batch) -> None:
     for k in range(cp):
         assert plan.per_rank_tokens[k] == sum(blk[k] + blk[n - 1 - k] for blk in plan.blocks)
         idx = plan.rank_indices(k)
+        if b.policy == "dual_chunk_swap":  # request by request, each request's rows ascending
+            assert list(idx) == sorted(idx)
+            continue
         n_prev = sum(blk[k] for blk in plan.blocks)
         assert list(idx[:n_prev]) == sorted(idx[:n_prev]) and list(idx[n_prev:]) == sorted(idx[n_prev:])
 
@@ -171,7 +189,7 @@ def check_matches_reference(b: Batch) -> None:
     assert plan.total_tokens == T
     for r in range(b.cp):
         assert list(plan.rank_indices(r)) == want[r], f"rank {r}"
-    if b.policy != "round_robin":
+    if b.policy not in ("round_robin", "contiguous"):
         assert plan.blocks == tuple(reference_blocks(x, b.cp, b.policy, b.page_size) for x in plan.padded_lens)
 
 

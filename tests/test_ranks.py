@@ -252,3 +252,45 @@ def test_summarize_failure_prefers_the_rank_that_failed_by_itself():
     assert summarize_failure([RankResult(0, "timeout", error="no answer within 3s")]) == (
         "timeout", "rank 0 timeout: no answer within 3s")
     assert summarize_failure([RankResult(0, "ok")]) == ("ok", "")
+
+
+def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir):
+    """Each rank waits in a collective at a different place: the task ends once
+    that is seen twice, not at its bound; every rank's error says they parted."""
+    pool = RankPool(2, workdir=pool_workdir)
+    t0 = time.monotonic()
+    results = pool.run(rank_tasks.part_in_two_groups, timeout_s=600)
+    took = time.monotonic() - t0
+    assert [r.status for r in results] == ["timeout"] * 2
+    assert all("the ranks parted, each waiting in a collective at a different place" in r.error for r in results)
+    assert all(r.waiting.startswith("waiting in torch.distributed.all_reduce") for r in results), results
+    assert took < 600 - NOTICED_WITHIN_S, f"run() returned after {took:.1f}s"
+
+
+def test_a_slow_rank_is_not_parted(rank_pool):
+    """One rank computing at its place while its peer waits at the next one
+    for longer than the parting check's period: not waiting in a collective,
+    so the task runs to its end."""
+    results = rank_pool(2).run(rank_tasks.slow_rank_then_join, 3 * ranks.PARTED_S, timeout_s=300)
+    assert [r.status for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert [r.value for r in results] == [2, 2]
+
+
+def test_parting_is_seen_only_where_every_rank_waits_in_a_collective(monkeypatch):
+    """The checker can fail: ranks at one place, a rank not yet in the task, or
+    one whose stack is outside torch.distributed are not parted."""
+    pool = RankPool.__new__(RankPool)
+    pool._procs = [type("P", (), {"pid": os.getpid()})()] * 2
+    places = {0: "a", 1: "b"}
+    waits = {0: "waiting in torch.distributed.all_reduce, called at x.py:1 in f", 1: "at y.py:2 in g"}
+    monkeypatch.setattr(pool, "_doing", lambda r, task: places[r], raising=False)
+    monkeypatch.setattr(pool, "_ask_stacks", lambda rs: None, raising=False)
+    monkeypatch.setattr(pool, "_waiting", lambda r: waits[r], raising=False)
+    assert pool._idle_apart(0, [0, 1])[0] == ("a", "b")
+    assert not pool._parted([0, 1])  # rank 1 is not in a collective
+    waits[1] = "waiting in torch.distributed.barrier, called at y.py:3 in g"
+    assert pool._parted([0, 1])
+    places[1] = "a"
+    assert pool._idle_apart(0, [0, 1]) is None  # one place: waiting together
+    places[1] = ""
+    assert pool._idle_apart(0, [0, 1]) is None  # not yet in the task

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Policy = Literal["round_robin", "zigzag", "zigzag_page"]
-POLICIES: tuple[str, ...] = ("round_robin", "zigzag", "zigzag_page")
+Policy = Literal["round_robin", "zigzag", "zigzag_page", "dual_chunk_swap", "contiguous"]
+POLICIES: tuple[str, ...] = ("round_robin", "zigzag", "zigzag_page", "dual_chunk_swap", "contiguous")
+# The splits that cut each request into 2*cp blocks, rank k owning blocks k and 2*cp-1-k.
+MIRRORED: tuple[str, ...] = ("zigzag", "zigzag_page", "dual_chunk_swap")
 
 
 def ceil_align(a: int, b: int) -> int:
@@ -25,9 +27,10 @@ def ceil_align(a: int, b: int) -> int:
 class CPPlan:
     """The split of one batch over ``cp_size`` ranks. Build it with :func:`plan_split`.
 
-    ``blocks[s]`` is request ``s``'s block table: for ``zigzag``/``zigzag_page``
-    the ``2*cp`` consecutive block lengths (rank ``k`` owns blocks ``k`` and
-    ``2*cp-1-k``); for ``round_robin`` the number of the request's tokens that
+    ``blocks[s]`` is request ``s``'s block table: for ``zigzag``,
+    ``zigzag_page`` and ``dual_chunk_swap`` the ``2*cp`` consecutive block
+    lengths (rank ``k`` owns blocks ``k`` and ``2*cp-1-k``); for
+    ``round_robin`` and ``contiguous`` the number of the request's tokens that
     land on each of the ``cp`` ranks.
     """
 
@@ -84,7 +87,20 @@ class CPPlan:
         _check_rank(rank, self.cp_size)
         if self.policy == "round_robin":
             return tuple(range(rank, self.total_tokens, self.cp_size))
+        if self.policy == "contiguous":
+            start = rank * _contiguous_len(self.total_tokens, self.cp_size)
+            return tuple(range(start, start + self.per_rank_tokens[rank]))
         n = 2 * self.cp_size
+        if self.policy == "dual_chunk_swap":
+            # request by request, chunk k then chunk 2*cp-1-k (vLLM's rank-local row order)
+            rows: list[int] = []
+            req_start = 0
+            for length, blk in zip(self.padded_lens, self.blocks):
+                for j in (rank, n - 1 - rank):
+                    lo = req_start + sum(blk[:j])
+                    rows.extend(range(lo, lo + blk[j]))
+                req_start += length
+            return tuple(rows)
         req_start = 0
         prev: list[int] = []
         nxt: list[int] = []
@@ -125,6 +141,19 @@ def _even_blocks(length: int, n: int) -> tuple[int, ...]:
     return tuple(q + (1 if i < rem else 0) for i in range(n))
 
 
+def _chunk_blocks(length: int, n: int) -> tuple[int, ...]:
+    """``n`` chunks of ``ceil(length / n)`` tokens, the last ones shorter or
+    empty (vLLM's DualChunkSwap: a chunk of length <= 0 is skipped)."""
+    size = -(-length // n)
+    return tuple(max(0, min(size, length - i * size)) for i in range(n))
+
+
+def _contiguous_len(total: int, cp: int) -> int:
+    """Rows of every rank's slice of a stream of ``total`` tokens cut into ``cp``
+    equal contiguous slices (the stream padded to a multiple of ``cp``)."""
+    return -(-total // cp)
+
+
 def _page_blocks(length: int, n: int, page_size: int) -> tuple[int, ...]:
     """Blocks of whole pages; the block holding the last page is shortened so
     the blocks sum to ``length`` and the blocks after it are empty."""
@@ -156,8 +185,13 @@ def plan_split(
     ``engine`` names the rules the plan follows (nsa_cp_comm.engines; use
     ``engines.get(name).plan`` to build a plan by an engine's rules).
     ``policy`` is one of ``round_robin``,
-    ``zigzag`` (two mirrored blocks per rank of every request) or
-    ``zigzag_page`` (the same on page boundaries, used with a shared KV pool).
+    ``zigzag`` (two mirrored blocks per rank of every request, near-equal
+    blocks), ``zigzag_page`` (the same on page boundaries, used with a shared
+    KV pool), ``dual_chunk_swap`` (vLLM's: the same mirror with blocks of
+    ``ceil(len / (2*cp))`` tokens, so a request shorter than ``2*cp`` leaves
+    ranks without rows) or ``contiguous`` (vllm-ascend's DSA-CP: the
+    concatenated stream cut into ``cp`` slices of ``ceil(T / cp)`` tokens, so
+    only the tail rank(s) are short and a request can span ranks).
 
     Raises ValueError naming the argument and value on bad input.
     """
@@ -195,9 +229,19 @@ def plan_split(
             start += length
         q, rem = divmod(total, cp_size)
         per_rank = tuple(q + (r < rem) for r in range(cp_size))
+    elif policy == "contiguous":
+        size = _contiguous_len(total, cp_size)
+        per_rank = tuple(max(0, min(size, total - r * size)) for r in range(cp_size))
+        blocks, start = [], 0
+        for length in padded:
+            blocks.append(tuple(max(0, min(start + length, (r + 1) * size) - max(start, r * size))
+                                for r in range(cp_size)))
+            start += length
     else:
         if policy == "zigzag":
             blocks = [_even_blocks(length, n) for length in padded]
+        elif policy == "dual_chunk_swap":
+            blocks = [_chunk_blocks(length, n) for length in padded]
         else:
             blocks = [_page_blocks(length, n, page_size) for length in padded]
         per_rank = tuple(sum(b[k] + b[n - 1 - k] for b in blocks) for k in range(cp_size))

@@ -28,7 +28,7 @@ from ..plan import CPPlan, ceil_align, plan_split
 # were planned by its rules).
 DEFAULT = "seed_fix"
 # Every engine module of this package, by name (the name is the module's).
-NAMES: tuple[str, ...] = ("seed_fix", "sglang_0_5_23")
+NAMES: tuple[str, ...] = ("seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_ascend")
 # The designs each engine's costs are given for (matrix.plans, the report):
 # the raw batch moved once with no padding (the lower bound), the padded
 # communicator, and every rank padded at the split.
@@ -57,6 +57,7 @@ class Engine:
     attn_pad_masked: bool
     moe_pad_masked: bool
     strategy_names: Callable[[str], str] = lambda policy: policy
+    padding_at: str = "the end of every rank shorter than P"
 
     def strategy_refusal(self, policy: str, align: int | None = None) -> str:
         """Why this engine cannot run ``policy`` (or a batch alignment), '' if it can."""
@@ -136,7 +137,8 @@ def get(name: str) -> Engine:
     line, for an unknown one). A module holds ``TITLE``, ``SOURCE``,
     ``STRATEGIES``, ``PADS_BATCH``, ``ATTN_PAD_MASKED``, ``MOE_PAD_MASKED``,
     ``split_align``, ``refuses``, ``refusal_reason`` and optionally
-    ``STRATEGY_NAMES`` (the engine's own name of a split policy)."""
+    ``STRATEGY_NAMES`` (the engine's own name of a split policy) and
+    ``PADDING_AT`` (where its split puts the padding rows)."""
     if name not in NAMES:
         raise ValueError(f"engine={name!r} is not one of {', '.join(NAMES)}")
     mod = importlib.import_module(f"{__name__}.{name}")
@@ -146,4 +148,5 @@ def get(name: str) -> Engine:
         split_align=mod.split_align, refuses=mod.refuses, refusal_reason=mod.refusal_reason,
         attn_pad_masked=mod.ATTN_PAD_MASKED, moe_pad_masked=mod.MOE_PAD_MASKED,
         strategy_names=lambda policy: names.get(policy, policy),
+        padding_at=getattr(mod, "PADDING_AT", Engine.padding_at),
     )

@@ -59,6 +59,16 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 # are killed: they are usually blocked in a collective with the dead rank.
 FAILURE_GRACE_S = 2.0
 _POLL_S = 0.05
+# Ranks that announced different places and each wait inside a collective have
+# parted (one skipped a collective its peers entered, or issued an extra one):
+# nothing will answer before the task's bound. Looked at this often: idle ranks
+# (no CPU time used since the last look) at different places, twice in a row at
+# the same places, are then asked for their stacks, and when every one waits in
+# a torch.distributed call the task ends there, not at its bound. A rank still
+# computing uses CPU, and one asleep outside a collective is not waiting in one,
+# so neither reads as parted; healthy ranks are never signalled for a stack.
+PARTED_S = 5.0
+PARTED_IDLE_CPU_S = 0.05
 # The rank's entry point, run by path (see its docstring for why not ``-m``).
 WORKER_PATH = Path(__file__).resolve().with_name("_worker.py")
 STORE_PREFIX = ".rendezvous-"
@@ -117,7 +127,8 @@ def waiting_in(dump: str) -> str:
     """Where a rank's task thread was, from its faulthandler dump: the
     ``torch.distributed`` function it waits in and the code that called it,
     or the innermost frame; '' when the dump holds no task thread."""
-    block = next((b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if "in worker_main" in b), "")
+    # the last such block: a dump still being written when the next was asked for comes first
+    block = ([b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if "in worker_main" in b] or [""])[-1]
     frames = _FRAME.findall(block)  # most recent call first
     k = next((i for i, (path, _, _) in enumerate(frames) if not any(w in path for w in _WRAPPERS)), len(frames))
     if k == len(frames):
@@ -331,6 +342,15 @@ def _check_device(device: str) -> None:
             raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
 
 
+def _cpu_s(pid: int) -> float | None:
+    """CPU seconds the process has used (every thread), on Linux; None if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _is_stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP, a debugger), on Linux."""
     try:
@@ -426,6 +446,7 @@ class RankPool:
         self.device = device
         self.closed = True  # until there is something to close
         self._next_task = 0
+        self._stack_from: dict[int, int] = {}  # per rank: where its latest stack dump starts
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen | forkserver.ForkedRank] = []
         workdir = Path(workdir)
@@ -509,7 +530,7 @@ class RankPool:
         main_path = getattr(sys.modules["__main__"], "__file__", None)
         for conn in self._conns:
             conn.send((task_id, main_path, payload))
-        results = self._collect(task_id, timeout_s)
+        results = self._collect(task_id, timeout_s, parting=True)
         if not all(r.ok for r in results):
             stuck = [r.rank for r in results if r.status == "timeout"]
             self._ask_stacks(stuck)
@@ -545,6 +566,7 @@ class RankPool:
         before = {}
         for r in ranks:
             before[r] = size(r)
+            self._stack_from[r] = before[r]  # the dump this call asks for starts here
             try:
                 os.kill(self._procs[r].pid, STACK_SIGNAL)
             except OSError:
@@ -561,8 +583,11 @@ class RankPool:
                     last[r] = now
 
     def _waiting(self, rank: int) -> str:
+        """Where the rank waits, from the latest dump :meth:`_ask_stacks` asked for."""
         try:
-            dump = _marker_path(self._store_path, rank, STACK_SUFFIX).read_text(errors="replace")
+            with open(_marker_path(self._store_path, rank, STACK_SUFFIX), "rb") as f:
+                f.seek(self._stack_from.get(rank, 0))
+                dump = f.read(1 << 20).decode(errors="replace")
         except OSError:
             return ""
         return waiting_in(dump)
@@ -576,15 +601,42 @@ class RankPool:
             p.wait()
             _kill_group(p.pid)
 
-    def _collect(self, task_id: object, timeout_s: float, deadline: float | None = None) -> list[RankResult]:
+    def _idle_apart(self, task_id: object, pending: list[int]) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+        """The pending ranks' places and CPU seconds when they announced more
+        than one place (every one of them something), else None."""
+        doing = tuple(self._doing(r, task_id) for r in pending)
+        if len(set(doing)) < 2 or "" in doing:  # one place, or a rank not yet in the task
+            return None
+        cpu = tuple(_cpu_s(self._procs[r].pid) for r in pending)
+        return None if None in cpu else (doing, cpu)  # type: ignore[return-value]
+
+    def _parted(self, pending: list[int]) -> bool:
+        """Whether every pending rank's stack shows it waiting in a collective."""
+        self._ask_stacks(pending)
+        return all(self._waiting(r).startswith("waiting in torch.distributed.") for r in pending)
+
+    def _collect(self, task_id: object, timeout_s: float, deadline: float | None = None,
+                 parting: bool = False) -> list[RankResult]:
         got: dict[int, RankResult] = {}
         oom_before = oom_kill_count()
         deadline = time.monotonic() + timeout_s if deadline is None else deadline
         failed_at: float | None = None
+        parted_s: float | None = None
+        next_look = time.monotonic() + PARTED_S
+        looks: list[tuple[tuple[str, ...], tuple[float, ...]] | None] = []
         while len(got) < self.world_size:
             now = time.monotonic()
             if now >= deadline or (failed_at is not None and now >= failed_at + FAILURE_GRACE_S):
                 break
+            if parting and failed_at is None and now >= next_look:
+                pending = [r for r in range(self.world_size) if r not in got]
+                looks = [*looks[-2:], self._idle_apart(task_id, pending)]
+                if len(looks) == 3 and all(looks) and looks[0][0] == looks[1][0] == looks[2][0] and all(  # type: ignore[index]
+                        b - a < PARTED_IDLE_CPU_S for i in (1, 2) for a, b in zip(looks[i - 1][1], looks[i][1])) \
+                        and self._parted(pending):
+                    parted_s = now - (deadline - timeout_s)
+                    break
+                next_look = time.monotonic() + PARTED_S
             waiting = {self._conns[r]: r for r in range(self.world_size) if r not in got}
             for conn in wait(list(waiting), timeout=_POLL_S):
                 r = waiting[conn]
@@ -606,7 +658,12 @@ class RankPool:
         timed_out = failed_at is None
         for r in range(self.world_size):
             if r not in got:
-                if timed_out:
+                if parted_s is not None:
+                    got[r] = RankResult(r, "timeout", error=(
+                        f"no answer after {parted_s:.0f}s: the ranks parted, each waiting in a collective at a "
+                        f"different place (seen {PARTED_S:g}s apart), so none would have answered within "
+                        f"{timeout_s:g}s"))
+                elif timed_out:
                     stopped = STOPPED if _is_stopped(self._procs[r].pid) else ""
                     got[r] = RankResult(r, "timeout", error=f"no answer within {timeout_s:g}s{stopped}")
                 else:

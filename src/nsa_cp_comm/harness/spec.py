@@ -14,7 +14,7 @@ import torch
 
 from .. import engines
 from ..modes import ScatterMode
-from ..plan import CPPlan
+from ..plan import CPPlan, plan_split
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
@@ -84,8 +84,11 @@ class PointSpec:
         return self.cp_size + self.bystanders
 
     def plan(self) -> CPPlan:
-        return engines.get(self.engine).plan(self.seq_lens, self.cp_size, policy=self.policy,
-                                             page_size=self.page_size, align=self.align)
+        """The split by the engine's batch rule. A split the engine does not
+        have is still planned (a point it would not run is skipped with the
+        engine's reason, and its row describes this plan)."""
+        return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size,
+                          align=self.align, pad_batch=engines.get(self.engine).pads_batch, engine=self.engine)
 
 
 def shard_seed(seed: int, rank: int) -> int:
