@@ -103,6 +103,12 @@ ELSEWHERE: dict[str, str] = {
     "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/test_sglang_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
     "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
+    "pip install --no-deps -e examples/vllm_pcp_plugin": "the engine_comm chain runs the same install of an "
+    "example plug-in; tests/test_vllm_plugin.py imports this one from the checkout",
+    "python -m matrix -m impl=vllm_pcp,pad_at_split engine=vllm_0_33 +layout=dual_chunk_swap,round_robin "
+    "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/test_vllm_plugin.py::"
+    "test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason runs these plans (cp 2 and 3, an empty rank, "
+    "even and uneven, another split) on warm ranks",
     'srun --ntasks-per-node 1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
     '--rdzv-endpoint "$HEAD:29500" --rdzv-id "$SLURM_JOB_ID" -m matrix.torchrun_point cp_size=16 +layout=zigzag '
     "'seq_lens=[16384]' results_dir=/shared/nsa-cp/cp16": "needs a SLURM allocation",

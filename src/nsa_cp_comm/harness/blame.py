@@ -142,9 +142,20 @@ def _mismatch(results: list[RankResult]) -> tuple[str, str]:
         common = max(by_op, key=lambda op: len(by_op[op]))
         never = [rank for rank, op in ops.items() if op != common]
         head = f"rank {','.join(map(str, never))} never entered {common}"
+    elif len(by_op) == 2 and sum(_round_trip_step(op) is not None for op in by_op) == 2:
+        # a tie in a round trip's two steps: the ranks already in the later
+        # step skipped the earlier one their peers wait in
+        early, late = sorted(by_op, key=_round_trip_step)  # type: ignore[arg-type]
+        head = f"rank {','.join(map(str, by_op[late]))} skipped {early} (already in {late})"
     else:
         head = "ranks issued different collectives"
     return "collective_skipped", f"{head} ({where}): a decision taken from local state, not the shared plan"
+
+
+def _round_trip_step(op: str) -> int | None:
+    """Where a collective comes in a round trip: the gather (0) before the
+    reduce-scatter (1; an all-reduce where gloo emulates it); None for others."""
+    return 0 if "ALLGATHER" in op else 1 if "REDUCE_SCATTER" in op or "ALLREDUCE" in op else None
 
 
 @dataclass

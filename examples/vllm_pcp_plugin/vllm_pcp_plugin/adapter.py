@@ -1,0 +1,66 @@
+"""vLLM 0.33's PCP all-gather MoE path as an nsa_cp_comm round trip, on the engine's own [P, H] shards.
+
+vLLM pads every rank's rows to ``padded_num_tokens = max(per_rank_num_tokens)``
+once, when it partitions the batch (``pcp_manager.py`` ``_build_batch_layout``,
+with an ``is_padding`` mask), and keeps ``[P, H]`` through the layer: the MoE's
+all-gather takes that shard as it is and the reduce-scatter returns one. So
+the round trip declares ``shard="padded"``: the matrix hands ``gather`` the
+split's ``[P, H]`` shard (``P`` by the point's engine, ``engine=vllm_0_33``)
+and holds the ``[P, H]`` that ``scatter`` returns, padding rows included. The
+router's padding mask is honoured: the padding rows of this rank's chunk of
+the MoE output are zeroed before the reduce-scatter, as a masked row routes
+to no expert. A rank left without rows by a short prefill still enters both
+collectives (vLLM gives it an empty segment). What vLLM would not run on this
+path is refused with its reason (a ``skipped`` row).
+"""
+
+from __future__ import annotations
+
+from nsa_cp_comm.impls import RoundTripImpl
+
+from vllm_pcp_plugin import engine
+
+
+def physical_len(plan) -> int:
+    """``P`` for this split, as vLLM computes it when it partitions the batch."""
+    return engine.padded_num_tokens(engine.per_rank_num_tokens(plan.seq_lens, plan.cp_size))
+
+
+def supports(plan) -> str:
+    """Why vLLM 0.33's PCP all-gather MoE path would not run this plan ('' when it would)."""
+    if plan.policy != "dual_chunk_swap":
+        return f"vLLM {engine.VERSION} PCP has no {plan.policy} split (pcp_manager.py: DualChunkSwap only)"
+    if plan.cp_size <= 1:
+        return "maybe_build_pcp_manager builds no PCP manager at prefill_context_parallel_size=1"
+    want = engine.per_rank_num_tokens(plan.seq_lens, plan.cp_size)
+    if list(plan.per_rank_tokens) != want:
+        return (f"not vLLM {engine.VERSION}'s DualChunkSwap split of the raw {sum(plan.seq_lens)} tokens (its ranks "
+                f"hold {want}, this plan's {list(plan.per_rank_tokens)}: engine={plan.engine})")
+    return ""
+
+
+def gather(local, plan, group):
+    # local: the split's [P, H] shard, padding rows included; the gather is sized from it.
+    return engine.pcp_all_gather(local, group)
+
+
+def scatter(partials, plan, group):
+    # [P*cp, H] -> this rank's [P, H]. Every rank's padding rows of the MoE
+    # output are zero, as the router masks them (a row routes to no expert).
+    p = partials.shape[0] // plan.cp_size
+    for r, n in enumerate(plan.per_rank_tokens):
+        engine.mask_padding(partials[r * p:(r + 1) * p], n)
+    return engine.pcp_reduce_scatter(partials, group)
+
+
+impl = RoundTripImpl(
+    "vllm_pcp", gather, scatter,
+    layout="rank_major_padded",  # rank r's [P, H] shard at r * P
+    shard="padded",  # takes and returns the split's [P, H]; the plan's engine owns P
+    row_stride=physical_len,  # vLLM's own P, held to the matrix's rule for the engine (physical_len)
+    supports=supports,
+    backends=("gloo", "nccl"),
+    # P = max n_r: on an even plan no rank is padded, and the buffer is legacy's
+    legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,
+    doc=f"vLLM {engine.VERSION}: pcp all_gather(dim=0) / reduce_scatter(dim=0) on [P, H] shards, padding masked",
+)

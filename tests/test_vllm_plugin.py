@@ -1,0 +1,118 @@
+"""vLLM 0.33's PCP gather and reduce-scatter as a plug-in on the engine's [P, H] shards.
+
+examples/vllm_pcp_plugin wraps the engine's functions (written from
+``pcp_manager.py`` and the fused-MoE runner): ``shard="padded"`` with
+``P = max n_r``, the router's padding mask honoured. Over DualChunkSwap plans,
+even, uneven and with ranks a short prefill leaves empty, every point is
+``ok`` or ``skipped`` with vLLM's reason; copies broken the way serving code
+broke at the boundary (vLLM #53573: a rank without rows skips the gather;
+SGLang #35535: a replicated term summed by the reduce-scatter) fail on every
+point the break changes. In-process, on the warm pools.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import vllm_plugin_tasks as tasks
+from nsa_cp_comm import impls
+from nsa_cp_comm.harness.fold import fold_reports
+from nsa_cp_comm.harness.spec import PointSpec
+
+tasks.importable()
+REF = tasks.REF
+VLLM = "vllm_0_33"
+DCS = "dual_chunk_swap"
+
+
+def _spec(lens, cp, policy=DCS, engine=VLLM, iters=2):
+    return PointSpec(tuple(lens), cp, policy=policy, impls=(REF,), hidden_size=32, dtype="bfloat16", warmup=1,
+                     iters=iters, engine=engine)
+
+
+def _run(rank_pool, cp, runs, ok=True):
+    results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
+    if not ok:
+        return results
+    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
+    return [{r.impl: r for r in fold_reports(spec, spec.plan(), [r.value[k] for r in results])}
+            for k, (spec, _) in enumerate(runs)]
+
+
+# (lens, cp, policy, engine) -> the plug-in's status, or what its skip reason says
+SWEEP = {
+    2: [
+        ((1,), DCS, VLLM, "ok"),  # rows [1, 0]: rank 1 empty (vLLM #53573's batch)
+        ((2,), DCS, VLLM, "ok"),  # even (1, 1): legacy's bits
+        ((7,), DCS, VLLM, "ok"),  # (3, 4), P = 4
+        ((1001, 300), DCS, VLLM, "ok"),
+        ((1000,), "zigzag", VLLM, "vLLM 0.33 PCP has no zigzag split"),
+        # the seed fix's engine pads the batch to 8 first: not vLLM's split of the raw 7
+        ((7,), DCS, "seed_fix", "not vLLM 0.33's DualChunkSwap split of the raw 7 tokens"),
+    ],
+    3: [
+        ((1,), DCS, VLLM, "ok"),  # (1, 0, 0)
+        ((5,), DCS, VLLM, "ok"),  # chunks of 1: (2, 2, 1)
+        ((6,), DCS, VLLM, "ok"),  # even (2, 2, 2)
+        ((1001, 300), DCS, VLLM, "ok"),
+        ((1001, 300), "round_robin", VLLM, "vLLM 0.33 PCP has no round_robin split"),
+    ],
+}
+
+
+@pytest.mark.parametrize("cp", sorted(SWEEP))
+def test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason(rank_pool, cp):
+    specs = [_spec(lens, cp, policy, engine) for lens, policy, engine, _ in SWEEP[cp]]
+    rows = _run(rank_pool, cp, [(s, "as_is") for s in specs])
+    for spec, (lens, policy, engine, want), res in zip(specs, SWEEP[cp], rows):
+        r, plan = res[REF], spec.plan()
+        where = (lens, cp, policy, engine, r.status, r.reason)
+        if want == "ok":
+            assert r.status == "ok" and r.correct and r.failed_check == "", where
+            p = impls.shard_len(plan)
+            assert p == max(plan.per_rank_tokens) and r.rows_moved == p * cp, where  # P = max n_r
+            assert r.stats["roundtrip"]["p50"] > 0
+            assert r.even_bitwise_equal is (True if plan.is_even else None), where
+        else:
+            assert r.status == "skipped" and r.reason.startswith(f"impl={REF}: ") and want in r.reason, where
+            assert not r.stats
+
+
+# variant -> the check each point fails (None: the point does not change under the break)
+BROKEN = {
+    "replicated_before_rs": {(1,): "scatter_chunk", (7,): "scatter_chunk", (2,): "scatter_chunk"},
+    "sglang_alignment": {(1,): "physical_len", (7,): None, (2,): "physical_len"},  # (3, 4) at cp 2: P = 4 is a multiple of 2
+    "strips_padding": {(1,): "scatter_chunk", (7,): "scatter_chunk", (2,): None},
+    "unmasked_garbage": {(1,): "padding_zero", (7,): "padding_zero", (2,): None},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(BROKEN))
+def test_broken_copies_of_the_plugin_fail_where_the_break_shows(rank_pool, variant):
+    cases = BROKEN[variant]
+    rows = _run(rank_pool, 2, [(_spec(lens, 2, iters=3), variant) for lens in cases])
+    for (lens, check), res in zip(cases.items(), rows):
+        r = res[REF]
+        if check is None:
+            assert r.status == "ok", (variant, lens, r.status, r.failed_check, r.reason)
+        else:
+            assert (r.status, r.failed_check) == ("failed", check), (variant, lens, r.status, r.failed_check, r.reason)
+            assert not r.stats  # a failed implementation is never timed
+
+
+def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path):
+    """vLLM #53573: the rank a 1-token prefill leaves empty skips the gather its
+    peer entered; the row names the rank and what it skipped, and the point
+    where no rank is empty is ok (a sweep, as a plug-in author runs it)."""
+    from matrix_cli import run_matrix
+
+    run = run_matrix(tmp_path / "res", "impl=tests.vllm_plugin_tasks:skip_on_empty,padded", "engine=vllm_0_33",
+                     "+layout=dual_chunk_swap", "cp_size=2", "seq_lens=[1],[7]", "hidden_size=32", "iters=1",
+                     "warmup=0", "timeout_s=120")
+    assert run.returncode == 1, run.stderr[-2000:]
+    rows = {(r["impl"], r["seq_lens"]): r for r in run.rows()}
+    bad = rows[("tests.vllm_plugin_tasks:skip_on_empty", "[1]")]
+    assert (bad["status"], bad["failed_check"]) == ("error", "collective_skipped"), bad["reason"]
+    assert "rank 1 skipped _ALLGATHER_BASE (already in _REDUCE_SCATTER_BASE)" in bad["reason"], bad["reason"]
+    assert rows[("tests.vllm_plugin_tasks:skip_on_empty", "[7]")]["status"] == "ok"
+    assert {rows[("padded", lens)]["status"] for lens in ("[1]", "[7]")} == {"ok"}

@@ -1,0 +1,97 @@
+"""Rank tasks of tests/test_vllm_plugin.py: matrix points of the vLLM 0.33 PCP
+plug-in (examples/vllm_pcp_plugin), as it is or broken the way serving code
+broke at the boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "vllm_pcp_plugin"
+REF = "vllm_pcp_plugin.adapter:impl"
+
+
+def importable() -> None:
+    """The plug-in's package on this process's path (it is not installed)."""
+    if str(PLUGIN) not in sys.path:
+        sys.path.insert(0, str(PLUGIN))
+
+
+def _broken(variant: str, impl):
+    import torch.distributed as dist
+
+    from vllm_pcp_plugin import adapter, engine
+
+    def rank_rows(plan, group):
+        return plan.per_rank_tokens[dist.get_rank(group)]
+
+    if variant == "skip_on_empty":
+        # vLLM #53573: metadata built on each rank alone; a rank a short prefill
+        # left without rows decides it has nothing to gather and skips the collective
+        def gather(local, plan, group):
+            if rank_rows(plan, group) == 0:
+                return local.new_zeros((local.shape[0] * plan.cp_size, *local.shape[1:]))
+            return adapter.gather(local, plan, group)
+        return dataclasses.replace(impl, gather=gather)
+    if variant == "replicated_before_rs":
+        # SGLang #35535's shape: a term every rank holds whole (here the gathered
+        # input, a residual) added to the partials before the reduce-scatter,
+        # which then sums it cp times
+        def gather(local, plan, group):
+            full = adapter.gather(local, plan, group)
+            impl_state["full"] = full.clone()
+            return full
+
+        def scatter(partials, plan, group):
+            return adapter.scatter(partials + impl_state["full"], plan, group)
+        impl_state: dict = {}
+        return dataclasses.replace(impl, gather=gather, scatter=scatter)
+    if variant == "sglang_alignment":
+        # P aligned to cp as SGLang's interleave aligns it, everywhere: the shard padded again, its stride declared
+        def wrong_p(plan):
+            return -(-adapter.physical_len(plan) // plan.cp_size) * plan.cp_size
+
+        def gather(local, plan, group):
+            pad = wrong_p(plan) - local.shape[0]
+            return adapter.gather(local if pad == 0 else local.new_zeros((wrong_p(plan), local.shape[1])).index_copy(
+                0, __import__("torch").arange(local.shape[0]), local), plan, group)
+        return dataclasses.replace(impl, gather=gather, row_stride=wrong_p)
+    if variant == "strips_padding":
+        # the [n_r, H] protocol inside: the padding removed from the scatter's [P, H]
+        def scatter(partials, plan, group):
+            return adapter.scatter(partials, plan, group)[: rank_rows(plan, group)]
+        return dataclasses.replace(impl, scatter=scatter)
+    if variant == "unmasked_garbage":
+        # the router mask dropped and the padding rows of the output left with what the experts made of them
+        def scatter(partials, plan, group):
+            out = engine.pcp_reduce_scatter(partials, group)
+            out[rank_rows(plan, group):] = 1.0
+            return out
+        return dataclasses.replace(impl, scatter=scatter)
+    raise ValueError(variant)
+
+
+def skip_on_empty():
+    """The plug-in broken as vLLM #53573 broke serving code (``impl=tests.vllm_plugin_tasks:skip_on_empty``)."""
+    importable()
+    from vllm_pcp_plugin import adapter
+
+    return _broken("skip_on_empty", adapter.impl)
+
+
+def points(runs, backend):
+    """``point_on_rank`` of each ``(spec, variant)``: the plug-in, or a broken copy of it."""
+    importable()
+    from nsa_cp_comm import impls
+    from nsa_cp_comm.harness.measure import point_on_rank
+
+    saved = impls.get(REF)
+    out = []
+    for spec, variant in runs:
+        impls.REGISTRY[REF] = saved if variant == "as_is" else _broken(variant, saved)
+        try:
+            out.append(point_on_rank(spec, backend))
+        finally:
+            impls.REGISTRY[REF] = saved
+    return out
