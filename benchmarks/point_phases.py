@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SEQ_LENS = ([1000], [1001, 300], [17], [37, 512, 129, 900, 64, 3, 700, 250, 1, 333, 96, 180])
+SEQ_LENS = ([1000], [1001, 300], [3], [37, 512, 129, 900, 64, 3, 700, 250, 1, 333, 96, 180])
 LAYOUTS = {
     "zigzag": {"shared_kv": False, "split": "zigzag", "page_size": 1},
     "round_robin": {"shared_kv": False, "split": "round_robin", "page_size": 1},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 from matrix.config import GROUPS, KEYS, register
 from matrix.repro_env import split
 from matrix.results import COLUMNS, CONFIG_COLUMNS
+from nsa_cp_comm import engines
 
 from matrix_cli import REPO, run_matrix
 
@@ -39,13 +41,15 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
 def test_default_preset_crosses_every_axis_without_duplicates():
     params = OmegaConf.to_container(_compose("+matrix=default").hydra.sweeper.params)
     assert params["cp_size"] == "1,2,4,8"
-    assert set(params["+layout"].split(",")) == set(LAYOUTS)
+    # every layout of the default engine's splits (the others' are their engines': engine=vllm_0_33, vllm_ascend)
+    own = [n for n in LAYOUTS if _compose(f"+layout={n}").split in engines.get(engines.DEFAULT).strategies]
+    assert set(params["+layout"].split(",")) == set(own)
     assert set(params["moe_a2a_backend"].split(",")) == {"none", "deepep"}
     lens = params["seq_lens"]
     assert "[1000]" in lens and lens.count("[") >= 3  # single request and several batches
     assert "page_size" not in params and "shared_kv" not in params  # only via layouts, never crossed
     pages: dict[bool, set] = {}
-    for name in LAYOUTS:
+    for name in own:
         c = _compose(f"+layout={name}")
         pages.setdefault(c.shared_kv, set()).add((c.page_size, c.split))
     assert pages[False] == {(1, "zigzag"), (1, "round_robin")}
@@ -58,8 +62,8 @@ def test_smoke_sweep_through_the_cli(tmp_path):
     rows = run.rows()
     header = run.csv.read_text().splitlines()[0].split(",")
     assert tuple(header) == COLUMNS
-    # 8 all-gather points x (padded, legacy) + 8 DeepEP points x (padded, legacy, a2a)
-    assert len(rows) == 8 * 2 + 8 * 3
+    # 16 all-gather points x (padded, legacy) + 16 DeepEP points x (padded, legacy, a2a)
+    assert len(rows) == 16 * 2 + 16 * 3
     assert {r["status"] for r in rows} == {"ok", "refused", "passthrough"}
     assert all(r["correct"] == "True" for r in rows)
     assert all(r["failed_check"] == "" for r in rows)
@@ -93,7 +97,10 @@ def test_smoke_sweep_through_the_cli(tmp_path):
         assert split(r["repro"])[1][:3] == ["python", "-m", "matrix"] and f"cp_size={r['cp_size']}" in r["repro"]
         assert "results_dir=" not in r["repro"]  # a repro runs into its own fresh results_dir
         assert r["run_id"] and r["timestamp"]
-    assert "matrix summary: 16 points, 40 rows: ok 21, refused 3, passthrough 16, failed 0" in run.stdout
+    # cp=2, [1] padded to 2 tokens, page-aligned: one page, all on rank 0, rank 1 empty
+    empty = by[("2", "zigzag_page", "[1]", "none", "padded")]
+    assert empty["status"] == "ok" and "empty_rank" in empty["plan_class"], empty
+    assert "matrix summary: 32 points, 80 rows: ok 43, refused 5, passthrough 32, failed 0" in run.stdout
     # Hydra's own per-job files sit beside the table.
     assert len(list((tmp_path / "res" / "hydra").glob("*/0/.hydra/config.yaml"))) == 1
 
@@ -220,10 +227,10 @@ def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypa
     assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={res}"]) == 0
     out = capsys.readouterr().out.splitlines()
     listed = [ln for ln in out if ln.strip()[:1].isdigit()]
-    assert len(listed) == 16, out
+    assert len(listed) == 32, out
     assert any("gloo/cpu zigzag_page page=64 FULL impls=padded,legacy" in ln for ln in listed)
     assert any("SCATTERED impls=padded,legacy,a2a" in ln for ln in listed)
-    assert out[-1].startswith("estimate: 16 points, about ")
+    assert out[-1].startswith("estimate: 32 points, about ")
     assert not res.exists()
     # A no-effect page size is listed with its effective value, then deduped.
     assert cli.main(["-m", "--dry-run", "cp_size=2", "page_size=1,64", "seq_lens=[100]",
@@ -240,7 +247,7 @@ def test_dry_run_of_a_sweep_beyond_the_machine_lists_it_then_refuses(tmp_path, c
     monkeypatch.setattr(budget, "MAX_SWEEP_S", 0.0)  # any sweep is "too long" here
     assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={tmp_path / 'res'}"]) == 2
     out, err = capsys.readouterr()
-    assert "estimate: 16 points" in out
+    assert "estimate: 32 points" in out
     assert err.startswith("error: the sweep would be refused: ") and "force=true" in err
     assert len(err.strip().splitlines()) == 1
     # Without --dry-run the same sweep is refused before anything starts.
