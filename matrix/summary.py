@@ -40,7 +40,22 @@ def describe(row: Mapping[str, Any]) -> str:
     if status in ("ok", "refused", "passthrough"):
         return f"{row['impl']} {status}"
     check = f" [{row['failed_check']}]" if row.get("failed_check") else ""
-    return f"{row['impl']} {status}{check}" + (f" ({reason[:80]})" if reason else "")
+    return f"{row['impl']} {status}{check}" + (f" ({clipped(reason)})" if reason else "")
+
+
+# A console line keeps a reason this long; past it, the line says it was cut.
+REASON_CHARS = 100
+CUT_MARK = " [...; whole in results.csv's reason]"
+
+
+def clipped(reason: str, limit: int = REASON_CHARS) -> str:
+    """``reason`` on one line, whole when short; else cut at a word and marked,
+    pointing to the row, which keeps it whole."""
+    text = " ".join(reason.split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut + CUT_MARK
 
 
 def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> str:

@@ -36,3 +36,17 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
         "compare fails them as unverified; time with iters=5 or more, or iters=auto")
     counts, _, _ = summary.summarize([(cfg, "p2"), (cfg, "p3")])
     assert "samples too few" not in summary.render(counts, [])
+
+
+def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row() -> None:
+    from matrix.summary import CUT_MARK, REASON_CHARS, clipped, describe
+
+    short = "rank 1 never entered _ALLGATHER_BASE"
+    assert clipped(short) == short
+    long = "scattering rank 0's copy of the gathered buffer did not return this rank's rows; max_rel_err 1.07 > 0.0156"
+    assert len(long) > REASON_CHARS
+    got = describe({"impl": "x", "status": "failed", "failed_check": "scatter_chunk", "reason": long})
+    assert got.endswith(CUT_MARK + ")") and "results.csv" in got
+    # cut at a word: no half word before the mark
+    kept = clipped(long)[: -len(CUT_MARK)]
+    assert long.startswith(kept) and long[len(kept)] == " "
