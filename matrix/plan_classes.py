@@ -78,7 +78,10 @@ def batch(plan_class: str, cp_size: int) -> list[int]:
     - ``even``: one request of ``32*cp`` rows, ``r = 0``.
     - ``uneven_by_one``: ``r = 1`` (rank 0 one more), then ``r = cp-1`` (ranks
       ``0..cp-2`` one more): rank 0 at share+1, rank cp-1 at share-1.
-    - ``empty_rank``: ``[cp-1, 1]``: rank cp-1 owns no token of either.
+    - ``empty_rank``: ``[1, cp-2]`` (``[1, 1]`` at cp 2): fewer tokens than
+      ranks; the batch padded to ``cp`` lengthens the last request to
+      ``cp-1``, one token on each of ranks ``0..cp-2``, the first request's on
+      rank 0, none on rank cp-1.
     - ``longest_not_first``: ``r = 2*cp-1`` (every rank two more but rank 0),
       then ``r = cp+1`` (rank cp-1 two more): ranks grow from 0 to cp-1.
     - ``many_short``: lengths ``1..cp`` twice: rank ``k`` gets ``2*(cp-k)`` rows.
@@ -98,7 +101,7 @@ def batch(plan_class: str, cp_size: int) -> list[int]:
     if plan_class == "uneven_by_one":
         return [4 * n + 1, 4 * n + cp - 1]
     if plan_class == "empty_rank":
-        return [cp - 1, 1] if cp > 2 else [1, 1]
+        return [1, cp - 2] if cp > 2 else [1, 1]
     if plan_class == "longest_not_first":
         return [4 * n + n - 1, 4 * n + cp + 1]
     if plan_class == "many_short":
