@@ -148,3 +148,34 @@ def model_section(df: pd.DataFrame, model, table=frame_md) -> list:
         lines += ["", f"({len(out) - 12} more rows not shown)"]
     lines += ["", "Median modelled time per design: " + ", ".join(f"`{k}` {v} us" for k, v in by_impl.items())]
     return lines
+
+
+def engines_section(df: pd.DataFrame, table=frame_md) -> list:
+    """Per engine the run followed: its rules (where its split puts the padding,
+    what attention and the MoE do with it), the splits and cp sizes it planned,
+    and each implementation run under its rules with its rows by status, so an
+    engine's plug-ins read beside that engine's plans. Empty where every row
+    followed the default engine."""
+    if "impl" not in df or df.empty:
+        return []
+    p = df.assign(engine=_engine_of(df), layout=_layout(df))
+    if set(p["engine"]) == {engines.DEFAULT}:
+        return []
+    out = []
+    for (eng, impl), g in p.groupby(["engine", "impl"], sort=True, observed=True):
+        rules = engines.get(eng) if eng in engines.NAMES else None
+        counts = g["status"].value_counts()
+        out.append({
+            "engine": eng, "impl": impl,
+            "rows": ", ".join(f"{s} {int(counts[s])}" for s in ("ok", "failed", "error", "timeout", "skipped",
+                                                                  "refused", "passthrough") if s in counts),
+            "splits": ", ".join(sorted(g["layout"].astype(str).unique())),
+            "cp": ", ".join(str(c) for c in sorted(pd.to_numeric(g["cp_size"]).astype(int).unique())),
+            "padding at": rules.padding_at if rules else "",
+            "attention": ("masked" if rules.attn_pad_masked else "processed") if rules else "",
+            "MoE": ("masked" if rules.moe_pad_masked else "processed") if rules else "",
+        })
+    frame = pd.DataFrame(out)
+    return [f"Each engine's rules and the implementations run under them ({len(frame['engine'].unique())} "
+            "engine(s)): a plug-in written from an engine reads beside that engine's plans, `skipped` rows "
+            "carrying the engine's or the plug-in's reason.", "", table(frame)]

@@ -810,6 +810,9 @@ def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[
     if covered:
         lines += ["## Plan classes covered", "", *covered, ""]
     appendix += listed
+    by_engine = designs.engines_section(df, table=_records("engines"))
+    if by_engine:
+        lines += ["## Engines: each engine's plans and the implementations run under them", "", *by_engine, ""]
     compared = designs.section(df, PAIR, table=_records("designs"))
     if compared:
         lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]

@@ -161,3 +161,27 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
 
     df = pd.DataFrame([pas, rows["padded"]])
     assert list(m_stride(df)["impl"]) == ["padded"]
+
+
+def test_the_report_sets_each_engines_plugins_beside_its_rules():
+    """An engine's implementations are listed under that engine with its rules;
+    a run of the default engine alone has no such section."""
+    import pandas as pd
+
+    from matrix import designs
+
+    rows = pd.DataFrame([
+        {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "dual_chunk_swap", "page_size": 1, "cp_size": 2,
+         "status": "ok"},
+        {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "round_robin", "page_size": 1, "cp_size": 3,
+         "status": "skipped"},
+        {"impl": "padded", "engine": "seed_fix", "policy": "zigzag", "page_size": 1, "cp_size": 2, "status": "ok"},
+    ])
+    lines = designs.engines_section(rows, table=lambda f: f)
+    frame = lines[-1]
+    got = {(r.engine, r.impl): r for r in frame.itertuples()}
+    vllm = got[("vllm_0_33", "vllm_pcp")]
+    assert (vllm.rows, vllm.splits, vllm.cp, vllm.MoE) == ("ok 1, skipped 1", "DualChunkSwap, round_robin", "2, 3",
+                                                         "masked")
+    assert got[("seed_fix", "padded")].MoE == "processed"
+    assert designs.engines_section(rows[rows["engine"].eq("seed_fix")]) == []
