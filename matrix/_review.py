@@ -45,9 +45,12 @@ from .runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_versi
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
 # slightly older schema still reports.
-REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c != "engine") + ("status",)
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c not in ("engine", "shared_expert")) + (
+    "status",)
 # Rows of a layout before 4 have no engine column: they were all planned by these rules.
 ENGINE_BEFORE_LAYOUT_4 = "seed_fix"
+# Rows of a layout before 5 have no shared_expert column: their reference MoE had none.
+SHARED_EXPERT_BEFORE_LAYOUT_5 = "none"
 # The columns of a loaded run, whatever the file's layout: the rows' own, and
 # the environment of the run each row names.
 READ_COLUMNS: tuple[str, ...] = COLUMNS + tuple(c for c in META_COLUMNS if c not in COLUMNS)
@@ -305,7 +308,7 @@ def _layout_3(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
 
 
 # How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS.
-READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3, 4: _layout_3}
+READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3, 4: _layout_3, 5: _layout_3}
 
 
 def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
@@ -349,6 +352,8 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     layout = layout_version(header)
     if layout < 4:
         frame["engine"] = pd.Categorical([ENGINE_BEFORE_LAYOUT_4] * len(frame))
+    if layout < 5:
+        frame["shared_expert"] = pd.Categorical([SHARED_EXPERT_BEFORE_LAYOUT_5] * len(frame))
     for col in READ_COLUMNS:
         if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""

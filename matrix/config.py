@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.engines import NAMES as ENGINES
 from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
+from nsa_cp_comm.moe import SHARED_EXPERTS
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,10 @@ class MatrixConfig:
     dtype: str = "bfloat16"
     num_experts: Optional[int] = None  # null: two experts per rank
     topk: int = 2
+    # DeepSeek-V3.2's shared expert in the reference MoE: none | sharded (split over
+    # the ranks, summed by the reduce-scatter) | replicated (whole on every rank,
+    # added once after it), as serving code places it at the production shape
+    shared_expert: str = "replicated"
     warmup: int = 5
     # timed iterations, or auto: sample until the paired ratio's median is known
     # to CI_WIDTH, or a cap (nsa_cp_comm.harness.calibrate)
@@ -87,6 +92,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "dtype": tuple(DTYPES),
     "engine": ENGINES,
+    "shared_expert": SHARED_EXPERTS,
 }
 # Every int key's range: far beyond any real point, but not past what the
 # machine can represent or start (machine-dependent bounds: matrix.budget).

@@ -52,6 +52,8 @@ MEANING: dict[str, str] = {
     "dtype": "dtype of the hidden states",
     "num_experts": "experts of the reference MoE (a multiple of cp_size); null: two per rank",
     "topk": "experts per token (at most num_experts)",
+    "shared_expert": "the reference MoE's shared expert: none; sharded (each rank a share of its units, summed by "
+                     "the reduce-scatter); replicated (whole on every rank, added once after the reduce-scatter)",
     "warmup": "untimed iterations before the timed ones",
     "iters": (f"timed iterations (fewer than {MIN_FLAGGABLE}: compare can flag nothing), or auto: until each "
               f"implementation's median round trip over the A/A control's is known within "

@@ -52,9 +52,11 @@ NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
-    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k != "engine"}
+    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k not in ("engine", "shared_expert")}
     if cfg.get("engine", engines.DEFAULT) != engines.DEFAULT:  # the default engine's points keep their ids
         key["engine"] = cfg["engine"]
+    if cfg.get("shared_expert", "none") != "none":  # points without a shared expert keep the ids they had
+        key["shared_expert"] = cfg["shared_expert"]
     if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
         key["bystanders"] = cfg["bystanders"]
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -72,6 +74,8 @@ def effective_id(res: Resolved) -> str:
     }
     if spec.engine != engines.DEFAULT:
         key["engine"] = spec.engine
+    if spec.shared_expert != "none":
+        key["shared_expert"] = spec.shared_expert
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

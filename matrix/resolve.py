@@ -102,6 +102,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
             seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"], engine=planner.name,
+            shared_expert=cfg.get("shared_expert", "none"),
         )
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None

@@ -63,6 +63,7 @@ CONFIG_COLUMNS: tuple[str, ...] = (
     "seed",
     "flush_l2",
     "engine",
+    "shared_expert",
 )
 
 # Keys of the schema that steer the run rather than the measurement.

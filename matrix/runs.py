@@ -18,8 +18,11 @@ Readers tell a results.csv's layout by its header (:func:`layout_version`):
 - 3: a ``run_id`` in every row, the environment once per run in
   ``runs.jsonl``; no ``engine`` column: every row was planned by the
   ``seed_fix`` engine's rules (nsa_cp_comm.engines);
-- 4 (:data:`SCHEMA_VERSION`): as 3, with ``engine`` (a configuration column)
-  and ``attn_pad_masked_rows``.
+- 4: as 3, with ``engine`` (a configuration column) and
+  ``attn_pad_masked_rows``; no ``shared_expert`` column: the reference MoE
+  had no shared expert (``none``);
+- 5 (:data:`SCHEMA_VERSION`): as 4, with ``shared_expert`` (a configuration
+  column).
 
 Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
 ``schema_version`` that wrote it.
@@ -38,7 +41,7 @@ from pathlib import Path
 
 from . import inputs
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RUNS_FILE = "runs.jsonl"
 RUNS_BYTES_MAX = 1 << 30  # a line per run: millions of runs
 
@@ -71,10 +74,10 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
 
 
 def layout_version(header: Iterable[str]) -> int:
-    """The layout (1 to 4; see the module docstring) of a results.csv with ``header``."""
+    """The layout (1 to 5; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
     if "run_id" in names:
-        return 4 if "engine" in names else 3
+        return 5 if "shared_expert" in names else 4 if "engine" in names else 3
     return 2 if "effective_id" in names else 1
 
 

@@ -15,8 +15,10 @@ PointSpec's ``impls`` (tests/test_checks.py), or in the padded path's place
 - Ranks that fail (``raise_rank``, ``crash_rank``, ``hang_rank``): on the
   world's last rank the gather raises, exits or hangs once its peers are
   inside the all-gather.
+- A replicated shared expert added in the wrong place (``shared_before_rs``,
+  ``shared_twice``) beside the right form (``shared_after_rs``).
 - :data:`MUTATIONS`: what no implementation can stand in for (legacy's own
-  refusal text, the SCATTERED-mode communicator), patched on the ranks by
+  refusal text, the SCATTERED-mode communicator, the reference MoE), patched on the ranks by
   :func:`point_with_mutation`.
 """
 
@@ -32,7 +34,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
 import nsa_cp_comm.harness.checks as checks
-from nsa_cp_comm import alternatives, impls
+from nsa_cp_comm import alternatives, impls, moe
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
 from nsa_cp_comm.communicator import CPLayerCommunicator
 from nsa_cp_comm.harness.measure import point_on_rank
@@ -661,6 +663,45 @@ def _dispatch_drops_a_row(local, idx, weight, experts_per_rank, group):
 drops_a_row = dataclasses.replace(impls.get("a2a"), dispatch=_dispatch_drops_a_row,
                                   doc="a2a whose dispatch loses the last received row")
 
+
+# --- reference_moe: a replicated shared expert in the wrong place -----------------
+# The MoE step hands scatter_replicated the shared expert's whole output on the
+# gathered rows, the same on every rank (impls.RoundTripImpl.scatter_moe).
+def _own_rows(replicated, plan, group):
+    rank, m = dist.get_rank(group), plan.max_rank_len
+    return replicated[rank * m : rank * m + plan.per_rank_tokens[rank]]
+
+
+def _shared_before_rs(partials, replicated, plan, group):
+    # Mistake: the replicated term added to this rank's partials before the
+    # reduce-scatter, as a sharded expert's share would be: every rank adds it,
+    # so the sum counts it cp times.
+    return padded_scatter(partials + replicated, plan, group)
+
+
+shared_before_rs = dataclasses.replace(_PADDED, scatter_replicated=_shared_before_rs,
+                                       doc="padded that adds the replicated shared expert before the reduce-scatter")
+
+
+def _shared_after_rs(partials, replicated, plan, group):
+    # Right: the partials summed over the ranks, then this rank's rows of the term, once.
+    return padded_scatter(partials, plan, group) + _own_rows(replicated, plan, group)
+
+
+shared_after_rs = dataclasses.replace(_PADDED, scatter_replicated=_shared_after_rs,
+                                      doc="padded that adds the replicated shared expert once after the "
+                                          "reduce-scatter: right")
+
+
+def _shared_twice(partials, replicated, plan, group):
+    # Mistake: added after the sum, and once more (as if the layer added it too):
+    # counted twice, whatever cp is.
+    return _shared_after_rs(partials, replicated, plan, group) + _own_rows(replicated, plan, group)
+
+
+shared_twice = dataclasses.replace(_PADDED, scatter_replicated=_shared_twice,
+                                   doc="padded that adds the replicated shared expert twice after the reduce-scatter")
+
 SLOW_STAGE_S = 0.25
 
 
@@ -791,9 +832,15 @@ class _CopyingCommunicator(CPLayerCommunicator):
 
 
 # name: (registered implementation, its field, replacement) or (module, attribute, replacement)
+def _reference_without_shared(self, x):
+    # The checker's truth missing a term: the routed experts only, whatever shared_expert says.
+    return self._apply(x, range(self.num_experts))
+
+
 MUTATIONS = {
     "legacy_wrong_text": ("legacy", "gather", _legacy_wrong_text),
     "passthrough_copies": (checks, "CPLayerCommunicator", _CopyingCommunicator),
+    "reference_without_shared": (moe.ReferenceMoE, "reference", _reference_without_shared),
 }
 
 

@@ -177,6 +177,7 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("split=ring",), "error: split=ring: must be one of zigzag, round_robin", VALUE),
     CliCase(("backend=mpi",), "error: backend=mpi: must be one of auto, gloo, nccl", VALUE),
     CliCase(("dtype=fp8",), "error: dtype=fp8: must be one of float32, bfloat16", VALUE),
+    CliCase(("shared_expert=both",), "error: shared_expert=both: must be one of none, sharded, replicated", VALUE),
     CliCase(("impl=fast",), "error: impl=fast: must be one of both, all, designs, padded, legacy*", VALUE),
     CliCase(("fault=raise",), "error: unknown key 'fault'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
     CliCase(("cp_sise=2",), "error: unknown key 'cp_sise'; valid keys: cp_size, page_size, seq_lens, *", VALUE),

@@ -22,11 +22,14 @@ import test_report as tr
 # The previous layout (schema 2): the environment in every row, no run_id.
 LAYOUT2_PROVENANCE = ("impl_origin", "torch_version", "nccl_version", "device_name", "host", "git_sha", "timestamp",
                       "wall_s", "point_id", "overrides", "repro")
+# Columns layout 5 added (a shared expert placement per row): no earlier layout has them.
+LAYOUT5_NEW = ("shared_expert",)
 # Columns layout 4 added (an engine per row): no earlier layout has them.
-LAYOUT4_NEW = ("engine", "attn_pad_masked_rows")
+LAYOUT4_NEW = ("engine", "attn_pad_masked_rows", *LAYOUT5_NEW)
 LAYOUT2_COLUMNS = ([c for c in COLUMNS if c not in PROVENANCE_COLUMNS and c not in LAYOUT4_NEW]
                    + (["fault"] if "fault" not in COLUMNS else []) + list(LAYOUT2_PROVENANCE))
 LAYOUT3_COLUMNS = [c for c in COLUMNS if c not in LAYOUT4_NEW]
+LAYOUT4_COLUMNS = [c for c in COLUMNS if c not in LAYOUT5_NEW]
 
 
 def write_layout_2(results_dir: Path, rows: list[dict[str, object]], **env: object) -> str:
@@ -49,6 +52,18 @@ def write_layout_3(results_dir: Path, rows: list[dict[str, object]]) -> str:
         for row in rows:
             writer.writerow({"run_id": tc.RUN["run_id"], **row})
     (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": 3, **tc.RUN}) + "\n")
+    return str(results_dir)
+
+
+def write_layout_4(results_dir: Path, rows: list[dict[str, object]]) -> str:
+    """``rows`` as a results.csv of schema 4 (an engine column, no shared_expert) and its runs.jsonl."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    with results_path(results_dir).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=LAYOUT4_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({"run_id": tc.RUN["run_id"], **row})
+    (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": 4, **tc.RUN}) + "\n")
     return str(results_dir)
 
 
@@ -119,7 +134,7 @@ def test_the_point_builds_its_run_once_per_process() -> None:
 
 def test_resume_into_a_folder_of_the_previous_layout_says_which_schema(tmp_path: Path) -> None:
     write_layout_2(tmp_path / "old", tc.base_rows())
-    with pytest.raises(SchemaError, match=r"schema 2 of an earlier version \(this one writes 4; report and compare "
+    with pytest.raises(SchemaError, match=r"schema 2 of an earlier version \(this one writes 5; report and compare "
                                           r"still read it\)"):
         results.check_schema(results_path(tmp_path / "old"))
 
@@ -149,6 +164,19 @@ def test_rows_before_engines_read_as_the_seed_fix_engine_and_join_new_ones(tmp_p
     code, out, err = tc.run([old, tc.write_run(tmp_path / "same", tc.base_rows())], capsys)
     assert code == 0 and tc.counts(out)["joined"] == "10", out + err
     other = [{**r, "engine": "sglang_0_5_23"} for r in tc.base_rows()]
+    code, out, err = tc.run([old, tc.write_run(tmp_path / "other", other)], capsys)
+    assert tc.counts(out).get("joined", "0") == "0", out + err
+
+
+def test_rows_before_shared_experts_read_as_none_and_join_new_ones(tmp_path: Path, capsys) -> None:
+    """A file of layout 4 has no shared_expert column: its reference MoE had no
+    shared expert, and its rows join a new run's rows without one, not those with one."""
+    old = write_layout_4(tmp_path / "old", tc.base_rows())
+    assert runs.layout_version(results.read_header(results_path(tmp_path / "old"))) == 4
+    assert set(_review.load_run("OLD", old).latest["shared_expert"].astype(str)) == {"none"}
+    code, out, err = tc.run([old, tc.write_run(tmp_path / "same", tc.base_rows())], capsys)
+    assert code == 0 and tc.counts(out)["joined"] == "10", out + err
+    other = [{**r, "shared_expert": "replicated"} for r in tc.base_rows()]
     code, out, err = tc.run([old, tc.write_run(tmp_path / "other", other)], capsys)
     assert tc.counts(out).get("joined", "0") == "0", out + err
 

@@ -8,7 +8,9 @@ Two kinds of implementation, one per mlp_mode (docs/design.md, "Implementations"
   (``layout``), the backends it runs on, and whether it needs even plans;
   optionally ``prepare(plan, hidden, dtype, device, group)``, its production
   form (pre-sized buffers reused across calls, :mod:`.production`), which is
-  what the timed loop runs.
+  what the timed loop runs; optionally ``scatter_replicated(partials,
+  replicated, plan, group)``, the scatter given a replicated term to add
+  once (:meth:`RoundTripImpl.scatter_moe`).
 - :class:`DispatchImpl` (SCATTERED mode, a MoE all-to-all such as DeepEP):
   ``dispatch(local, topk_idx, topk_weight, experts_per_rank, group) ->
   (received rows, handle)`` and ``combine(expert_outputs, handle, group) ->
@@ -92,6 +94,12 @@ class RoundTripImpl:
     H]``) or ``"padded"`` (both the split's ``[P, H]``, ``P`` the plan's
     engine's physical length, the padding rows zero in and out; implies
     ``pads_split``, ``rank_major_padded`` with row stride ``P`` by default).
+    ``scatter_replicated(partials, replicated, plan, group)`` (optional): the
+    scatter of a MoE step that also has a replicated term (a shared expert
+    every rank computed whole on the gathered rows: ``replicated``, in the
+    gathered layout, the same on every rank): the partials summed over ranks,
+    plus this rank's rows of ``replicated`` added once; without it the
+    caller adds them to what ``scatter`` returns (:meth:`scatter_moe`).
     """
 
     name: str
@@ -111,6 +119,7 @@ class RoundTripImpl:
     prepare: Callable[..., Production] | None = None
     supports: Callable[[CPPlan], str] | None = None
     shard: str = "rows"
+    scatter_replicated: Callable[..., Any] | None = None
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -120,7 +129,7 @@ class RoundTripImpl:
         for attr in ("gather", "scatter"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
-        for attr in ("prepare", "supports", "row_stride"):
+        for attr in ("prepare", "supports", "row_stride", "scatter_replicated"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
         if self.shard not in SHARDS:
@@ -147,6 +156,22 @@ class RoundTripImpl:
             raise TypeError(f"impl {self.name!r}: prepare returned {type(form).__name__}, not a "
                             "nsa_cp_comm.production.Production")
         return form
+
+    def scatter_moe(self, partials: Any, replicated: Any, plan: CPPlan, group: Any) -> Any:
+        """The reduce-scatter after a MoE step: ``scatter(partials)``, and
+        with a replicated term (``replicated``: ``[buffer_rows, H]`` in the
+        gathered layout, the same on every rank; None when there is none)
+        this rank's rows of it added once, after the sum over ranks: by
+        ``scatter_replicated`` where the implementation has one, else here.
+        Adding it to the partials before the reduce-scatter would count it
+        ``cp`` times."""
+        if replicated is None:
+            return self.scatter(partials, plan, group)
+        if self.scatter_replicated is not None:
+            return self.scatter_replicated(partials, replicated, plan, group)
+        import torch.distributed as dist
+
+        return add_replicated(self.scatter(partials, plan, group), replicated, self, plan, dist.get_rank(group))
 
     def stride(self, plan: CPPlan) -> int:
         """Rows of each rank's block in the padded layout (its rows, then zeros):
@@ -204,6 +229,24 @@ class DispatchImpl:
 
 
 Impl = RoundTripImpl | DispatchImpl
+
+
+def add_replicated(out: Any, replicated: Any, impl: RoundTripImpl, plan: CPPlan, rank: int) -> Any:
+    """``out`` (a scatter's result on ``rank``) with that rank's rows of the
+    replicated term added once, as a new tensor; ``out`` itself when it is
+    not a tensor that can hold them (wrong dtype, width, device, too few
+    rows), left for the checks to name. A padded shard's padding rows get
+    nothing (the term's rows there are zero anyway: no biases)."""
+    import torch
+
+    n, start = plan.per_rank_tokens[rank], impl.starts(plan)[rank]
+    rows = replicated[start : start + n]
+    if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.dtype == rows.dtype and out.device == rows.device
+            and out.shape[0] >= n and out.shape[1] == rows.shape[1]):
+        return out
+    res = out.clone()
+    res[:n] += rows
+    return res
 
 
 def shard_len(plan: CPPlan) -> int:

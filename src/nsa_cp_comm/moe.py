@@ -1,6 +1,12 @@
 """A small reference MoE: per-rank partial outputs and the single-process truth.
 
-Bias-free top-k experts split evenly over the CP ranks (docs/design.md, section 6). Weights come
+Bias-free top-k experts split evenly over the CP ranks (docs/design.md, section 6), and
+DeepSeek-V3.2's one shared expert, an MLP every token goes through, in one of
+:data:`SHARED_EXPERTS` placements: ``none``; ``sharded`` (its hidden units
+split over the ranks like a tensor-parallel MLP: each rank's share is part of
+its partial, summed by the reduce-scatter with the routed experts'); or
+``replicated`` (every rank computes all of it, :meth:`ReferenceMoE.replicated`:
+a term the reduce-scatter must not sum, added once after it). Weights come
 from a CPU generator seeded by ``seed`` alone, so every rank and the reference
 hold identical weights whatever the device. Routing is computed in float64 on
 each row by itself, so a row routes the same way whether it arrives alone, in
@@ -13,9 +19,13 @@ import math
 
 import torch
 
+# Where the shared expert runs: not at all, split over the ranks, or whole on every rank.
+SHARED_EXPERTS: tuple[str, ...] = ("none", "sharded", "replicated")
+
 
 class ReferenceMoE:
-    """``num_experts`` SiLU experts ``x -> silu(x W1) W2``, top-``topk`` routing."""
+    """``num_experts`` SiLU experts ``x -> silu(x W1) W2``, top-``topk`` routing,
+    and a shared expert of the same form placed as ``shared_expert`` says."""
 
     def __init__(
         self,
@@ -27,11 +37,14 @@ class ReferenceMoE:
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        shared_expert: str = "none",
     ) -> None:
         if not 1 <= topk <= num_experts:
             raise ValueError(f"topk={topk} must be in [1, num_experts={num_experts}]")
+        if shared_expert not in SHARED_EXPERTS:
+            raise ValueError(f"shared_expert={shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
         self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
-        self.dtype = dtype
+        self.dtype, self.shared_expert = dtype, shared_expert
         g = torch.Generator().manual_seed(seed)
         router = torch.randn(hidden_size, num_experts, generator=g) / math.sqrt(hidden_size)
         w1 = torch.randn(num_experts, hidden_size, ffn_size, generator=g) / math.sqrt(hidden_size)
@@ -39,6 +52,12 @@ class ReferenceMoE:
         self.router = router.to(device=device, dtype=torch.float64)
         self.w1 = w1.to(device=device, dtype=dtype)
         self.w2 = w2.to(device=device, dtype=dtype)
+        # Drawn after the routed experts' weights, so those (and every output
+        # with shared_expert="none") are what they were before it existed.
+        s1 = torch.randn(hidden_size, ffn_size, generator=g) / math.sqrt(hidden_size)
+        s2 = torch.randn(ffn_size, hidden_size, generator=g) / math.sqrt(ffn_size)
+        self.s1 = s1.to(device=device, dtype=dtype)
+        self.s2 = s2.to(device=device, dtype=dtype)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(expert ids [N, k], weights [N, k] float32)`` for each row of ``x``."""
@@ -63,14 +82,49 @@ class ReferenceMoE:
             out.index_add_(0, rows, y.to(torch.float32) * weight[rows, slot, None])
         return out
 
+    def _shared(self, x: torch.Tensor, units: slice = slice(None)) -> torch.Tensor:
+        """The shared expert's hidden ``units`` on every row of ``x``, in float32."""
+        y = torch.nn.functional.silu(x.to(self.dtype) @ self.s1[:, units]) @ self.s2[units]
+        return y.to(torch.float32)
+
+    def shared_units(self, rank: int, cp_size: int) -> slice:
+        """Rank ``rank``'s hidden units of the shared expert when it is sharded
+        (contiguous, as even as integer division makes them; a rank may get none)."""
+        f = self.s1.shape[1]
+        lo, hi = f * rank // cp_size, f * (rank + 1) // cp_size
+        return slice(lo, hi)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole shared expert on every row of ``x``, in float32 (zeros with
+        ``shared_expert="none"``)."""
+        if self.shared_expert == "none":
+            return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return self._shared(x)
+
     def partial(self, x: torch.Tensor, rank: int, cp_size: int) -> torch.Tensor:
-        """This rank's experts' contribution for every row of ``x``, in ``x.dtype``.
-        Zero rows give zero outputs (no biases)."""
-        return self._apply(x, self.experts_of(rank, cp_size)).to(x.dtype)
+        """This rank's experts' contribution for every row of ``x``, in ``x.dtype``
+        (with a sharded shared expert, its share of that too). Zero rows give
+        zero outputs (no biases)."""
+        out = self._apply(x, self.experts_of(rank, cp_size))
+        if self.shared_expert == "sharded":
+            out += self._shared(x, self.shared_units(rank, cp_size))
+        return out.to(x.dtype)
+
+    def replicated(self, x: torch.Tensor) -> torch.Tensor | None:
+        """With a replicated shared expert, its output on every row of ``x`` in
+        ``x.dtype``, the same on every rank: to be added once, after the
+        reduce-scatter, not summed by it. None with any other placement."""
+        if self.shared_expert != "replicated":
+            return None
+        return self._shared(x).to(x.dtype)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
-        """All experts on ``x`` in one process, accumulated in float32."""
-        return self._apply(x, range(self.num_experts))
+        """All experts on ``x`` in one process, accumulated in float32, the
+        whole shared expert included (unless ``shared_expert="none"``)."""
+        out = self._apply(x, range(self.num_experts))
+        if self.shared_expert != "none":
+            out += self._shared(x)
+        return out
 
 
 def max_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -83,6 +137,22 @@ def max_rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if math.isnan(diff):
         return math.inf
     return diff / scale if scale > 0 else diff
+
+
+def counted_cp_times(out: torch.Tensor, ref: torch.Tensor, shared: torch.Tensor, cp_size: int, tol: float) -> bool:
+    """Whether ``out`` is ``ref`` with the replicated term ``shared`` (this
+    rank's rows of it, float32) added ``cp_size - 1`` times too many: the
+    term added to every rank's partial before the reduce-scatter, which sums
+    it over the ranks. Within ``tol`` of that (relative to its own scale, as
+    :func:`max_rel_err`), and only where the term is not lost in the
+    tolerance (with one rank, or a term of zeros, nothing can be told apart)."""
+    if cp_size < 2 or ref.numel() == 0 or out.shape != ref.shape or shared.shape != ref.shape:
+        return False
+    extra = (cp_size - 1) * shared
+    scale = ref.abs().max().item()
+    if not extra.abs().max().item() > tol * max(scale, 1e-30):
+        return False
+    return max_rel_err(out, ref + extra) <= tol
 
 
 def tolerance(dtype: torch.dtype, cp_size: int) -> float:

@@ -31,7 +31,7 @@ from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
 from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
-from ..moe import ReferenceMoE, max_rel_err, tolerance
+from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
 from ..plan import CPPlan
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
@@ -63,8 +63,13 @@ CHECKS: dict[str, str] = {
                      "wrong dtype, shape or device, and where in the gathered buffer the returned rows are: rows at "
                      "the wrong offset)",
     "reference_moe": "the round trip through a small MoE (every rank's experts on all gathered rows, "
-                     "reduce-scattered) matches a single-process reference within the dtype's tolerance "
-                     "(`max_rel_err`)",
+                     "reduce-scattered, and the shared expert as `shared_expert` places it: `sharded`, each rank's "
+                     "share in its partials; `replicated`, computed whole on every rank and handed to the "
+                     "implementation to add once after the reduce-scatter) matches a single-process reference "
+                     "(every expert and the shared one on the unsplit rows) within the dtype's tolerance "
+                     "(`max_rel_err`); an output that is the reference plus `cp - 1` times the shared expert's "
+                     "output on the rank's rows is named: a replicated term counted cp times (added before the "
+                     "reduce-scatter, which sums it over the ranks)",
     "even_bitwise": "on an even plan, the gathered buffer and the MoE round trip's output equal legacy's bit for bit, "
                     "legacy recomputed on the same inputs (`even_bitwise_equal`; implementations with "
                     "`legacy_bits_on_even`, on the even plans its rule names: `pad_at_split` where `P*cp == T`)",
@@ -241,7 +246,21 @@ def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe
     tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
     if not rep.max_rel_err <= tol:
         rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}"
-                 + (f" ({diff})" if diff else ""))
+                 + (f" ({diff})" if diff else "") + (_overcount(out, ref, moe, local, plan.cp_size, tol)
+                                                      if ok_shape else ""))
+
+
+def _overcount(out: torch.Tensor, ref: torch.Tensor, moe: ReferenceMoE, local: torch.Tensor, cp: int,
+               tol: float) -> str:
+    """What a wrong round trip is when it is the reference plus ``cp - 1``
+    times the replicated shared expert's output on this rank's rows: the
+    term added to every rank's partial before the reduce-scatter, which
+    summed it over the ranks. '' when it is not that (or nothing is replicated)."""
+    if moe.shared_expert != "replicated" or not counted_cp_times(out, ref, moe.shared(local), cp, tol):
+        return ""
+    return (f": a replicated term counted cp times (the output is the reference plus {cp - 1} times the shared "
+            f"expert's output on this rank's rows: the replicated shared expert was added to the partials before "
+            f"the reduce-scatter, which summed it over the {cp} ranks; it belongs after it, once)")
 
 
 def _check_group(rep: ImplReport, seen: Observed, phase: str) -> None:
@@ -470,7 +489,9 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     # (the MoE gives zero rows zero outputs, no bias: a padded shard's padding
     # rows of the partials are zero, as the engine's MoE gives them)
     n = plan.per_rank_tokens[rank]
-    out = impl.scatter(partial.clone(), plan, group)
+    # A replicated shared expert: every rank's whole output on the gathered
+    # rows, handed to the implementation beside the partials, to add once.
+    out = impl.scatter_moe(partial.clone(), moe.replicated(full), plan, group)
     if usable:
         _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
         if impl.shard == "padded" and dirty_tail(out, n) is not None:
@@ -484,6 +505,9 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         before = before[:n]
         lf = legacy_gather(before, plan, group, check=False)
         lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group, check=False)
+        shared = moe.replicated(lf)
+        if shared is not None:  # the same rows of the same term, added the same way, after legacy's sum
+            lo = impl_registry.add_replicated(lo, shared, impl_registry.get("legacy"), plan, rank)
         if usable:
             rep.even_bitwise_equal = (bitwise_equal(full, lf) and isinstance(out, torch.Tensor)
                                       and bitwise_equal(out, lo))
@@ -514,6 +538,11 @@ def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
     if not (isinstance(x_recv, torch.Tensor) and bitwise_equal(x_recv, a2a_expected_recv(shards, moe, rank))):
         rep.fail("dispatch_rows", f"dispatched rows differ from the rows routed to rank {rank}")
     out = impl.combine(a2a_experts(moe, x_recv, handle, experts), handle, group)
+    if moe.shared_expert != "none" and isinstance(out, torch.Tensor) and out.shape == before.shape \
+            and out.dtype == before.dtype:
+        # A rank holds only its own tokens here: the shared expert runs whole on
+        # them and is added after the combine, whichever placement the point names.
+        out = out + moe.shared(before).to(before.dtype)
     _compare_to_reference(rep, out, before, moe, spec, plan, "a2a round trip")
     rep.correct = not rep.failures
     return rep

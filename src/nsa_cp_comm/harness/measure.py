@@ -67,7 +67,7 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
     largest thing a rank generates), the same on every rank."""
     return ReferenceMoE(
         spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed, dtype=DTYPES[spec.dtype],
-        device=device,
+        device=device, shared_expert=spec.shared_expert,
     )
 
 

@@ -42,13 +42,18 @@ class PointSpec:
     flush_l2: bool = False
     bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
     engine: str = engines.DEFAULT  # the serving engine whose split and padding the plan follows
+    # DeepSeek-V3.2's shared expert in the reference MoE: none | sharded | replicated (..moe.SHARED_EXPERTS)
+    shared_expert: str = "replicated"
 
     def __post_init__(self) -> None:
         from .. import impls as impl_registry
+        from ..moe import SHARED_EXPERTS
 
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
         ScatterMode(self.mode)
+        if self.shared_expert not in SHARED_EXPERTS:
+            raise ValueError(f"shared_expert={self.shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
         engines.get(self.engine)
         for name in self.impls:
             impl_registry.get(name)
