@@ -68,7 +68,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from . import command
+from . import command, doc_url
 from ._review import (
     GOOD,
     NEUTRAL,
@@ -854,7 +854,7 @@ def smoke_note(rows: int) -> str:
     return (f"note: {rows} timed row(s) are the smoke preset's in both runs (+matrix=smoke: every code path once, "
             f"a few iterations): too few samples for any change to be significant, so their times are not gated; "
             f"status and correctness are. To gate on time, time both runs with iters=auto (e.g. `{run} "
-            f"+matrix=smoke iters=auto results_dir=...`, up to 30 s a point; docs/review.md)")
+            f"+matrix=smoke iters=auto results_dir=...`, up to 30 s a point; {doc_url('review.md')})")
 
 
 def points(j: pd.DataFrame) -> int:

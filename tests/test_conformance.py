@@ -165,7 +165,7 @@ def test_report_warns_loudly_of_a_plugin_with_only_even_plans_at_a_cp(tmp_path):
     assert warning == [f"**WARNING: `{BROKEN}:neighbour_rows` ran no uneven plan at cp=3**: its rows there cannot "
                        "show a bug in uneven shards (an empty rank, padding, a short rank before a long one). Run "
                        f"`python -m matrix +matrix=conformance impl={BROKEN}:neighbour_rows,padded` "
-                       "(docs/plugins.md)."], head
+                       "(https://github.com/nsa-cp-comm/nsa-cp-comm/blob/main/docs/plugins.md)."], head
     section = md.split("## Plan classes covered")[1].split("\n## ")[0]
     # cp=3: one even row, nothing else
     assert re.search(r"\| tests.broken_impls:neighbour_rows +\| +3 \| +1 \| +0 \| +0 \| +0 \| +0 \| +0 \|", section)
