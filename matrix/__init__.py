@@ -17,3 +17,14 @@ def command(tool: str = "") -> list[str]:
     user reruns (repro, resume, help) use it, so they work where the running
     one was started."""
     return ["python", "-m", f"{__name__}.{tool}" if tool else __name__]
+
+
+# Where the project lives: texts printed to users point into it, so that an
+# install without the checkout can follow them (pyproject's [project.urls] name
+# the same; tests/test_install.py holds them together).
+REPO_URL = "https://github.com/nsa-cp-comm/nsa-cp-comm"
+
+
+def doc_url(name: str) -> str:
+    """The address of ``docs/NAME`` (``"plugins.md"``, ``"review.md#..."``) in the repository."""
+    return f"{REPO_URL}/blob/main/docs/{name}"

@@ -40,7 +40,9 @@ input (one line):
   whose samples are missing, unusable (unreadable, NaN, no control, a line
   of another run) or absent on a side while either run kept samples; with
   too few samples for any difference to be significant (fewer than 5: e.g.
-  the smoke preset's iters=3, whose smallest p-value is 0.05); tested but
+  iters=3, whose smallest p-value is 0.05; where both rows are the smoke
+  preset's, their time is not gated instead: ``smoke-untimed``, status and
+  correctness still are, :data:`SMOKE_OVERRIDES`); tested but
   with less than 0.8 power to flag twice the threshold (``low power``, or
   ``too noisy`` where iters=auto hit its cap: significance.power); where
   neither run kept samples, no ``roundtrip_p50_us`` with a spread to fall
@@ -66,7 +68,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from . import command
+from . import command, doc_url
 from ._review import (
     GOOD,
     NEUTRAL,
@@ -100,6 +102,14 @@ ENV_COLUMNS = ("host", "torch_version", "nccl_version", "device", "device_name")
 # Up to this many rows, every one is listed; above, only rows with a mark
 # (the rest are unchanged within the threshold), and each list is cut here too.
 LIST_LIMIT = 200
+
+# The smoke preset (conf/matrix/smoke.yaml) runs every code path once with a
+# few iterations: a check that the paths run and agree, not a timing. Its rows'
+# ``overrides`` name it. Where both rows of a joined pair do and they hold too
+# few samples for any change to be significant, their times are not gated
+# (status and correctness still are): two smoke runs pass an A/A compare. Any
+# other row with too few samples, or too little power, stays unverified.
+SMOKE_OVERRIDES = frozenset({"+matrix=smoke", "matrix=smoke", "++matrix=smoke"})
 
 # The gates, as the summary line names them.
 GATES = ("missing", "status-worse", "failing-in-new", "correctness-lost", "regressed", "unverified")
@@ -161,6 +171,11 @@ def run_samples(run: Run) -> Samples:
     return merged
 
 
+def smoke_preset(overrides: object) -> bool:
+    """Whether a row's ``overrides`` cell names the smoke preset."""
+    return not SMOKE_OVERRIDES.isdisjoint(str(overrides).split())
+
+
 def _column(lat: pd.DataFrame, name: str) -> list[str]:
     return lat[name].astype(str).str.strip().tolist() if name in lat else [""] * len(lat)
 
@@ -195,6 +210,7 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
     frame["samples_why"] = [why for _, why in found]
     lines = [samples.line(pid, impl) for pid, impl in zip(pids, impls)]
     frame["auto"] = [bool(line.get("calibration")) for line in lines]
+    frame["smoke"] = [smoke_preset(o) for o in _column(lat, "overrides")]
     run_load = pd.to_numeric(lat["load_1m"], errors="coerce").to_numpy() if "load_1m" in lat else [math.nan] * len(lat)
     frame["load"] = [_number(line.get("load_1m")) if line.get("load_1m") is not None else _number(rl)
                      for line, rl in zip(lines, run_load)]
@@ -224,7 +240,7 @@ def columns_read(metric: str) -> tuple[str, ...]:
     """The schema columns compare reads (the rest of a file is skipped)."""
     value = () if metric == PAIRED else (metric,)
     return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
-            "load_1m", *ENV_COLUMNS)
+            "load_1m", "overrides", *ENV_COLUMNS)
 
 
 def _env_warnings(base: Run, new: Run) -> list[str]:
@@ -349,7 +365,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     codes = point_codes(config)
     base = base.assign(key=codes[: len(base)])
     new = new.assign(key=codes[len(base):])
-    values = ["key", "value", "status", "correct", "iqr", "p50", "samples", "samples_why", "auto", "load"]
+    values = ["key", "value", "status", "correct", "iqr", "p50", "samples", "samples_why", "auto", "load", "smoke"]
     j = base[values].merge(new[values], on="key", how="outer", suffixes=("_base", "_new"), indicator=True)
     config = config.assign(key=codes).drop_duplicates("key")
     j = j.merge(config, on="key", how="left")
@@ -373,6 +389,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     # Samples too few for any difference to be significant: the test could
     # never flag the row, so it does not count as tested.
     few = both_ok & with_samples & (fewest_samples(j) < MIN_SAMPLES)
+    # ... unless both rows are the smoke preset's: not a timing, so not gated on time
+    j["smoke_untimed"] = few & _true(j["smoke_base"]) & _true(j["smoke_new"])
     b, n = j["value_base"], j["value_new"]
     p50b, p50n = j["p50_base"], j["p50_new"]
     if metric == PAIRED:
@@ -427,11 +445,12 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     # A tested row the gate could not have flagged at its threshold is no pass.
     j["power"] = _powers(j, tested & ~j["regressed"] & ~j["improved"], threshold, higher_is_better(metric))
     low_power = j["power"].lt(POWER_MIN)
-    j["unverified"] = lacking | no_rule | few | low_power
+    few_gated = few & ~j["smoke_untimed"]
+    j["unverified"] = lacking | no_rule | few_gated | low_power
     why = pd.Series("", index=j.index, dtype=object)
     why = why.where(~no_rule, _unchecked_why(j, metric))
     why = why.where(~lacking, _missing_why(j, sampled_b, sampled_n))
-    why = why.where(~few, _too_few_why(j))
+    why = why.where(~few_gated, _too_few_why(j))
     why = why.where(~low_power, _low_power_why(j, threshold))
     j["unverified_why"] = why.where(j["unverified"], "")
     j["p_value"] = pd.Series(np.where(worse_by > 0, p_worse, p_better), index=j.index).where(tested)
@@ -537,7 +556,7 @@ def gating(j: pd.DataFrame, allow_missing: bool, allow_unverified: bool = False)
 def remarkable(j: pd.DataFrame) -> pd.Series:
     """Rows that get a mark other than "no timing": something changed, or could not be verified."""
     flags = ["missing", "only_new", "status_changed", "failing_new", "correctness_lost", "regressed", "within_noise",
-             "improved", "unverified"]
+             "improved", "unverified", "smoke_untimed"]
     return j[flags].any(axis=1)
 
 
@@ -578,7 +597,7 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
     cn = j["correct_new"].astype(object).map(fmt).replace("", "-")
     spread = j["spread"].map(fmt)
     pval = j["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
-    no_timing = j["_merge"].eq("both") & ~j["timed"] & ~j["unverified"]
+    no_timing = j["_merge"].eq("both") & ~j["timed"] & ~j["unverified"] & ~j["smoke_untimed"]
     # rows of the paired metric gated on their absolute time name it
     fb = j["fallback"]
     basis = f"{ABSOLUTE_FALLBACK}, neither run kept samples: "
@@ -606,6 +625,8 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
         when(j["improved"] & ~fb, "improved"),
         when(j["unverified"], ("unverified (allowed: " if allow_unverified else "UNVERIFIED (")
              + j["unverified_why"].astype(str) + ")"),
+        when(j["smoke_untimed"], "time not gated (smoke preset: " + fewest_samples(j).astype(str)
+             + " sample(s) a side)"),
         when(no_timing, "no timing"),
     ]
     return _join_marks([blank, *parts])
@@ -705,6 +726,10 @@ def rule_line(metric: str, threshold: float, j: pd.DataFrame) -> str:
     if unverified:
         rules.append(f"{unverified} timed row(s) that neither rule could check: unverified, failing unless "
                      "--allow-unverified")
+    smoke = int(j["smoke_untimed"].sum())
+    if smoke:
+        rules.append(f"{smoke} row(s) of the smoke preset in both runs, with fewer than {MIN_SAMPLES} samples a "
+                     "side: not gated on time (status and correctness are)")
     if not rules:
         return head + "; no row is timed in both runs: none was gated on the metric"
     return head + "; " + "; ".join(rules)
@@ -805,6 +830,10 @@ def main(argv: list[str] | None = None) -> int:
         "within-noise": int(j["within_noise"].sum()),
         "improved": int(j["improved"].sum()),
     }
+    smoke = int(j["smoke_untimed"].sum())
+    if smoke:  # only then: the summary of every other compare stays as it was
+        counts["smoke-untimed"] = smoke
+        lines += ["", smoke_note(smoke)]
     allowed = {"missing": args.allow_missing, "unverified": args.allow_unverified}
     fail = bool(gate.any()) or bool(empty)
     if empty:
@@ -817,6 +846,15 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"summary: {summary} -> {'FAIL' if fail else 'PASS'}"]
     print("\n".join(lines))
     return 1 if fail else 0
+
+
+def smoke_note(rows: int) -> str:
+    """What two smoke runs' compare vouches for, and what to run to gate on time."""
+    run = " ".join(command())
+    return (f"note: {rows} timed row(s) are the smoke preset's in both runs (+matrix=smoke: every code path once, "
+            f"a few iterations): too few samples for any change to be significant, so their times are not gated; "
+            f"status and correctness are. To gate on time, time both runs with iters=auto (e.g. `{run} "
+            f"+matrix=smoke iters=auto results_dir=...`, up to 30 s a point; {doc_url('review.md')})")
 
 
 def points(j: pd.DataFrame) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from . import command, doc_url
 from .plan_classes import CLASSES, SEPARATOR, UNEVEN
 
 if TYPE_CHECKING:  # the sweep's summary calls gaps() without pandas
@@ -141,7 +142,8 @@ def gap_lines(found: list[tuple[str, int, str, str]]) -> list[tuple[str, str]]:
         parts = ["every row of it there is skipped, refused or passthrough"] if what == RAN_NOTHING else []
         parts += [f"first reason: {why}"] if why else []
         parts.append("its rows there cannot show a bug in uneven shards (an empty rank, padding, a short rank "
-                     f"before a long one). Run `python -m matrix {CONFORMANCE} impl={impl},padded` (docs/plugins.md)")
+                     f"before a long one). Run `{' '.join(command())} {CONFORMANCE} impl={impl},padded` "
+                     f"({doc_url('plugins.md')})")
         out.append((f"`{impl}` {what} at cp={', '.join(str(cp) for cp, _ in where)}", "; ".join(parts)))
     return out
 
@@ -201,7 +203,7 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
     if ours.empty:
         return [], appendix
     totals = frame[list(CLASSES)].sum()
-    main = [f"Rows that ran each plan class (docs/plugins.md, \"Plan classes\"; a plan may be in several; "
+    main = [f"Rows that ran each plan class ({doc_url('plugins.md#plan-classes')}; a plan may be in several; "
             f"`{CONFORMANCE}` runs each at every cp): "
             + ", ".join(f"{c} {int(n)}" for c, n in totals.items())
             + f"; by impl and cp in the [appendix]({appendix_file})."]

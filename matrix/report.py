@@ -1,6 +1,6 @@
 """Summarise a results table into ``report.json``, ``report.md``, ``report_appendix.md`` and three PNG plots.
 
-    python -m matrix.report RESULTS [--out DIR] [--reference NAME]
+    python -m matrix.report RESULTS [--out DIR] [--reference NAME] [--exit-zero]
 
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
@@ -32,7 +32,10 @@ One row per point is used: when a file holds several (a resumed rerun, a repro
 appended to the same file), the last in file order, and the report says so.
 Rows are classified by their ``status`` column only.
 
-Bad input is one ``error:`` line on stderr and exit code 2, with nothing written.
+Exit code: 0, or 1 when the verdict is FAIL (an incorrect, failed, error or
+timeout row; ``--exit-zero`` exits 0 there too), with the files written either
+way; report.json's ``verdict`` and ``reasons`` say which. Bad input is one
+``error:`` line on stderr and exit code 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -197,12 +200,29 @@ def _ratio_words(derived: Derived) -> str:
     return f"no point with cp > 1 has {ref} and another impl timed"
 
 
+def verdict(df: pd.DataFrame) -> tuple[str, list[str]]:
+    """The report's verdict (``PASS``, ``FAIL`` or ``NOTHING CHECKED``) and
+    its reasons, each a whole sentence: what made it FAIL, or why nothing was
+    checked; none for PASS. report.json holds both; the exit code follows it."""
+    bad, failing = _incorrect(df), _failing(df)
+    reasons = []
+    if len(bad):
+        reasons.append(f"incorrect results: {_rows_of_points(bad)} (`correct` or `even_bitwise_equal` is False)")
+    if len(failing):
+        statuses = ", ".join(f"{s} {n}" for s, n in failing["status"].value_counts().items())
+        reasons.append(f"failed, error or timeout: {_rows_of_points(failing)} ({statuses})")
+    if reasons:
+        return "FAIL", reasons
+    if not int(df["status"].ne("skipped").sum()):
+        return "NOTHING CHECKED", [f"every row is skipped ({count(len(df), 'row')}): no point was run"]
+    return "PASS", []
+
+
 def verdict_line(df: pd.DataFrame, derived: Derived) -> str:
     """The report's first line: what a reviewer acts on."""
     points = int(df[PAIR].nunique())
     bad, failing = _incorrect(df), _failing(df)
-    checked = int(df["status"].ne("skipped").sum())
-    state = "FAIL" if len(bad) or len(failing) else ("NOTHING CHECKED" if not checked else "PASS")
+    state, _ = verdict(df)
     parts = [f"{count(points, 'point')}, {count(len(df), 'row')} (a row: one point and one impl)"]
     parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
                  else "correct everywhere checked")
@@ -865,6 +885,8 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         appendix += ["## Files read", "", *(f"- `{f}`" for f in run.files), ""]
     doc = report_doc.document(lines, appendix)
     rows = derived.timed
+    state, reasons = verdict(df)
+    doc["verdict"], doc["reasons"] = state, reasons
     doc["summary"] = {
         "reference": reference,
         "points": int(df[PAIR].nunique()),
@@ -927,6 +949,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the impl every other impl's round trip is divided by, on the same points (default: "
         f"{DEFAULT_REFERENCE})",
     )
+    parser.add_argument(
+        "--exit-zero", action="store_true",
+        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 on FAIL)",
+    )
     return parser
 
 
@@ -939,7 +965,9 @@ def _check_reference(run: Run, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns 0, or 2 on bad input (one line on stderr, nothing written)."""
+    """Run the CLI; returns 0, 1 when the verdict is FAIL (unless
+    ``--exit-zero``; the files are written either way), or 2 on bad input
+    (one line on stderr, nothing written)."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
@@ -972,6 +1000,10 @@ def main(argv: list[str] | None = None) -> int:
         print(note)
     print(report_doc.markdown(doc)[0])
     print("wrote " + ", ".join(str(p) for p in written))
+    if doc["verdict"] == "FAIL" and not args.exit_zero:
+        # a script or CI job that runs the report stops on a failing sweep
+        print(f"verdict FAIL: {'; '.join(doc['reasons'])} (exit 1; --exit-zero exits 0)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -128,7 +128,8 @@ def render(counts: Counter[str], files: list[str], *, single: bool = False) -> s
         line += " (a single point: sweep with -m key=a,b or a preset such as +matrix=smoke)"
     if counts["unflaggable rows"]:
         line += (f"\nsamples too few: {_n(counts['unflaggable rows'], 'timed row')} with fewer than {MIN_SAMPLES} "
-                 f"iterations: no change in them can be significant, and compare fails them as unverified; "
+                 f"iterations: no change in them can be significant, and compare fails them as unverified "
+                 f"(between two runs of the smoke preset it gates their status and correctness only); "
                  f"time with iters={MIN_SAMPLES} or more, or iters=auto")
     return line + (f"\nresults: {', '.join(files)}" if files else "")
 

@@ -109,6 +109,9 @@ SLOW: dict[str, str] = {
     "tests/test_matrix_cli.py::test_resume": "two sweeps",
     "tests/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
     "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
+    "tests/test_matrix_cli.py::test_two_smoke_sweeps": "the smoke preset twice, then compare",
+    "tests/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv": "a fresh venv: torch, the project, "
+                                                                         "the smoke sweep",
     "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
     "tests/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
     "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (4 points at "

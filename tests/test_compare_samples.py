@@ -24,11 +24,11 @@ def _noisy(median: float, n: int = 16, spread: float = 0.05) -> list[float]:
     return list(median * (1 + spread * RNG.standard_normal(n)))
 
 
-def write_sampled(path: Path, runs: dict[str, tuple[list[float], list[float]]]) -> str:
+def write_sampled(path: Path, runs: dict[str, tuple[list[float], list[float]]], **extra: object) -> str:
     """A results folder with one padded row per point id and its samples
-    ``{point_id: (roundtrip_us, control_us)}``."""
+    ``{point_id: (roundtrip_us, control_us)}`` (``extra``: columns of every row)."""
     rows = [make_row("padded", cp=2, seq_lens=f"[{512 + i}]", p50=float(np.median(rt)), point_id=pid,
-                     timestamp="2026-01-01T00:00:00+00:00")
+                     timestamp="2026-01-01T00:00:00+00:00", **extra)
             for i, (pid, (rt, _)) in enumerate(runs.items())]
     write_run(path, rows)
     append_samples(path, rows, [{"roundtrip": rt, "control": ctl} for rt, ctl in runs.values()])
@@ -264,6 +264,51 @@ def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path: Path, capsys)
     code, out = gate(write_sampled(tmp_path / "b5", {"p1": five(100.0)}),
                      write_sampled(tmp_path / "n5", {"p1": five(300.0)}), capsys)
     assert code == 1 and "regressed=1" in summary(out) and "unverified=0" in summary(out)
+
+
+SMOKE = "cp_size=1 +layout=zigzag seq_lens=[1000] moe_a2a_backend=none +matrix=smoke results_dir=r"
+
+
+def test_two_smoke_runs_pass_with_their_times_not_gated_and_say_what_gates_them(tmp_path: Path, capsys):
+    """The smoke preset (iters=3) checks that every path runs: between two of
+    its runs a 3x slowdown cannot be significant, so the time is not gated and
+    the compare says what to run to gate it; as any other row's, it would be
+    unverified."""
+    three = lambda v: ([v, v + 1, v - 1], [100.0] * 3)  # noqa: E731
+    base = write_sampled(tmp_path / "b", {"p1": three(100.0)}, overrides=SMOKE)
+    new = write_sampled(tmp_path / "n", {"p1": three(300.0)}, overrides=SMOKE)
+    code, out = gate(base, new, capsys)
+    assert code == 0 and summary(out).endswith("smoke-untimed=1 -> PASS"), out
+    assert "unverified=0" in summary(out) and marks(out) == ["time not gated (smoke preset: 3 sample(s) a side)"]
+    assert "note: 1 timed row(s) are the smoke preset's in both runs" in out and "iters=auto" in out
+    # one side not the smoke preset's: the row is unverified, as before
+    plain = write_sampled(tmp_path / "p", {"p1": three(300.0)})
+    code, out = gate(base, plain, capsys)
+    assert code == 1 and "UNVERIFIED (3 sample(s) a side" in out and "smoke-untimed" not in summary(out)
+
+
+def test_two_smoke_runs_still_fail_on_what_else_is_wrong(tmp_path: Path, capsys):
+    three = lambda v: ([v, v + 1, v - 1], [100.0] * 3)  # noqa: E731
+    base = write_sampled(tmp_path / "b", {"p1": three(100.0), "p2": three(100.0)}, overrides=SMOKE)
+    # NEW's second row errored: status worse, whatever the smoke preset
+    rows = [make_row("padded", cp=2, seq_lens="[512]", p50=300.0, point_id="p1", overrides=SMOKE,
+                     timestamp="2026-01-01T00:00:00+00:00"),
+            make_row("padded", cp=2, seq_lens="[513]", p50=None, status="error", correct=None, point_id="p2",
+                     overrides=SMOKE, reason="boom")]
+    write_run(tmp_path / "n", rows)
+    append_samples(tmp_path / "n", rows[:1], [{"roundtrip": three(300.0)[0], "control": [100.0] * 3}])
+    code, out = gate(base, str(tmp_path / "n"), capsys)
+    assert code == 1 and "status-worse=1" in summary(out) and "smoke-untimed=1" in summary(out), out
+
+
+def test_the_smoke_preset_timed_long_enough_for_the_test_keeps_the_power_rule(tmp_path: Path, capsys):
+    """+matrix=smoke with more iterations asks for a gate: too noisy a row is unverified."""
+    wide = lambda: (list(100 * np.exp(0.8 * RNG.standard_normal(30))), _noisy(100, n=30, spread=0.01))  # noqa: E731
+    base = write_sampled(tmp_path / "b", {"p1": wide()}, overrides=SMOKE + " iters=30")
+    new = write_sampled(tmp_path / "n", {"p1": wide()}, overrides=SMOKE + " iters=30")
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "underpowered=1" in summary(out) and "smoke-untimed" not in summary(out), out
+    assert any(m.startswith("UNVERIFIED (low power: ") for m in marks(out))
 
 
 def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path: Path, capsys):

@@ -165,7 +165,7 @@ def test_report_warns_loudly_of_a_plugin_with_only_even_plans_at_a_cp(tmp_path):
     assert warning == [f"**WARNING: `{BROKEN}:neighbour_rows` ran no uneven plan at cp=3**: its rows there cannot "
                        "show a bug in uneven shards (an empty rank, padding, a short rank before a long one). Run "
                        f"`python -m matrix +matrix=conformance impl={BROKEN}:neighbour_rows,padded` "
-                       "(docs/plugins.md)."], head
+                       "(https://github.com/nsa-cp-comm/nsa-cp-comm/blob/main/docs/plugins.md)."], head
     section = md.split("## Plan classes covered")[1].split("\n## ")[0]
     # cp=3: one even row, nothing else
     assert re.search(r"\| tests.broken_impls:neighbour_rows +\| +3 \| +1 \| +0 \| +0 \| +0 \| +0 \| +0 \|", section)
@@ -230,7 +230,7 @@ def test_the_preset_through_the_cli_fails_each_bug_at_its_largest_cp(tmp_path):
         for r in mine:
             assert r["status"] in ("failed", "error"), (name, r["cp_size"], r["status"], r["reason"])
             assert r["plan_class"].split("+")[0] == "uneven_by_one", r["plan_class"]
-    assert report.main([str(tmp_path / "res")]) == 0
+    assert report.main([str(tmp_path / "res")]) == 1  # every row failed or errored: verdict FAIL
     md = (tmp_path / "res" / "report.md").read_text()
     assert "WARNING" not in md and "## Plan classes covered" in md
 

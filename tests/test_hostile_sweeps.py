@@ -41,7 +41,7 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     assert len(again.rows()) == 2  # the error point ran again
     from matrix import report
 
-    assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 0
+    assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 
 
 def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):

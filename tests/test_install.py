@@ -110,3 +110,103 @@ def test_a_wheel_runs_the_app_from_an_empty_folder(tmp_path):
 def test_each_tool_runs_as_a_module_of_the_installed_name(tool):
     # The console commands' targets are the modules `python -m nsa_cp_matrix.TOOL` runs.
     assert PYPROJECT["project"]["scripts"][f"nsa-cp-matrix-{tool}"] == f"nsa_cp_matrix.{tool}:main"
+
+
+def test_the_license_ships_and_is_named():
+    text = (REPO / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "Copyright (c) the nsa-cp-comm authors" in text
+    project = PYPROJECT["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert "[LICENSE](LICENSE)" in (REPO / "README.md").read_text()
+
+
+def test_the_project_urls_are_the_address_printed_texts_point_to():
+    from matrix import REPO_URL, doc_url
+
+    urls = PYPROJECT["project"]["urls"]
+    assert set(urls) == {"Homepage", "Repository", "Documentation", "Issues"}
+    assert urls["Repository"] == urls["Homepage"] == REPO_URL
+    assert urls["Documentation"] == f"{REPO_URL}/tree/main/docs" and urls["Issues"] == f"{REPO_URL}/issues"
+    assert doc_url("review.md") == f"{REPO_URL}/blob/main/docs/review.md"
+
+
+def bare_doc_paths(source: str) -> list[str]:
+    """Strings of ``source`` (docstrings and comments apart) naming a doc by its
+    path in the checkout (``docs/X.md``), which an installed user cannot open."""
+    import ast
+    import re
+
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    bare = re.compile(r"(?<!blob/main/)\bdocs/[\w-]+\.md")
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and bare.search(n.value)]
+
+
+def test_printed_texts_point_to_the_docs_by_their_address():
+    """An install has no docs/ folder: what the app prints names the page in the repository."""
+    found = {str(p.relative_to(REPO)): bare_doc_paths(p.read_text()) for p in sorted((REPO / "matrix").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert bare_doc_paths('x = 1\nmsg = "see docs/plugins.md"\n') == ["see docs/plugins.md"]
+    assert bare_doc_paths('"""docs/plugins.md"""\nmsg = "https://h/blob/main/docs/plugins.md"\n') == []
+
+
+def test_the_folder_the_readme_writes_plans_to_is_ignored():
+    out = subprocess.run(["git", "check-ignore", "-q", "plans/plans.json"], cwd=REPO)
+    assert out.returncode == 0
+
+
+# The README's Install section, as written (tests/test_readme_commands.py
+# accounts for each line by this test).
+README_INSTALL = (
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+    "pip install torch",
+    "pip install git+https://github.com/nsa-cp-comm/nsa-cp-comm",
+    "nsa-cp-matrix +matrix=smoke",
+)
+
+
+def install_lines() -> list[str]:
+    """The commands of the README's Install section."""
+    from test_readme_commands import readme_commands
+
+    section = (REPO / "README.md").read_text().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    return readme_commands(section)
+
+
+def test_the_readmes_install_lines_are_the_ones_the_fresh_venv_runs():
+    assert tuple(install_lines()) == README_INSTALL
+
+
+def test_the_readmes_install_lines_in_a_fresh_venv(tmp_path):
+    """A user without the checkout: a fresh venv, torch of their choice (the CPU
+    build, from this machine's wheel folder for PyTorch's CPU index), the
+    project (from the checkout, the line's own alternative to the repository
+    URL), then the smoke sweep by its console command in an empty folder."""
+    import re
+
+    assert tuple(install_lines()) == README_INSTALL
+    venv, empty = tmp_path / "venv", tmp_path / "empty"
+    empty.mkdir()
+    made = _run([sys.executable, "-m", "venv", str(venv)], tmp_path, os.environ)
+    assert made.returncode == 0, made.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "VIRTUAL_ENV"))}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    config = _run([sys.executable, "-m", "pip", "config", "list"], tmp_path, env).stdout
+    folders = re.findall(r"find-links='([^']+)'", config)
+    # the CPU build PyTorch's CPU index would give, from this machine's wheel folder (its dependencies from
+    # pip's indexes)
+    wheels = sorted(w for f in folders for w in Path(f).glob("torch-*+cpu-*.whl"))
+    assert wheels, config
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    torch = _run([*pip, str(wheels[-1])], tmp_path, env)
+    assert torch.returncode == 0, torch.stdout[-2000:] + torch.stderr[-2000:]
+    # README_INSTALL[1], the CUDA build, is the other choice: this machine has none
+    project = _run([*pip, str(REPO)], tmp_path, env, timeout=900)
+    assert project.returncode == 0, project.stdout[-2000:] + project.stderr[-2000:]
+    sweep = _run([str(venv / "bin" / "nsa-cp-matrix"), "+matrix=smoke"], empty, env)
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    assert "matrix summary: 16 points, 40 rows: ok 21" in sweep.stdout, sweep.stdout[-2000:]
+    assert list((empty / "results").glob("*/results.csv")) or (empty / "results" / "results.csv").exists()

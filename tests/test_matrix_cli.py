@@ -105,6 +105,27 @@ def test_smoke_sweep_through_the_cli(tmp_path):
     assert len(list((tmp_path / "res" / "hydra").glob("*/0/.hydra/config.yaml"))) == 1
 
 
+@pytest.mark.slow
+def test_two_smoke_sweeps_compare_clean(tmp_path):
+    """A/A of the smoke preset: its iters=3 can show no significant change, so
+    compare gates the two runs' status and correctness, not their times, and
+    exits 0, saying what to run to gate on time."""
+    import subprocess
+    import sys
+
+    from matrix_cli import cli_env
+
+    for name in ("a", "b"):
+        run = run_matrix(tmp_path / name, "+matrix=smoke")
+        assert run.returncode == 0, run.stderr[-2000:]
+    cmp = subprocess.run([sys.executable, "-m", "matrix.compare", str(tmp_path / "a"), str(tmp_path / "b")], cwd=REPO,
+                         env=cli_env(), capture_output=True, text=True, timeout=240)
+    assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-2000:]
+    last = cmp.stdout.strip().splitlines()[-1]
+    assert last.endswith("smoke-untimed=21 -> PASS") and "unverified=0" in last, last
+    assert "iters=auto" in cmp.stdout
+
+
 def test_repro_reruns_the_same_point(tmp_path):
     first = run_matrix(tmp_path / "a", "cp_size=2", "seq_lens=[300,77]", "hidden_size=32", "iters=2", "warmup=0",
                        "shared_kv=true", "page_size=16", multirun=False)

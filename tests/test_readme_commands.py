@@ -80,6 +80,14 @@ DRY: tuple[str, ...] = (
 )
 # Not run here, and why.
 ELSEWHERE: dict[str, str] = {
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": "tests/test_install.py::"
+    "test_the_readmes_install_lines_in_a_fresh_venv runs the Install section in a fresh venv (torch from this "
+    "machine's wheel folder)",
+    "pip install torch": "the Install section's CUDA choice: this machine has no CUDA build",
+    "pip install git+https://github.com/nsa-cp-comm/nsa-cp-comm": "tests/test_install.py::"
+    "test_the_readmes_install_lines_in_a_fresh_venv installs the checkout, the line's own alternative",
+    "nsa-cp-matrix +matrix=smoke": "tests/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv runs it "
+    "in a fresh venv",
     "nox -s matrix": "the main job: run from a fresh clone before every stop (its exit code is the check)",
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",

@@ -136,7 +136,7 @@ def table_row(text: str, first_cell: str) -> list[str]:
 
 
 def test_report_writes_markdown_appendix_and_pngs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, appendix = md_of(run_dir)
     for name in PNGS:
         data = (run_dir / name).read_bytes()
@@ -152,7 +152,7 @@ def test_report_writes_markdown_appendix_and_pngs(run_dir: Path, capsys: pytest.
 
 
 def test_verdicts_count_every_status_and_explain_each(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, _ = md_of(run_dir)
     verdicts = section(md, "Verdicts")
     header = table_row(verdicts, "status")
@@ -173,7 +173,7 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
     rows = [make_row("legacy", status="error", correct=None, reason=f"RuntimeError: {TORCH_TEXT}"),
             make_row("legacy", cp=4, reason=f"note: {TORCH_TEXT}")]
     append(tmp_path, rows)
-    assert report.main([str(tmp_path)]) == 0
+    assert report.main([str(tmp_path)]) == 1
     md, _ = md_of(tmp_path)
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
@@ -189,7 +189,7 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
             make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
             make_row("legacy", cp=4), make_row("padded", cp=8, correct=None), make_row("legacy", cp=8, correct=None)]
     append(tmp_path, rows)
-    assert report.main([str(tmp_path)]) == 0
+    assert report.main([str(tmp_path)]) == 1
     verdict = md_of(tmp_path)[0].splitlines()[2]
     assert verdict.startswith("**Verdict: FAIL**: 3 points, 6 rows"), verdict
     assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
@@ -201,7 +201,7 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, appendix = md_of(run_dir)
     banner = md.index("**Verdict: FAIL**")
     assert "INCORRECT RESULTS: 2 rows of 2 points" in md.splitlines()[2]
@@ -212,7 +212,7 @@ def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.Captu
 
 
 def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, appendix = md_of(run_dir)
     failing = section(md, "Verdicts")[section(md, "Verdicts").index("### Failed"):]
     assert "### Failed, error and timeout: 3 rows of 3 points" in failing
@@ -229,11 +229,51 @@ def test_clean_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "No incorrect results" in md and "No failed, error or timeout point." in md and "INCORRECT" not in md
 
 
+
+def test_a_failing_folder_exits_1_with_its_verdict_and_reasons_in_the_json(
+        run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A script or CI job that runs the report stops on a failing sweep; the
+    files are written all the same, and report.json says why."""
+    assert report.main([str(run_dir)]) == 1
+    doc = json.loads((run_dir / "report.json").read_text())
+    assert doc["verdict"] == "FAIL"
+    assert doc["reasons"] == [
+        "incorrect results: 2 rows of 2 points (`correct` or `even_bitwise_equal` is False)",
+        "failed, error or timeout: 3 rows of 3 points (failed 1, error 1, timeout 1)",
+    ]
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and err.startswith("verdict FAIL: incorrect results: 2 rows"), err
+    assert all((run_dir / name).exists() for name in ("report.md", "report_appendix.md", *PNGS))
+
+
+def test_exit_zero_keeps_exit_0_on_a_failing_folder(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(run_dir), "--exit-zero"]) == 0
+    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "FAIL"
+    assert "verdict FAIL" not in capsys.readouterr().err
+
+
+def test_a_passing_folder_exits_0_with_verdict_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    append(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
+    assert report.main([str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert (doc["verdict"], doc["reasons"]) == ("PASS", [])
+    assert "**Verdict: PASS**" in (tmp_path / "report.md").read_text()
+
+
+def test_a_folder_of_skipped_rows_says_nothing_checked_and_exits_0(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    append(tmp_path, [make_row(status="skipped", correct=None, reason="same effective configuration")])
+    assert report.main([str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["verdict"] == "NOTHING CHECKED"
+    assert doc["reasons"] == ["every row is skipped (1 row): no point was run"]
+
+
 # --- claim, latency, bandwidth, environment
 
 
 def test_claim_is_explained_and_checked(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, appendix = md_of(run_dir)
     claim = section(md, "Claim check")
     assert "`max_rank_len * cp` equals `ceil_align(sum(seq_lens), cp)`" in claim
@@ -248,7 +288,7 @@ def test_claim_is_explained_and_checked(run_dir: Path, capsys: pytest.CaptureFix
 
 
 def test_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     md, appendix = md_of(run_dir)
     latency = section(md, "Latency")
     assert "`X/padded`: the median over the same points of each point's ratio" in latency
@@ -275,7 +315,7 @@ def test_pairs_and_plans_are_computed_once_per_report(run_dir: Path, monkeypatch
             calls[name] += 1
             return real(*args)
         monkeypatch.setattr(report, name, counted)
-    assert report.main([str(run_dir)]) == 0
+    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     assert calls == {"ratios": 1, "_plans": 1}
     md, _ = md_of(run_dir)
     # each reader got the one table: the ratio of every even pair, and the uneven plan
@@ -394,7 +434,7 @@ def test_default_sweep_report_fits_two_screens(tmp_path: Path, capsys: pytest.Ca
     sweep.loc[sweep.index[:7], "status"] = ["error", "error", "failed", "timeout", "error", "failed", "error"]
     sweep.loc[sweep.index[:7], "reason"] = [f"reason {i}" for i in range(7)]
     bench.write(sweep, tmp_path)
-    assert report.main([str(tmp_path)]) == 0
+    assert report.main([str(tmp_path)]) == 1  # its 7 failing rows: verdict FAIL
     md, appendix = md_of(tmp_path)
     lines = md.rstrip().splitlines()
     assert lines[-1].endswith("(report_appendix.md)") and len(lines) <= 120, len(lines)
@@ -482,7 +522,7 @@ def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureF
     bench = bench_review()
     bench.write(bench.synthesise(5_000, dup_frac=0.01), tmp_path)
     calls = column_wise(_review, "fmt")
-    assert report.main([str(tmp_path)]) == 0
+    assert report.main([str(tmp_path)]) == 1  # the synthesised error rows: verdict FAIL
     md, appendix = md_of(tmp_path)
     assert len(md.splitlines()) <= 120 and "50 duplicate row(s) of 50 point(s)" in md
     assert calls["fmt"] < 100_000, calls  # table cells, capped lists: not every cell of 5k rows (~370k)

@@ -25,8 +25,9 @@ def no_pngs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report.plots, "render_all", lambda df: {})
 
 
-def run_report(path: Path, *args: str) -> tuple[str, str, dict]:
-    assert report.main([str(path), *args]) == 0
+def run_report(path: Path, *args: str, code: int = 0) -> tuple[str, str, dict]:
+    """The report of ``path``; ``code``: its exit code (1 where a row fails)."""
+    assert report.main([str(path), *args]) == code
     md, appendix = md_of(path)
     return md, appendix, json.loads((path / "report.json").read_text())
 
@@ -249,7 +250,7 @@ def test_a_workloads_batches_are_compared_where_every_impl_ran(tmp_path: Path,
                  make_row("pad_at_split", seq_lens=(n, n), workload="lognormal", **DESIGN,
                           **(dict(status="error", correct=None) if failed else dict(p50=float(n))))]
     append(tmp_path, rows)
-    md, _, doc = run_report(tmp_path)
+    md, _, doc = run_report(tmp_path, code=1)  # the error row: verdict FAIL
     by_impl = {r["impl"]: r for r in doc["tables"]["workloads"]["records"]}
     assert by_impl["padded"]["batches"] == by_impl["pad_at_split"]["batches"] == 2
     assert by_impl["padded"]["roundtrip us p50"] == 768.0

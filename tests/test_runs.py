@@ -183,7 +183,7 @@ def test_rows_before_shared_experts_read_as_none_and_join_new_ones(tmp_path: Pat
 
 def test_a_file_of_the_previous_layout_reports(tmp_path: Path, capsys) -> None:
     old = write_layout_2(tmp_path, tr.mixed_rows())
-    assert report.main([old]) == 0
+    assert report.main([old]) == 1  # the mixed rows fail: verdict FAIL
     md, _ = tr.md_of(tmp_path)
     env = tr.section(md, "Environment")
     assert "torch_version `2.13.0`" in env and "host `box1`" in env and "git_sha `abc1234`" in env

@@ -33,7 +33,8 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
     counts, _, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
     assert summary.render(counts, []).splitlines()[1] == (
         "samples too few: 2 timed rows with fewer than 5 iterations: no change in them can be significant, and "
-        "compare fails them as unverified; time with iters=5 or more, or iters=auto")
+        "compare fails them as unverified (between two runs of the smoke preset it gates their status and "
+        "correctness only); time with iters=5 or more, or iters=auto")
     counts, _, _ = summary.summarize([(cfg, "p2"), (cfg, "p3")])
     assert "samples too few" not in summary.render(counts, [])
 
