@@ -5,10 +5,11 @@ an adapter gets it wrong."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
+
+import plugin_tasks
 
 PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "sglang_cp_plugin"
 REF = "sglang_cp_plugin.adapter:impl"
@@ -16,8 +17,7 @@ REF = "sglang_cp_plugin.adapter:impl"
 
 def importable() -> None:
     """The plug-in's package on this process's path (it is not installed)."""
-    if str(PLUGIN) not in sys.path:
-        sys.path.insert(0, str(PLUGIN))
+    plugin_tasks.on_path(PLUGIN)
 
 
 def _broken(variant: str, impl):
@@ -84,19 +84,7 @@ def _broken(variant: str, impl):
 
 def points(runs, backend):
     """``point_on_rank`` of each ``(spec, variant)``: the plug-in, or a broken copy of it."""
-    importable()
-    from nsa_cp_comm import impls
-    from nsa_cp_comm.harness.measure import point_on_rank
-
-    saved = impls.get(REF)
-    out = []
-    for spec, variant in runs:
-        impls.REGISTRY[REF] = saved if variant == "as_is" else _broken(variant, saved)
-        try:
-            out.append(point_on_rank(spec, backend))
-        finally:
-            impls.REGISTRY[REF] = saved
-    return out
+    return plugin_tasks.points(PLUGIN, REF, _broken, runs, backend)
 
 
 def shard_rows(rows: torch.Tensor, plan) -> torch.Tensor:

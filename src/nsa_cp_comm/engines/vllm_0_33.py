@@ -41,20 +41,15 @@ prefill of 7 tokens ``A..G`` cut into ``2*pcp = 4`` chunks of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from ._rules import only_one_rank, unaligned
 
 STRATEGY_NAMES = {"dual_chunk_swap": "DualChunkSwap"}
 PADDING_AT = "the end of every rank shorter than the longest (is_padding)"
 
 
-def split_align(policy: str, cp: int) -> int:
-    return 1
-
-
-def refuses(min_len: Any, total: Any, cp: int, policy: str) -> Any:
-    if cp <= 1:
-        return min_len >= 0  # always (True, or an all-True array)
-    return min_len < 0  # never
+# P = max n_r; only pcp = 1 runs without CP
+split_align, refuses = unaligned, only_one_rank
 
 
 def refusal_reason(min_len: int, total: int, cp: int, policy: str) -> str:

@@ -30,20 +30,14 @@ nine requests of 1..9 tokens, 45 tokens in all::
 
 from __future__ import annotations
 
-from typing import Any
+from ._rules import only_one_rank, unaligned
 
 STRATEGY_NAMES = {"contiguous": "DSA-CP contiguous slices"}
 PADDING_AT = "the tail rank(s) of the stream"
 
 
-def split_align(policy: str, cp: int) -> int:
-    return 1
-
-
-def refuses(min_len: Any, total: Any, cp: int, policy: str) -> Any:
-    if cp <= 1:
-        return min_len >= 0  # always (True, or an all-True array)
-    return min_len < 0  # never
+# P = max n_r; only pcp = 1 runs without CP
+split_align, refuses = unaligned, only_one_rank
 
 
 def refusal_reason(min_len: int, total: int, cp: int, policy: str) -> str:
