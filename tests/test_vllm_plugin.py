@@ -6,8 +6,8 @@ examples/vllm_pcp_plugin wraps the engine's functions (written from
 even, uneven and with ranks a short prefill leaves empty, every point is
 ``ok`` or ``skipped`` with vLLM's reason; copies broken the way serving code
 broke at the boundary (vLLM #53573: a rank without rows skips the gather;
-SGLang #35535: a replicated term summed by the reduce-scatter) fail on every
-point the break changes. In-process, on the warm pools.
+SGLang #35535: the replicated shared expert added before the reduce-scatter,
+which sums it cp times) fail on every point the break changes. In-process, on the warm pools.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason(rank_pool, cp
 
 # variant -> the check each point fails (None: the point does not change under the break)
 BROKEN = {
-    "replicated_before_rs": {(1,): "scatter_chunk", (7,): "scatter_chunk", (2,): "scatter_chunk"},
+    "replicated_before_rs": {(1,): "reference_moe", (7,): "reference_moe", (2,): "reference_moe"},
     "sglang_alignment": {(1,): "physical_len", (7,): None, (2,): "physical_len"},  # (3, 4) at cp 2: P = 4 is a multiple of 2
     "strips_padding": {(1,): "scatter_chunk", (7,): "scatter_chunk", (2,): None},
     "unmasked_garbage": {(1,): "padding_zero", (7,): "padding_zero", (2,): None},
@@ -98,6 +98,8 @@ def test_broken_copies_of_the_plugin_fail_where_the_break_shows(rank_pool, varia
         else:
             assert (r.status, r.failed_check) == ("failed", check), (variant, lens, r.status, r.failed_check, r.reason)
             assert not r.stats  # a failed implementation is never timed
+            if variant == "replicated_before_rs":
+                assert "a replicated term counted cp times" in r.reason, r.reason
 
 
 def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path):

@@ -38,18 +38,12 @@ def _broken(variant: str, impl):
             return adapter.gather(local, plan, group)
         return dataclasses.replace(impl, gather=gather)
     if variant == "replicated_before_rs":
-        # SGLang #35535's shape: a term every rank holds whole (here the gathered
-        # input, a residual) added to the partials before the reduce-scatter,
-        # which then sums it cp times
-        def gather(local, plan, group):
-            full = adapter.gather(local, plan, group)
-            impl_state["full"] = full.clone()
-            return full
-
-        def scatter(partials, plan, group):
-            return adapter.scatter(partials + impl_state["full"], plan, group)
-        impl_state: dict = {}
-        return dataclasses.replace(impl, gather=gather, scatter=scatter)
+        # SGLang #35535: the shared expert's output, which every rank computed
+        # whole, added to the partials before the reduce-scatter, which then
+        # sums it over the ranks: counted cp times
+        def scatter_replicated(partials, replicated, plan, group):
+            return adapter.scatter(partials + replicated, plan, group)
+        return dataclasses.replace(impl, scatter_replicated=scatter_replicated)
     if variant == "sglang_alignment":
         # P aligned to cp as SGLang's interleave aligns it, everywhere: the shard padded again, its stride declared
         def wrong_p(plan):
