@@ -110,11 +110,16 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
         P = max(P, impl_registry.shard_len(plan) * cp)
     row = H * item
 
-    weights = experts * H * FFN_SIZE * 2 * item + H * experts * 8
+    # the routed experts' weights, the shared expert's (drawn whatever its placement), the router
+    weights = (experts + 1) * H * FFN_SIZE * 2 * item + H * experts * 8
     # Checks, one implementation at a time: gathered buffer, scatter probe,
     # the MoE partial and its copy, legacy's on even plans; the reference
     # routes every gathered row in float64, then accumulates in float32.
-    # (Measured peaks of CPU ranks came 3-25 % below this.)
+    # (Measured peaks of CPU ranks came 3-25 % below this.) A replicated
+    # shared expert's output on the gathered rows takes the place of the
+    # partial, which is let go before legacy's recomputation; its transients
+    # (in the rows' dtype, added into the float32 accumulator in place) stay
+    # below the float64 routing's.
     check = P * row * 6 + P * H * 8 + m * row * 3
     # Timed loop, all implementations at once: per FULL implementation its
     # input rows, its form's gathered buffer and partials, and the check of

@@ -83,9 +83,10 @@ class ReferenceMoE:
         return out
 
     def _shared(self, x: torch.Tensor, units: slice = slice(None)) -> torch.Tensor:
-        """The shared expert's hidden ``units`` on every row of ``x``, in float32."""
-        y = torch.nn.functional.silu(x.to(self.dtype) @ self.s1[:, units]) @ self.s2[units]
-        return y.to(torch.float32)
+        """The shared expert's hidden ``units`` on every row of ``x``, in the
+        weights' dtype (callers add it into float32 in place: no float32 copy
+        of a gathered buffer's worth beside the routed experts' accumulator)."""
+        return torch.nn.functional.silu(x.to(self.dtype) @ self.s1[:, units]) @ self.s2[units]
 
     def shared_units(self, rank: int, cp_size: int) -> slice:
         """Rank ``rank``'s hidden units of the shared expert when it is sharded
@@ -99,7 +100,7 @@ class ReferenceMoE:
         ``shared_expert="none"``)."""
         if self.shared_expert == "none":
             return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        return self._shared(x)
+        return self._shared(x).to(torch.float32)
 
     def partial(self, x: torch.Tensor, rank: int, cp_size: int) -> torch.Tensor:
         """This rank's experts' contribution for every row of ``x``, in ``x.dtype``
@@ -107,7 +108,7 @@ class ReferenceMoE:
         zero outputs (no biases)."""
         out = self._apply(x, self.experts_of(rank, cp_size))
         if self.shared_expert == "sharded":
-            out += self._shared(x, self.shared_units(rank, cp_size))
+            out.add_(self._shared(x, self.shared_units(rank, cp_size)))
         return out.to(x.dtype)
 
     def replicated(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -116,14 +117,14 @@ class ReferenceMoE:
         reduce-scatter, not summed by it. None with any other placement."""
         if self.shared_expert != "replicated":
             return None
-        return self._shared(x).to(x.dtype)
+        return self._shared(x).to(x.dtype)  # a no-op where the weights have the rows' dtype
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """All experts on ``x`` in one process, accumulated in float32, the
         whole shared expert included (unless ``shared_expert="none"``)."""
         out = self._apply(x, range(self.num_experts))
         if self.shared_expert != "none":
-            out += self._shared(x)
+            out.add_(self._shared(x))
         return out
 
 
