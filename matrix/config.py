@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.engines import NAMES as ENGINES
-from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
+from nsa_cp_comm.harness.spec import DTYPE_NAMES, MAX_SEED
 
 
 class ConfigError(ValueError):
@@ -85,7 +85,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp_mode": ("auto", "FULL", "SCATTERED"),
     "backend": ("auto", "gloo", "nccl"),
     "device": ("auto", "cpu", "cuda"),
-    "dtype": tuple(DTYPES),
+    "dtype": DTYPE_NAMES,
     "engine": ENGINES,
 }
 # Every int key's range: far beyond any real point, but not past what the
