@@ -19,6 +19,16 @@ def command(tool: str = "") -> list[str]:
     return ["python", "-m", f"{__name__}.{tool}" if tool else __name__]
 
 
+# The console commands an install provides (pyproject's [project.scripts];
+# tests/test_install.py holds them together): what help names first.
+CONSOLE = "nsa-cp-matrix"
+
+
+def console(tool: str = "") -> str:
+    """The installed command of the app (``tool``: one of its review tools, e.g. ``"report"``)."""
+    return f"{CONSOLE}-{tool}" if tool else CONSOLE
+
+
 # Where the project lives: texts printed to users point into it, so that an
 # install without the checkout can follow them (pyproject's [project.urls] name
 # the same; tests/test_install.py holds them together).

@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 from . import command, summary
 from .config import ConfigError, register, validate_overrides
 from .inputs import error_line
-from .point import point_id, run as run_point
 from .preflight import CONF_DIR, MULTIRUN_FLAGS, Point, check_machine, composed_once, preflight
 from .results import SchemaError
 from .workload import WorkloadError, expand_argv
@@ -42,6 +41,8 @@ def task(machine_checked: bool) -> Callable[[], None]:
     the node it runs on."""
 
     # An absolute config path: the app also runs imported (matrix.__main__.main), not only as __main__.
+    from .point import run as run_point  # imports torch: here, so that --help does not
+
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
         # Plain Python values from here on: ranks get pickled dataclasses, never
@@ -201,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not points:  # --help, --cfg and other Hydra flags: Hydra's own output
         return 0
+    from .point import point_id
+
     try:
         counts, files, gaps = summary.summarize((p.cfg, point_id(p.cfg)) for p in points)
     except SchemaError as exc:  # the results file was damaged during the sweep

@@ -27,8 +27,8 @@ from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.engines import NAMES as ENGINES
-from nsa_cp_comm.harness.spec import DTYPES, MAX_SEED
-from nsa_cp_comm.moe import SHARED_EXPERTS
+from nsa_cp_comm.harness.spec import DTYPE_NAMES, MAX_SEED
+from nsa_cp_comm.modes import SHARED_EXPERTS
 
 
 class ConfigError(ValueError):
@@ -90,7 +90,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "mlp_mode": ("auto", "FULL", "SCATTERED"),
     "backend": ("auto", "gloo", "nccl"),
     "device": ("auto", "cpu", "cuda"),
-    "dtype": tuple(DTYPES),
+    "dtype": DTYPE_NAMES,
     "engine": ENGINES,
     "shared_expert": SHARED_EXPERTS,
 }

@@ -1,4 +1,4 @@
-"""``python -m matrix --help``: the app's own help, generated from the schema.
+"""``nsa-cp-matrix --help`` (``python -m matrix --help`` in a checkout): the app's own help, generated from the schema.
 
 Every key with its default, its range or choices and what it means; the
 presets and layouts found in conf/ with the first line of their comment; the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nsa_cp_comm.harness import calibrate
 
-from . import command
+from . import command, console
 from .paths import CONF_DIR
 from .config import (
     BOOLS,
@@ -119,16 +119,20 @@ def text() -> str:
         allowed = _allowed(f.name)
         keys.append(f"  {f.name:<{width}}  {MEANING.get(f.name, '')}")
         keys.append(f"  {'':<{width}}  default {default}" + (f"; {allowed}" if allowed else ""))
-    app = " ".join(command())
+    app, cli = " ".join(command()), console()
+    # The installed command throughout; the module form, which a checkout
+    # without the install runs, once.
+    here = "" if app == "python -m matrix" else f"; this one runs as {app}"
     usage = [
-        (f"{app} [key=value ...]", "one point"),
-        (f"{app} -m key=a,b [key=value ...]", "a sweep: every combination of the swept keys"),
-        (f"{app} +matrix=NAME [key=value ...]", "a preset sweep (note the +: presets are added)"),
-        (f"{app} ... --dry-run", "list the points and the estimate; start nothing"),
+        (f"{cli} [key=value ...]", "one point"),
+        (f"{cli} -m key=a,b [key=value ...]", "a sweep: every combination of the swept keys"),
+        (f"{cli} +matrix=NAME [key=value ...]", "a preset sweep (note the +: presets are added)"),
+        (f"{cli} ... --dry-run", "list the points and the estimate; start nothing"),
     ]
     column = max(50, *(len(u) for u, _ in usage))
     return "\n".join([
-        f"{app}: check and time CP communicators on real torch.distributed ranks (a Hydra app)",
+        f"{cli}: check and time CP communicators on real torch.distributed ranks (a Hydra app)",
+        f"(in a checkout without the install: python -m matrix, from the repository root{here})",
         "",
         "usage:",
         *(f"  {u:<{column}}  {what}" for u, what in usage),
@@ -155,6 +159,6 @@ def text() -> str:
         "engines (whose split and padding rules the plans follow; sweep with -m engine=a,b):",
         *_group("engine"),
         "",
-        f"review: {' '.join(command('report'))} RESULTS_DIR; {' '.join(command('compare'))} BASE_DIR NEW_DIR",
-        f"Hydra's own help: {app} --hydra-help",
+        f"review: {console('report')} RESULTS_DIR; {console('compare')} BASE_DIR NEW_DIR",
+        f"Hydra's own help: {cli} --hydra-help",
     ])

@@ -65,7 +65,7 @@ PRINTED = textwrap.dedent("""
     print(json.dumps({
         "repro": point.repro_command(vars(config.MatrixConfig())),
         "resume": main._resume_hint(),
-        "help": help.text().splitlines()[0],
+        "help": help.text().splitlines()[:2],
         "review": [ln for ln in help.text().splitlines() if ln.startswith("review: ")][0],
         "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("matrix", "nsa_cp_matrix")),
     }))
@@ -92,9 +92,10 @@ def test_printed_commands_name_the_package_the_app_runs_under(tmp_path):
     _, argv = split(got["repro"])  # after the environment the run had (env PYTHONPATH=...)
     assert argv[:3] == ["python", "-m", INSTALLED] and argv[3].startswith("cp_size="), got["repro"]
     assert got["resume"] == f"finish the sweep with: python -m {INSTALLED} -m cp_size=2,4 resume=true"
-    assert got["help"].startswith(f"python -m {INSTALLED}: check and time")
-    assert got["review"] == (f"review: python -m {INSTALLED}.report RESULTS_DIR; "
-                             f"python -m {INSTALLED}.compare BASE_DIR NEW_DIR")
+    # help names the installed commands, and says how this one was started
+    assert got["help"][0].startswith("nsa-cp-matrix: check and time")
+    assert got["help"][1].endswith(f"; this one runs as python -m {INSTALLED})"), got["help"]
+    assert got["review"] == "review: nsa-cp-matrix-report RESULTS_DIR; nsa-cp-matrix-compare BASE_DIR NEW_DIR"
     assert got["loaded"] and all(m.split(".")[0] == INSTALLED for m in got["loaded"]), got["loaded"]
 
     plain = printed_under("matrix", REPO)
@@ -120,4 +121,4 @@ def test_the_install_claims_no_top_level_matrix(tmp_path):
     app = subprocess.run([sys.executable, "-m", INSTALLED, "--help"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
     assert app.returncode == 0, app.stderr[-2000:]
-    assert app.stdout.startswith(f"python -m {INSTALLED}: ")
+    assert app.stdout.startswith("nsa-cp-matrix: ") and f"this one runs as python -m {INSTALLED})" in app.stdout

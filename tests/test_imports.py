@@ -166,3 +166,49 @@ def test_a_module_that_fails_alone_is_named(tmp_path):
     make_package(tmp_path, a="from .b import f\n\ndef g():\n    pass\n", b="from .a import g\n\ndef f():\n    pass\n", c="X = 1\n")
     failed = failing_alone("pkg", ["pkg.a", "pkg.b", "pkg.c"], tmp_path)
     assert [f.split(":")[0] for f in failed] == ["pkg.a", "pkg.b"], failed
+
+
+def imported(importtime_stderr: str) -> set[str]:
+    """The modules a ``python -X importtime`` run imported, from its stderr."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+def test_help_answers_without_importing_torch():
+    """``python -m matrix --help`` is what a user runs first: it reads the
+    schema, the presets and the library's pure-Python limits, never torch
+    (seconds of imports on a loaded machine)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "matrix", "--help"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "keys:" in proc.stdout, proc.stderr[-2000:]
+    modules = imported(proc.stderr)
+    assert {"matrix.help", "matrix.config", "nsa_cp_comm.harness.calibrate"} <= modules
+    assert not {m for m in modules if m.split(".")[0] == "torch"}, sorted(m for m in modules if "torch" in m)[:5]
+    assert imported("import time:       425 |     119160 |       torch\n") == {"torch"}
+
+
+def test_the_librarys_names_load_on_first_use():
+    probe = textwrap.dedent("""
+        import sys
+        import nsa_cp_comm
+        from nsa_cp_comm.harness import calibrate, spec
+        before = "torch" in sys.modules
+        from nsa_cp_comm import *
+        from nsa_cp_comm.harness import run_on_ranks
+        assert callable(padded_gather) and callable(run_on_ranks) and "plan_split" in dir(nsa_cp_comm)
+        assert set(nsa_cp_comm.__all__) <= set(dir(nsa_cp_comm))
+        assert str(spec.DTYPES["bfloat16"]) == "torch.bfloat16" and tuple(spec.DTYPES) == spec.DTYPE_NAMES
+        try:
+            nsa_cp_comm.no_such_name
+        except AttributeError as exc:
+            assert "no_such_name" in str(exc)
+        else:
+            raise AssertionError("an unknown name was found")
+        print(before, "torch" in sys.modules)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"]

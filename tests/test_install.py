@@ -210,3 +210,12 @@ def test_the_readmes_install_lines_in_a_fresh_venv(tmp_path):
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
     assert "matrix summary: 16 points, 40 rows: ok 21" in sweep.stdout, sweep.stdout[-2000:]
     assert list((empty / "results").glob("*/results.csv")) or (empty / "results" / "results.csv").exists()
+
+
+def test_the_commands_help_names_are_the_installed_ones():
+    from matrix import console
+
+    scripts = PYPROJECT["project"]["scripts"]
+    assert scripts[console()] == "nsa_cp_matrix.__main__:main"
+    for tool in ("report", "compare", "plans"):
+        assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}:main"

@@ -130,6 +130,9 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     for layout in (REPO / "conf" / "layout").glob("*.yaml"):
         assert f"+layout={layout.stem}" in proc.stdout
     assert "int in [1, 1024]" in proc.stdout  # cp_size's range, from the validation tables
+    # the installed commands throughout, the checkout's module form named once
+    assert proc.stdout.startswith("nsa-cp-matrix: ") and proc.stdout.count("python -m matrix") == 1
+    assert "\n  nsa-cp-matrix +matrix=NAME " in proc.stdout and "review: nsa-cp-matrix-report " in proc.stdout
 
 
 def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch):

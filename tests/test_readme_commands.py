@@ -40,10 +40,10 @@ CHAINS: dict[str, tuple[str, ...]] = {
     "plans": ("python -m matrix.plans --workload lognormal --batches 100000 --cp 8,16,32,64,128 --out plans/",),
     "engine_comm": (
         "pip install --no-deps -e examples/engine_comm",
-        "python -m matrix -m impl=engine_comm,padded cp_size=2,3 'seq_lens=[1001,300],[1000],[1,1]' hidden_size=512 "
+        "nsa-cp-matrix -m impl=engine_comm,padded cp_size=2,3 'seq_lens=[1001,300],[1000],[1,1]' hidden_size=512 "
         "results_dir=results/engine",
-        "python -m matrix -m impl=engine_comm.adapter:impl,padded cp_size=2 'seq_lens=[1001,300]' hidden_size=512 results_dir=results/engine",
-        "python -m matrix.report results/engine",
+        "nsa-cp-matrix -m impl=engine_comm.adapter:impl,padded cp_size=2 'seq_lens=[1001,300]' hidden_size=512 results_dir=results/engine",
+        "nsa-cp-matrix-report results/engine",
     ),
 }
 # Appended to a chain's sweep, over fewer of its points (Hydra takes a key's
@@ -92,9 +92,9 @@ ELSEWHERE: dict[str, str] = {
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
     "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
-    "python -m matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
+    "nsa-cp-matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
     "tests/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
-    "python -m matrix.report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
+    "nsa-cp-matrix-report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
     "chain runs the report as written",
     "python -m matrix.report results/designs --nccl-tests benchmarks/data/nccl_tests_sample_all_gather.json "
     "--nccl-tests benchmarks/data/nccl_tests_sample_reduce_scatter.json":
@@ -107,7 +107,7 @@ ELSEWHERE: dict[str, str] = {
     'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
     "pip install --no-deps -e examples/sglang_cp_plugin": "the engine_comm chain runs the same install of an "
     "example plug-in; tests/test_sglang_plugin.py imports this one from the checkout",
-    "python -m matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
+    "nsa-cp-matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
     "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/test_sglang_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
     "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
@@ -176,8 +176,9 @@ def _shell(cmd: str, cwd: Path, timeout: float = 600, extra: dict[str, str] | No
     env["PATH"] = os.pathsep.join([str(ENV_BIN), env.get("PATH", "")])  # what activation does
     env["VIRTUAL_ENV"] = str(ENV_BIN.parent)
     # This checkout's library, as its editable install gives it (the shared
-    # environment's install may be of another checkout); nothing else.
-    env["PYTHONPATH"] = str(REPO / "src")
+    # environment's install may be of another checkout), and its app under the
+    # installed name for the console commands (linked in by _fresh); nothing else.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(cwd)])
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -186,6 +187,7 @@ def _fresh(tmp_path: Path) -> Path:
     # may be of another checkout (a worktree).
     for folder in ("matrix", "examples", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
+    (tmp_path / "nsa_cp_matrix").symlink_to(REPO / "matrix")  # what nsa-cp-matrix imports
     code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
     (tmp_path / "example.py").write_text(code)
     return tmp_path

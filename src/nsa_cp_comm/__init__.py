@@ -5,22 +5,54 @@ what a serving engine imports; :mod:`nsa_cp_comm.harness` runs a matrix point
 on real ranks (checks, timed loop, fold) and is not needed to serve.
 """
 
-from .communicator import CPLayerCommunicator
-from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
-from .moe import ReferenceMoE
-from .plan import POLICIES, CPPlan, ceil_align, plan_split
-from .impls import DispatchImpl, RoundTripImpl
-from .roundtrip import (
-    LEGACY_UNEVEN_ERROR,
-    legacy_gather,
-    legacy_scatter,
-    padded_buffer,
-    padded_gather,
-    padded_gather_,
-    padded_scatter,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+# Each public name and the module it lives in, imported on first use (PEP 562):
+# a tool that reads only the pure-Python parts (the plans, the engines' rules,
+# the app's --help) does not pay for importing torch.
+_WHERE = {
+    "CPLayerCommunicator": "communicator",
+    "A2A_BACKENDS": "modes", "ScatterMode": "modes", "mlp_mode": "modes",
+    "ReferenceMoE": "moe",
+    "POLICIES": "plan", "CPPlan": "plan", "ceil_align": "plan", "plan_split": "plan",
+    "DispatchImpl": "impls", "RoundTripImpl": "impls",
+    "LEGACY_UNEVEN_ERROR": "roundtrip", "legacy_gather": "roundtrip", "legacy_scatter": "roundtrip",
+    "padded_buffer": "roundtrip", "padded_gather": "roundtrip", "padded_gather_": "roundtrip",
+    "padded_scatter": "roundtrip",
+}
+
+if TYPE_CHECKING:
+    from .communicator import CPLayerCommunicator
+    from .impls import DispatchImpl, RoundTripImpl
+    from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
+    from .moe import ReferenceMoE
+    from .plan import POLICIES, CPPlan, ceil_align, plan_split
+    from .roundtrip import (
+        LEGACY_UNEVEN_ERROR,
+        legacy_gather,
+        legacy_scatter,
+        padded_buffer,
+        padded_gather,
+        padded_gather_,
+        padded_scatter,
+    )
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
 
 __all__ = [
     "A2A_BACKENDS",

@@ -38,3 +38,9 @@ def mlp_mode(moe_a2a_backend: str, *, sparse_layer: bool = True) -> ScatterMode:
     if sparse_layer and moe_a2a_backend == "none":
         return ScatterMode.FULL
     return ScatterMode.SCATTERED
+
+
+# Where DeepSeek-V3.2's shared expert runs in the MoE model (nsa_cp_comm.moe):
+# nowhere, sharded like the routed experts, or replicated on every CP rank.
+# Here, beside the modes, so configuration can name them without torch.
+SHARED_EXPERTS: tuple[str, ...] = ("none", "sharded", "replicated")

@@ -19,8 +19,9 @@ import math
 
 import torch
 
-# Where the shared expert runs: not at all, split over the ranks, or whole on every rank.
-SHARED_EXPERTS: tuple[str, ...] = ("none", "sharded", "replicated")
+# Where the shared expert runs: not at all, split over the ranks, or whole on
+# every rank (named in .modes, where configuration reads it without torch).
+from .modes import SHARED_EXPERTS
 
 
 class ReferenceMoE:

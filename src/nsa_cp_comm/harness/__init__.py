@@ -6,10 +6,35 @@ rank's findings into one :class:`ImplResult` per implementation;
 to serve: a serving engine imports :mod:`nsa_cp_comm` alone.
 """
 
-from .fold import ImplResult
-from .measure import run_point
-from .rank_result import RankResult
-from .ranks import RankPool, run_on_ranks
-from .spec import PointSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Each name and its module, imported on first use (PEP 562), as the library's
+# package does: its pure-Python modules (calibrate's limits, spec's names) load
+# without torch.
+_WHERE = {"ImplResult": "fold", "run_point": "measure", "RankResult": "rank_result", "RankPool": "ranks",
+          "run_on_ranks": "ranks", "PointSpec": "spec"}
+
+if TYPE_CHECKING:
+    from .fold import ImplResult
+    from .measure import run_point
+    from .rank_result import RankResult
+    from .ranks import RankPool, run_on_ranks
+    from .spec import PointSpec
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 __all__ = ["ImplResult", "PointSpec", "RankPool", "RankResult", "run_on_ranks", "run_point"]

@@ -25,11 +25,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
-from .timing import PHASES
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 AUTO = "auto"
 # Its record's key in a rank's report: never an implementation's name (a
@@ -145,6 +147,8 @@ class Calibrator:
     def __init__(self, *, control: str | None, group: dist.ProcessGroup | None, device: torch.device | str,
                  target: float = CI_WIDTH, min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS,
                  time_cap_s: float | None = None, check_every: int = CHECK_EVERY) -> None:
+        import torch  # here, not at the top: the app's --help reads this module's limits without torch
+
         self.control, self.group, self.device = control, group, torch.device(device)
         self.target, self.min_iters, self.max_iters = target, min_iters, max_iters
         # every rank reads the same environment (the pool starts them with the sweep's)
@@ -163,6 +167,11 @@ class Calibrator:
         due = n >= self.max_iters or (n >= self.min_iters and (n - self.min_iters) % self.check_every == 0)
         if not due:
             return False
+        import torch
+        import torch.distributed as dist
+
+        from .timing import PHASES
+
         # [steps, phases, n] of this rank's times (0 for a phase a step lacks), and the elapsed time
         times = torch.zeros(len(names) * len(PHASES) * n + 1, dtype=torch.float64)
         grid = times[:-1].view(len(names), len(PHASES), n)

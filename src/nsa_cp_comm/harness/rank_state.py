@@ -123,6 +123,14 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
     import inspect
     import sys
 
+    import nsa_cp_comm
+    import nsa_cp_comm.harness
+
+    # The packages load their public names on first use: load every one, so
+    # that what a task may replace is recorded whether or not it was used yet.
+    for package in (nsa_cp_comm, nsa_cp_comm.harness):
+        for name in package.__all__:
+            getattr(package, name)
     found: list[tuple[str, Any, str, Any]] = []
     classes: set[int] = set()  # a class's methods once, under its own module's name
     for modname, module in list(sys.modules.items()):

@@ -9,14 +9,18 @@ point gives the same bits on every device, and reproducible from a row alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .. import engines
-from ..modes import ScatterMode
+from ..modes import SHARED_EXPERTS, ScatterMode
 from ..plan import CPPlan, plan_split
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+# The dtypes by name; DTYPES maps them to torch's, built on first use so that
+# the names (the app's config and --help read them) load without torch.
+DTYPE_NAMES = ("float32", "bfloat16")
 # Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
 MAX_SEED = 2**31 - 1
 
@@ -47,10 +51,9 @@ class PointSpec:
 
     def __post_init__(self) -> None:
         from .. import impls as impl_registry
-        from ..moe import SHARED_EXPERTS
 
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype={self.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
         ScatterMode(self.mode)
         if self.shared_expert not in SHARED_EXPERTS:
             raise ValueError(f"shared_expert={self.shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
@@ -103,16 +106,34 @@ def shard_seed(seed: int, rank: int) -> int:
     return seed * 1_000_003 + rank
 
 
+def _dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {n: getattr(torch, n) for n in DTYPE_NAMES}
+
+
+def __getattr__(name: str) -> object:
+    """``DTYPES``, name to torch dtype, made (and kept) on first use."""
+    if name != "DTYPES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    table = globals()["DTYPES"] = _dtypes()
+    return table
+
+
 def make_shard(spec: PointSpec, plan: CPPlan, rank: int, device: torch.device, salt: int = 0) -> torch.Tensor:
     """Rank ``rank``'s ``[n_r, H]`` hidden states, generated on the CPU (same bits
     on every device) from :func:`shard_seed`. ``salt`` picks another input set."""
+    import torch
+
     g = torch.Generator().manual_seed(shard_seed(spec.seed, rank) + 7919 * salt)
     x = torch.randn(plan.per_rank_tokens[rank], spec.hidden_size, generator=g)
-    return x.to(device=device, dtype=DTYPES[spec.dtype])
+    return x.to(device=device, dtype=_dtypes()[spec.dtype])
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Byte-exact equality: NaN == NaN and -0.0 != 0.0 here, unlike torch.equal."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    import torch
+
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
