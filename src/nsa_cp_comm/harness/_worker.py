@@ -71,6 +71,13 @@ if __name__ == "__main__":
     from nsa_cp_comm.harness.ranks import worker_main
 
     if serving:
+        # What every rank runs, imported once here so each rank forked from
+        # this server starts with it (the library's names load on first use,
+        # so importing the harness alone would leave torch to every rank).
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+
+        import nsa_cp_comm.harness.measure  # noqa: F401
         from nsa_cp_comm.harness.forkserver import serve
 
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
