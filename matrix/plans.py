@@ -204,7 +204,9 @@ def plot(rows: list[dict], title: str):
     fig, ax = _figure(title)
     colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
     splits = sorted({(r["engine"], r["policy"]) for r in rows})
-    styles = dict(zip(splits, ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)))))
+    # one line style per (engine, split); more splits than styles reuse them in order
+    dashes = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1)), (0, (5, 3)))
+    styles = {split: dashes[i % len(dashes)] for i, split in enumerate(splits)}
     for eng, pol in splits:
         for d in DESIGNS[1:]:  # legacy_even, the raw batch, is the 0 line
             s = sorted((r for r in rows if (r["engine"], r["policy"], r["design"]) == (eng, pol, d)

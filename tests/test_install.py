@@ -208,7 +208,7 @@ def test_the_readmes_install_lines_in_a_fresh_venv(tmp_path):
     assert project.returncode == 0, project.stdout[-2000:] + project.stderr[-2000:]
     sweep = _run([str(venv / "bin" / "nsa-cp-matrix"), "+matrix=smoke"], empty, env)
     assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
-    assert "matrix summary: 16 points, 40 rows: ok 21" in sweep.stdout, sweep.stdout[-2000:]
+    assert "matrix summary: 32 points, 80 rows: ok 43" in sweep.stdout, sweep.stdout[-2000:]
     assert list((empty / "results").glob("*/results.csv")) or (empty / "results" / "results.csv").exists()
 
 

@@ -122,7 +122,7 @@ def test_two_smoke_sweeps_compare_clean(tmp_path):
                          env=cli_env(), capture_output=True, text=True, timeout=240)
     assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-2000:]
     last = cmp.stdout.strip().splitlines()[-1]
-    assert last.endswith("smoke-untimed=21 -> PASS") and "unverified=0" in last, last
+    assert last.endswith("smoke-untimed=43 -> PASS") and "unverified=0" in last, last
     assert "iters=auto" in cmp.stdout
 
 
