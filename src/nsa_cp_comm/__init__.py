@@ -7,8 +7,9 @@ on real ranks (checks, timed loop, fold) and is not needed to serve.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ._lazy import names as _names
 
 __version__ = "0.1.0"
 
@@ -43,16 +44,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> object:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = _names(__name__, _WHERE, globals())
 
 __all__ = [
     "A2A_BACKENDS",

@@ -8,8 +8,9 @@ to serve: a serving engine imports :mod:`nsa_cp_comm` alone.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._lazy import names as _names
 
 # Each name and its module, imported on first use (PEP 562), as the library's
 # package does: its pure-Python modules (calibrate's limits, spec's names) load
@@ -25,16 +26,7 @@ if TYPE_CHECKING:
     from .spec import PointSpec
 
 
-def __getattr__(name: str) -> object:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = _names(__name__, _WHERE, globals())
 
 
 __all__ = ["ImplResult", "PointSpec", "RankPool", "RankResult", "run_on_ranks", "run_point"]
