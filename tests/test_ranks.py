@@ -294,3 +294,15 @@ def test_parting_is_seen_only_where_every_rank_waits_in_a_collective(monkeypatch
     assert pool._idle_apart(0, [0, 1]) is None  # one place: waiting together
     places[1] = ""
     assert pool._idle_apart(0, [0, 1]) is None  # not yet in the task
+
+
+def test_ranks_are_apart_only_when_idle_at_the_same_places_on_three_looks():
+    """The checker can fail: a rank that used CPU between looks, places that
+    moved, or too few looks are not parted."""
+    places = ("a", "b")
+    idle = [(places, (1.0, 2.0)), (places, (1.01, 2.0)), (places, (1.02, 2.01))]
+    assert ranks._still_apart(idle)
+    assert not ranks._still_apart(idle[:2])
+    assert not ranks._still_apart([*idle[:2], (places, (1.5, 2.01))])  # rank 0 computed
+    assert not ranks._still_apart([*idle[:2], (("a", "c"), (1.02, 2.01))])  # rank 1 moved on
+    assert not ranks._still_apart([None, *idle[1:]])

@@ -50,9 +50,9 @@ def _broken(variant: str, impl):
             return -(-adapter.physical_len(plan) // plan.cp_size) * plan.cp_size
 
         def gather(local, plan, group):
-            pad = wrong_p(plan) - local.shape[0]
-            return adapter.gather(local if pad == 0 else local.new_zeros((wrong_p(plan), local.shape[1])).index_copy(
-                0, __import__("torch").arange(local.shape[0]), local), plan, group)
+            padded = local.new_zeros((wrong_p(plan), local.shape[1]))
+            padded[: local.shape[0]] = local
+            return adapter.gather(padded, plan, group)
         return dataclasses.replace(impl, gather=gather, row_stride=wrong_p)
     if variant == "strips_padding":
         # the [n_r, H] protocol inside: the padding removed from the scatter's [P, H]

@@ -351,6 +351,17 @@ def _cpu_s(pid: int) -> float | None:
         return None
 
 
+def _still_apart(looks: list[tuple[tuple[str, ...], tuple[float, ...]] | None]) -> bool:
+    """Three looks (:meth:`RankPool._idle_apart`) at the same places, no rank
+    using CPU between them: idle and apart twice in a row."""
+    if len(looks) < 3 or not all(looks):
+        return False
+    if len({look[0] for look in looks}) != 1:  # type: ignore[index]
+        return False
+    return all(b - a < PARTED_IDLE_CPU_S for prev, cur in zip(looks, looks[1:])
+               for a, b in zip(prev[1], cur[1]))  # type: ignore[index]
+
+
 def _is_stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP, a debugger), on Linux."""
     try:
@@ -631,9 +642,7 @@ class RankPool:
             if parting and failed_at is None and now >= next_look:
                 pending = [r for r in range(self.world_size) if r not in got]
                 looks = [*looks[-2:], self._idle_apart(task_id, pending)]
-                if len(looks) == 3 and all(looks) and looks[0][0] == looks[1][0] == looks[2][0] and all(  # type: ignore[index]
-                        b - a < PARTED_IDLE_CPU_S for i in (1, 2) for a, b in zip(looks[i - 1][1], looks[i][1])) \
-                        and self._parted(pending):
+                if _still_apart(looks) and self._parted(pending):
                     parted_s = now - (deadline - timeout_s)
                     break
                 next_look = time.monotonic() + PARTED_S
