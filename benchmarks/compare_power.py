@@ -145,15 +145,17 @@ def padded_points(results: Path) -> int:
 
 
 def iterations(results: Path) -> dict[str, Any]:
-    """What iters=auto ran: iterations per timed row (min, median, max) and
-    the rows whose target width was reached."""
+    """What iters=auto ran: iterations per timed row (min, median, max), the
+    rows whose target width was reached, and those whose loop went past its
+    soft cap for the gate's power (``extended``)."""
     import statistics
 
     lines = [json.loads(ln) for ln in (results / "samples.jsonl").read_text().splitlines() if ln.strip()]
     cal = [ln.get("calibration") or {} for ln in lines]
     iters = sorted(len(ln["roundtrip_us"]) for ln in lines)
     return {"rows": len(lines), "min": iters[0] if iters else 0, "median": statistics.median(iters) if iters else 0,
-            "max": iters[-1] if iters else 0, "reached": sum(bool(c.get("reached")) for c in cal)}
+            "max": iters[-1] if iters else 0, "reached": sum(bool(c.get("reached")) for c in cal),
+            "extended": sum("gate_power" in c for c in cal)}
 
 
 def paired_medians(results: Path) -> dict[str, float]:
@@ -341,6 +343,8 @@ def render(data: dict[str, Any]) -> str:
         f"{min(i['min'] for i in its)}-{max(i['max'] for i in its)} iterations a point and reached its target "
         f"width on {sum(i['reached'] for i in its)} of {sum(i['rows'] for i in its)} rows"
         + (" (the rest stopped at a cap)" if sum(i["reached"] for i in its) < sum(i["rows"] for i in its) else "")
+        + (f"; {sum(i['extended'] for i in its)} rows ran past the 30 s cap for the gate's power"
+           if any("extended" in i for i in its) else "")
         + f"; one sweep of the review flow took {min(t['sweep_s'] for t in trials):.0f}-"
         f"{max(t['sweep_s'] for t in trials):.0f} s."
     )

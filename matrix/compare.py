@@ -29,7 +29,7 @@ input (one line):
   beyond the noise: for a sampled metric, NEW's per-iteration samples
   (``samples.jsonl``, matrix.samples) differ from BASE's by a one-sided
   Mann-Whitney U test, Benjamini-Hochberg at false discovery rate 1% over
-  the rows tested (matrix.significance); where neither run kept samples at
+  the rows tested (nsa_cp_comm.harness.significance); where neither run kept samples at
   all (folders older than them), and for metrics without samples, worse by
   more than the rows' spread (``roundtrip_iqr_us``; for the paired metric on
   ``roundtrip_p50_us`` instead). A change beyond the threshold that the noise
@@ -83,7 +83,7 @@ from ._review import (
 from .results import CONFIG_COLUMNS, TIMING_COLUMNS
 from .inputs import BadInputFile, error_line
 from .samples import SAMPLES_FILE, Samples, read_samples
-from .significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
+from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.

@@ -115,8 +115,8 @@ TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
 # its length (matrix.hydra_lists), so this bounds how long the checks take.
 SEQ_LENS_MAX_ENTRIES = 1 << 16
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
-# A point with iters=auto: room for its time cap and the checks before the loop.
-AUTO_TIMEOUT_MIN_S = 2 * calibrate.TIME_CAP_S
+# A point with iters=auto: room for its timed loop's hard cap and the checks before the loop.
+AUTO_TIMEOUT_MIN_S = 2 * calibrate.EXTENDED_CAP_S
 BOOLS = ("shared_kv", "flush_l2", "resume", "force", "allow_skipped")
 
 # Config groups and Hydra's own keys that may appear on the command line.
@@ -341,7 +341,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise ConfigError(str(exc)) from None
         if cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:
             raise _fail("timeout_s", cfg["timeout_s"], f"must be at least {AUTO_TIMEOUT_MIN_S:g} with iters=auto "
-                        f"(its timed loop runs up to {calibrate.TIME_CAP_S:g} s, and the checks before it take time "
+                        f"(its timed loop runs up to {calibrate.EXTENDED_CAP_S:g} s, and the checks before it take time "
                         "too)")
     if cfg["align"] is not None and sum(cfg["seq_lens"]) + cfg["align"] > TOTAL_TOKENS_MAX:
         raise _fail("align", cfg["align"], f"pads the batch past {TOTAL_TOKENS_MAX} tokens")

@@ -28,7 +28,7 @@ from .config import (
     MatrixConfig,
     override_value,
 )
-from .significance import MIN_SAMPLES as MIN_FLAGGABLE
+from nsa_cp_comm.harness.significance import MIN_SAMPLES as MIN_FLAGGABLE
 
 HELP_FLAGS = ("--help", "-h")
 
@@ -58,7 +58,8 @@ MEANING: dict[str, str] = {
     "iters": (f"timed iterations (fewer than {MIN_FLAGGABLE}: compare can flag nothing), or auto: until each "
               f"implementation's median round trip over the A/A control's is known within "
               f"{calibrate.CI_WIDTH:.0%} (95% interval), at least {calibrate.MIN_ITERS}, at most "
-              f"{calibrate.MAX_ITERS} or {calibrate.TIME_CAP_S:g} s"),
+              f"{calibrate.MAX_ITERS} or {calibrate.TIME_CAP_S:g} s ({calibrate.EXTENDED_CAP_S:g} s while compare's "
+              "test lacks the power to flag 1.3x)"),
     "seed": "data seed; each rank's rows come from (seed, rank)",
     "flush_l2": "evict caches between iterations",
     "timeout_s": "per point, once its ranks are up",

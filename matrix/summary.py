@@ -21,7 +21,7 @@ from typing import Any
 
 from .coverage import gap_lines, gaps
 from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
-from .significance import MIN_SAMPLES
+from nsa_cp_comm.harness.significance import MIN_SAMPLES
 
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
 

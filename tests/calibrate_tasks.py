@@ -42,3 +42,22 @@ def calibrated_loop(noisy_ranks: tuple[int, ...], max_iters: int) -> dict[str, o
                        max_iters=max_iters, time_cap_s=600.0, check_every=5)
     samples = timed_loop(steps, warmup=1, iters=max_iters, clock=clock, stop=calib)
     return {"iters": len(samples["impl"]["gather"]), **calib.record()}
+
+
+def slow_loop(sleep_s: float, cap_s: float) -> dict[str, object]:
+    """Iterations of ``sleep_s`` each (rank 1 twice as slow) under a hard cap
+    of ``cap_s``: the loop must end on both ranks together, before the floor."""
+    import time
+
+    from nsa_cp_comm.harness import calibrate
+
+    rank = dist.get_rank()
+
+    def fn(i: int) -> None:
+        time.sleep(sleep_s * (1 + rank))
+
+    steps = [Steps("impl", [("gather", fn)])]
+    calib = Calibrator(control=None, group=None, device="cpu", min_iters=calibrate.MIN_ITERS,
+                       max_iters=calibrate.MAX_ITERS, time_cap_s=cap_s / 2, hard_cap_s=cap_s)
+    samples = timed_loop(steps, warmup=0, iters=calibrate.MAX_ITERS, clock=Clock("cpu"), stop=calib)
+    return {"iters": len(samples["impl"]["gather"]), **calib.record()}

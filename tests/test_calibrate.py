@@ -41,6 +41,55 @@ def test_stops_when_narrow_continues_when_wide_and_stops_at_the_caps():
     assert decide(wide, elapsed_s=30.0, max_iters=1000, time_cap_s=30) == calibrate.Decision(True, False, d.width)
 
 
+def test_past_the_soft_cap_the_loop_goes_on_only_while_the_gate_lacks_power():
+    """At the soft cap a noisy point whose samples could not show compare the
+    1.3x it must flag goes on, to the hard cap at most; a quiet one stops."""
+    rng = np.random.default_rng(2)
+    noisy = {"padded": rng.lognormal(0, 0.8, 60)}
+    quiet = {"padded": rng.lognormal(0, 0.05, 60)}
+    caps = {"target": 0.01, "min_iters": 20, "max_iters": 2000, "time_cap_s": 30.0, "hard_cap_s": 60.0}
+    assert calibrate.gate_power(noisy) < calibrate.POWER_TARGET < calibrate.gate_power(quiet)
+    d = decide(noisy, elapsed_s=31.0, **caps)
+    assert not d.stop and d.power == pytest.approx(calibrate.gate_power(noisy))
+    assert decide(quiet, elapsed_s=31.0, **caps).stop
+    assert not decide(noisy, elapsed_s=29.0, **caps).stop and decide(noisy, elapsed_s=29.0, **caps).power is None
+    assert decide(noisy, elapsed_s=60.0, **caps).stop  # the hard cap, power or not
+    # more samples of the same noise give the power, and the loop stops
+    assert decide({"padded": rng.lognormal(0, 0.8, 1500)}, elapsed_s=31.0, **caps).stop
+    # without a hard cap above the soft one (NSA_CP_AUTO_MAX_S) the soft cap is hard
+    assert decide(noisy, elapsed_s=31.0, **{**caps, "hard_cap_s": None}).stop
+
+
+def test_the_hard_cap_bounds_the_floor_too():
+    """Iterations of seconds: the loop ends at its hard cap with fewer than
+    MIN_ITERS, rather than run 20 of them past the point's timeout."""
+    few = {"padded": [1.0, 1.1, 0.9]}
+    assert not decide(few, elapsed_s=10.0, min_iters=20, time_cap_s=30.0, hard_cap_s=60.0).stop
+    assert decide(few, elapsed_s=60.0, min_iters=20, time_cap_s=30.0, hard_cap_s=60.0).stop
+    assert decide(few, elapsed_s=30.0, min_iters=20, time_cap_s=30.0).stop
+
+
+def test_the_power_asked_for_is_compares():
+    """The loop asks for the change and power compare's gate judges by: twice
+    its default threshold, and no less power than compare requires."""
+    from matrix.compare import DEFAULT_THRESHOLD, parse_threshold
+    from nsa_cp_comm.harness.significance import POWER_MIN, power, resolved_change
+
+    assert calibrate.GATE_CHANGE == pytest.approx(resolved_change(parse_threshold(DEFAULT_THRESHOLD)))
+    assert calibrate.POWER_TARGET >= POWER_MIN
+    xs = np.random.default_rng(3).lognormal(0, 0.5, 80)
+    assert calibrate.gate_power({"a": xs, "b": xs * 2}) == pytest.approx(power(xs, xs, calibrate.GATE_CHANGE))
+    assert calibrate.EXTENDED_CAP_S > calibrate.TIME_CAP_S and calibrate.time_caps({}) == (
+        calibrate.TIME_CAP_S, calibrate.EXTENDED_CAP_S)
+
+
+def test_a_loop_of_slow_iterations_stops_at_its_hard_cap_on_every_rank(rank_pool):
+    results = rank_pool(2).run(calibrate_tasks.slow_loop, 0.05, 1.0, timeout_s=60)
+    assert all(r.ok for r in results), [r.error for r in results]
+    iters = [r.value["iters"] for r in results]
+    assert iters[0] == iters[1] and 1 <= iters[0] < calibrate.MIN_ITERS, iters
+
+
 def test_the_ratio_to_the_control_is_what_is_calibrated():
     # times that swing with the load, the control alike: the paired ratio is steady
     load = np.random.default_rng(1).uniform(1, 5, 40)
@@ -69,7 +118,7 @@ def test_config_accepts_iters_auto_and_names_the_key_otherwise():
     for bad in ("many", 0, 1.5):
         with pytest.raises(ConfigError, match=r"^iters=.*: must be an integer in \[1, 100000\] or auto$"):
             validate_value("iters", bad)
-    with pytest.raises(ConfigError, match=r"^timeout_s=30: must be at least 60 with iters=auto"):
+    with pytest.raises(ConfigError, match=r"^timeout_s=30: must be at least 120 with iters=auto"):
         validate({**cfg, "timeout_s": 30})
     assert PointSpec((1000,), 2, "zigzag", iters="auto").max_iters == calibrate.MAX_ITERS
     with pytest.raises(ValueError, match="iters='many' must be a positive int or \"auto\""):
@@ -96,7 +145,8 @@ def test_the_time_cap_is_shortened_only_by_seconds_within_it(monkeypatch, tmp_pa
         with pytest.raises(ValueError, match=rf"^NSA_CP_AUTO_MAX_S='{bad}': must be seconds in \(0, 30\]$"):
             calibrate.time_cap({calibrate.TIME_CAP_ENV: bad})
     monkeypatch.setenv(calibrate.TIME_CAP_ENV, "5")
-    assert calibrate.Calibrator(control=None, group=None, device="cpu").time_cap_s == 5.0
+    calib = calibrate.Calibrator(control=None, group=None, device="cpu")
+    assert (calib.time_cap_s, calib.hard_cap_s) == (5.0, 5.0)  # one hard cap: a quick run is not extended
     cfg = {**vars(MatrixConfig()), "iters": "auto", "results_dir": "/tmp/x"}
     validate(cfg)
     monkeypatch.setenv(calibrate.TIME_CAP_ENV, "ten")

@@ -13,7 +13,7 @@ import pytest
 
 from matrix import compare
 from matrix.samples import SAMPLES_FILE, append_samples, read_samples
-from matrix.significance import adjusted, p_greater, smallest_p
+from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
 
 from test_compare import make_row, marks, summary, write_run
 
@@ -385,7 +385,7 @@ def _holm(ps: list[float]) -> list[float]:
 
 def test_the_docs_name_the_correction_the_code_applies():
     """The module's docstring named Holm while the code applies Benjamini-Hochberg."""
-    from matrix import significance
+    from nsa_cp_comm.harness import significance
 
     ps = [0.004, 0.03, 0.02, 0.5, 0.011]
     assert list(adjusted(ps)) == pytest.approx(_bh(ps)) and _bh(ps) != pytest.approx(_holm(ps))
@@ -450,7 +450,7 @@ def test_iters_auto_rows_still_too_noisy_say_so(tmp_path: Path, capsys):
 def test_the_power_estimate_matches_the_test_it_predicts():
     """The checker of the power rule: its estimate against how often
     p_greater really flags a shifted sample drawn from the same noise."""
-    from matrix.significance import ALPHA, power
+    from nsa_cp_comm.harness.significance import ALPHA, power
 
     rng = np.random.default_rng(2)
     for n, sd in ((8, 0.05), (20, 0.2), (60, 0.3), (200, 0.5)):

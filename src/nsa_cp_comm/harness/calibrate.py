@@ -6,9 +6,21 @@ enough: the median of each implementation's paired ratio (its round trip over
 the A/A control's in the same iteration; the round trip itself where no
 control runs) has a distribution-free 95% confidence interval no wider than
 :data:`CI_WIDTH` of the median. It never stops before :data:`MIN_ITERS`
-timed iterations, and stops at :data:`MAX_ITERS` or once the timed loop has
-run :data:`TIME_CAP_S` seconds (fewer where :data:`TIME_CAP_ENV` says so),
+timed iterations unless the loop's time runs out first, and stops at
+:data:`MAX_ITERS` or once the timed loop has run :data:`TIME_CAP_S` seconds,
 whether or not the target was reached (the samples say which).
+
+On a loaded machine the interval may be far from the target at the cap, and
+what compare needs is less: the power to flag a change of twice its default
+threshold (:data:`GATE_CHANGE`). Where the samples at the cap do not give
+every implementation :data:`POWER_TARGET` of it (estimated on its own
+samples as both sides, :func:`.significance.power`), the loop goes on until
+they do, or to :data:`EXTENDED_CAP_S`: a point measured under load then has
+the samples the gate needs to judge it, and an idle one never waits for this.
+:data:`TIME_CAP_ENV` sets one hard cap in place of both (a quick run: no
+extension). Whatever the caps, the loop ends by the hard one, the
+:data:`MIN_ITERS` floor included: a point whose iterations take seconds
+stops with fewer than the floor rather than run past its timeout.
 
 Every rank must run the same number of iterations (each phase starts with a
 barrier): the decision is taken on the same numbers on every rank. Each
@@ -46,9 +58,21 @@ CONFIDENCE = 0.95
 MIN_ITERS = 20
 MAX_ITERS = 2000
 TIME_CAP_S = 30.0
-# Seconds in (0, TIME_CAP_S]: a shorter cap, for a quick run of a calibrated
-# sweep, with less power (compare may then find its rows too noisy); read by every
-# process of the sweep, so set it in the environment the sweep starts from.
+# The most the loop may run past TIME_CAP_S while the gate lacks power. At a
+# held load of 20 on 2 cores a point at the cap had 100-160 samples and one in
+# ten A/A compares found a row too noisy (P 0.74, 0.78 < 0.8 with 110 a side:
+# benchmarks/data/compare_power_load20.json); that noise needs about 1.4x the
+# samples for 0.9, so twice the cap leaves room.
+EXTENDED_CAP_S = 2 * TIME_CAP_S
+# The change the gate must be able to flag (significance.resolved_change of
+# compare's default 15% threshold), and the power the loop asks for it, above
+# compare's POWER_MIN: the other run's samples may be noisier.
+GATE_CHANGE = 0.30
+POWER_TARGET = 0.9
+# Seconds in (0, TIME_CAP_S]: one hard, shorter cap, for a quick run of a
+# calibrated sweep, with less power (compare may then find its rows too noisy);
+# read by every process of the sweep, so set it in the environment the sweep
+# starts from.
 TIME_CAP_ENV = "NSA_CP_AUTO_MAX_S"
 CHECK_EVERY = 10  # timed iterations between two checks (each is one small collective)
 
@@ -60,16 +84,23 @@ def is_auto(iters: object) -> bool:
 def time_cap(environ: Mapping[str, str] = os.environ) -> float:
     """The timed loop's time cap: :data:`TIME_CAP_S`, or :data:`TIME_CAP_ENV`'s
     seconds where set; ValueError naming it when it is not in (0, TIME_CAP_S]."""
+    return time_caps(environ)[0]
+
+
+def time_caps(environ: Mapping[str, str] = os.environ) -> tuple[float, float]:
+    """The loop's caps: ``(soft, hard)``: (:data:`TIME_CAP_S`,
+    :data:`EXTENDED_CAP_S`), or :data:`TIME_CAP_ENV`'s seconds as both where
+    set; ValueError naming it when it is not in (0, TIME_CAP_S]."""
     raw = environ.get(TIME_CAP_ENV, "")
     if not raw:
-        return TIME_CAP_S
+        return TIME_CAP_S, EXTENDED_CAP_S
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not 0 < value <= TIME_CAP_S:
         raise ValueError(f"{TIME_CAP_ENV}={raw!r}: must be seconds in (0, {TIME_CAP_S:g}]")
-    return value
+    return value, value
 
 
 def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -107,18 +138,42 @@ class Decision:
     stop: bool
     reached: bool  # every implementation's interval within the target
     width: float  # the widest relative interval
+    power: float | None = None  # the least power for GATE_CHANGE, where the soft cap asked for it
+
+
+def gate_power(metric: Mapping[str, Sequence[float]]) -> float:
+    """The least, over implementations, power of compare's test to flag
+    :data:`GATE_CHANGE` on two samples like this one (0 with none)."""
+    from .significance import power
+
+    return min((power(v, v, GATE_CHANGE) for v in metric.values()), default=0.0)
 
 
 def decide(metric: Mapping[str, Sequence[float]], *, elapsed_s: float, target: float = CI_WIDTH,
-           min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS, time_cap_s: float = TIME_CAP_S) -> Decision:
+           min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS, time_cap_s: float = TIME_CAP_S,
+           hard_cap_s: float | None = None, power_target: float = POWER_TARGET) -> Decision:
     """Whether to stop, from ``metric`` (per implementation, its per-iteration
-    values so far: all the same length) and the timed loop's ``elapsed_s``."""
+    values so far: all the same length) and the timed loop's ``elapsed_s``.
+
+    ``time_cap_s`` is the soft cap, past which the loop goes on only while
+    :func:`gate_power` is under ``power_target``; ``hard_cap_s`` (default: the
+    soft one) ends it whatever the samples, before ``min_iters`` too."""
+    hard = time_cap_s if hard_cap_s is None else max(hard_cap_s, time_cap_s)
     n = min((len(v) for v in metric.values()), default=0)
     width = max((relative_width(v) for v in metric.values()), default=math.inf)
     reached = width <= target
+    if elapsed_s >= hard:
+        return Decision(True, reached, width)
     if n < min_iters:
         return Decision(False, reached, width)
-    return Decision(reached or n >= max_iters or elapsed_s >= time_cap_s, reached, width)
+    if reached or n >= max_iters:
+        return Decision(True, reached, width)
+    if elapsed_s < time_cap_s:
+        return Decision(False, reached, width)
+    if hard <= time_cap_s:
+        return Decision(True, reached, width)
+    least = gate_power(metric)
+    return Decision(least >= power_target, reached, width, least)
 
 
 def paired_metric(folded: Mapping[str, Sequence[float]], control: str | None) -> dict[str, np.ndarray]:
@@ -146,13 +201,16 @@ class Calibrator:
 
     def __init__(self, *, control: str | None, group: dist.ProcessGroup | None, device: torch.device | str,
                  target: float = CI_WIDTH, min_iters: int = MIN_ITERS, max_iters: int = MAX_ITERS,
-                 time_cap_s: float | None = None, check_every: int = CHECK_EVERY) -> None:
+                 time_cap_s: float | None = None, hard_cap_s: float | None = None,
+                 check_every: int = CHECK_EVERY) -> None:
         import torch  # here, not at the top: the app's --help reads this module's limits without torch
 
         self.control, self.group, self.device = control, group, torch.device(device)
         self.target, self.min_iters, self.max_iters = target, min_iters, max_iters
         # every rank reads the same environment (the pool starts them with the sweep's)
-        self.time_cap_s = time_cap_s if time_cap_s is not None else time_cap()
+        soft, hard = time_caps()
+        self.time_cap_s = time_cap_s if time_cap_s is not None else soft
+        self.hard_cap_s = hard_cap_s if hard_cap_s is not None else (hard if time_cap_s is None else time_cap_s)
         self.check_every = check_every
         self.t0: float | None = None
         self.last = Decision(False, False, math.inf)
@@ -164,7 +222,9 @@ class Calibrator:
         names = sorted(samples)
         n = len(next(iter(samples[names[0]].values()))) if names else 0
         self.iters = n
-        due = n >= self.max_iters or (n >= self.min_iters and (n - self.min_iters) % self.check_every == 0)
+        # every iteration below the floor too (one small collective each), so
+        # that iterations of seconds meet the hard cap before the floor
+        due = n >= self.max_iters or n < self.min_iters or (n - self.min_iters) % self.check_every == 0
         if not due:
             return False
         import torch
@@ -185,11 +245,15 @@ class Calibrator:
         times = times.cpu()
         folded = {name: times[:-1].view(len(names), len(PHASES), n)[i].sum(0).numpy() for i, name in enumerate(names)}
         self.last = decide(paired_metric(folded, self.control), elapsed_s=float(times[-1]), target=self.target,
-                           min_iters=self.min_iters, max_iters=self.max_iters, time_cap_s=self.time_cap_s)
+                           min_iters=self.min_iters, max_iters=self.max_iters, time_cap_s=self.time_cap_s,
+                           hard_cap_s=self.hard_cap_s)
         return self.last.stop
 
     def record(self) -> dict[str, object]:
         """What the samples keep of the calibration."""
         width = self.last.width
-        return {"iters": self.iters, "ci_width": round(width, 4) if math.isfinite(width) else None,
-                "target": self.target, "reached": self.last.reached}
+        out = {"iters": self.iters, "ci_width": round(width, 4) if math.isfinite(width) else None,
+               "target": self.target, "reached": self.last.reached}
+        if self.last.power is not None:  # the loop ran past its soft cap for the gate's power
+            out["gate_power"] = round(self.last.power, 3)
+        return out
