@@ -52,6 +52,7 @@ def test_every_library_package_ships():
     # missing from every regular install.
     packages = set(PYPROJECT["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src").rglob("__init__.py")}
+    found |= {".".join(("nsa_cp_matrix", *p.parent.relative_to(REPO / "matrix").parts)) for p in (REPO / "matrix").rglob("*.py")}
     assert found and found <= packages, found - packages
 
 
@@ -147,7 +148,7 @@ def bare_doc_paths(source: str) -> list[str]:
 
 def test_printed_texts_point_to_the_docs_by_their_address():
     """An install has no docs/ folder: what the app prints names the page in the repository."""
-    found = {str(p.relative_to(REPO)): bare_doc_paths(p.read_text()) for p in sorted((REPO / "matrix").glob("*.py"))}
+    found = {str(p.relative_to(REPO)): bare_doc_paths(p.read_text()) for p in sorted((REPO / "matrix").rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
     assert bare_doc_paths('x = 1\nmsg = "see docs/plugins.md"\n') == ["see docs/plugins.md"]
     assert bare_doc_paths('"""docs/plugins.md"""\nmsg = "https://h/blob/main/docs/plugins.md"\n') == []
@@ -216,6 +217,6 @@ def test_the_commands_help_names_are_the_installed_ones():
     from matrix import console
 
     scripts = PYPROJECT["project"]["scripts"]
-    assert scripts[console()] == "nsa_cp_matrix.__main__:main"
+    assert scripts[console()] == "nsa_cp_matrix.app.sweep:main"
     for tool in ("report", "compare", "plans"):
         assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}:main"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix import results
-from matrix.results import (
+from matrix.store import results
+from matrix.store.results import (
     COLUMNS,
     ResultsPathError,
     ResultsWriteError,
@@ -93,7 +93,7 @@ def test_append_to_a_file_without_a_whole_line(tmp_path, content, header_kept):
 
 FSIZE_SCRIPT = """
 import resource, signal, sys
-from matrix.results import ResultsWriteError, append_rows
+from matrix.store.results import ResultsWriteError, append_rows
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config import KEYS, ConfigError, register, validate
-from .paths import CONF_DIR
-from .results import check_schema, results_path
+from .. import CONF_DIR
+from ..store.results import check_schema, results_path
 
 if TYPE_CHECKING:
     from .resolve import Resolved

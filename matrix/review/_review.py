@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import inputs
-from .results import (
+from ..store import inputs
+from ..store.results import (
     BAD_STATUSES,
     CONFIG_COLUMNS,
     COLUMNS,
@@ -40,7 +40,7 @@ from .results import (
     line_records,
     results_path,
 )
-from .runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
+from ..store.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a

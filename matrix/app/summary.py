@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .coverage import gap_lines, gaps
-from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
+from ..review.coverage import gap_lines, gaps
+from ..store.results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
 from nsa_cp_comm.harness.significance import MIN_SAMPLES
 
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")

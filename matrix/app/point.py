@@ -25,13 +25,13 @@ from nsa_cp_comm import engines
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
-from . import command
+from .. import command
 from .config import KEYS, ConfigError, override_value, validate
-from .plan_classes import label as plan_label
+from ..scale.plan_classes import label as plan_label
 from .repro_env import env_prefix
 from .resolve import Resolved, resolve
-from .samples import append_samples
-from .results import (
+from ..store.samples import append_samples
+from ..store.results import (
     COLUMNS,
     CONFIG_COLUMNS,
     append_rows,
@@ -40,9 +40,9 @@ from .results import (
     latest_rows,
     results_path,
 )
-from .runs import STARTED, new_run_id
+from ..store.runs import STARTED, new_run_id
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
