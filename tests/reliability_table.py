@@ -447,7 +447,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "`resume=true` over rows with bytes that are not UTF-8",
-        "`matrix.store.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "read as U+FFFD; resume works; a line the csv module cannot parse is one line naming it",
         "test_resume_reads_a_file_with_bytes_that_are_not_utf8",
         "test_results_file",
@@ -605,7 +605,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "`resume=true` after points errored or timed out",
-        "`matrix.store.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "a point whose latest row (file order) for some impl is `error` or `timeout` runs again; "
         "`ok`, `failed`, `refused`, `passthrough` and `skipped` points are kept",
         "test_resume_reruns_points_whose_latest_rows_errored_or_timed_out",
@@ -613,7 +613,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "`resume=true` over a results.csv with a malformed line (a stray quote from an editor)",
-        "`matrix.store.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "the line is moved to `results.csv.torn` and results.csv rewritten without it (a temporary file renamed "
         "into place, under the append lock; an append waiting on the lock follows the new file): "
         "`pandas.read_csv` reads it; one warning line",

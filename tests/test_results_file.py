@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from matrix.store import results
+from matrix.store.folder import completed_point_ids, latest_rows
 from matrix.store.results import (
     COLUMNS,
     ResultsPathError,
@@ -21,7 +22,6 @@ from matrix.store.results import (
     SchemaError,
     append_rows,
     check_schema,
-    completed_point_ids,
     read_header,
     results_path,
     torn_path,
@@ -350,7 +350,7 @@ def test_a_long_reason_is_cut_with_its_length_and_kept_whole_beside(tmp_path):
     long = "E" * 229_000
     append_rows(tmp_path, [row("a", status="error", reason=long)])
     path = results_path(tmp_path)
-    cell = results.latest_rows(path)["a"]["padded"]["reason"]
+    cell = latest_rows(tmp_path)["a"]["padded"]["reason"]
     assert len(cell) <= results.MAX_CELL_CHARS
     assert "[cut: 229000 characters; the whole text is in results.full-text.jsonl]" in cell
     import json
@@ -365,7 +365,7 @@ def test_a_configuration_cell_over_the_csv_modules_limit_reads_back(tmp_path):
     any row the writer can write, past the csv module's default 131072."""
     seq = "[" + ",".join(["1000"] * 40_000) + "]"
     append_rows(tmp_path, [{**row("a"), "seq_lens": seq}])
-    assert results.latest_rows(results_path(tmp_path))["a"]["padded"]["seq_lens"] == seq
+    assert latest_rows(tmp_path)["a"]["padded"]["seq_lens"] == seq
     assert completed_point_ids(tmp_path) == {"a"}
     code = "import csv,sys; csv.field_size_limit(131072); list(csv.reader(open(sys.argv[1])))"
     refused = subprocess.run([sys.executable, "-c", code, str(results_path(tmp_path))], capture_output=True)
