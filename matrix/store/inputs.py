@@ -103,6 +103,9 @@ class _Bounded(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
     def seek(self, offset: int, whence: int = 0) -> int:
         return self._raw.seek(offset, whence)
 

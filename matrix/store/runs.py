@@ -43,7 +43,7 @@ from . import inputs
 
 SCHEMA_VERSION = 5
 RUNS_FILE = "runs.jsonl"
-RUNS_BYTES_MAX = 1 << 30  # a line per run: millions of runs
+RUNS_BYTES_MAX = 256 << 20  # a line of about 1 kB per run: a quarter of a million runs
 RUN_LINE_MAX = 16 << 20  # a run's line: its command line can list a long seq_lens
 
 # The fields of a run's line that readers join onto each of its rows, as
