@@ -218,3 +218,52 @@ def test_the_librarys_names_load_on_first_use():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"]
+
+
+# The rooms of matrix/ (docs/design.md, Module map) and what each may import of
+# the others: the store nothing, scale the store (and review's figure and table
+# helpers, for its plot and a workload's table), review the store and scale,
+# the app all of them.
+ROOMS_MAY_IMPORT = {"store": set(), "scale": {"store"}, "review": {"store", "scale"},
+                    "app": {"store", "scale", "review"}}
+ALSO_ALLOWED = {("matrix.scale.plans", "matrix.review.plots"), ("matrix.scale.workload", "matrix.review._review")}
+# Outside the store, what opens a file, and the files it may be: none of a results folder.
+OPENS = {"open", "read_csv", "read_text", "read_bytes", "write_text", "write_bytes", "open_binary", "open_text",
+         "to_csv", "fdopen"}
+OPENS_ALLOWED = {("matrix.app.help", "read_text"),  # the shipped configs
+                 ("matrix.app.guards", "open"),  # /dev/null under a closed stdout
+                 ("matrix.review._review", "read_csv"),  # the bytes the store read
+                 ("matrix.scale.workload", "read_text"), ("matrix.scale.workload", "open_text"),  # input files
+                 ("matrix.scale.nccl_tests", "read_bytes")}
+
+
+def room_violations(folder: Path, package: str) -> list[str]:
+    """``module -> what`` for each import across rooms the rules forbid, and
+    each call outside the store that opens a file the rules do not allow."""
+    found = []
+    for m, path in sorted(all_modules(folder, package).items()):
+        room = m.split(".")[1] if m.count(".") > 1 else ""
+        for n in sorted(imports_of(path, m)):
+            other = n.split(".")[1] if n.startswith(package + ".") and n.count(".") > 1 else ""
+            if room in ROOMS_MAY_IMPORT and other in ROOMS_MAY_IMPORT and other != room \
+                    and other not in ROOMS_MAY_IMPORT[room] \
+                    and not any(m == a and (n == b or n.startswith(b + ".")) for a, b in ALSO_ALLOWED):
+                found.append(f"{m} -> {n}")
+        if room != "store":
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                    if name in OPENS and (m, name) not in OPENS_ALLOWED:
+                        found.append(f"{m} opens ({name})")
+    return found
+
+
+def test_each_room_imports_only_what_its_line_in_the_map_allows(tmp_path):
+    assert room_violations(REPO / "matrix", "matrix") == []
+    # and the check sees a broken rule of each kind
+    pkg = make_package(tmp_path, store__a="from ..app import b\n", app__b="X = 1\n", review__c="from ..app.b import X\n",
+                       scale__d="def f():\n    from ..review import c\n", review__e="open('results.csv').read()\n")
+    assert room_violations(pkg, "pkg") == ["pkg.review.c -> pkg.app.b", "pkg.review.c -> pkg.app.b.X",
+                                           "pkg.review.e opens (open)", "pkg.scale.d -> pkg.review.c",
+                                           "pkg.store.a -> pkg.app.b"]
