@@ -210,3 +210,17 @@ def test_every_check_the_harness_can_name_is_documented():
     assert len(found) >= 14 and "production_form" in found and "collective_skipped" in found
     documented = set(doc_tables.CHECKS)
     assert found == documented, (sorted(found - documented), sorted(documented - found))
+
+
+def test_doc_store_resume_matches_its_json_and_reads_the_folder_once():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import store_resume
+
+    data = json.loads(store_resume.JSON_PATH.read_text())
+    assert store_resume.block(store_resume.DOC.read_text()) == store_resume.render(data), (
+        "docs/benchmarks.md's store_resume block differs from its JSON: run python benchmarks/store_resume.py --render")
+    runs = data["runs"]
+    assert [r["points"] for r in runs] == [1250, 2500, 5000]
+    assert all(r["bytes_read"] == r["file_bytes"] for r in runs)  # one read of the file, whatever the points
+    # linear: per point no dearer at 5,000 points than twice its cost at 1,250
+    assert runs[-1]["resume_us_per_point"] <= 2 * runs[0]["resume_us_per_point"]

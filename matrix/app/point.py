@@ -314,7 +314,7 @@ def run(
     res = resolve(cfg)
     results_dir = cfg["results_dir"]
     folder = Folder.of(results_dir).refresh()
-    if cfg["resume"] and point_id(cfg) in folder.completed():
+    if cfg["resume"] and folder.done(point_id(cfg)):
         return None
     t0 = time.perf_counter()
     try:

@@ -259,7 +259,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
         try:
             folder = Folder.of(cfg["results_dir"])
             folder.check()
-            if cfg["resume"] and point_id(cfg) in folder.completed():
+            if cfg["resume"] and folder.done(point_id(cfg)):
                 decision = ["resumed"]
             elif (skipped := skipped_results(cfg, res)) is not None:
                 decision = ["skip"]

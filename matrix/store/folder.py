@@ -182,11 +182,9 @@ class Folder:
         """One line on the rows set aside, or ""."""
         return Rows(self._header or [], [], self.malformed).warning(self.path)
 
-    def completed(self) -> set[str]:
-        """point_ids ``resume=true`` skips: points whose latest row of every
-        impl has a status other than error/timeout (:data:`RERUN_STATUSES`).
-        Malformed lines are moved aside first (once), so that pandas reads the
-        file; the warning line says what became of them."""
+    def _settled(self) -> Folder:
+        """The index, malformed lines moved aside first (once), so that pandas
+        reads the file; the warning line says what became of them."""
         self.refresh()
         if self.malformed and not self._set_aside:
             self._set_aside = True
@@ -194,8 +192,17 @@ class Folder:
                 self._reset(self._ident)  # the rewritten file is read again, once
                 self._set_aside = True
                 self.refresh()
-        return {pid for pid, rows in self.latest.items()
-                if all((s := row.get("status") or "") and s not in RERUN_STATUSES for row in rows.values())}
+        return self
+
+    def done(self, pid: str) -> bool:
+        """Whether ``resume=true`` skips point ``pid``: its latest row of every
+        impl has a status other than error/timeout (:data:`RERUN_STATUSES`)."""
+        rows = self._settled().latest.get(pid)
+        return bool(rows) and all((s := row.get("status") or "") and s not in RERUN_STATUSES for row in rows.values())
+
+    def completed(self) -> set[str]:
+        """Every point :meth:`done` holds for."""
+        return {pid for pid in self._settled().latest if self.done(pid)}
 
     def earlier_same_effective(self, eid: str, pid: str) -> dict[str, str] | None:
         """A row of another point that measured the effective configuration
