@@ -272,7 +272,7 @@ def _no_work(monkeypatch) -> None:
 def _command(name: str):
     import importlib
 
-    return importlib.import_module("matrix.app.sweep" if name == "matrix" else f"matrix.{name}").main
+    return importlib.import_module("matrix.__main__" if name == "matrix" else f"matrix.{name}.__main__").main
 
 
 class _Hung(Exception):

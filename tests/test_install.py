@@ -110,7 +110,7 @@ def test_a_wheel_runs_the_app_from_an_empty_folder(tmp_path):
 @pytest.mark.parametrize("tool", ["report", "compare", "plans"])
 def test_each_tool_runs_as_a_module_of_the_installed_name(tool):
     # The console commands' targets are the modules `python -m nsa_cp_matrix.TOOL` runs.
-    assert PYPROJECT["project"]["scripts"][f"nsa-cp-matrix-{tool}"] == f"nsa_cp_matrix.{tool}:main"
+    assert PYPROJECT["project"]["scripts"][f"nsa-cp-matrix-{tool}"] == f"nsa_cp_matrix.{tool}.__main__:main"
 
 
 def test_the_license_ships_and_is_named():
@@ -217,6 +217,6 @@ def test_the_commands_help_names_are_the_installed_ones():
     from matrix import console
 
     scripts = PYPROJECT["project"]["scripts"]
-    assert scripts[console()] == "nsa_cp_matrix.app.sweep:main"
+    assert scripts[console()] == "nsa_cp_matrix.__main__:main"
     for tool in ("report", "compare", "plans"):
-        assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}:main"
+        assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}.__main__:main"
