@@ -157,6 +157,9 @@ def test_printed_texts_point_to_the_docs_by_their_address():
 def test_the_folder_the_readme_writes_plans_to_is_ignored():
     out = subprocess.run(["git", "check-ignore", "-q", "plans/plans.json"], cwd=REPO)
     assert out.returncode == 0
+    # and nothing of the package: matrix/plans/ is `python -m matrix.plans`
+    kept = subprocess.run(["git", "check-ignore", "-q", "matrix/plans/__main__.py"], cwd=REPO)
+    assert kept.returncode == 1
 
 
 # The README's Install section, as written (tests/test_readme_commands.py
