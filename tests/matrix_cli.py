@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import subprocess
 import sys
@@ -83,3 +84,19 @@ def live_processes(text: str) -> dict[int, str]:
         if text in cmd and state != "Z":
             found[int(entry)] = cmd.strip()
     return found
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """results.csv read strictly: the schema's header, then whole rows only."""
+    from matrix.store.results import COLUMNS
+
+    text = path.read_text()
+    assert text.endswith("\n"), "a torn last line"
+    rows = list(csv.reader(io.StringIO(text)))
+    assert tuple(rows[0]) == COLUMNS
+    assert all(len(r) == len(COLUMNS) for r in rows[1:]), [len(r) for r in rows[1:]]
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == list(COLUMNS) and len(frame) == len(rows) - 1
+    return [dict(zip(COLUMNS, r)) for r in rows[1:]]

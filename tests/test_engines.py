@@ -145,27 +145,11 @@ def mismatches(rules: engines.Engine, lens: list[int], cp: int, policy: str, pag
 
 
 @pytest.mark.fuzz
-@given(cases("seed_fix"))
-def test_seed_fix_engine_follows_its_rule(case):
-    assert mismatches(engines.get("seed_fix"), *case) == []
-
-
-@pytest.mark.fuzz
-@given(cases("sglang_0_5_23"))
-def test_sglang_0_5_23_follows_its_code(case):
-    assert mismatches(engines.get("sglang_0_5_23"), *case) == []
-
-
-@pytest.mark.fuzz
-@given(cases("vllm_0_33"))
-def test_vllm_0_33_follows_its_code(case):
-    assert mismatches(engines.get("vllm_0_33"), *case) == []
-
-
-@pytest.mark.fuzz
-@given(cases("vllm_ascend"))
-def test_vllm_ascend_follows_its_code(case):
-    assert mismatches(engines.get("vllm_ascend"), *case) == []
+@pytest.mark.parametrize("engine", ["seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_ascend"])
+@given(data=st.data())
+def test_each_engine_follows_its_code(engine, data):
+    """seed_fix follows its rule; each serving engine's model follows that engine's code."""
+    assert mismatches(engines.get(engine), *data.draw(cases(engine))) == []
 
 
 @pytest.mark.fuzz

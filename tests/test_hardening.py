@@ -4,9 +4,7 @@ which RELIABILITY.md is rendered from."""
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 import signal
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import reliability_table as table
-from matrix_cli import REPO, cli_env, live_processes, run_matrix
+from matrix_cli import REPO, cli_env, live_processes, read_table, run_matrix
 
 # A failure is noticed, not waited out: it ends its point well within this, against
 # a 600 s timeout. Loose on purpose: the suite runs on loaded 2-core machines.
@@ -503,22 +501,6 @@ def _point_cfg(tmp_path: Path, **over) -> dict:
                results_dir=str(tmp_path / "res"))
     cfg.update(over)
     return cfg
-
-
-def read_table(path: Path) -> list[dict[str, str]]:
-    """results.csv read strictly: the schema's header, then whole rows only."""
-    from matrix.store.results import COLUMNS
-
-    text = path.read_text()
-    assert text.endswith("\n"), "a torn last line"
-    rows = list(csv.reader(io.StringIO(text)))
-    assert tuple(rows[0]) == COLUMNS
-    assert all(len(r) == len(COLUMNS) for r in rows[1:]), [len(r) for r in rows[1:]]
-    import pandas as pd
-
-    frame = pd.read_csv(path)
-    assert list(frame.columns) == list(COLUMNS) and len(frame) == len(rows) - 1
-    return [dict(zip(COLUMNS, r)) for r in rows[1:]]
 
 
 @pytest.mark.parametrize("fault", list(table.POOL_FAULTS))

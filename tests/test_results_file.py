@@ -27,21 +27,11 @@ from matrix.store.results import (
     torn_path,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+from matrix_cli import REPO, read_table
 
 
 def row(pid: str, status: str = "ok", impl: str = "padded", reason: str = "") -> dict[str, object]:
     return {"point_id": pid, "impl": impl, "status": status, "reason": reason, "seq_lens": "[1001,300]"}
-
-
-def strict_rows(path: Path) -> list[dict[str, str]]:
-    """results.csv read strictly: the header, then whole rows of every column."""
-    text = path.read_text()
-    assert text.endswith("\n"), "a torn last line"
-    records = list(csv.reader(io.StringIO(text)))
-    assert tuple(records[0]) == COLUMNS
-    assert all(len(r) == len(COLUMNS) for r in records[1:]), [len(r) for r in records[1:]]
-    return [dict(zip(COLUMNS, r)) for r in records[1:]]
 
 
 # --- torn and unterminated last lines ----------------------------------------------------
@@ -58,7 +48,7 @@ def test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv(tmp_pat
     assert torn.count(b'"') == 1
     path.write_bytes(whole + torn)
     append_rows(tmp_path, [row("c")])
-    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c"]
+    assert [r["point_id"] for r in read_table(path)] == ["a", "c"]
     assert path.read_bytes().startswith(whole)
     assert torn_path(path).read_bytes() == torn + b"\n"
     err = capsys.readouterr().err.splitlines()
@@ -70,7 +60,7 @@ def test_append_after_an_unterminated_whole_row_starts_a_new_line(tmp_path, caps
     path = results_path(tmp_path)
     path.write_bytes(path.read_bytes().rstrip(b"\n"))  # e.g. written by another tool
     append_rows(tmp_path, [row("b")])
-    assert [r["point_id"] for r in strict_rows(path)] == ["a", "b"]
+    assert [r["point_id"] for r in read_table(path)] == ["a", "b"]
     assert not torn_path(path).exists()
     assert capsys.readouterr().err == ""
 
@@ -85,7 +75,7 @@ def test_append_to_a_file_without_a_whole_line(tmp_path, content, header_kept):
     assert read_header(path) is None
     check_schema(path)  # not another schema: nothing was written yet
     append_rows(tmp_path, [row("a")])
-    assert [r["point_id"] for r in strict_rows(path)] == ["a"]
+    assert [r["point_id"] for r in read_table(path)] == ["a"]
     assert torn_path(path).exists() != header_kept
 
 
@@ -278,7 +268,7 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
     append_rows(tmp_path, [row("b")])  # the rerun
     frame = pd.read_csv(path)
     assert frame["point_id"].tolist() == ["a", "c", "b"]
-    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c", "b"]
+    assert [r["point_id"] for r in read_table(path)] == ["a", "c", "b"]
     assert completed_point_ids(tmp_path) == {"a", "b", "c"} and capsys.readouterr().err == ""
 
 
@@ -320,7 +310,7 @@ def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "_open_for_append", open_then_rewrite)
     append_rows(tmp_path, [row("c")])
     assert len(opened) == 2  # opened again: the name held another file once locked
-    assert [r["point_id"] for r in strict_rows(path)] == ["a", "c"]
+    assert [r["point_id"] for r in read_table(path)] == ["a", "c"]
 
 
 @pytest.mark.parametrize("damage", ["missing_field", "extra_field", "bad_status", "bad_cp_size"])

@@ -44,28 +44,26 @@ def write_layout_2(results_dir: Path, rows: list[dict[str, object]], **env: obje
     return str(results_dir)
 
 
-def write_layout_3(results_dir: Path, rows: list[dict[str, object]]) -> str:
-    """``rows`` as a results.csv of schema 3 (a run_id, no engine column) and its runs.jsonl."""
+def _write_layout(results_dir: Path, rows: list[dict[str, object]], columns: list[str], version: int) -> str:
+    """``rows`` as a results.csv of ``columns`` (each naming tc.RUN's run_id) and its runs.jsonl of ``version``."""
     results_dir.mkdir(parents=True, exist_ok=True)
     with results_path(results_dir).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=LAYOUT3_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         for row in rows:
             writer.writerow({"run_id": tc.RUN["run_id"], **row})
-    (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": 3, **tc.RUN}) + "\n")
+    (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": version, **tc.RUN}) + "\n")
     return str(results_dir)
+
+
+def write_layout_3(results_dir: Path, rows: list[dict[str, object]]) -> str:
+    """Schema 3: a run_id, no engine column."""
+    return _write_layout(results_dir, rows, LAYOUT3_COLUMNS, 3)
 
 
 def write_layout_4(results_dir: Path, rows: list[dict[str, object]]) -> str:
-    """``rows`` as a results.csv of schema 4 (an engine column, no shared_expert) and its runs.jsonl."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    with results_path(results_dir).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=LAYOUT4_COLUMNS, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({"run_id": tc.RUN["run_id"], **row})
-    (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": 4, **tc.RUN}) + "\n")
-    return str(results_dir)
+    """Schema 4: an engine column, no shared_expert."""
+    return _write_layout(results_dir, rows, LAYOUT4_COLUMNS, 4)
 
 
 def run_lines(results_dir: Path) -> list[dict[str, object]]:

@@ -164,28 +164,22 @@ class Run:
 
     def notes(self) -> list[str]:
         """Lines telling the user what was read and how, when that was not obvious."""
-        lines = []
+        said = []
         if len(self.files) > 1:
-            listed = ", ".join(str(f) for f in self.files)
-            lines.append(
-                f"note: {self.arg}={self.value}: concatenated {len(self.files)} {RESULTS_FILE} files: {listed}"
-            )
+            said.append(f"concatenated {len(self.files)} {RESULTS_FILE} files: {', '.join(str(f) for f in self.files)}")
         if self.duplicates:
-            lines.append(f"note: {self.arg}={self.value}: {self.duplicate_note()}")
+            said.append(self.duplicate_note())
         if self.malformed:
-            lines.append(f"note: {self.arg}={self.value}: {self.malformed} malformed row(s) set aside "
-                         "(not whole rows of the header, or cells of the wrong type)")
+            said.append(f"{self.malformed} malformed row(s) set aside "
+                        "(not whole rows of the header, or cells of the wrong type)")
         if self.upgraded:
             parts = ", ".join(f"{n} ok row(s) as {s}" for s, n in sorted(self.upgraded.items()))
-            lines.append(
-                f"note: {self.arg}={self.value}: written before the refused/passthrough statuses; read {parts}"
-            )
+            said.append(f"written before the refused/passthrough statuses; read {parts}")
         if self.unknown_runs:
-            lines.append(f"note: {self.arg}={self.value}: {self.unknown_runs_note()}")
+            said.append(self.unknown_runs_note())
         if self.runs_skipped:
-            lines.append(f"note: {self.arg}={self.value}: {self.runs_skipped} unreadable line(s) of {RUNS_FILE} "
-                         "skipped")
-        return lines
+            said.append(f"{self.runs_skipped} unreadable line(s) of {RUNS_FILE} skipped")
+        return [f"note: {self.arg}={self.value}: {line}" for line in said]
 
 
 def one_line(text: object, limit: int = 300) -> str:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from nsa_cp_comm import engines
 
+from ..store.results import STATUS_VALUES
 from ._review import frame_md
 
 A, B = "padded", "pad_at_split"
@@ -167,8 +168,7 @@ def engines_section(df: pd.DataFrame, table=frame_md) -> list:
         counts = g["status"].value_counts()
         out.append({
             "engine": eng, "impl": impl,
-            "rows": ", ".join(f"{s} {int(counts[s])}" for s in ("ok", "failed", "error", "timeout", "skipped",
-                                                                  "refused", "passthrough") if s in counts),
+            "rows": ", ".join(f"{s} {int(counts[s])}" for s in STATUS_VALUES if s in counts),
             "splits": ", ".join(sorted(g["layout"].astype(str).unique())),
             "cp": ", ".join(str(c) for c in sorted(pd.to_numeric(g["cp_size"]).astype(int).unique())),
             "padding at": rules.padding_at if rules else "",

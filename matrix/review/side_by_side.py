@@ -24,7 +24,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-OWN_ORIGIN = "nsa_cp_comm "  # the project's built-ins: one origin for all of them
+from .coverage import BUILTIN_ORIGIN
 
 
 def group_keys(df: pd.DataFrame) -> list[str]:
@@ -98,7 +98,7 @@ def same_origin(df: pd.DataFrame) -> dict[str, list[str]]:
     implementation that ran under several names (see the module docstring).
     The name kept is one that is not a reference, else the shortest."""
     rows = df[["impl", "impl_origin"]].astype(str)
-    rows = rows[rows["impl_origin"].str.strip().ne("") & ~rows["impl_origin"].str.startswith(OWN_ORIGIN)]
+    rows = rows[rows["impl_origin"].str.strip().ne("") & ~rows["impl_origin"].str.startswith(BUILTIN_ORIGIN)]
     out: dict[str, list[str]] = {}
     for _, names in rows.drop_duplicates().groupby("impl_origin")["impl"]:
         names = sorted(set(names))
