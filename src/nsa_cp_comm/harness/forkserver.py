@@ -43,8 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .reap import kill_descendants
+from .switches import env_switch
 
-# Set to 0 to start every rank by exec.
+
+# Set to 0 (false, no, off) to start every rank by exec.
 FORK_ENV = "NSA_CP_COMM_FORK_RANKS"
 # _worker.py's first argument that makes it a server (its SERVE_ARG; not
 # imported from it: _worker imports this module).
@@ -58,7 +61,7 @@ _MESSAGE_BYTES = 1 << 20
 
 def usable(device: str) -> bool:
     """Whether ranks of ``device`` start from a fork server here."""
-    return device == "cpu" and sys.platform.startswith("linux") and os.environ.get(FORK_ENV, "1") != "0"
+    return device == "cpu" and sys.platform.startswith("linux") and env_switch(FORK_ENV, True)
 
 
 # --- the server's side: runs in the process _worker.py starts -------------------------
@@ -97,15 +100,19 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
                 os.read(wake_r, 4096)
             except BlockingIOError:
                 pass
-        while children:
+        while True:  # ranks, and what dead ranks left to this subreaper
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            children.discard(pid)
-            send("exit", pid, os.waitstatus_to_exitcode(status))
+            if pid in children:
+                children.discard(pid)
+                # What the rank started is handed to this server (a subreaper)
+                # when the rank dies: it dies too.
+                kill_descendants(me, keep=children)
+                send("exit", pid, os.waitstatus_to_exitcode(status))
         if sock not in readable:
             continue
         try:
@@ -113,6 +120,7 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
         except OSError:
             data, fds = b"", []
         if not data:
+            kill_descendants(me)
             os._exit(0)
         _, token, args, env, cwd = pickle.loads(data)
         try:

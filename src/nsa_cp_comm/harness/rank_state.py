@@ -27,6 +27,8 @@ identity comparisons): it runs after every point.
 
 from __future__ import annotations
 
+import operator
+import os
 from typing import Any
 
 from .rank_result import summarize_failure
@@ -49,6 +51,18 @@ BYSTANDER_RANK = (1 << 20) - 1
 _START: dict[str, Any] = {}
 _START_FUNCTIONS: dict[str, Any] = {}
 _LIBRARY: list[tuple[str, Any, str, Any]] = []
+# torch's own namespaces, grouped per namespace for a fast look:
+# ``(prefix, namespace, attributes, values)``; see :func:`_torch_places`.
+_TORCH: list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]] = []
+# ``(name, function, code)``: a Python function whose code object was swapped
+# keeps its identity (``fn.__code__ = other.__code__``).
+_CODES: list[tuple[str, Any, Any]] = []
+# The process itself: what a plug-in can change that no torch getter shows.
+_PROCESS: dict[str, Any] = {}
+_THREADS: list[Any] = []  # the Python threads alive at start (objects: an ident is reused)
+_TENSOR_OWN: list[int] = [0]  # how many attributes torch.Tensor itself defines at start
+# The environment prefix whose variables the harness and the sweep read.
+ENV_PREFIX = "NSA_"
 
 
 def _settings() -> dict[str, Any]:
@@ -154,6 +168,156 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
     return found
 
 
+# Names torch itself rebinds with a setting the settings already compare
+# (``torch.Storage`` follows the default dtype).
+_DERIVED = frozenset({"torch.Storage"})
+
+
+def _torch_places() -> list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]]:
+    """Every function and class of ``torch``, ``torch.distributed`` and
+    ``distributed_c10d`` (its helpers too: a slowed ``_check_single_tensor``
+    costs every collective) and every attribute of ``torch.Tensor`` and its
+    base (``zero_``, ``copy_``, ...), as each namespace holds it: what the
+    harness and the built-ins call, whatever a plug-in may replace. Modules
+    are left out (torch adds its lazy submodules on first use); a name torch
+    adds later is not compared (it was not called before it existed), except
+    on ``torch.Tensor``, where a new attribute shadows its base's
+    (:func:`_process_differences`)."""
+    import types
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    found = []
+    with warnings.catch_warnings():  # callable() on a deprecated alias warns
+        warnings.simplefilter("ignore")
+        for prefix, module in (("torch", torch), ("torch.distributed", dist),
+                               ("torch.distributed.distributed_c10d", distributed_c10d)):
+            items = [(k, v) for k, v in list(vars(module).items())
+                     if not k.startswith("__") and not isinstance(v, types.ModuleType) and callable(v)
+                     and f"{prefix}.{k}" not in _DERIVED]
+            found.append((prefix, vars(module), tuple(k for k, _ in items), tuple(v for _, v in items)))
+        for prefix, cls in (("torch.Tensor", torch.Tensor), ("torch._C.TensorBase", torch._C.TensorBase)):
+            items = [(k, v) for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__", "__doc__")]
+            found.append((prefix, vars(cls), tuple(k for k, _ in items), tuple(v for _, v in items)))
+    return found
+
+
+def _codes(places: list[tuple[str, Any, str, Any]],
+           torch_places: list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]]) -> list[tuple[str, Any, Any]]:
+    """``(name, function, code)`` for every Python function among the places."""
+    import inspect
+
+    found = [(name, value, value.__code__) for name, _, _, value in places if inspect.isfunction(value)]
+    for prefix, _, attrs, values in torch_places:
+        found += [(f"{prefix}.{a}", v, v.__code__) for a, v in zip(attrs, values) if inspect.isfunction(v)]
+    return found
+
+
+def _process() -> dict[str, Any]:
+    """The process's own state a point could change, compared by value:
+    the task thread's niceness (``os.nice``) and CPU affinity, torch's active
+    function and dispatch modes (a ``TorchFunctionMode`` left entered sees
+    every later torch call) and the ``NSA_*`` environment (``NSA_CP_AUTO_MAX_S``
+    caps later ``iters=auto`` points)."""
+    import torch
+
+    state: dict[str, Any] = {}
+    try:
+        state["niceness"] = os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        pass
+    try:
+        state["CPU affinity"] = _cpus(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    # the default device is a mode of torch's own (compared as a setting)
+    state["torch function modes"] = _listed(m for m in _function_modes() if type(m).__name__ != "DeviceContext")
+    state["torch dispatch modes"] = torch._C._len_torch_dispatch_stack()
+    state["torch function enabled"] = torch._C._is_torch_function_enabled()
+    state["NSA_* environment"] = _env_text()
+    return state
+
+
+def _function_modes() -> list[Any]:
+    """The torch function modes entered now, outermost first."""
+    import torch
+
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+def _listed(modes: Any) -> str:
+    return "[" + ", ".join(_name(type(m)) for m in modes) + "]"
+
+
+def _cpus(cpus: set[int]) -> str:
+    """A CPU set as ranges: ``0-3,6``."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and out[-1].split("-")[-1] == str(c - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out) or "none"
+
+
+def _env_text() -> str:
+    """The ``NSA_*`` variables, ``NAME=value`` in name order (``{}``: none)."""
+    kept = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in kept) + "}"
+
+
+def _process_differences() -> list[str]:
+    """How the process, its threads and torch's namespaces differ from the start."""
+    import threading
+
+    import torch
+
+    found = [f"{key} is {value} (was {_PROCESS[key]})" for key, value in _process().items()
+             if key in _PROCESS and value != _PROCESS[key]]
+    new = [t for t in threading.enumerate() if not any(t is s for s in _THREADS) and t.is_alive()]
+    if new:
+        found.append(f"{len(new)} thread{'s' if len(new) > 1 else ''} started by the point still running ("
+                     + ", ".join(repr(t.name) for t in new[:5]) + ("" if len(new) <= 5 else ", ...") + ")")
+    for prefix, space, attrs, values in _TORCH:
+        if not all(map(operator.is_, map(space.get, attrs), values)):
+            found += [f"{prefix}.{a} is {_name(space.get(a))} (was {_name(v)})"
+                      for a, v in zip(attrs, values) if space.get(a) is not v and not _torchs_own(space.get(a), v)]
+    if len(vars(torch.Tensor)) != _TENSOR_OWN[0]:
+        start = set(_TORCH_KEYS.get("torch.Tensor", ()))
+        found += [f"torch.Tensor.{k} is {_name(v)} (was inherited)" for k, v in vars(torch.Tensor).items()
+                  if k not in start and not k.startswith("__")]
+    found += [f"{name}.__code__ is {code_now.co_qualname} of {code_now.co_filename} (was its own)"
+              for name, fn, code in _CODES if (code_now := fn.__code__) is not code]
+    return found
+
+
+_TORCH_KEYS: dict[str, tuple[str, ...]] = {}
+
+
+def _torchs_own(new: Any, old: Any) -> bool:
+    """Whether ``new`` is torch's own wrapper of ``old``: torch rebinds a few
+    of its names when a part of it first loads (``torch._dynamo`` wraps
+    ``torch.manual_seed``). Its ``__wrapped__`` chain reaches ``old`` and its
+    code is torch's (a plug-in's ``functools.wraps`` copies the name and the
+    module, not the file)."""
+    import torch
+
+    home = os.path.dirname(torch.__file__) + os.sep
+    seen = 0
+    while new is not None and seen < 8:
+        code = getattr(new, "__code__", None)
+        if code is None or not code.co_filename.startswith(home):
+            return False
+        new = getattr(new, "__wrapped__", None)
+        if new is old:
+            return True
+        seen += 1
+    return False
+
+
 def _name(fn: Any) -> str:
     if fn is None:
         return "missing"
@@ -164,9 +328,19 @@ def _name(fn: Any) -> str:
 
 def remember() -> None:
     """Record this rank's state as it starts (once its group is up)."""
+    import threading
+
+    import torch
+
     _START.update(_settings())
     _START_FUNCTIONS.update(_functions())
     _LIBRARY[:] = _library_places()
+    _TORCH[:] = _torch_places()
+    _TORCH_KEYS.update((prefix, attrs) for prefix, _, attrs, _ in _TORCH)
+    _TENSOR_OWN[0] = len(vars(torch.Tensor))
+    _CODES[:] = _codes(_LIBRARY, _TORCH)
+    _PROCESS.update(_process())
+    _THREADS[:] = threading.enumerate()
 
 
 def begin_point(seed: int, rank: int | None) -> None:
@@ -189,6 +363,7 @@ def differences() -> list[str]:
               if now.get(key) is not fn]
     found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
               if space.get(attr) is not value]
+    found += [f for f in _process_differences() if f not in found]
     return found
 
 
@@ -245,7 +420,9 @@ def check_pool(pool: Any, timeout_s: float) -> tuple[str, str]:
     ``("", "")`` when every rank is as it started; ``("rank_state", what
     changed, per global rank)``; ``("", why)`` when the ranks did not answer
     (an error, not a check). The pool is closed unless every rank is as it
-    started."""
+    started, and after outside code ran on it (``pool.ran_outside_code``)
+    whatever the check found: what no check looks at must not reach the next
+    point either."""
     results = pool.run(changes, timeout_s=timeout_s)
     if not all(r.ok for r in results):  # the pool closed itself
         _, reason = summarize_failure(results)
@@ -255,6 +432,8 @@ def check_pool(pool: Any, timeout_s: float) -> tuple[str, str]:
         if r.value:
             by_change.setdefault(r.value, []).append(r.rank)
     if not by_change:
+        if getattr(pool, "ran_outside_code", False):
+            pool.close()
         return "", ""
     pool.close(graceful=False)
     bad = [f"global rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {change}"

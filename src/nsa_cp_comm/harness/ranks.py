@@ -51,6 +51,8 @@ from . import forkserver
 from .machine import bind_rank, cgroup_dirs
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
+from .reap import kill_descendants
+from .switches import check_switches, env_switch
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -226,11 +228,11 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         try:
             item = conn.recv()
         except EOFError:  # the parent is gone
-            os._exit(1)
+            _leave(1)
         if item is None:
             # Leave at once: tearing down the group and the interpreter
             # costs seconds per pool and frees nothing the OS would not.
-            os._exit(0)
+            _leave(0)
         task_id, main_path, payload = item
         _TASK_ID = task_id
         try:
@@ -240,6 +242,18 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             conn.send((task_id, "error", one_line_error(exc), traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
+
+
+def _leave(code: int) -> None:
+    """End this rank: what its tasks started first (:mod:`.reap`: this rank
+    is their subreaper), then the process, with no exit handler run (a
+    plug-in's could block forever)."""
+    try:
+        kill_descendants(os.getpid())
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 _PARENT_MAIN_LOADED = False
@@ -452,10 +466,14 @@ class RankPool:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         start_timeout_s = check_seconds("start_timeout_s", start_timeout_s)
+        check_switches()  # here, in one line, not as a rank's traceback
         self.world_size = world_size
         self.backend = backend
         self.device = device
         self.closed = True  # until there is something to close
+        # Set by whoever runs outside code (a plug-in) on these ranks
+        # (measure.run_point): no later point is run on them (get_pool).
+        self.ran_outside_code = False
         self._next_task = 0
         self._stack_from: dict[int, int] = {}  # per rank: where its latest stack dump starts
         self._conns: list[Connection] = []
@@ -604,7 +622,12 @@ class RankPool:
         return waiting_in(dump)
 
     def _kill(self) -> None:
-        """SIGKILL every rank and what it started; reap them."""
+        """SIGKILL every rank and what it started (its descendants, in a
+        session of their own or not: each rank is their subreaper, :mod:`.reap`),
+        then reap them."""
+        for p in self._procs:
+            if p.poll() is None:
+                kill_descendants(p.pid)
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -685,6 +708,9 @@ class RankPool:
         if self.closed:
             return
         self.closed = True
+        for p in self._procs:  # what the ranks started, before the ranks leave it to their server
+            if p.poll() is None:
+                kill_descendants(p.pid)
         if graceful and self.alive_processes() == len(self._procs):
             for conn in self._conns:
                 try:
@@ -729,13 +755,17 @@ REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str],
              start_timeout_s: float = 180.0, start_retries: int = 0) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
-    no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
+    no live one exists that ran no outside code (or always, with
+    ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
     set of ranks holds the machine's cores at a time. A start whose ranks were
     still starting at ``start_timeout_s`` (:class:`StartTimeout`) is tried
     again up to ``start_retries`` times; any other failure raises at once."""
     key = (world_size, backend, device)
     pool = _POOLS.get(key)
-    if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
+    # Ranks that ran outside code are trusted with nothing after it: whatever
+    # it left in the process (a method patched, a thread spinning, a nice
+    # level) no check has to find.
+    if pool is not None and pool.alive and not pool.ran_outside_code and env_switch(REUSE_ENV, True):
         return pool
     close_pools()
     for attempt in range(start_retries + 1):
