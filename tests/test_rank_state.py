@@ -314,3 +314,73 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
     with pytest.raises(RuntimeError):  # a rank that failed to start is not slow: no second try
         ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
     assert len(calls) == 1
+
+
+def _sweep_of_two(workdir, first, monkeypatch=None):
+    """Two points as a sweep runs them (ranks from ranks.get_pool, the
+    after-point check): ``first`` alone, then padded alone. Their rows."""
+    from matrix import point
+    from nsa_cp_comm.harness import ranks
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    rows = []
+    try:
+        for impls in ((first,), ("padded",)):
+            pool = ranks.get_pool(2, backend="gloo", device="cpu", workdir=workdir)
+            # uneven (651 and 650 rows): padding rows for zero_ to zero
+            spec = PointSpec((1001, 300), 2, "zigzag", impls=impls, **SMALL)
+            rows += point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+    finally:
+        ranks.close_pools()
+    return rows
+
+
+def test_a_plug_in_that_breaks_zero_gets_its_own_failed_row_and_the_next_points_padded_is_ok(pool_workdir):
+    """Tensor.zero_ broken after the plug-in's own gathers: its row is
+    ``failed rank_state`` naming the method; the next point's padded, which
+    zeroes its padding rows with it, is ok (before: the plug-in ok, padded
+    ``failed padding_zero``)."""
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:noop_zero")
+    assert (bad.status, bad.failed_check) == ("failed", "rank_state"), bad
+    assert "torch.Tensor.zero_ is tests.hostile_impls._noop_zero.<locals>.zero_ (was inherited)" in bad.reason, bad
+    assert padded.status == "ok", padded
+
+
+def test_a_plug_in_that_fools_the_state_check_still_leaves_the_next_point_fresh_ranks(pool_workdir, monkeypatch):
+    """The checker broken (the plug-in rewrites the check's record): its row
+    is ok, but the next point runs on fresh ranks, so padded is ok; with
+    ranks that ran outside code reused (the other guard broken too), the next
+    point's padded gets the blame, ``failed padding_zero``."""
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
+    assert bad.status == "ok", bad  # fooled
+    assert padded.status == "ok", padded
+    from nsa_cp_comm.harness import ranks
+
+    monkeypatch.setattr(ranks.RankPool, "ran_outside_code", property(lambda self: False, lambda self, v: None), raising=False)
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
+    assert bad.status == "ok", bad
+    assert (padded.status, padded.failed_check) == ("failed", "padding_zero"), padded
+
+
+@pytest.mark.parametrize("name, named", [
+    ("enters_function_mode", "torch function modes is [tests.hostile_impls._traced_gather.<locals>.Tracer] (was [])"),
+    ("renices_rank", "niceness is 19 (was "),
+    ("leaves_thread_spinning", "1 thread started by the point still running ('hostile-spinner')"),
+    ("leaks_env", "NSA_* environment is {NSA_CP_AUTO_MAX_S='0.5'"),
+])
+def test_a_plug_in_that_leaves_its_process_changed_gets_the_blame_and_padded_beside_it_is_rerun(rank_pool, name, named):
+    """A mode entered, a nice level, a spinning thread, an NSA_* variable:
+    each is found after the plug-in's own checks; padded, in the same point,
+    is rerun on fresh ranks and ok."""
+    from matrix import point
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    pool = rank_pool(2)
+    spec = PointSpec((10, 6), 2, "zigzag", impls=(f"{HOSTILE}:{name}", "padded"), **SMALL)
+    bad, padded = point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+    assert (bad.status, bad.failed_check) == ("failed", "rank_state"), bad
+    assert "found after its checks" in bad.reason and named in bad.reason, bad.reason
+    assert padded.status == "ok", padded
+    assert not pool.alive
