@@ -498,7 +498,18 @@ class RankPool:
         try:
             server = forkserver.server_for(env, WORKER_PATH, deadline) if forkserver.usable(self.device) else None
             for r in range(self.world_size):
-                self._start_rank(r, server, env, threads, deadline)
+                try:
+                    self._start_rank(r, server, env, threads, deadline)
+                except RuntimeError as exc:
+                    if server is None:
+                        raise
+                    # The server failed (gone, stopped, a request refused): it is
+                    # replaced, and every rank starts by exec, on a new rendezvous
+                    # (the forked ones die with their server).
+                    forkserver.replace_server_of(server, str(exc))
+                    server = None
+                    self._restart_by_exec(env, threads, deadline)
+                    break
         except TimeoutError as exc:  # the fork server still importing torch, or not answering
             raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {exc} "
                                f"within {start_timeout_s:g}s") from None
@@ -511,6 +522,19 @@ class RankPool:
             slow = all(r.ok or r.status == "timeout" for r in ready)
             raise (StartTimeout if slow else RuntimeError)(
                 f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
+
+    def _restart_by_exec(self, env: dict[str, str], threads: int, deadline: float) -> None:
+        self._kill()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        try:
+            self._store_path.unlink()
+        except FileNotFoundError:
+            pass
+        self._store_path = self._store_path.with_name(store_name())
+        for r in range(self.world_size):
+            self._start_rank(r, None, env, threads, deadline)
 
     def _start_rank(self, r: int, server: forkserver.ForkServer | None, env: dict[str, str], threads: int,
                     deadline: float) -> None:
@@ -788,6 +812,38 @@ def close_pools() -> None:
 
 
 atexit.register(close_pools)
+
+# How long the exit handlers of a process that ran outside code get (end_process).
+EXIT_HANDLERS_S = 10.0
+
+
+def end_process(code: int, handlers_s: float = EXIT_HANDLERS_S) -> None:
+    """End this process with ``code`` once its ranks and fork servers are
+    closed and its output flushed, giving the exit handlers (``atexit``: a
+    plug-in imported here may have registered one that never returns) at
+    most ``handlers_s`` seconds on a thread of their own. Never returns."""
+    try:
+        close_pools()
+        forkserver.close_servers()
+    finally:
+        done = threading.Event()
+
+        def handlers() -> None:
+            try:
+                atexit._run_exitfuncs()
+            finally:
+                done.set()
+
+        threading.Thread(target=handlers, name="exit-handlers", daemon=True).start()
+        if not done.wait(handlers_s):
+            print(f"warning: exit handlers still running after {handlers_s:g}s (a plug-in's?); leaving without them",
+                  file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def run_on_ranks(
