@@ -534,3 +534,12 @@ def slow_rank_then_join(seconds: float) -> int:
     t = torch.ones(1)
     dist.all_reduce(t)
     return int(t.item())
+
+
+def daemonize_sleep(seconds: int) -> int:
+    """Start ``sleep SECONDS`` as a daemon does: in a session of its own, its
+    parent (a shell) gone at once, so it is nobody's child but a subreaper's."""
+    import subprocess
+
+    subprocess.run(["sh", "-c", f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 &"], check=True)
+    return os.getpid()

@@ -268,6 +268,8 @@ def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec
     with RankPool(1, workdir=tmp_path / "a"):
         server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
     os.kill(server.proc.pid, signal.SIGSTOP)
+    while not server.stopped():  # the signal is delivered asynchronously
+        time.sleep(0.01)
     try:
         with RankPool(2, workdir=tmp_path / "b", start_timeout_s=120) as pool:
             assert [rank_tasks.parent_pid(p) for p in pool.pids] == [os.getpid()] * 2

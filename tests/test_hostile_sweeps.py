@@ -159,3 +159,13 @@ def test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep(tmp_
                  timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "exit handlers still running after 10s" in run.stderr, run.stderr[-2000:]
+
+
+def test_a_switch_that_is_not_a_boolean_is_one_line_before_anything_runs(tmp_path):
+    env = {**cli_env(), "NSA_CP_COMM_FORK_RANKS": "sometimes"}
+    run = subprocess.run([sys.executable, "-m", "matrix", "-m", f"results_dir={tmp_path / 'res'}", *SMALL], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip() == ("error: NSA_CP_COMM_FORK_RANKS='sometimes': must be one of 0, false, no, off (off) "
+                                  "or 1, true, yes, on (on)"), run.stderr
+    assert not (tmp_path / "res").exists()

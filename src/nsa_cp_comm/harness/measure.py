@@ -152,7 +152,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     clock.watch(group, plain, fence)
     clock.lap("checks")
-    watch = Watch()
+    watch = Watch(outside={name for name in spec.impls if impl_registry.get(name).origin})
     reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards, watch=watch)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.

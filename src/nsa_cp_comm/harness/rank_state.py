@@ -265,7 +265,12 @@ def _cpus(cpus: set[int]) -> str:
 
 def _env_text() -> str:
     """The ``NSA_*`` variables, ``NAME=value`` in name order (``{}``: none)."""
-    kept = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))
+    data = getattr(os.environ, "_data", None)  # CPython's encoded store: no decoding of every variable
+    if isinstance(data, dict) and all(isinstance(k, bytes) for k in list(data)[:1]):
+        prefix = ENV_PREFIX.encode()
+        kept = sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in data.items() if k.startswith(prefix))
+    else:
+        kept = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))
     return "{" + ", ".join(f"{k}={v!r}" for k, v in kept) + "}"
 
 
@@ -289,9 +294,15 @@ def _process_differences() -> list[str]:
         start = set(_TORCH_KEYS.get("torch.Tensor", ()))
         found += [f"torch.Tensor.{k} is {_name(v)} (was inherited)" for k, v in vars(torch.Tensor).items()
                   if k not in start and not k.startswith("__")]
-    found += [f"{name}.__code__ is {code_now.co_qualname} of {code_now.co_filename} (was its own)"
-              for name, fn, code in _CODES if (code_now := fn.__code__) is not code]
+    if _CODES and not all(map(operator.is_, map(_CODE_OF, _CODE_FNS), _CODE_WAS)):
+        found += [f"{name}.__code__ is {code_now.co_qualname} of {code_now.co_filename} (was its own)"
+                  for name, fn, code in _CODES if (code_now := fn.__code__) is not code]
     return found
+
+
+_CODE_OF = operator.attrgetter("__code__")
+_CODE_FNS: list[Any] = []
+_CODE_WAS: list[Any] = []
 
 
 _TORCH_KEYS: dict[str, tuple[str, ...]] = {}
@@ -339,6 +350,9 @@ def remember() -> None:
     _TORCH_KEYS.update((prefix, attrs) for prefix, _, attrs, _ in _TORCH)
     _TENSOR_OWN[0] = len(vars(torch.Tensor))
     _CODES[:] = _codes(_LIBRARY, _TORCH)
+    _CODE_FNS[:] = [fn for _, fn, _ in _CODES]
+    _CODE_WAS[:] = [code for _, _, code in _CODES]
+    _LIBRARY_SPACES[:] = _by_space(_LIBRARY)
     _PROCESS.update(_process())
     _THREADS[:] = threading.enumerate()
 
@@ -354,17 +368,35 @@ def begin_point(seed: int, rank: int | None) -> None:
     torch.manual_seed(shard_seed(seed, BYSTANDER_RANK if rank is None else rank) + RNG_OFFSET)
 
 
-def differences() -> list[str]:
-    """How this rank's settings and functions differ from its start, one item each."""
+def differences(full: bool = True) -> list[str]:
+    """How this rank's settings and functions differ from its start, one item
+    each; ``full=False``: torch's settings, the torch.distributed functions
+    and the library's only (about a tenth of the cost), not the process, the
+    torch namespaces and the code objects."""
     found = [f"{key} is {value} (was {_START[key]})" for key, value in _settings().items()
              if key in _START and value != _START[key]]
     now = _functions()
     found += [f"{key} is {_name(now.get(key))} (was {_name(fn)})" for key, fn in _START_FUNCTIONS.items()
               if now.get(key) is not fn]
-    found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
-              if space.get(attr) is not value]
-    found += [f for f in _process_differences() if f not in found]
+    if not all(all(map(operator.is_, map(space.get, attrs), values)) for space, attrs, values in _LIBRARY_SPACES):
+        found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
+                  if space.get(attr) is not value]
+    if full:
+        found += [f for f in _process_differences() if f not in found]
     return found
+
+
+_LIBRARY_SPACES: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = []
+
+
+def _by_space(places: list[tuple[str, Any, str, Any]]) -> list[tuple[Any, tuple[str, ...], tuple[Any, ...]]]:
+    """``places`` grouped by namespace, for a look that maps ``is`` over each."""
+    spaces: dict[int, tuple[Any, list[str], list[Any]]] = {}
+    for _, space, attr, value in places:
+        entry = spaces.setdefault(id(space), (space, [], []))
+        entry[1].append(attr)
+        entry[2].append(value)
+    return [(space, tuple(attrs), tuple(values)) for space, attrs, values in spaces.values()]
 
 
 # A rank's report carries, under this key, where its state first changed.
@@ -378,14 +410,20 @@ class Watch:
     found is kept with whose it was (later calls cost nothing), so the
     blame lands on that implementation's row, not on every row of the point."""
 
-    def __init__(self) -> None:
+    def __init__(self, outside: frozenset[str] | set[str] = frozenset()) -> None:
         self.calls = 0
         self.found: dict[str, Any] | None = None
+        # The implementations from outside the project: after their steps the
+        # look is full (the process, torch's namespaces, code objects, about
+        # 0.3-1 ms); after a built-in's, the settings and functions (~0.1 ms).
+        # What a built-in's step would change beyond those is found by the
+        # next full look or the pool's check after the point.
+        self.outside = frozenset(outside)
 
     def after(self, impl: str, where: str) -> None:
         self.calls += 1
         if self.found is None:
-            found = differences()
+            found = differences(full=impl in self.outside)
             if found:
                 # ``seq``: the same count on every rank (they run the same steps), to order their finds.
                 self.found = {"impl": impl, "where": where, "what": "; ".join(found), "seq": self.calls}
