@@ -17,6 +17,17 @@ row (``failed_check`` ``rank_state``) and the others are rerun on fresh ranks
 rank for its differences again, and a pool with any is closed so the next
 point starts fresh ranks.
 
+Beyond torch's settings a full look (after every step of an outside
+implementation, and in the pool's check) reads the process a plug-in shares
+with the built-ins: the task thread's niceness and CPU affinity, Python
+threads left running, torch's function and dispatch modes, the ``NSA_*``
+environment, every function and class of ``torch``, ``torch.distributed`` and
+``distributed_c10d`` and every attribute of ``torch.Tensor`` (a ``zero_``
+made a no-op), and the code objects of every Python function among them and
+the library's. The look puts the blame on the plug-in's own row; it need
+not be complete, since ranks that ran outside code are never reused
+(``RankPool.ran_outside_code``, :func:`check_pool`).
+
 The RNG is not compared but reset: :func:`begin_point` seeds torch's global
 generator from the point's seed and the rank, so what ran before on a warm
 rank cannot change what a point draws.

@@ -17,7 +17,10 @@ No rank outlives the process that started it: a rank's first statements (in
 ``PR_SET_PDEATHSIG`` and check that the parent is still its starter; a pool
 whose start fails or is interrupted kills the ranks it started; a rank still
 starting exits when its pipe to the starter closes; rendezvous files left by
-killed starters are removed by the next pool in the same directory. The death
+killed starters are removed by the next pool in the same directory. What a
+rank started dies with it: ranks are child subreapers, and their descendants
+(in a session of their own or not) are stopped and killed before them
+(:mod:`.reap`); a rank ends with ``os._exit``, no exit handler run. The death
 signal follows the *thread* that started the ranks: start a pool from a
 thread that outlives it (the main thread, as Hydra and pytest do).
 """
