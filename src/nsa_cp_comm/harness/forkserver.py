@@ -469,6 +469,8 @@ def start(env: dict[str, str], worker: Path) -> ForkServer | None:
     key = _key(env, worker)
     server = _SERVERS.get(key)
     if server is not None and not server.alive:
+        print(f"warning: the rank fork server (pid {server.proc.pid}) has ended ({server.proc.poll()}); "
+              "it is replaced", file=sys.stderr, flush=True)
         server.close()
         del _SERVERS[key]
         server = None
