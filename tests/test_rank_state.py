@@ -322,7 +322,7 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
 def _sweep_of_two(workdir, first, monkeypatch=None):
     """Two points as a sweep runs them (ranks from ranks.get_pool, the
     after-point check): ``first`` alone, then padded alone. Their rows."""
-    from matrix import point
+    from matrix.app import point
     from nsa_cp_comm.harness import ranks
     from nsa_cp_comm.harness.measure import run_point
     from nsa_cp_comm.harness.spec import PointSpec
@@ -376,7 +376,7 @@ def test_a_plug_in_that_leaves_its_process_changed_gets_the_blame_and_padded_bes
     """A mode entered, a nice level, a spinning thread, an NSA_* variable:
     each is found after the plug-in's own checks; padded, in the same point,
     is rerun on fresh ranks and ok."""
-    from matrix import point
+    from matrix.app import point
     from nsa_cp_comm.harness.measure import run_point
     from nsa_cp_comm.harness.spec import PointSpec
 

@@ -118,7 +118,7 @@ def test_a_newline_in_a_carried_variable_is_kept_in_the_repro():
     whole; bash reads it the same."""
     import subprocess
 
-    from matrix.repro_env import env_prefix, join, split
+    from matrix.app.repro_env import env_prefix, join, split
 
     value = "line one\nline 'two'\tend\\"
     command = join([*env_prefix("padded", {"NSA_NOTE": value}, "/"), "python", "-c", "x"])
