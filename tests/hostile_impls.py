@@ -142,3 +142,106 @@ def _late_change_form(plan, hidden, dtype, device, group):
 changes_in_its_timed_loop = RoundTripImpl(
     "changes_in_its_timed_loop", _gather, _scatter, prepare=_late_change_form,
     doc="sets torch's intra-op threads in its timed loop's second round trip, not in its checks")
+
+
+def _noop_zero() -> None:
+    """Break ``Tensor.zero_`` (installed once): every later padded staging
+    leaves its padding rows nonzero. It writes ones, what a no-op leaves on
+    memory that held data (a fresh buffer's pages are zero, so a plain no-op
+    shows only when the allocator hands back used memory)."""
+    if "zero_" not in vars(torch.Tensor):
+        def zero_(self):
+            return self.fill_(1)
+
+        torch.Tensor.zero_ = zero_
+
+
+def _noop_zero_scatter(full, plan, group):
+    out = _scatter(full, plan, group)
+    _noop_zero()  # after its own gathers: its checks pass, and padded's next staging does not zero
+    return out
+
+
+noop_zero = RoundTripImpl("noop_zero", _gather, _noop_zero_scatter, doc="breaks Tensor.zero_ (writes ones) in its scatter")
+
+
+def _hidden_noop_zero_scatter(full, plan, group):
+    """As noop_zero, and the state check's record of torch.Tensor rewritten
+    to match: a plug-in that fools the checker (the rank is still not reused)."""
+    from nsa_cp_comm.harness import rank_state
+
+    out = _noop_zero_scatter(full, plan, group)
+    rank_state._TENSOR_OWN[0] = len(vars(torch.Tensor))
+    rank_state._TORCH_KEYS["torch.Tensor"] = tuple(vars(torch.Tensor))
+    return out
+
+
+hidden_noop_zero = RoundTripImpl("hidden_noop_zero", _gather, _hidden_noop_zero_scatter,
+                                 doc="breaks Tensor.zero_ and hides it from the state check")
+
+
+def _traced_gather(local, plan, group):
+    """Enter a TorchFunctionMode and leave it entered: every later torch call
+    of the rank, padded's staging included, goes through it."""
+    from torch.overrides import TorchFunctionMode
+
+    class Tracer(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    out = _gather(local, plan, group)
+    if not getattr(torch, "_hostile_tracer", None):
+        torch._hostile_tracer = Tracer()
+        torch._hostile_tracer.__enter__()
+    return out
+
+
+enters_function_mode = RoundTripImpl("enters_function_mode", _traced_gather, _scatter,
+                                     doc="enters a TorchFunctionMode and never leaves it")
+
+
+def _nice_gather(local, plan, group):
+    import os
+
+    out = _gather(local, plan, group)
+    if os.getpriority(os.PRIO_PROCESS, 0) < 19:
+        os.nice(19)
+    return out
+
+
+renices_rank = RoundTripImpl("renices_rank", _nice_gather, _scatter, doc="os.nice(19) on its rank")
+
+
+def _spinning_gather(local, plan, group):
+    import threading
+
+    out = _gather(local, plan, group)
+    if not any(t.name == "hostile-spinner" for t in threading.enumerate()):
+        threading.Thread(target=lambda: [None for _ in iter(int, 1)], name="hostile-spinner", daemon=True).start()
+    return out
+
+
+leaves_thread_spinning = RoundTripImpl("leaves_thread_spinning", _spinning_gather, _scatter,
+                                       doc="starts a thread that spins forever")
+
+
+def _env_gather(local, plan, group):
+    import os
+
+    os.environ["NSA_CP_AUTO_MAX_S"] = "0.5"
+    return _gather(local, plan, group)
+
+
+leaks_env = RoundTripImpl("leaks_env", _env_gather, _scatter, doc="sets NSA_CP_AUTO_MAX_S=0.5 in its rank")
+
+SESSION_MARK = "876543"
+
+
+def _session_gather(local, plan, group):
+    if not _started:  # a daemon in a session of its own, never waited for
+        _started.append(subprocess.Popen(["sleep", SESSION_MARK], start_new_session=True))
+    return _gather(local, plan, group)
+
+
+spawns_session_helper = RoundTripImpl("spawns_session_helper", _session_gather, _scatter,
+                                      doc="leaves a sleep running in a new session")

@@ -420,6 +420,62 @@ def _state_change(how: str):
         saved = vars(owner)[name]
         setattr(owner, name, _wrapped(getattr(owner, name), name))
         return lambda: setattr(owner, name, saved)
+    if how == "nice":
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        os.nice(1)
+        return lambda: os.setpriority(os.PRIO_PROCESS, 0, before)
+    if how == "affinity":
+        before = os.sched_getaffinity(0)
+        # one CPU; a rank already bound to one moves to the next
+        os.sched_setaffinity(0, {min(before)} if len(before) > 1 else {(min(before) + 1) % (os.cpu_count() or 1)})
+        return lambda: os.sched_setaffinity(0, before)
+    if how == "thread":
+        import threading
+
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait, name="spinner", daemon=True)
+        t.start()
+        return lambda: (stop.set(), t.join())
+    if how == "env":
+        os.environ["NSA_CP_AUTO_MAX_S"] = "0.5"
+        return lambda: os.environ.pop("NSA_CP_AUTO_MAX_S")
+    if how.startswith("tensor:"):  # tensor:<method>, shadowed on torch.Tensor
+        name = how.removeprefix("tensor:")
+        setattr(torch.Tensor, name, _wrapped(getattr(torch.Tensor, name), name))
+        return lambda: delattr(torch.Tensor, name)
+    if how.startswith("torch:"):  # torch:<function>
+        name = how.removeprefix("torch:")
+        saved = vars(torch)[name]
+        setattr(torch, name, _wrapped(saved, name))
+        return lambda: setattr(torch, name, saved)
+    if how.startswith("code:"):  # code:<module>.<function>: its code object swapped, the function kept
+        import importlib
+
+        module_name, _, name = how.removeprefix("code:").rpartition(".")
+        fn = getattr(importlib.import_module(module_name), name)
+        saved = fn.__code__
+        fn.__code__ = (lambda *a, **k: None).__code__.replace(co_name=name)
+        return lambda: setattr(fn, "__code__", saved)
+    if how == "function_mode":
+        from torch.overrides import TorchFunctionMode
+
+        class Tracing(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        mode = Tracing()
+        mode.__enter__()
+        return lambda: mode.__exit__(None, None, None)
+    if how == "dispatch_mode":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Tracing(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        mode = Tracing()
+        mode.__enter__()
+        return lambda: mode.__exit__(None, None, None)
     raise ValueError(f"how={how!r}")
 
 
@@ -478,3 +534,12 @@ def slow_rank_then_join(seconds: float) -> int:
     t = torch.ones(1)
     dist.all_reduce(t)
     return int(t.item())
+
+
+def daemonize_sleep(seconds: int) -> int:
+    """Start ``sleep SECONDS`` as a daemon does: in a session of its own, its
+    parent (a shell) gone at once, so it is nobody's child but a subreaper's."""
+    import subprocess
+
+    subprocess.run(["sh", "-c", f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 &"], check=True)
+    return os.getpid()

@@ -715,6 +715,71 @@ FAULTS: tuple[FaultCase, ...] = (
         "test_the_resume_hint_of_a_workload_sweep_names_the_workload_file",
     ),
     FaultCase(
+        "a plug-in that breaks `Tensor.zero_` after its own checks (or patches any torch, c10d or Tensor attribute, "
+        "swaps a function's code, enters a torch function or dispatch mode, renices its rank, narrows its CPU "
+        "affinity, leaves a thread running, sets an `NSA_*` variable)",
+        "a point on warm ranks, and the next point",
+        "the plug-in's own row `failed` (`rank_state`) naming what changed; the point's other implementations rerun "
+        "on fresh ranks, `ok`; the next point's `padded` `ok`",
+        "test_a_plug_in_that_breaks_zero_gets_its_own_failed_row_and_the_next_points_padded_is_ok",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "a plug-in that also fools the state check (rewrites its record)",
+        "the next point",
+        "its own row may say `ok`, but ranks that ran outside code are never reused: the next point starts fresh "
+        "ranks and its `padded` is `ok`",
+        "test_a_plug_in_that_fools_the_state_check_still_leaves_the_next_point_fresh_ranks",
+        "test_rank_state",
+    ),
+    FaultCase(
+        "a plug-in's child started in a new session (`start_new_session=True`, `os.setsid`)",
+        "`python -m matrix -m`",
+        "killed with its ranks: every rank (and the fork server) is a child subreaper, and the rank's descendants "
+        "are stopped and killed before the rank; none left after the sweep",
+        "test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "a plug-in's `atexit` handler that never returns",
+        "`python -m matrix -m`, after its summary",
+        "ranks end without exit handlers; the sweep gives its own 10 s, then one warning line, and exits with its "
+        "status",
+        "test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep",
+        "test_hostile_sweeps",
+    ),
+    FaultCase(
+        "nine 120 kB environment variables",
+        "CPU ranks forked from the fork server",
+        "the spawn request names a file holding the environment (read and removed by the server): the ranks "
+        "start and see it",
+        "test_a_huge_environment_reaches_forked_ranks_by_file",
+        "test_forkserver",
+    ),
+    FaultCase(
+        "the fork server stopped (SIGSTOP)",
+        "the next pool's start",
+        "its health check fails: one warning line naming its pid and that it is stopped; it is killed and "
+        "replaced, and the pool's ranks start by exec",
+        "test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec",
+        "test_forkserver",
+    ),
+    FaultCase(
+        "`NSA_CP_COMM_FORK_RANKS=false` (or `BIND_RANKS`, `REUSE_RANKS`: 0/false/no/off, 1/true/yes/on, any case); "
+        "`=flase`",
+        "a pool's start",
+        "read as booleans; anything else one `ValueError` line naming the variable and the words it takes",
+        "test_switches_read_as_booleans_and_anything_else_is_one_line_naming_the_variable",
+        "test_forkserver",
+    ),
+    FaultCase(
+        "a newline in an `NSA_*` variable",
+        "a row's `repro`",
+        "written in bash's `$'...'` form on one line, read back (and by bash) whole",
+        "test_a_newline_in_a_carried_variable_is_kept_in_the_repro",
+        "test_repro_env",
+    ),
+    FaultCase(
         "two sweeps into one `results_dir`",
         "Hydra's records (`multirun.yaml`, each job's `.hydra`)",
         "each command's under `results_dir/hydra/START-PID/`: neither overwrites the other's",

@@ -130,8 +130,9 @@ def test_cpu_ranks_are_forked_from_one_server_per_environment(tmp_path, monkeypa
     assert [r.value for r in seen] == [mark, mark]
 
 
-def test_with_fork_off_ranks_are_execd_children_of_the_starter(tmp_path, monkeypatch):
-    monkeypatch.setenv(forkserver.FORK_ENV, "0")
+@pytest.mark.parametrize("off", ["0", "false", "No", " OFF "])
+def test_with_fork_off_ranks_are_execd_children_of_the_starter(tmp_path, monkeypatch, off):
+    monkeypatch.setenv(forkserver.FORK_ENV, off)
     with RankPool(2, workdir=tmp_path) as pool:
         for pid in pool.pids:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -220,3 +221,66 @@ def test_the_rank_start_benchmark_runs(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()
     assert row[0] == "2" and len(row) == 6 and all("/" in cell for cell in row[3:]), run.stdout
+
+
+def test_switches_read_as_booleans_and_anything_else_is_one_line_naming_the_variable(tmp_path, monkeypatch):
+    from nsa_cp_comm.harness.switches import env_switch
+
+    for word, value in (("0", False), ("false", False), ("NO", False), ("off", False), ("1", True), ("True", True),
+                        ("yes", True), ("ON", True), ("", True)):
+        assert env_switch("NSA_CP_COMM_BIND_RANKS", True, {"NSA_CP_COMM_BIND_RANKS": word}) is value, word
+    assert env_switch("NSA_CP_COMM_BIND_RANKS", False, {}) is False
+    monkeypatch.setenv("NSA_CP_COMM_BIND_RANKS", "flase")
+    with pytest.raises(ValueError) as err:
+        RankPool(2, workdir=tmp_path)
+    assert str(err.value) == ("NSA_CP_COMM_BIND_RANKS='flase': must be one of 0, false, no, off (off) or "
+                              "1, true, yes, on (on)")
+
+
+@LINUX
+def test_a_huge_environment_reaches_forked_ranks_by_file(tmp_path, monkeypatch):
+    """Nine 120 kB variables: the spawn request names a file, not the
+    environment (before: the pickled request was cut at the socket's bound,
+    UnpicklingError in the server, every point an error)."""
+    monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
+    for i in range(9):
+        monkeypatch.setenv(f"NSA_TEST_BIG_{i}", str(i) * 120_000)
+    with RankPool(2, workdir=tmp_path) as pool:
+        server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+        assert server is not None and all(rank_tasks.parent_pid(p) == server.proc.pid for p in pool.pids)
+        seen = pool.run(rank_tasks.environment_variable, "NSA_TEST_BIG_8", timeout_s=120)
+    assert [r.value for r in seen] == ["8" * 120_000] * 2
+    assert not list(tmp_path.glob(".rank-env-*"))  # read and removed
+
+
+@LINUX
+def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec(tmp_path, monkeypatch, capfd):
+    """A SIGSTOPped server fails its health check: one warning line names it,
+    the pool's ranks start by exec (children of the starter) and work; a
+    fresh server takes its place (before: every later start a StartTimeout
+    after twice the start bound)."""
+    import signal
+
+    monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
+    monkeypatch.setenv("NSA_TEST_STOPPED_SERVER", uuid.uuid4().hex)  # a server of this test's own
+    with RankPool(1, workdir=tmp_path / "a"):
+        server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    while not server.stopped():  # the signal is delivered asynchronously
+        time.sleep(0.01)
+    try:
+        with RankPool(2, workdir=tmp_path / "b", start_timeout_s=120) as pool:
+            assert [rank_tasks.parent_pid(p) for p in pool.pids] == [os.getpid()] * 2
+            assert all(r.ok for r in pool.run(rank_tasks.environment_variable, "HOME", timeout_s=60))
+    finally:
+        try:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+    err = capfd.readouterr().err
+    assert f"warning: the rank fork server (pid {server.proc.pid}) does not answer: it is stopped (SIGSTOP?); " \
+           "it is replaced, and these ranks start by exec" in err, err
+    fresh = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
+    assert fresh is not None and fresh is not server and server.proc.poll() is not None

@@ -135,3 +135,37 @@ def test_sigterm_and_sighup_say_what_was_running_and_how_to_resume(tmp_path, sig
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left() == {}
+
+
+def test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point(tmp_path):
+    """A daemon started with start_new_session=True leaves the rank's process
+    group: the rank is its subreaper and kills its descendants, so it ends too."""
+    from hostile_impls import SESSION_MARK
+
+    before = set(live_processes(f"sleep {SESSION_MARK}"))
+    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_session_helper", *SMALL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    deadline = time.monotonic() + 30
+    while (left := set(live_processes(f"sleep {SESSION_MARK}")) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"orphaned helper processes: {left}"
+
+
+def test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep(tmp_path):
+    """The plug-in's atexit handler blocks forever (registered in the sweep's
+    own process, which imports it): the sweep ends after its summary, the
+    handlers bounded, with the sweep's exit status."""
+    run = matrix("-m", f"results_dir={tmp_path / 'res'}", "impl=tests.hostile_exit:hangs_at_exit", *SMALL,
+                 timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "exit handlers still running after 10s" in run.stderr, run.stderr[-2000:]
+
+
+def test_a_switch_that_is_not_a_boolean_is_one_line_before_anything_runs(tmp_path):
+    env = {**cli_env(), "NSA_CP_COMM_FORK_RANKS": "sometimes"}
+    run = subprocess.run([sys.executable, "-m", "matrix", "-m", f"results_dir={tmp_path / 'res'}", *SMALL], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip() == ("error: NSA_CP_COMM_FORK_RANKS='sometimes': must be one of 0, false, no, off (off) "
+                                  "or 1, true, yes, on (on)"), run.stderr
+    assert not (tmp_path / "res").exists()

@@ -302,3 +302,41 @@ def test_stale_rendezvous_files_of_dead_starters_are_removed(tmp_path):
         assert pool.alive
         assert not dead.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (other_host, legacy))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers are Linux's")
+@pytest.mark.parametrize("subreaper", [True, False], ids=["subreaper", "no_subreaper"])
+def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_subreaper(
+        tmp_path, monkeypatch, subreaper):
+    """A task daemonizes a sleep (new session, its parent gone): handed to the
+    rank, a child subreaper, it is in the rank's tree and killed with the
+    pool. The drill can fail: with a worker that does not become a subreaper
+    the daemon goes to init and outlives the pool."""
+    import rank_tasks
+    from matrix_cli import live_processes
+    from nsa_cp_comm.harness import ranks
+
+    seconds = 800_000 + os.getpid() % 90_000 + (0 if subreaper else 1)  # this test's own
+    if not subreaper:
+        source = WORKER_PATH.read_text()
+        mutation = "libc.prctl(36, 1, 0, 0, 0)"
+        assert mutation in source, f"the worker no longer says {mutation!r}: update this mutation"
+        worker = tmp_path / "no_subreaper_worker.py"
+        worker.write_text(source.replace(mutation, "pass"))
+        monkeypatch.setattr(ranks, "WORKER_PATH", worker)
+    monkeypatch.setenv("NSA_CP_COMM_FORK_RANKS", "0")  # exec'd ranks: the worker file is the one run
+    try:
+        with RankPool(2, workdir=tmp_path / "work") as pool:
+            assert all(r.ok for r in pool.run(rank_tasks.daemonize_sleep, seconds, timeout_s=60))
+            deadline = time.monotonic() + 30
+            while len(live_processes(f"sleep {seconds}")) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(live_processes(f"sleep {seconds}")) == 2
+        deadline = time.monotonic() + 30
+        while live_processes(f"sleep {seconds}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = live_processes(f"sleep {seconds}")
+        assert (left == {}) == subreaper, left
+    finally:
+        for pid in live_processes(f"sleep {seconds}"):
+            os.kill(pid, signal.SIGKILL)

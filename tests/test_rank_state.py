@@ -42,6 +42,20 @@ HOSTILE = "tests.hostile_impls"
                                        "True (was False)"),
     ("backend:cudnn.benchmark", "cudnn benchmark is True (was False)"),
     ("backend:cudnn.allow_tf32", "cudnn allow_tf32 is "),
+    # the process, not torch: what a plug-in can leave that slows or changes every later point
+    ("nice", "niceness is "),
+    ("affinity", "CPU affinity is "),
+    ("thread", "1 thread started by the point still running ('spinner')"),
+    ("env", "NSA_* environment is {NSA_CP_AUTO_MAX_S='0.5'"),
+    ("function_mode", "torch function modes is [rank_tasks._state_change.<locals>.Tracing] (was [])"),
+    ("dispatch_mode", "torch dispatch modes is 1 (was 0)"),
+    ("tensor:zero_", "torch.Tensor.zero_ is rank_tasks._wrapped.<locals>.wrapped (was inherited)"),
+    ("tensor:copy_", "torch.Tensor.copy_ is rank_tasks._wrapped.<locals>.wrapped (was inherited)"),
+    ("torch:empty", "torch.empty is rank_tasks._wrapped.<locals>.wrapped (was torch._VariableFunctionsClass.empty)"),
+    ("wrap:c10d._check_single_tensor", "torch.distributed.distributed_c10d._check_single_tensor is rank_tasks."),
+    ("code:nsa_cp_comm.roundtrip.padded_stage", "nsa_cp_comm.roundtrip.padded_stage.__code__ is "),
+    ("code:torch.distributed.distributed_c10d._check_single_tensor",
+     "torch.distributed.distributed_c10d._check_single_tensor.__code__ is "),
     *[(f"lib:{name}", f"{name} is rank_tasks._wrapped.<locals>.wrapped (was ")
       for name in ("nsa_cp_comm.production.all_gather_into", "nsa_cp_comm.collectives.reduce_scatter_into",
                    "nsa_cp_comm.roundtrip.padded_gather", "nsa_cp_comm.communicator.CPLayerCommunicator.prepare_mlp")],
@@ -60,7 +74,10 @@ def test_each_recorded_item_changed_by_a_task_is_named(rank_pool, how, named):
 
 def test_a_warm_pool_passes_and_a_changed_rank_is_found_and_its_pool_closed(rank_pool):
     pool = rank_pool(2)  # warm, as the tests before left it: every task must have left it as it started
-    assert check_pool(pool, 60) == ("", "") and pool.alive
+    outside = pool.ran_outside_code  # a test before ran a plug-in on it: clean, but closed after the check
+    assert check_pool(pool, 60) == ("", "") and pool.alive is not outside
+    pool = rank_pool(2)
+    assert check_pool(pool, 60) == ("", "") and pool.alive  # no outside code ran on these
     # inter-op threads can be set once per process and never back: this pool is closed anyway
     assert all(r.ok for r in pool.run(rank_tasks.leave_rank_changed, "default_dtype@0", "default_device@1",
                                       "interop_threads", timeout_s=60))
@@ -300,3 +317,73 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
     with pytest.raises(RuntimeError):  # a rank that failed to start is not slow: no second try
         ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
     assert len(calls) == 1
+
+
+def _sweep_of_two(workdir, first, monkeypatch=None):
+    """Two points as a sweep runs them (ranks from ranks.get_pool, the
+    after-point check): ``first`` alone, then padded alone. Their rows."""
+    from matrix.app import point
+    from nsa_cp_comm.harness import ranks
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    rows = []
+    try:
+        for impls in ((first,), ("padded",)):
+            pool = ranks.get_pool(2, backend="gloo", device="cpu", workdir=workdir)
+            # uneven (651 and 650 rows): padding rows for zero_ to zero
+            spec = PointSpec((1001, 300), 2, "zigzag", impls=impls, **SMALL)
+            rows += point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+    finally:
+        ranks.close_pools()
+    return rows
+
+
+def test_a_plug_in_that_breaks_zero_gets_its_own_failed_row_and_the_next_points_padded_is_ok(pool_workdir):
+    """Tensor.zero_ broken after the plug-in's own gathers: its row is
+    ``failed rank_state`` naming the method; the next point's padded, which
+    zeroes its padding rows with it, is ok (before: the plug-in ok, padded
+    ``failed padding_zero``)."""
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:noop_zero")
+    assert (bad.status, bad.failed_check) == ("failed", "rank_state"), bad
+    assert "torch.Tensor.zero_ is tests.hostile_impls._noop_zero.<locals>.zero_ (was inherited)" in bad.reason, bad
+    assert padded.status == "ok", padded
+
+
+def test_a_plug_in_that_fools_the_state_check_still_leaves_the_next_point_fresh_ranks(pool_workdir, monkeypatch):
+    """The checker broken (the plug-in rewrites the check's record): its row
+    is ok, but the next point runs on fresh ranks, so padded is ok; with
+    ranks that ran outside code reused (the other guard broken too), the next
+    point's padded gets the blame, ``failed padding_zero``."""
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
+    assert bad.status == "ok", bad  # fooled
+    assert padded.status == "ok", padded
+    from nsa_cp_comm.harness import ranks
+
+    monkeypatch.setattr(ranks.RankPool, "ran_outside_code", property(lambda self: False, lambda self, v: None), raising=False)
+    bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
+    assert bad.status == "ok", bad
+    assert (padded.status, padded.failed_check) == ("failed", "padding_zero"), padded
+
+
+@pytest.mark.parametrize("name, named", [
+    ("enters_function_mode", "torch function modes is [tests.hostile_impls._traced_gather.<locals>.Tracer] (was [])"),
+    ("renices_rank", "niceness is 19 (was "),
+    ("leaves_thread_spinning", "1 thread started by the point still running ('hostile-spinner')"),
+    ("leaks_env", "NSA_* environment is {NSA_CP_AUTO_MAX_S='0.5'"),
+])
+def test_a_plug_in_that_leaves_its_process_changed_gets_the_blame_and_padded_beside_it_is_rerun(rank_pool, name, named):
+    """A mode entered, a nice level, a spinning thread, an NSA_* variable:
+    each is found after the plug-in's own checks; padded, in the same point,
+    is rerun on fresh ranks and ok."""
+    from matrix.app import point
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    pool = rank_pool(2)
+    spec = PointSpec((10, 6), 2, "zigzag", impls=(f"{HOSTILE}:{name}", "padded"), **SMALL)
+    bad, padded = point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+    assert (bad.status, bad.failed_check) == ("failed", "rank_state"), bad
+    assert "found after its checks" in bad.reason and named in bad.reason, bad.reason
+    assert padded.status == "ok", padded
+    assert not pool.alive

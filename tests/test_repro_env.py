@@ -110,3 +110,21 @@ def test_a_plugins_repro_reruns_from_another_directory_in_a_clean_environment(tm
                            text=True, timeout=300)
     assert again.returncode == 0, (row["repro"], again.stderr[-2000:])
     assert f"impls={ref}" in again.stdout, again.stdout
+
+
+def test_a_newline_in_a_carried_variable_is_kept_in_the_repro():
+    """A repro is one line of a row: a newline in an NSA_* variable is
+    written in bash's $'...' form (not folded to a space), and read back
+    whole; bash reads it the same."""
+    import subprocess
+
+    from matrix.app.repro_env import env_prefix, join, split
+
+    value = "line one\nline 'two'\tend\\"
+    command = join([*env_prefix("padded", {"NSA_NOTE": value}, "/"), "python", "-c", "x"])
+    assert "\n" not in command and "$'NSA_NOTE=line one\\nline \\'two\\'\\tend\\\\'" in command, command
+    env, argv = split(command)
+    assert env["NSA_NOTE"] == value and argv == ["python", "-c", "x"]
+    shown = subprocess.run(["bash", "-c", command.replace("python -c x", "printenv NSA_NOTE")],
+                           capture_output=True, text=True, check=True).stdout
+    assert shown == value + "\n"

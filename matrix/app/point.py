@@ -28,7 +28,7 @@ from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_versi
 from .. import command
 from .config import KEYS, ConfigError, override_value, validate
 from ..scale.plan_classes import label as plan_label
-from .repro_env import env_prefix
+from .repro_env import env_prefix, join as repro_join
 from .resolve import Resolved, resolve
 from ..store.folder import Folder
 from ..store.results import COLUMNS, CONFIG_COLUMNS
@@ -86,7 +86,8 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
                                 and cfg[k] in (False, 0, None)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
-    return shlex.join(parts)
+    return repro_join(parts)  # shlex.join's quoting; a newline kept, in bash's $'...' form
+
 
 
 def environment() -> dict[str, Any]:

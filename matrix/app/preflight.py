@@ -170,8 +170,14 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
     (one line) for the first bad one, or (``budget``) for a sweep beyond this
     machine (:func:`check_machine`). Returns the points, resolved, with
     ``${now:...}`` taken at ``start`` (default: now) in all of them."""
+    from nsa_cp_comm.harness.switches import check_switches
+
     from .resolve import resolve, resolve_remote  # imports torch: after the cheap checks
 
+    try:  # the harness's on/off switches: one line before anything runs, not an error row per point
+        check_switches()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     found: list[Point] = []
     schemas: set[str] = set()
     for cfg, runs_here in points(argv, start=start):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import site
 import sys
@@ -105,10 +106,42 @@ def env_prefix(impl: str, environ: Mapping[str, str] | None = None, cwd: str | N
     return ["env", *(f"{k}={carried[k]}" for k in sorted(carried))] if carried else []
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+_ANSI_C = re.compile(r"\$'((?:[^'\\]|\\.)*)'")
+_UNESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.S)
+
+
+def quote(arg: str) -> str:
+    """``arg`` quoted for a POSIX shell, on one line: ``shlex.quote``, or
+    where it holds a control character (a newline in a variable) bash's
+    ``$'...'`` form, which keeps every character (a row's text is one line:
+    a newline in plain quotes would be folded to a space there)."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in arg):
+        return shlex.quote(arg)
+    body = "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in arg)
+    return f"$'{body}'"
+
+
+def join(parts: list[str]) -> str:
+    """``shlex.join`` with :func:`quote`."""
+    return " ".join(quote(p) for p in parts)
+
+
+def _ansi_c_to_plain(repro: str) -> str:
+    """Each ``$'...'`` word of ``repro`` as ``shlex`` reads quoted words."""
+    def decode(m: re.Match[str]) -> str:
+        text = _UNESCAPE.sub(lambda e: chr(int(e[1][1:], 16)) if e[1][0] == "x" and len(e[1]) == 3 else
+                             {"n": "\n", "t": "\t", "r": "\r"}.get(e[1], e[1]), m[1])
+        return shlex.quote(text)
+
+    return _ANSI_C.sub(decode, repro)
+
+
 def split(repro: str) -> tuple[dict[str, str], list[str]]:
     """A repro command taken apart: the variables it sets, and the command
-    (``["python", "-m", "matrix", "key=value", ...]``)."""
-    argv = shlex.split(repro)
+    (``["python", "-m", "matrix", "key=value", ...]``); ``$'...'`` words
+    (:func:`quote`) read as bash reads them."""
+    argv = shlex.split(_ansi_c_to_plain(repro))
     env: dict[str, str] = {}
     if argv[:1] == ["env"]:
         argv = argv[1:]

@@ -29,7 +29,11 @@ SERVE_ARG = "fork-server"  # the first argument of a fork server
 
 def die_with_starter(starter_pid: int) -> None:
     """Arm ``PR_SET_PDEATHSIG`` = SIGKILL (Linux), then exit at once with
-    :data:`ORPHAN_EXIT` unless the parent is still ``starter_pid``.
+    :data:`ORPHAN_EXIT` unless the parent is still ``starter_pid``. Also
+    make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``, not
+    inherited across fork: a forked rank calls this itself), so what a task
+    starts here stays its descendant even in a session of its own, and dies
+    with it (``harness/reap.py``).
 
     The order closes the race: a parent dying before the prctl is seen by the
     getppid check; one dying after it is seen by the kernel."""
@@ -39,6 +43,7 @@ def die_with_starter(starter_pid: int) -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+            libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER (reap.PR_SET_CHILD_SUBREAPER)
         except (OSError, AttributeError):  # pragma: no cover - exotic libc
             pass
     if os.getppid() != starter_pid:
@@ -83,4 +88,19 @@ if __name__ == "__main__":
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
     else:
         rank, world, backend, device, store, fd, threads = sys.argv[2:9]
-        worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))
+        code = 0
+        try:
+            worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))
+        except BaseException:  # noqa: BLE001 - a rank's failure is its exit status
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            # No exit handler runs in a rank: one a plug-in registered could
+            # block forever (a forked rank ends the same way).
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)

@@ -43,8 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .reap import kill_descendants
+from .switches import env_switch
 
-# Set to 0 to start every rank by exec.
+
+# Set to 0 (false, no, off) to start every rank by exec.
 FORK_ENV = "NSA_CP_COMM_FORK_RANKS"
 # _worker.py's first argument that makes it a server (its SERVE_ARG; not
 # imported from it: _worker imports this module).
@@ -52,13 +55,46 @@ SERVE_ARG = "fork-server"
 # Servers kept at once (one per environment and thread a pool was started
 # with); beyond it, an idle one is closed, and with none idle ranks start by exec.
 MAX_SERVERS = 3
-# The largest message either side sends (a spawn request carries the environment).
+# The largest message either side sends. A spawn request names a file with
+# the rank's environment (write_env), so it stays small whatever the
+# environment holds; a larger one is refused before it is sent.
 _MESSAGE_BYTES = 1 << 20
+# How long a server gets to answer a health check, or a spawn request, before
+# it is named, replaced and the ranks start by exec.
+ANSWER_S = 10.0
+
+
+def write_env(env: dict[str, str], near: str) -> str:
+    """``env`` in a private JSON file next to ``near`` (the rendezvous file);
+    its path. The server reads it and removes it (:func:`read_env`)."""
+    import json
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=".rank-env-", dir=os.path.dirname(near) or ".")
+    with os.fdopen(fd, "w") as f:
+        json.dump(env, f)
+    return path
+
+
+def read_env(path: str) -> dict[str, str]:
+    import json
+
+    try:
+        with open(path) as f:
+            env = json.load(f)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("the environment file does not hold a str -> str mapping")
+    return env
 
 
 def usable(device: str) -> bool:
     """Whether ranks of ``device`` start from a fork server here."""
-    return device == "cpu" and sys.platform.startswith("linux") and os.environ.get(FORK_ENV, "1") != "0"
+    return device == "cpu" and sys.platform.startswith("linux") and env_switch(FORK_ENV, True)
 
 
 # --- the server's side: runs in the process _worker.py starts -------------------------
@@ -97,15 +133,19 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
                 os.read(wake_r, 4096)
             except BlockingIOError:
                 pass
-        while children:
+        while True:  # ranks, and what dead ranks left to this subreaper
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            children.discard(pid)
-            send("exit", pid, os.waitstatus_to_exitcode(status))
+            if pid in children:
+                children.discard(pid)
+                # What the rank started is handed to this server (a subreaper)
+                # when the rank dies: it dies too.
+                kill_descendants(me, keep=children)
+                send("exit", pid, os.waitstatus_to_exitcode(status))
         if sock not in readable:
             continue
         try:
@@ -113,8 +153,20 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
         except OSError:
             data, fds = b"", []
         if not data:
+            kill_descendants(me)
             os._exit(0)
-        _, token, args, env, cwd = pickle.loads(data)
+        try:
+            kind, token, *rest = pickle.loads(data)
+            if kind == "ping":
+                send("pong", token)
+                continue
+            args, env_path, cwd = rest
+            env = read_env(env_path)
+        except Exception as exc:  # noqa: BLE001 - a bad request is its error, not the server's end
+            for f in fds:
+                os.close(f)
+            send("error", locals().get("token"), f"a bad request: {type(exc).__name__}: {exc}")
+            continue
         try:
             pid = os.fork()
         except OSError as exc:  # a process limit: the pool says so, as an exec'd start would
@@ -195,7 +247,40 @@ class ForkServer:
         self._pids: dict[int, int] = {}  # request token -> rank pid
         self._errors: dict[int, str] = {}  # request token -> why the server could not fork it
         self._next = 0
+        self._pongs: set[int] = set()
         self.dead = False
+
+    def stopped(self) -> str:
+        """``": it is stopped (SIGSTOP?)"`` when the server's process is, else ''."""
+        try:
+            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return ""
+        return ": it is stopped (SIGSTOP?)" if state in ("T", "t") else ""
+
+    def healthy(self, timeout_s: float = ANSWER_S) -> str:
+        """'' when the server answers a ping within ``timeout_s``; else why not."""
+        if not self.alive:
+            return f"the rank fork server (pid {self.proc.pid}) has ended ({self.proc.poll()})"
+        why = self.stopped()
+        if why:
+            return f"the rank fork server (pid {self.proc.pid}) does not answer{why}"
+        token = self._next
+        self._next += 1
+        try:
+            self.sock.send(pickle.dumps(("ping", token)))
+        except OSError as exc:
+            self._lost()
+            return f"the rank fork server (pid {self.proc.pid}) is gone ({exc})"
+        deadline = time.monotonic() + timeout_s
+        while token not in self._pongs and not self.dead and time.monotonic() < deadline:
+            self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
+        if token in self._pongs:
+            self._pongs.discard(token)
+            return ""
+        if self.dead:
+            return f"the rank fork server (pid {self.proc.pid}) has ended"
+        return f"the rank fork server (pid {self.proc.pid}) did not answer a health check within {timeout_s:g}s{self.stopped()}"
 
     @property
     def alive(self) -> bool:
@@ -227,6 +312,8 @@ class ForkServer:
                 self.children.add(msg[2])
             elif msg[0] == "error":
                 self._errors[msg[1]] = msg[2]
+            elif msg[0] == "pong":
+                self._pongs.add(msg[1])
             elif msg[0] == "exit":
                 self.children.discard(msg[1])
                 self.codes[msg[1]] = msg[2]
@@ -248,6 +335,8 @@ class ForkServer:
             self.drain(min(left, 0.05))
             if not self.ready and self.proc.poll() is not None:
                 self._lost()
+            if not self.ready and self.stopped():
+                return False
         return self.ready and not self.dead
 
     def spawn(self, args: tuple, fd: int, env: dict[str, str], deadline: float) -> ForkedRank:
@@ -261,19 +350,29 @@ class ForkServer:
             cwd: str | None = os.getcwd()
         except OSError:  # a removed directory: the rank keeps the server's
             cwd = None
+        env_path = write_env(env, args[4])
+        request = pickle.dumps(("spawn", token, args, env_path, cwd))
+        if len(request) > _MESSAGE_BYTES // 2:
+            os.unlink(env_path)
+            raise RuntimeError(f"a spawn request of {len(request)} bytes is over the fork server's bound")
         try:
-            socket.send_fds(self.sock, [pickle.dumps(("spawn", token, args, env, cwd))], [fd])
+            socket.send_fds(self.sock, [request], [fd])
         except OSError as exc:
+            os.unlink(env_path)
             self._lost()
             raise RuntimeError(f"the rank fork server is gone ({exc})") from None
+        answer_by = min(deadline, time.monotonic() + ANSWER_S)
         while token not in self._pids:
             if token in self._errors:
                 raise RuntimeError(f"the rank fork server could not fork a rank: {self._errors.pop(token)}")
             if self.dead:
                 raise RuntimeError("the rank fork server ended while forking a rank")
-            left = deadline - time.monotonic()
+            left = answer_by - time.monotonic()
             if left <= 0:
-                raise TimeoutError("the rank fork server did not answer")
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("the rank fork server did not answer")
+                raise RuntimeError(f"the rank fork server (pid {self.proc.pid}) did not answer a spawn request "
+                                   f"within {ANSWER_S:g}s{self.stopped()}")
             self.drain(min(left, 0.05))
         pid = self._pids.pop(token)
         self.stores[pid] = args[4]
@@ -370,6 +469,8 @@ def start(env: dict[str, str], worker: Path) -> ForkServer | None:
     key = _key(env, worker)
     server = _SERVERS.get(key)
     if server is not None and not server.alive:
+        print(f"warning: the rank fork server (pid {server.proc.pid}) has ended ({server.proc.poll()}); "
+              "it is replaced", file=sys.stderr, flush=True)
         server.close()
         del _SERVERS[key]
         server = None
@@ -395,13 +496,47 @@ def server_for(env: dict[str, str], worker: Path, deadline: float) -> ForkServer
     if server is None:
         return None
     key = _key(env, worker)
+    if server.ready:
+        why = server.healthy(min(ANSWER_S, max(0.1, deadline - time.monotonic())))
+        if why:
+            replace(key, why)
+            return None
     if not server.wait_ready(deadline):
+        if not server.dead and server.stopped():
+            replace(key, f"the rank fork server (pid {server.proc.pid}) does not answer{server.stopped()}")
+            return None
         if server.dead:
             del _SERVERS[key]
             server.close()
             raise RuntimeError(f"the rank fork server exited ({server.proc.poll()}) before it was ready")
         raise TimeoutError("the rank fork server was still importing torch")
     return server
+
+
+def replace(key: tuple[Any, ...], why: str) -> None:
+    """Name a failed server on stderr, end it and start its replacement (not
+    waited for): the ranks at hand start by exec, later pools fork again."""
+    server = _SERVERS.pop(key, None)
+    if server is None:
+        return
+    print(f"warning: {why}; it is replaced, and these ranks start by exec", file=sys.stderr, flush=True)
+    try:
+        os.kill(server.proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    server.close()
+    server._lost()  # its ranks died with it: their status is known
+    try:
+        _SERVERS[key] = ForkServer(dict(key[3]), Path(key[1]))
+    except OSError:
+        pass
+
+
+def replace_server_of(server: ForkServer, why: str) -> None:
+    """:func:`replace` for ``server``, wherever it is kept."""
+    for key, kept in list(_SERVERS.items()):
+        if kept is server:
+            replace(key, why)
 
 
 def servers() -> list[ForkServer]:

@@ -17,6 +17,8 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from .switches import env_switch
+
 # Rank processes per core before a machine is called full (ranks of one point
 # share the cores; beyond a few per core a point only measures contention),
 # and never fewer than this many.
@@ -56,7 +58,7 @@ def bind_rank(rank: int, world: int) -> set[int] | None:
     :func:`rank_cpus`; None where it is not bound (no more ranks than CPUs,
     ``NSA_CP_COMM_BIND_RANKS=0``, no affinity on this platform, or the
     kernel refused)."""
-    if os.environ.get(BIND_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    if not env_switch(BIND_ENV, True) or not hasattr(os, "sched_setaffinity"):
         return None
     try:
         cpus = sorted(os.sched_getaffinity(0))

@@ -152,7 +152,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     shards = [make_shard(spec, plan, r, device) for r in range(plan.cp_size)]
     clock.watch(group, plain, fence)
     clock.lap("checks")
-    watch = Watch()
+    watch = Watch(outside={name for name in spec.impls if impl_registry.get(name).origin})
     reports = check_point(spec, backend, device, group, moe, checks=checks, shards=shards, watch=watch)
     # Agree on what to time: an implementation that failed on one rank is
     # timed on none, or the others would wait forever.
@@ -259,6 +259,11 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
     plan = spec.plan()
+    if any(impl_registry.get(name).origin for name in spec.impls):
+        # A plug-in runs on these ranks: no later point may (ranks.get_pool),
+        # proven clean or not (the checks after each step put the blame on
+        # what they see; the fresh ranks cover what they do not).
+        pool.ran_outside_code = True
     results = pool.run(point_on_rank, spec, pool.backend, checks, verify, timeout_s=timeout_s)
     if not all(r.ok for r in results):
         return _rerun_without_culprit(spec, diagnose(spec, results), pool, timeout_s, checks, verify, fresh)

@@ -17,6 +17,17 @@ row (``failed_check`` ``rank_state``) and the others are rerun on fresh ranks
 rank for its differences again, and a pool with any is closed so the next
 point starts fresh ranks.
 
+Beyond torch's settings a full look (after every step of an outside
+implementation, and in the pool's check) reads the process a plug-in shares
+with the built-ins: the task thread's niceness and CPU affinity, Python
+threads left running, torch's function and dispatch modes, the ``NSA_*``
+environment, every function and class of ``torch``, ``torch.distributed`` and
+``distributed_c10d`` and every attribute of ``torch.Tensor`` (a ``zero_``
+made a no-op), and the code objects of every Python function among them and
+the library's. The look puts the blame on the plug-in's own row; it need
+not be complete, since ranks that ran outside code are never reused
+(``RankPool.ran_outside_code``, :func:`check_pool`).
+
 The RNG is not compared but reset: :func:`begin_point` seeds torch's global
 generator from the point's seed and the rank, so what ran before on a warm
 rank cannot change what a point draws.
@@ -27,6 +38,8 @@ identity comparisons): it runs after every point.
 
 from __future__ import annotations
 
+import operator
+import os
 from typing import Any
 
 from .rank_result import summarize_failure
@@ -49,6 +62,18 @@ BYSTANDER_RANK = (1 << 20) - 1
 _START: dict[str, Any] = {}
 _START_FUNCTIONS: dict[str, Any] = {}
 _LIBRARY: list[tuple[str, Any, str, Any]] = []
+# torch's own namespaces, grouped per namespace for a fast look:
+# ``(prefix, namespace, attributes, values)``; see :func:`_torch_places`.
+_TORCH: list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]] = []
+# ``(name, function, code)``: a Python function whose code object was swapped
+# keeps its identity (``fn.__code__ = other.__code__``).
+_CODES: list[tuple[str, Any, Any]] = []
+# The process itself: what a plug-in can change that no torch getter shows.
+_PROCESS: dict[str, Any] = {}
+_THREADS: list[Any] = []  # the Python threads alive at start (objects: an ident is reused)
+_TENSOR_OWN: list[int] = [0]  # how many attributes torch.Tensor itself defines at start
+# The environment prefix whose variables the harness and the sweep read.
+ENV_PREFIX = "NSA_"
 
 
 def _settings() -> dict[str, Any]:
@@ -154,6 +179,167 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
     return found
 
 
+# Names torch itself rebinds with a setting the settings already compare
+# (``torch.Storage`` follows the default dtype).
+_DERIVED = frozenset({"torch.Storage"})
+
+
+def _torch_places() -> list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]]:
+    """Every function and class of ``torch``, ``torch.distributed`` and
+    ``distributed_c10d`` (its helpers too: a slowed ``_check_single_tensor``
+    costs every collective) and every attribute of ``torch.Tensor`` and its
+    base (``zero_``, ``copy_``, ...), as each namespace holds it: what the
+    harness and the built-ins call, whatever a plug-in may replace. Modules
+    are left out (torch adds its lazy submodules on first use); a name torch
+    adds later is not compared (it was not called before it existed), except
+    on ``torch.Tensor``, where a new attribute shadows its base's
+    (:func:`_process_differences`)."""
+    import types
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    found = []
+    with warnings.catch_warnings():  # callable() on a deprecated alias warns
+        warnings.simplefilter("ignore")
+        for prefix, module in (("torch", torch), ("torch.distributed", dist),
+                               ("torch.distributed.distributed_c10d", distributed_c10d)):
+            items = [(k, v) for k, v in list(vars(module).items())
+                     if not k.startswith("__") and not isinstance(v, types.ModuleType) and callable(v)
+                     and f"{prefix}.{k}" not in _DERIVED]
+            found.append((prefix, vars(module), tuple(k for k, _ in items), tuple(v for _, v in items)))
+        for prefix, cls in (("torch.Tensor", torch.Tensor), ("torch._C.TensorBase", torch._C.TensorBase)):
+            items = [(k, v) for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__", "__doc__")]
+            found.append((prefix, vars(cls), tuple(k for k, _ in items), tuple(v for _, v in items)))
+    return found
+
+
+def _codes(places: list[tuple[str, Any, str, Any]],
+           torch_places: list[tuple[str, Any, tuple[str, ...], tuple[Any, ...]]]) -> list[tuple[str, Any, Any]]:
+    """``(name, function, code)`` for every Python function among the places."""
+    import inspect
+
+    found = [(name, value, value.__code__) for name, _, _, value in places if inspect.isfunction(value)]
+    for prefix, _, attrs, values in torch_places:
+        found += [(f"{prefix}.{a}", v, v.__code__) for a, v in zip(attrs, values) if inspect.isfunction(v)]
+    return found
+
+
+def _process() -> dict[str, Any]:
+    """The process's own state a point could change, compared by value:
+    the task thread's niceness (``os.nice``) and CPU affinity, torch's active
+    function and dispatch modes (a ``TorchFunctionMode`` left entered sees
+    every later torch call) and the ``NSA_*`` environment (``NSA_CP_AUTO_MAX_S``
+    caps later ``iters=auto`` points)."""
+    import torch
+
+    state: dict[str, Any] = {}
+    try:
+        state["niceness"] = os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        pass
+    try:
+        state["CPU affinity"] = _cpus(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    # the default device is a mode of torch's own (compared as a setting)
+    state["torch function modes"] = _listed(m for m in _function_modes() if type(m).__name__ != "DeviceContext")
+    state["torch dispatch modes"] = torch._C._len_torch_dispatch_stack()
+    state["torch function enabled"] = torch._C._is_torch_function_enabled()
+    state["NSA_* environment"] = _env_text()
+    return state
+
+
+def _function_modes() -> list[Any]:
+    """The torch function modes entered now, outermost first."""
+    import torch
+
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+def _listed(modes: Any) -> str:
+    return "[" + ", ".join(_name(type(m)) for m in modes) + "]"
+
+
+def _cpus(cpus: set[int]) -> str:
+    """A CPU set as ranges: ``0-3,6``."""
+    out: list[str] = []
+    for c in sorted(cpus):
+        if out and out[-1].split("-")[-1] == str(c - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out) or "none"
+
+
+def _env_text() -> str:
+    """The ``NSA_*`` variables, ``NAME=value`` in name order (``{}``: none)."""
+    data = getattr(os.environ, "_data", None)  # CPython's encoded store: no decoding of every variable
+    if isinstance(data, dict) and all(isinstance(k, bytes) for k in list(data)[:1]):
+        prefix = ENV_PREFIX.encode()
+        kept = sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in data.items() if k.startswith(prefix))
+    else:
+        kept = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIX))
+    return "{" + ", ".join(f"{k}={v!r}" for k, v in kept) + "}"
+
+
+def _process_differences() -> list[str]:
+    """How the process, its threads and torch's namespaces differ from the start."""
+    import threading
+
+    import torch
+
+    found = [f"{key} is {value} (was {_PROCESS[key]})" for key, value in _process().items()
+             if key in _PROCESS and value != _PROCESS[key]]
+    new = [t for t in threading.enumerate() if not any(t is s for s in _THREADS) and t.is_alive()]
+    if new:
+        found.append(f"{len(new)} thread{'s' if len(new) > 1 else ''} started by the point still running ("
+                     + ", ".join(repr(t.name) for t in new[:5]) + ("" if len(new) <= 5 else ", ...") + ")")
+    for prefix, space, attrs, values in _TORCH:
+        if not all(map(operator.is_, map(space.get, attrs), values)):
+            found += [f"{prefix}.{a} is {_name(space.get(a))} (was {_name(v)})"
+                      for a, v in zip(attrs, values) if space.get(a) is not v and not _torchs_own(space.get(a), v)]
+    if len(vars(torch.Tensor)) != _TENSOR_OWN[0]:
+        start = set(_TORCH_KEYS.get("torch.Tensor", ()))
+        found += [f"torch.Tensor.{k} is {_name(v)} (was inherited)" for k, v in vars(torch.Tensor).items()
+                  if k not in start and not k.startswith("__")]
+    if _CODES and not all(map(operator.is_, map(_CODE_OF, _CODE_FNS), _CODE_WAS)):
+        found += [f"{name}.__code__ is {code_now.co_qualname} of {code_now.co_filename} (was its own)"
+                  for name, fn, code in _CODES if (code_now := fn.__code__) is not code]
+    return found
+
+
+_CODE_OF = operator.attrgetter("__code__")
+_CODE_FNS: list[Any] = []
+_CODE_WAS: list[Any] = []
+
+
+_TORCH_KEYS: dict[str, tuple[str, ...]] = {}
+
+
+def _torchs_own(new: Any, old: Any) -> bool:
+    """Whether ``new`` is torch's own wrapper of ``old``: torch rebinds a few
+    of its names when a part of it first loads (``torch._dynamo`` wraps
+    ``torch.manual_seed``). Its ``__wrapped__`` chain reaches ``old`` and its
+    code is torch's (a plug-in's ``functools.wraps`` copies the name and the
+    module, not the file)."""
+    import torch
+
+    home = os.path.dirname(torch.__file__) + os.sep
+    seen = 0
+    while new is not None and seen < 8:
+        code = getattr(new, "__code__", None)
+        if code is None or not code.co_filename.startswith(home):
+            return False
+        new = getattr(new, "__wrapped__", None)
+        if new is old:
+            return True
+        seen += 1
+    return False
+
+
 def _name(fn: Any) -> str:
     if fn is None:
         return "missing"
@@ -164,9 +350,22 @@ def _name(fn: Any) -> str:
 
 def remember() -> None:
     """Record this rank's state as it starts (once its group is up)."""
+    import threading
+
+    import torch
+
     _START.update(_settings())
     _START_FUNCTIONS.update(_functions())
     _LIBRARY[:] = _library_places()
+    _TORCH[:] = _torch_places()
+    _TORCH_KEYS.update((prefix, attrs) for prefix, _, attrs, _ in _TORCH)
+    _TENSOR_OWN[0] = len(vars(torch.Tensor))
+    _CODES[:] = _codes(_LIBRARY, _TORCH)
+    _CODE_FNS[:] = [fn for _, fn, _ in _CODES]
+    _CODE_WAS[:] = [code for _, _, code in _CODES]
+    _LIBRARY_SPACES[:] = _by_space(_LIBRARY)
+    _PROCESS.update(_process())
+    _THREADS[:] = threading.enumerate()
 
 
 def begin_point(seed: int, rank: int | None) -> None:
@@ -180,16 +379,35 @@ def begin_point(seed: int, rank: int | None) -> None:
     torch.manual_seed(shard_seed(seed, BYSTANDER_RANK if rank is None else rank) + RNG_OFFSET)
 
 
-def differences() -> list[str]:
-    """How this rank's settings and functions differ from its start, one item each."""
+def differences(full: bool = True) -> list[str]:
+    """How this rank's settings and functions differ from its start, one item
+    each; ``full=False``: torch's settings, the torch.distributed functions
+    and the library's only (about a tenth of the cost), not the process, the
+    torch namespaces and the code objects."""
     found = [f"{key} is {value} (was {_START[key]})" for key, value in _settings().items()
              if key in _START and value != _START[key]]
     now = _functions()
     found += [f"{key} is {_name(now.get(key))} (was {_name(fn)})" for key, fn in _START_FUNCTIONS.items()
               if now.get(key) is not fn]
-    found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
-              if space.get(attr) is not value]
+    if not all(all(map(operator.is_, map(space.get, attrs), values)) for space, attrs, values in _LIBRARY_SPACES):
+        found += [f"{name} is {_name(space.get(attr))} (was {_name(value)})" for name, space, attr, value in _LIBRARY
+                  if space.get(attr) is not value]
+    if full:
+        found += [f for f in _process_differences() if f not in found]
     return found
+
+
+_LIBRARY_SPACES: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = []
+
+
+def _by_space(places: list[tuple[str, Any, str, Any]]) -> list[tuple[Any, tuple[str, ...], tuple[Any, ...]]]:
+    """``places`` grouped by namespace, for a look that maps ``is`` over each."""
+    spaces: dict[int, tuple[Any, list[str], list[Any]]] = {}
+    for _, space, attr, value in places:
+        entry = spaces.setdefault(id(space), (space, [], []))
+        entry[1].append(attr)
+        entry[2].append(value)
+    return [(space, tuple(attrs), tuple(values)) for space, attrs, values in spaces.values()]
 
 
 # A rank's report carries, under this key, where its state first changed.
@@ -203,14 +421,20 @@ class Watch:
     found is kept with whose it was (later calls cost nothing), so the
     blame lands on that implementation's row, not on every row of the point."""
 
-    def __init__(self) -> None:
+    def __init__(self, outside: frozenset[str] | set[str] = frozenset()) -> None:
         self.calls = 0
         self.found: dict[str, Any] | None = None
+        # The implementations from outside the project: after their steps the
+        # look is full (the process, torch's namespaces, code objects, about
+        # 0.3-1 ms); after a built-in's, the settings and functions (~0.1 ms).
+        # What a built-in's step would change beyond those is found by the
+        # next full look or the pool's check after the point.
+        self.outside = frozenset(outside)
 
     def after(self, impl: str, where: str) -> None:
         self.calls += 1
         if self.found is None:
-            found = differences()
+            found = differences(full=impl in self.outside)
             if found:
                 # ``seq``: the same count on every rank (they run the same steps), to order their finds.
                 self.found = {"impl": impl, "where": where, "what": "; ".join(found), "seq": self.calls}
@@ -245,7 +469,9 @@ def check_pool(pool: Any, timeout_s: float) -> tuple[str, str]:
     ``("", "")`` when every rank is as it started; ``("rank_state", what
     changed, per global rank)``; ``("", why)`` when the ranks did not answer
     (an error, not a check). The pool is closed unless every rank is as it
-    started."""
+    started, and after outside code ran on it (``pool.ran_outside_code``)
+    whatever the check found: what no check looks at must not reach the next
+    point either."""
     results = pool.run(changes, timeout_s=timeout_s)
     if not all(r.ok for r in results):  # the pool closed itself
         _, reason = summarize_failure(results)
@@ -255,6 +481,8 @@ def check_pool(pool: Any, timeout_s: float) -> tuple[str, str]:
         if r.value:
             by_change.setdefault(r.value, []).append(r.rank)
     if not by_change:
+        if getattr(pool, "ran_outside_code", False):
+            pool.close()
         return "", ""
     pool.close(graceful=False)
     bad = [f"global rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {change}"

@@ -17,7 +17,10 @@ No rank outlives the process that started it: a rank's first statements (in
 ``PR_SET_PDEATHSIG`` and check that the parent is still its starter; a pool
 whose start fails or is interrupted kills the ranks it started; a rank still
 starting exits when its pipe to the starter closes; rendezvous files left by
-killed starters are removed by the next pool in the same directory. The death
+killed starters are removed by the next pool in the same directory. What a
+rank started dies with it: ranks are child subreapers, and their descendants
+(in a session of their own or not) are stopped and killed before them
+(:mod:`.reap`); a rank ends with ``os._exit``, no exit handler run. The death
 signal follows the *thread* that started the ranks: start a pool from a
 thread that outlives it (the main thread, as Hydra and pytest do).
 """
@@ -51,6 +54,8 @@ from . import forkserver
 from .machine import bind_rank, cgroup_dirs
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
+from .reap import kill_descendants
+from .switches import check_switches, env_switch
 
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -226,11 +231,11 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         try:
             item = conn.recv()
         except EOFError:  # the parent is gone
-            os._exit(1)
+            _leave(1)
         if item is None:
             # Leave at once: tearing down the group and the interpreter
             # costs seconds per pool and frees nothing the OS would not.
-            os._exit(0)
+            _leave(0)
         task_id, main_path, payload = item
         _TASK_ID = task_id
         try:
@@ -240,6 +245,18 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             conn.send((task_id, "error", one_line_error(exc), traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
+
+
+def _leave(code: int) -> None:
+    """End this rank: what its tasks started first (:mod:`.reap`: this rank
+    is their subreaper), then the process, with no exit handler run (a
+    plug-in's could block forever)."""
+    try:
+        kill_descendants(os.getpid())
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 _PARENT_MAIN_LOADED = False
@@ -452,10 +469,14 @@ class RankPool:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         start_timeout_s = check_seconds("start_timeout_s", start_timeout_s)
+        check_switches()  # here, in one line, not as a rank's traceback
         self.world_size = world_size
         self.backend = backend
         self.device = device
         self.closed = True  # until there is something to close
+        # Set by whoever runs outside code (a plug-in) on these ranks
+        # (measure.run_point): no later point is run on them (get_pool).
+        self.ran_outside_code = False
         self._next_task = 0
         self._stack_from: dict[int, int] = {}  # per rank: where its latest stack dump starts
         self._conns: list[Connection] = []
@@ -480,7 +501,18 @@ class RankPool:
         try:
             server = forkserver.server_for(env, WORKER_PATH, deadline) if forkserver.usable(self.device) else None
             for r in range(self.world_size):
-                self._start_rank(r, server, env, threads, deadline)
+                try:
+                    self._start_rank(r, server, env, threads, deadline)
+                except RuntimeError as exc:
+                    if server is None:
+                        raise
+                    # The server failed (gone, stopped, a request refused): it is
+                    # replaced, and every rank starts by exec, on a new rendezvous
+                    # (the forked ones die with their server).
+                    forkserver.replace_server_of(server, str(exc))
+                    server = None
+                    self._restart_by_exec(env, threads, deadline)
+                    break
         except TimeoutError as exc:  # the fork server still importing torch, or not answering
             raise StartTimeout(f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {exc} "
                                f"within {start_timeout_s:g}s") from None
@@ -493,6 +525,19 @@ class RankPool:
             slow = all(r.ok or r.status == "timeout" for r in ready)
             raise (StartTimeout if slow else RuntimeError)(
                 f"starting {self.world_size} {self.backend}/{self.device} ranks failed: {reason}")
+
+    def _restart_by_exec(self, env: dict[str, str], threads: int, deadline: float) -> None:
+        self._kill()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        try:
+            self._store_path.unlink()
+        except FileNotFoundError:
+            pass
+        self._store_path = self._store_path.with_name(store_name())
+        for r in range(self.world_size):
+            self._start_rank(r, None, env, threads, deadline)
 
     def _start_rank(self, r: int, server: forkserver.ForkServer | None, env: dict[str, str], threads: int,
                     deadline: float) -> None:
@@ -604,7 +649,12 @@ class RankPool:
         return waiting_in(dump)
 
     def _kill(self) -> None:
-        """SIGKILL every rank and what it started; reap them."""
+        """SIGKILL every rank and what it started (its descendants, in a
+        session of their own or not: each rank is their subreaper, :mod:`.reap`),
+        then reap them."""
+        for p in self._procs:
+            if p.poll() is None:
+                kill_descendants(p.pid)
         for p in self._procs:
             if p.poll() is None:
                 p.kill()
@@ -685,6 +735,9 @@ class RankPool:
         if self.closed:
             return
         self.closed = True
+        for p in self._procs:  # what the ranks started, before the ranks leave it to their server
+            if p.poll() is None:
+                kill_descendants(p.pid)
         if graceful and self.alive_processes() == len(self._procs):
             for conn in self._conns:
                 try:
@@ -729,13 +782,17 @@ REUSE_ENV = "NSA_CP_COMM_REUSE_RANKS"
 def get_pool(world_size: int, *, backend: str, device: str, workdir: str | os.PathLike[str],
              start_timeout_s: float = 180.0, start_retries: int = 0) -> RankPool:
     """A warm pool for this world, started (rendezvous in ``workdir``) only when
-    no live one exists (or always, with ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
+    no live one exists that ran no outside code (or always, with
+    ``NSA_CP_COMM_REUSE_RANKS=0``). Pools of other worlds are closed first, so at most one
     set of ranks holds the machine's cores at a time. A start whose ranks were
     still starting at ``start_timeout_s`` (:class:`StartTimeout`) is tried
     again up to ``start_retries`` times; any other failure raises at once."""
     key = (world_size, backend, device)
     pool = _POOLS.get(key)
-    if pool is not None and pool.alive and os.environ.get(REUSE_ENV, "1") != "0":
+    # Ranks that ran outside code are trusted with nothing after it: whatever
+    # it left in the process (a method patched, a thread spinning, a nice
+    # level) no check has to find.
+    if pool is not None and pool.alive and not pool.ran_outside_code and env_switch(REUSE_ENV, True):
         return pool
     close_pools()
     for attempt in range(start_retries + 1):
@@ -758,6 +815,38 @@ def close_pools() -> None:
 
 
 atexit.register(close_pools)
+
+# How long the exit handlers of a process that ran outside code get (end_process).
+EXIT_HANDLERS_S = 10.0
+
+
+def end_process(code: int, handlers_s: float = EXIT_HANDLERS_S) -> None:
+    """End this process with ``code`` once its ranks and fork servers are
+    closed and its output flushed, giving the exit handlers (``atexit``: a
+    plug-in imported here may have registered one that never returns) at
+    most ``handlers_s`` seconds on a thread of their own. Never returns."""
+    try:
+        close_pools()
+        forkserver.close_servers()
+    finally:
+        done = threading.Event()
+
+        def handlers() -> None:
+            try:
+                atexit._run_exitfuncs()
+            finally:
+                done.set()
+
+        threading.Thread(target=handlers, name="exit-handlers", daemon=True).start()
+        if not done.wait(handlers_s):
+            print(f"warning: exit handlers still running after {handlers_s:g}s (a plug-in's?); leaving without them",
+                  file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def run_on_ranks(
