@@ -85,20 +85,37 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
                 rows[(d, pid)] = list(by_impl.values())
     counts: Counter[str] = Counter()
     swept: list[dict[str, str]] = []
+    # A point is one configuration of the sweep, its implementations apart (as
+    # the report and compare count them): `impl=mine,padded` under -m makes two
+    # jobs of each point, one per impl, and they count once.
+    seen: set[tuple[str, str]] = set()
+    missing: set[tuple[str, str]] = set()
+    failing: set[tuple[str, str]] = set()
     for cfg, pid in pts:
-        counts["points"] += 1
+        key = (str(cfg["results_dir"]), config_key(cfg))
+        seen.add(key)
         got = rows.get((str(cfg["results_dir"]), pid), [])
         if not got:
-            counts["missing"] += 1
+            missing.add(key)
         swept += got
         for row in got:
             counts[row.get("status") or "missing"] += 1
-        counts["failing points"] += any(row.get("status") in BAD_STATUSES for row in got)
+        if any(row.get("status") in BAD_STATUSES for row in got):
+            failing.add(key)
         counts["unflaggable rows"] += sum(unflaggable(row) for row in got)
+    counts["points"], counts["missing"], counts["failing points"] = len(seen), len(missing), len(failing)
+    counts["jobs"] = len(pts)
     files = [str(results_path(d)) for d in sorted(by_dir)]
     found = gaps(swept)
     counts["coverage gaps"] = 0 if all(cfg.get("allow_skipped") for cfg, _ in pts) else len(found)
     return counts, files, gap_lines(found)
+
+
+def config_key(cfg: Mapping[str, Any]) -> str:
+    """A point's key: its configuration without ``impl`` (every impl of a point shares it)."""
+    from .point import point_id
+
+    return point_id({k: v for k, v in cfg.items() if k != "impl"})
 
 
 def unflaggable(row: Mapping[str, Any]) -> bool:

@@ -164,6 +164,7 @@ def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
     )
     assert run.returncode == 1, run.stdout[-2000:]  # error and timeout points fail the sweep
     rows = {r["impl"]: r for r in run.rows()}
+    raises, hangs = "raise_rank", "hang_rank"  # rows carry the names they declare
     assert rows[raises]["status"] == "error"
     assert "rank 1" in rows[raises]["reason"] and "injected fault" in rows[raises]["reason"]
     assert rows[hangs]["status"] == "timeout" and "rank" in rows[hangs]["reason"]
