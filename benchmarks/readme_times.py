@@ -364,7 +364,9 @@ def render_sessions(data: dict[str, Any], names: list[str]) -> str:
         if part.get("counts"):
             what.append(_counted(part["counts"]))
         if not part["ok"]:
-            what.append(f"**exited {part['exit']}**")
+            what.append(f"**exited {part['exit']}**" + (f" ({exit_why(part)})" if exit_why(part) else ""))
+        if part.get("note"):
+            what.append(part["note"])
         m = part["machine"]
         rows.append(f"| `nox -s {name}` | {part['wall_s']:.0f} s | {ld['min']:.1f} / {ld['median']:.1f} / {ld['max']:.1f} | "
                     f"{'; '.join(what)} | {m['nproc']}-core {m['cpu']}, torch {m['torch']}, {part['date']}, "
@@ -377,6 +379,17 @@ def render_sessions(data: dict[str, Any], names: list[str]) -> str:
     glued = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\x00"), lead)
     lead = textwrap.fill(glued, width=78, break_on_hyphens=False, break_long_words=False).replace("\x00", " ")
     return lead + "\n\n" + "\n".join(rows)
+
+
+def exit_why(part: dict[str, Any]) -> str:
+    """What a session that exited otherwise than nox accepts said, in a few
+    words: compare's non-zero counts (`unverified=159 of 400 rows`)."""
+    m = re.search(r"^summary: (.*) -> FAIL$", part.get("tail", ""), re.M)
+    if not m:
+        return ""
+    counts = dict(re.findall(r"([\w-]+)=(\d+)", m.group(1)))
+    bad = [f"{k}={v}" for k, v in counts.items() if v != "0" and k not in ("points", "rows", "joined")]
+    return ", ".join(bad) + (f" of {counts['rows']} rows" if "rows" in counts else "")
 
 
 def words_count(n: int, noun: str) -> str:
