@@ -70,8 +70,11 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
     """``points``: (config, point_id). Counts of the points' latest rows by
     status, read from the results files, the results files read, and the
     coverage gaps of outside implementations (matrix.coverage.gap_lines);
-    counts of points: ``points``, ``missing`` (points without a row) and
-    ``failing points`` (points with a failed, error or timeout row); of gaps:
+    counts of points (a point: a configuration, its impls apart, so that a
+    sweep over impls, a job per point and impl, counts each point once):
+    ``points``, ``missing`` (points with a job that wrote no row) and
+    ``failing points`` (points with a failed, error or timeout row);
+    ``jobs``, the (config, point_id) pairs given; of gaps:
     ``coverage gaps``, those not allowed (``allow_skipped`` false at a point
     of the sweep)."""
     by_dir: dict[str, set[str]] = {}
