@@ -115,7 +115,9 @@ COLUMN_MEANING: dict[str, str] = {
     "busbw_padded_GBps": "nccl-tests' bus bandwidth: `algbw * (cp - 1) / cp`, padded bytes",
     "algbw_useful_GBps": "`algbw` over the useful bytes",
     "busbw_useful_GBps": "`busbw` over the useful bytes",
-    "impl_origin": "where the implementation came from: built-in, or a plug-in's module and version",
+    "impl_origin": ("where the implementation came from: built-in, or a plug-in's module and version (a plug-in "
+                    "loaded by reference has `impl` the name it declares, unless that is a built-in's; the "
+                    "reference is in `overrides` and `repro`)"),
     "device_name": "the GPU's name, or the CPU model",
     "timestamp": "when the row was written (UTC)",
     "wall_s": "the point's wall time, ranks' start included",

@@ -124,6 +124,9 @@ SLOW: dict[str, str] = {
     "tests/test_plugins.py::test_even_bits": "a sweep through the CLI",
     "tests/test_plugins.py::test_bystanders": "a sweep with bystander ranks",
     "tests/test_plugins.py::test_a_timed_form_that_diverges": "a sweep through the CLI",
+    "tests/test_summary.py::test_the_console_the_summary_and_the_report_count_the_same_points": "the conformance "
+        "preset through the CLI: its dry run, a sweep and its report",
+    "tests/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
     "tests/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
     "tests/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
     "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",

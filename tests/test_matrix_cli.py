@@ -164,6 +164,7 @@ def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
     )
     assert run.returncode == 1, run.stdout[-2000:]  # error and timeout points fail the sweep
     rows = {r["impl"]: r for r in run.rows()}
+    raises, hangs = "raise_rank", "hang_rank"  # rows carry the names they declare
     assert rows[raises]["status"] == "error"
     assert "rank 1" in rows[raises]["reason"] and "injected fault" in rows[raises]["reason"]
     assert rows[hangs]["status"] == "timeout" and "rank" in rows[hangs]["reason"]
@@ -171,7 +172,8 @@ def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
     # tight bound, with warm ranks, is tests/test_hardening.py::test_injected_fault_costs_one_row.
     assert float(rows[hangs]["wall_s"]) < 4 + 120  # generous: fresh ranks on a loaded machine
     assert rows["padded"]["status"] == "ok" and rows["padded"]["correct"] == "True"
-    assert "3 points, 3 rows: ok 1, failed 0, error 1, timeout 1" in run.stdout
+    # one configuration swept over three impls: one point, a row per impl
+    assert "1 point, 3 rows: ok 1, failed 0, error 1, timeout 1" in run.stdout
 
 
 def test_contradictory_mlp_mode_is_a_skipped_row(tmp_path):
@@ -307,7 +309,8 @@ def test_any_launcher_prints_the_summary_and_fails_on_bad_points(tmp_path):
     run = run_matrix(tmp_path / "res", "hydra/launcher=submitit_local", "cp_size=1", "seq_lens=[64]",
                      "hidden_size=32", "iters=1", "warmup=0", "impl=padded,tests.broken_impls:raise_rank", timeout=600)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "matrix summary: 2 points, 2 rows: ok 1, failed 0, error 1, timeout 0" in run.stdout
+    # one configuration, a job per impl: one point, two rows
+    assert "matrix summary: 1 point, 2 rows: ok 1, failed 0, error 1, timeout 0" in run.stdout
     assert "[matrix]" not in run.stdout  # the jobs' own lines stay in their logs
 
 

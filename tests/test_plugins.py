@@ -58,20 +58,20 @@ def test_broken_impls_are_flagged_and_the_sweep_goes_on(tmp_path):
     }
     for name, points in expect.items():
         for lens, verdict in points.items():
-            row = rows[(f"{BROKEN}:{name}", lens)]
+            row = rows[(name, lens)]
             assert _verdict(row) == verdict, (name, lens, row["reason"])
             assert row["impl_origin"].startswith(BROKEN), row["impl_origin"]
             if verdict[0] == "failed":
                 assert row["correct"] == "False" and row["roundtrip_p50_us"] == "", row
     # Rank 1 holds no rows and skips the all-gather; the correctness group's
     # consistency check finds it in another collective instead of a hang.
-    skipped = rows[(f"{BROKEN}:skip_empty", "[1,1]")]
+    skipped = rows[(f"skip_empty", "[1,1]")]
     assert skipped["status"] in ("error", "timeout") and skipped["failed_check"] == "collective_skipped", skipped
     assert "rank 0" in skipped["reason"] and "rank 1" in skipped["reason"], skipped["reason"]
     assert skipped["impl_origin"].startswith(BROKEN)
     # The sweep went on: the points after it ran, on fresh ranks.
     order = [(r["impl"], r["seq_lens"]) for r in run.rows()]
-    assert order.index(("padded", "[3,3]")) > order.index((f"{BROKEN}:skip_empty", "[1,1]"))
+    assert order.index(("padded", "[3,3]")) > order.index(("skip_empty", "[1,1]"))
     for lens in ("[3,3]", "[1,1]"):
         assert _verdict(rows[("padded", lens)]) == ("ok", ""), rows[("padded", lens)]["reason"]
         assert float(rows[("padded", lens)]["roundtrip_p50_us"]) > 0
@@ -87,14 +87,14 @@ def test_even_bits_and_a_rank_that_never_enters(tmp_path):
                      "timeout_s=30", *SMALL)
     assert run.returncode == 1, run.stderr[-2000:]
     rows = _by_point(run)
-    shortcut = rows[(f"{BROKEN}:even_shortcut", "[300]")]
+    shortcut = rows[(f"even_shortcut", "[300]")]
     assert _verdict(shortcut) == ("failed", "even_bitwise"), shortcut["reason"]
     assert shortcut["even_bitwise_equal"] == "False"
-    assert _verdict(rows[(f"{BROKEN}:even_shortcut", "[1,1]")]) == ("ok", "")  # uneven: no bits promised
-    assert _verdict(rows[(f"{BROKEN}:skip_empty_both", "[300]")]) == ("ok", "")
+    assert _verdict(rows[(f"even_shortcut", "[1,1]")]) == ("ok", "")  # uneven: no bits promised
+    assert _verdict(rows[(f"skip_empty_both", "[300]")]) == ("ok", "")
     # Rank 2 skips the gather and the scatter and waits in the next collective
     # of the point; ranks 0 and 1 wait in the all-gather.
-    hung = rows[(f"{BROKEN}:skip_empty_both", "[1,1]")]
+    hung = rows[(f"skip_empty_both", "[1,1]")]
     assert hung["status"] in ("error", "timeout") and hung["failed_check"] == "collective_skipped", hung
     assert re.search(r"\brank 2 never entered\b", hung["reason"]), hung["reason"]
     for lens in ("[300]", "[1,1]"):
@@ -124,17 +124,17 @@ def test_what_outside_code_slips_past_is_named(tmp_path):
         "float64_scatter": ("failed", "scatter_chunk", "dtype float64, not bfloat16"),
     }
     for name, (status, check, text) in expect.items():
-        row = rows[(f"{BROKEN}:{name}", "[3,3]")]
+        row = rows[(name, "[3,3]")]
         assert _verdict(row) == (status, check), (name, row["reason"])
         assert text in row["reason"], (name, row["reason"])
-    assert "on gloo" in rows[(f"{BROKEN}:raw_allgather", "[3,3]")]["reason"]
-    assert "on NCCL" in rows[(f"{BROKEN}:raw_allgather", "[3,3]")]["reason"]
+    assert "on gloo" in rows[(f"raw_allgather", "[3,3]")]["reason"]
+    assert "on NCCL" in rows[(f"raw_allgather", "[3,3]")]["reason"]
     # Even shards hide every one of them but the default group and the dtype;
     # an even-only implementation runs there.
     for name in ("refuses_late_c10d", "refuses_late_functional", "global_rank", "raw_allgather", "own_rows_scatter"):
-        assert _verdict(rows[(f"{BROKEN}:{name}", "[4,4]")]) == ("ok", ""), (name, rows[(f"{BROKEN}:{name}", "[4,4]")])
-    assert _verdict(rows[(f"{BROKEN}:default_group", "[4,4]")]) == ("failed", "group")
-    assert _verdict(rows[(f"{BROKEN}:float64_scatter", "[4,4]")]) == ("failed", "scatter_chunk")
+        assert _verdict(rows[(name, "[4,4]")]) == ("ok", ""), (name, rows[(name, "[4,4]")])
+    assert _verdict(rows[(f"default_group", "[4,4]")]) == ("failed", "group")
+    assert _verdict(rows[(f"float64_scatter", "[4,4]")]) == ("failed", "scatter_chunk")
     for lens in ("[3,3]", "[4,4]"):
         assert _verdict(rows[("padded", lens)]) == ("ok", ""), rows[("padded", lens)]["reason"]
 
@@ -148,15 +148,15 @@ def test_a_timed_form_that_diverges_from_the_checked_one_fails(tmp_path):
                      "hidden_size=32", "iters=3", "warmup=1")
     assert run.returncode == 1, run.stderr[-2000:]
     rows = _by_point(run)
-    bad = rows[(f"{BROKEN}:diverging_form", "[3,3]")]
+    bad = rows[(f"diverging_form", "[3,3]")]
     assert _verdict(bad) == ("failed", "production_form"), bad["reason"]
     assert bad["roundtrip_p50_us"] == "" and bad["correct"] == "False"
     # Every iteration (warm-up included) against the rows every rank contributed.
     assert "wrong in 4 of 4 iterations of the timed loop" in bad["reason"], bad["reason"]
     assert "gathered rows of rank 1 (at row 4) are not rank 1's rows of this iteration" in bad["reason"]
-    assert _verdict(rows[(f"{BROKEN}:diverging_form", "[4,4]")]) == ("ok", "")
+    assert _verdict(rows[(f"diverging_form", "[4,4]")]) == ("ok", "")
     for lens in ("[3,3]", "[4,4]"):
-        ok = rows[(f"{BROKEN}:reused_buffer", lens)]
+        ok = rows[(f"reused_buffer", lens)]
         assert _verdict(ok) == ("ok", ""), ok["reason"]
         assert float(ok["local_p50_us"]) > 0  # its stage is timed as the local phase
 
@@ -183,7 +183,7 @@ def test_bystanders_catch_the_default_group(tmp_path):
                      *SMALL)
     assert run.returncode == 1, run.stderr[-2000:]
     rows = _by_point(run)
-    hung = rows[(f"{BROKEN}:default_group", "[3,3]")]
+    hung = rows[(f"default_group", "[3,3]")]
     assert hung["status"] in ("error", "timeout"), hung["reason"]
     if hung["status"] == "timeout":
         assert hung["failed_check"] == "group" and "bystander" in hung["reason"], hung["reason"]

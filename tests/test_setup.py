@@ -77,6 +77,66 @@ def test_render_changes_with_the_figures():
     assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
 
 
+def test_setup_doc_quotes_exactly_the_committed_session_times():
+    """docs/setup.md's table of every nox session's time is the committed
+    measurement rendered, one row per session the noxfile registers."""
+    data = json.loads(readme_times.SESSIONS_JSON.read_text())
+    block = readme_times.sessions_block(SETUP_DOC.read_text())
+    assert block is not None, "docs/setup.md has no <!-- nox_times --> block"
+    names = readme_times.session_names()
+    assert _squash(block) == _squash(readme_times.render_sessions(data, names)), (
+        "docs/setup.md's session times differ from nox_times.json: run python benchmarks/readme_times.py --render")
+    rows = [ln for ln in block.splitlines() if ln.startswith("| `nox -s ")]
+    assert [re.match(r"\| `nox -s (\w+)`", ln).group(1) for ln in rows] == names
+    assert {"tests", "slow", "fuzz", "matrix"} <= set(names)
+    # at least the two a newcomer runs first are measured
+    assert {"tests", "matrix"} <= set(data["sessions"])
+
+
+def test_session_times_say_where_when_at_what_load_and_of_todays_commands():
+    data = json.loads(readme_times.SESSIONS_JSON.read_text())
+    for name, part in data["sessions"].items():
+        assert part["wall_s"] > 0 and part["machine"]["nproc"] >= 1 and part["machine"]["cpu"], name
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", part["date"]) and part["commit"], name
+        ld = part["load_during"]
+        assert 0 <= ld["min"] <= ld["median"] <= ld["max"] and ld["samples"] >= 2, name
+        # the command the noxfile runs for the session today (the run timing
+        # the suite is today's command by definition)
+        if name == "tests" and os.environ.get(readme_times.MEASURING) == "tests":
+            continue
+        posargs = [a.format(tmp="TMP", results="TMP/run") for a in readme_times.SESSION_POSARGS.get(name, [])]
+        argv, _, _ = readme_times.session_command(name, posargs)
+        shown = [a.replace(f"{REPO}{os.sep}", "") for a in argv[1:]]
+        assert part["command"] == "python " + shlex.join(shown), name
+
+
+def test_session_table_changes_with_the_figures():
+    data = json.loads(readme_times.SESSIONS_JSON.read_text())
+    names = readme_times.session_names()
+    slower = json.loads(json.dumps(data))
+    for part in slower["sessions"].values():
+        part["wall_s"] += 100
+    assert readme_times.render_sessions(data, names) != readme_times.render_sessions(slower, names)
+    louder = json.loads(json.dumps(data))
+    next(iter(louder["sessions"].values()))["load_during"]["median"] += 5
+    assert readme_times.render_sessions(data, names) != readme_times.render_sessions(louder, names)
+    # a session measured as failing says so
+    failing = json.loads(json.dumps(data))
+    part = failing["sessions"]["matrix"]
+    part.update(ok=False, exit=1)
+    assert "**exited 1**" in readme_times.render_sessions(failing, names).split("`nox -s matrix`", 2)[1]
+    assert "not measured yet" in readme_times.render_sessions({"sessions": {}}, names)
+
+
+def test_session_command_is_what_the_noxfile_runs(fake):
+    for name in readme_times.session_names():
+        posargs = [a.format(tmp="/T", results="/T/run") for a in readme_times.SESSION_POSARGS.get(name, [])]
+        args, kwargs = fake(name, *posargs)
+        argv, env, codes = readme_times.session_command(name, posargs)
+        assert argv[1:] == list(args[1:]) and env == kwargs.get("env", {}), name
+        assert codes == kwargs.get("success_codes", [0]), name
+
+
 @pytest.mark.parametrize("load", compare_power.measured_loads(), ids=lambda v: f"load{v:g}" if v else "as-is")
 def test_docs_quote_exactly_the_committed_gate_figures(load):
     path = compare_power.json_path(load)

@@ -14,13 +14,13 @@ def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Pat
     write_run(tmp_path, [make_row("padded", status="error", point_id="p1"),
                          make_row("legacy", status="timeout", point_id="p1"),
                          make_row("padded", cp=4, point_id="p2"), make_row("legacy", cp=4, point_id="p2")])
-    cfg = {"results_dir": str(tmp_path)}
-    counts, _, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
+    cfg = [{"results_dir": str(tmp_path), "seq_lens": [n]} for n in (1, 2, 3)]
+    counts, _, _ = summary.summarize([(cfg[0], "p1"), (cfg[1], "p2"), (cfg[2], "p3")])
     line = summary.render(counts, [])
     assert line == ("matrix summary: 3 points, 4 rows: ok 2, failed 0, error 1, timeout 1; "
                     "failed, error or timeout: 2 rows of 1 point; missing 1 point (wrote no row)")
     assert summary.exit_code(counts) == summary.EXIT_BAD
-    counts, _, _ = summary.summarize([(cfg, "p2")])
+    counts, _, _ = summary.summarize([(cfg[1], "p2")])
     assert summary.render(counts, []) == "matrix summary: 1 point, 2 rows: ok 2, failed 0, error 0, timeout 0"
 
 
@@ -30,12 +30,12 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
     write_run(tmp_path, [make_row("padded", point_id="p1", iters=3), make_row("legacy", point_id="p1", iters=3),
                          make_row("padded", point_id="p2", iters="auto"), make_row("padded", point_id="p3")])
     cfg = {"results_dir": str(tmp_path)}
-    counts, _, _ = summary.summarize([(cfg, "p1"), (cfg, "p2"), (cfg, "p3")])
+    counts, _, _ = summary.summarize([({**cfg, "seq_lens": [n]}, f"p{n}") for n in (1, 2, 3)])
     assert summary.render(counts, []).splitlines()[1] == (
         "samples too few: 2 timed rows with fewer than 5 iterations: no change in them can be significant, and "
         "compare fails them as unverified (between two runs of the smoke preset it gates their status and "
         "correctness only); time with iters=5 or more, or iters=auto")
-    counts, _, _ = summary.summarize([(cfg, "p2"), (cfg, "p3")])
+    counts, _, _ = summary.summarize([({**cfg, "seq_lens": [n]}, f"p{n}") for n in (2, 3)])
     assert "samples too few" not in summary.render(counts, [])
 
 
@@ -51,3 +51,46 @@ def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row() -
     # cut at a word: no half word before the mark
     kept = clipped(long)[: -len(CUT_MARK)]
     assert long.startswith(kept) and long[len(kept)] == " "
+
+
+def test_a_point_swept_over_its_impls_is_one_point(tmp_path: Path) -> None:
+    """`impl=mine,padded` under -m makes a job per point and impl (two point
+    ids); the summary counts the configuration once, as the report does."""
+    write_run(tmp_path, [make_row("padded", point_id="a1"), make_row("legacy", status="error", point_id="a2"),
+                         make_row("padded", cp=4, point_id="b1")])
+    base = {"results_dir": str(tmp_path), "cp_size": 2}
+    pts = [({**base, "impl": "padded"}, "a1"), ({**base, "impl": "legacy"}, "a2"),
+           ({**base, "cp_size": 4, "impl": "padded"}, "b1"), ({**base, "cp_size": 4, "impl": "legacy"}, "b2")]
+    counts, _, _ = summary.summarize(pts)
+    assert summary.render(counts, []) == (
+        "matrix summary: 2 points, 3 rows: ok 2, failed 0, error 1, timeout 0; "
+        "failed, error or timeout: 1 row of 1 point; missing 1 point (wrote no row)")
+
+
+def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path: Path) -> None:
+    """The conformance preset swept over two impls, cut to 2 configurations:
+    its dry run, its closing summary and its report (report.md's verdict line,
+    report.json) all say 2 points and 4 rows (a point: a configuration; a row:
+    a point and an impl). Before, the console counted jobs: 4 points."""
+    import json
+    import re
+
+    from matrix.review import report
+    from matrix_cli import run_matrix
+
+    args = ("+matrix=conformance", "impl=padded,legacy", "+plan_class=even,uneven_by_one", "+conformance_cp=cp2",
+            "bystanders=0")
+    res = tmp_path / "res"
+    dry = run_matrix(res, *args, "--dry-run", multirun=False)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    estimate = dry.stdout.strip().splitlines()[-1]
+    assert estimate.startswith("estimate: 2 points (4 jobs: one per point and impl), about "), estimate
+    run = run_matrix(res, *args, multirun=False, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    closing = next(ln for ln in run.stdout.splitlines() if ln.startswith("matrix summary:"))
+    assert re.match(r"matrix summary: 2 points, 4 rows: ", closing), closing
+    assert report.main([str(res), "--exit-zero"]) == 0
+    first = next(ln for ln in (res / "report.md").read_text().splitlines() if ln.startswith("**Verdict"))
+    assert "2 points, 4 rows (a row: one point and one impl)" in first, first
+    doc = json.loads((res / "report.json").read_text())
+    assert (doc["summary"]["points"], doc["summary"]["rows"]) == (2, 4)

@@ -113,8 +113,8 @@ def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path):
                      "warmup=0", "timeout_s=120")
     assert run.returncode == 1, run.stderr[-2000:]
     rows = {(r["impl"], r["seq_lens"]): r for r in run.rows()}
-    bad = rows[("tests.vllm_plugin_tasks:skip_on_empty", "[1]")]
+    bad = rows[("vllm_pcp", "[1]")]  # the name it declares
     assert (bad["status"], bad["failed_check"]) == ("error", "collective_skipped"), bad["reason"]
     assert "rank 1 skipped _ALLGATHER_BASE (already in _REDUCE_SCATTER_BASE)" in bad["reason"], bad["reason"]
-    assert rows[("tests.vllm_plugin_tasks:skip_on_empty", "[7]")]["status"] == "ok"
+    assert rows[("vllm_pcp", "[7]")]["status"] == "ok"
     assert {rows[("padded", lens)]["status"] for lens in ("[1]", "[7]")} == {"ok"}

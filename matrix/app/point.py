@@ -172,11 +172,12 @@ def build_rows(
         claim_holds=plan.claim_holds,
     )
     rows = []
+    names = row_names([r.impl for r in results])
     for r in results:
         row = dict(base)
         row.update(_moved_plan(r.impl, plan))
         row.update(
-            impl=r.impl,
+            impl=names[r.impl],
             status=r.status,
             reason=r.reason,
             failed_check=r.failed_check,
@@ -202,6 +203,43 @@ def build_rows(
                     row[col] = value
         rows.append(row)
     return rows
+
+
+def declared_name(name: str) -> str:
+    """The name a row gives implementation ``name``: for a reference
+    (``module:attribute``) the name its object declares, as an entry point's
+    rows carry it; the reference itself where that name is not a plain one, is
+    a built-in's or a keyword of ``impl``, or is an installed entry point's of
+    another origin (the reference stays in the row's ``overrides`` and
+    ``repro`` either way)."""
+    from nsa_cp_comm import impls
+
+    from .config import IMPL_KEYWORDS
+
+    if ":" not in name:
+        return name
+    try:
+        impl = impls.get(name)
+        declared = impls.DECLARED.get(name, "")
+        if not declared or ":" in declared or declared != declared.strip() or declared in impls.BUILTIN \
+                or declared in IMPL_KEYWORDS:
+            return name
+        impls.discover()
+        other = impls.REGISTRY.get(declared)
+    except (impls.ImplError, ValueError):
+        return name
+    if other is not None and impls.origin(other) != impls.origin(impl):
+        return name
+    return declared
+
+
+def row_names(names: list[str]) -> dict[str, str]:
+    """``{name: the name its rows carry}`` for the implementations of one
+    point (:func:`declared_name`); two references of the point that declare
+    one name keep their references, so that each has rows of its own."""
+    shown = {n: declared_name(n) for n in names}
+    taken = [v for v in shown.values()]
+    return {n: (v if taken.count(v) == 1 else n) for n, v in shown.items()}
 
 
 def _moved_plan(name: str, plan: Any) -> dict[str, Any]:

@@ -71,8 +71,11 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
     """``points``: (config, point_id). Counts of the points' latest rows by
     status, read from the results files, the results files read, and the
     coverage gaps of outside implementations (matrix.coverage.gap_lines);
-    counts of points: ``points``, ``missing`` (points without a row) and
-    ``failing points`` (points with a failed, error or timeout row); of gaps:
+    counts of points (a point: a configuration, its impls apart, so that a
+    sweep over impls, a job per point and impl, counts each point once):
+    ``points``, ``missing`` (points with a job that wrote no row) and
+    ``failing points`` (points with a failed, error or timeout row);
+    ``jobs``, the (config, point_id) pairs given; of gaps:
     ``coverage gaps``, those not allowed (``allow_skipped`` false at a point
     of the sweep)."""
     by_dir: dict[str, set[str]] = {}
@@ -86,20 +89,37 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
                 rows[(d, pid)] = list(by_impl.values())
     counts: Counter[str] = Counter()
     swept: list[dict[str, str]] = []
+    # A point is one configuration of the sweep, its implementations apart (as
+    # the report and compare count them): `impl=mine,padded` under -m makes two
+    # jobs of each point, one per impl, and they count once.
+    seen: set[tuple[str, str]] = set()
+    missing: set[tuple[str, str]] = set()
+    failing: set[tuple[str, str]] = set()
     for cfg, pid in pts:
-        counts["points"] += 1
+        key = (str(cfg["results_dir"]), config_key(cfg))
+        seen.add(key)
         got = rows.get((str(cfg["results_dir"]), pid), [])
         if not got:
-            counts["missing"] += 1
+            missing.add(key)
         swept += got
         for row in got:
             counts[row.get("status") or "missing"] += 1
-        counts["failing points"] += any(row.get("status") in BAD_STATUSES for row in got)
+        if any(row.get("status") in BAD_STATUSES for row in got):
+            failing.add(key)
         counts["unflaggable rows"] += sum(unflaggable(row) for row in got)
+    counts["points"], counts["missing"], counts["failing points"] = len(seen), len(missing), len(failing)
+    counts["jobs"] = len(pts)
     files = [str(results_path(d)) for d in sorted(by_dir)]
     found = gaps(swept)
     counts["coverage gaps"] = 0 if all(cfg.get("allow_skipped") for cfg, _ in pts) else len(found)
     return counts, files, gap_lines(found)
+
+
+def config_key(cfg: Mapping[str, Any]) -> str:
+    """A point's key: its configuration without ``impl`` (every impl of a point shares it)."""
+    from .point import point_id
+
+    return point_id({k: v for k, v in cfg.items() if k != "impl"})
 
 
 def unflaggable(row: Mapping[str, Any]) -> bool:

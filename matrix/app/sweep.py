@@ -128,11 +128,15 @@ def dry_run(points: list[Point]) -> str:
         )
     from .budget import sweep_estimate
 
+    # Points as the summary and the report count them (a configuration, its
+    # impls apart); the lines above are jobs, one per point and swept impl.
+    n = len({summary.config_key(p.cfg) for p in points})
+    size = count(n, "point") + (f" ({count(len(points), 'job')}: one per point and impl)" if n != len(points) else "")
     if points and points[0].runs_here:
         seconds, detail = sweep_estimate([p.resolved for p in points])
-        lines.append(f"estimate: {count(len(points), 'point')}, about {seconds / 60:.1f} min on this machine ({detail})")
+        lines.append(f"estimate: {size}, about {seconds / 60:.1f} min on this machine ({detail})")
     else:
-        lines.append(f"{count(len(points), 'point')}, run by a remote launcher")
+        lines.append(f"{size}, run by a remote launcher")
     return "\n".join(lines)
 
 

@@ -84,6 +84,7 @@ from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, read_samples
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
+from .coverage import BUILTIN_ORIGIN
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -218,7 +219,38 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
     frame["correct"] = parse_bool(lat["correct"])
     frame["iqr"] = pd.to_numeric(lat[SPREAD], errors="coerce")
     frame["p50"] = pd.to_numeric(lat["roundtrip_p50_us"], errors="coerce")
+    frame["origin"] = lat["impl_origin"].astype(str).str.strip().to_numpy() if "impl_origin" in lat else ""
     return frame.reset_index(drop=True)
+
+
+def declared_names(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``base`` and ``new`` with a plug-in's reference (``engine_comm.adapter:impl``,
+    as rows written before they carried the declared name have it) renamed to
+    the declared name the other run's rows give the same implementation (one
+    ``impl_origin``), so that the two runs' rows of it join. Only where the
+    run has no row of that name already and the other names it one way."""
+    def names(frame: pd.DataFrame) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for impl, origin in zip(frame["impl"].astype(str), frame["origin"].astype(str)):
+            if origin and origin != "nan" and not origin.startswith(BUILTIN_ORIGIN):
+                out.setdefault(origin, set()).add(impl)
+        return out
+
+    def renamed(frame: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+        mine, theirs = names(frame), names(other)
+        mapping = {}
+        for origin, here in mine.items():
+            plain = {n for n in theirs.get(origin, set()) if ":" not in n}
+            refs = {n for n in here if ":" in n and n not in theirs.get(origin, set())}
+            if len(plain) == 1 and len(refs) == 1 and not (plain & here):
+                mapping[refs.pop()] = plain.pop()
+        if not mapping:
+            return frame
+        return frame.assign(impl=frame["impl"].astype(str).map(lambda n: mapping.get(n, n)))
+
+    if "origin" not in base or "origin" not in new:
+        return base, new
+    return renamed(base, new), renamed(new, base)
 
 
 def check_metric(run: Run, metric: str) -> None:
@@ -240,7 +272,7 @@ def columns_read(metric: str) -> tuple[str, ...]:
     """The schema columns compare reads (the rest of a file is skipped)."""
     value = () if metric == PAIRED else (metric,)
     return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
-            "load_1m", "overrides", *ENV_COLUMNS)
+            "load_1m", "overrides", "impl_origin", *ENV_COLUMNS)
 
 
 def _env_warnings(base: Run, new: Run) -> list[str]:
@@ -360,6 +392,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     column per verdict (see the module docstring) and ``change_pct``/``spread``.
     ``samples_kept``: either run has a samples file (its rows' samples are
     then their evidence, and a row without them is unverified)."""
+    base, new = declared_names(base, new)
     # one integer per configuration, numbered over both runs at once, to join on
     config = pd.concat([base[list(CONFIG_COLUMNS)], new[list(CONFIG_COLUMNS)]], ignore_index=True)
     codes = point_codes(config)

@@ -10,7 +10,13 @@ Input: the report's typed frame, one row per point. Contracts every plot keeps:
   passthrough, skipped and failing rows carry no measurement), of the round
   trip (the MoE all-to-all at SCATTERED points is another operation);
 - each series is drawn once (one line or marker set per cp size and impl);
-- the legend names colours, markers and fills as drawn, through proxy artists;
+- the legend names colours, markers and fills as drawn, through proxy artists,
+  each once: N + M entries for N colours by M markers;
+- a cp size (with backend/device, where the run mixes them) has one colour in
+  every plot of a report: the colours are numbered over the whole frame, not
+  over what one plot draws (bandwidth leaves cp=1 out); the padding plot's
+  layouts take colours of another palette, so no colour means two things;
+- titles are wrapped to the axes' width, so that they lie inside the figure;
 - bandwidth leaves out cp=1, where nothing moves;
 - series that would coincide (e.g. zero padding) are kept apart or annotated.
 A plot with nothing to draw says so in its frame instead of failing.
@@ -34,6 +40,22 @@ COMMON = "_common"  # matrix.report.COMMON: a point every impl of its cp size wa
 # Filled-capable markers only: the bandwidth plot draws each one hollow too.
 MARKERS = "osD^vP*h"
 STYLES = ("-", "--", ":", "-.")
+# The padding plot's layouts: not the C0..C9 cycle, which means cp sizes here.
+LAYOUT_COLOURS = ("#8c6d31", "#7b4173", "#637939", "#843c39", "#393b79", "#bd9e39", "#ad494a", "#8ca252")
+
+
+# Characters a title line keeps at the default size: the axes of a 10-inch
+# figure beside its legend are about 7 inches, some 85 characters; wrapped
+# shorter, a title never runs past the figure's edge.
+TITLE_CHARS = 75
+
+
+def wrapped(title: str, width: int = TITLE_CHARS) -> str:
+    """``title`` with each of its lines wrapped at ``width`` characters."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, width=width, break_on_hyphens=False) or line
+                     for line in title.split("\n"))
 
 
 def _figure(title: str):  # -> (Figure, Axes); matplotlib imported lazily, bad input stays fast
@@ -43,9 +65,24 @@ def _figure(title: str):  # -> (Figure, Axes); matplotlib imported lazily, bad i
     fig = Figure(figsize=(10, 5.5), layout="constrained")
     FigureCanvasAgg(fig)  # explicit Agg canvas: no display, no pyplot global state
     ax = fig.add_subplot()
-    ax.set_title(title)
+    ax.set_title(wrapped(title))
     ax.grid(True, alpha=0.3)
     return fig, ax
+
+
+def cp_colours(df: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
+    """``(keys, {label: colour})``: the colour of each cp size (and backend,
+    device where the frame mixes them), numbered over every row of ``df``
+    with a cp size, so that every plot of one report gives a cp one colour."""
+    keys = _mixed(df) + ["cp_size"]
+    groups = _keys(df[df["cp_size"].notna()], keys)
+    return keys, {_group_label(k, keys): f"C{i % 10}" for i, k in enumerate(groups)}
+
+
+def _drawn(colors: dict[str, str], d: pd.DataFrame, keys: list[str]) -> dict[str, str]:
+    """The entries of ``colors`` that ``d`` draws (the legend's), in order."""
+    here = {_group_label(k, keys) for k in _keys(d, keys)}
+    return {label: c for label, c in colors.items() if label in here}
 
 
 def _finish(fig, ax, empty: str | None, groups: list[list] | None = None, title: str | None = None):
@@ -114,14 +151,13 @@ def latency(df: pd.DataFrame):  # -> Figure
            & df["mlp_mode"].ne("SCATTERED")]
     if d.empty:
         return _finish(fig, ax, "timed ok points")
-    colour_keys = _mixed(d) + ["cp_size"]
+    colour_keys, colors = cp_colours(df)
+    colors = _drawn(colors, d, colour_keys)
     same = d[d[COMMON].astype(bool)] if COMMON in d else d
     apart = d[~d[COMMON].astype(bool)] if COMMON in d else d.iloc[:0]
     g = same.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
     g_apart = apart.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    groups = _keys(d, colour_keys)
     impls = sorted(d["impl"].unique())
-    colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
     styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(impls)}
     for keys, s in g.groupby(colour_keys + ["impl"]):
@@ -173,7 +209,7 @@ def padding(df: pd.DataFrame):  # -> Figure
     for j, layout in enumerate(layouts):
         s = g[g["layout"].eq(layout)]
         x = np.array([cps.index(c) for c in s["cp_size"]]) + (j - (len(layouts) - 1) / 2) * width
-        color = f"C{j % 10}"
+        color = LAYOUT_COLOURS[j % len(LAYOUT_COLOURS)]
         ax.bar(x, s["mean"], width=width * 0.9, color=color)
         ax.plot(x, s["max"], linestyle="none", marker="_", markersize=12, color="0.1")
         # a bar too short to see is labelled with its value, so no layout silently vanishes
@@ -203,10 +239,9 @@ def busbw(df: pd.DataFrame):  # -> Figure
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
     # side by side on the same points: the points timed by only some impls faded
     same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
-    colour_keys = _mixed(d) + ["cp_size"]
-    groups = _keys(d, colour_keys)
+    colour_keys, colors = cp_colours(df)
+    colors = _drawn(colors, d, colour_keys)
     impls = sorted(d["impl"].unique())
-    colors = {_group_label(k, colour_keys): f"C{i % 10}" for i, k in enumerate(groups)}
     markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
     # hollow markers only where padding exists: elsewhere they would sit on the filled ones
     pads = d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])
@@ -233,7 +268,7 @@ def busbw(df: pd.DataFrame):  # -> Figure
         Patch(facecolor="none", edgecolor="0.2", label="hollow: useful bytes\n(plans with padding)"),
     ]
     if not same.all():
-        ax.set_title(f"{ax.get_title()}\nfaded: points timed by only some impls, none beside them")
+        ax.set_title(wrapped(f"{ax.get_title()}\nfaded: points timed by only some impls, none beside them"))
         fills.append(Patch(facecolor="0.4", edgecolor="0.2", alpha=0.35, label="faded: timed by\nonly some impls"))
     _log_if_wide(ax, pd.concat(drawn), "x")
     return _finish(fig, ax, None, [*_proxies(colors, markers), fills],

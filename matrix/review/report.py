@@ -653,9 +653,13 @@ def wall_times(df: pd.DataFrame) -> list[str]:
                 "timestamp")
         text += f"; {w['span']:.0f} s from the first start to the last row)" if w["span"] > w["seconds"] + 0.5 else ")"
         out.append(text)
-    walls = df.drop_duplicates(PAIR)["wall_s"]
+    # one wall time per job: a point's impl rows of one job repeat it, and a
+    # sweep over impls (`impl=mine,padded` under -m) runs a job per impl
+    jobs = df.drop_duplicates([PAIR, "repro"] if "repro" in df else [PAIR])
+    walls = jobs["wall_s"]
     if walls.notna().any():
-        out.append(f"{walls.sum():.0f} s inside {count(int(walls.notna().sum()), 'point')} (each point once)")
+        points = int(jobs.loc[walls.notna(), PAIR].nunique())
+        out.append(f"{walls.sum():.0f} s inside {count(points, 'point')} (each point's runs once)")
     return out
 
 

@@ -198,29 +198,47 @@ def _padding_at(engine: str, design: str) -> str:
     return {"legacy_even": "none", "padded": "the gather buffer only"}.get(design, engines.get(engine).padding_at)
 
 
+# Colour is the design, line style the engine's split, the marker the statistic:
+# each explained once in the legend (designs + splits + 2 entries, not their product).
+DESIGN_COLOURS = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
+DASHES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1)), (0, (5, 3)))
+STATS = (("overhead_mean", "mean over batches", "o", 1.0), ("overhead_p99", "p99 over batches", "^", 0.5))
+
+
 def plot(rows: list[dict], title: str):
+    from matplotlib.lines import Line2D
+
     from ..review.plots import _figure
 
     fig, ax = _figure(title)
-    colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
     splits = sorted({(r["engine"], r["policy"]) for r in rows})
     # one line style per (engine, split); more splits than styles reuse them in order
-    dashes = ("-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1)), (0, (5, 3)))
-    styles = {split: dashes[i % len(dashes)] for i, split in enumerate(splits)}
+    styles = {split: DASHES[i % len(DASHES)] for i, split in enumerate(splits)}
+    names = {}
+    drawn = []
     for eng, pol in splits:
         for d in DESIGNS[1:]:  # legacy_even, the raw batch, is the 0 line
             s = sorted((r for r in rows if (r["engine"], r["policy"], r["design"]) == (eng, pol, d)
                         and r["overhead_mean"] is not None), key=lambda r: r["cp_size"])
+            if not s:
+                continue
+            names[(eng, pol)] = f"{eng} {s[0].get('strategy') or pol}"
+            drawn.append(d)
             cps = [r["cp_size"] for r in s]
-            label = f"{d}, {eng} {s[0]['strategy'] if s else pol}"
-            ax.plot(cps, [100 * r["overhead_mean"] for r in s], linestyle=styles[(eng, pol)], color=colours[d],
-                    marker="o", label=f"{label}: mean")
-            ax.plot(cps, [100 * r["overhead_p99"] for r in s], linestyle=styles[(eng, pol)], color=colours[d],
-                    marker="^", alpha=0.5, label=f"{label}: p99")
+            for key, _, marker, alpha in STATS:
+                ax.plot(cps, [100 * r[key] for r in s], linestyle=styles[(eng, pol)], color=DESIGN_COLOURS[d],
+                        marker=marker, alpha=alpha)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("cp size")
     ax.set_ylabel("gathered rows over raw tokens - 1 (%; legacy_even: 0)")
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    gap = Line2D([], [], linestyle="none", label="")
+    by_design = [Line2D([], [], color=DESIGN_COLOURS[d], linewidth=3, label=d) for d in DESIGNS[1:] if d in drawn]
+    by_split = [Line2D([], [], color="0.2", linestyle=styles[k], label=names[k]) for k in splits if k in names]
+    by_stat = [Line2D([], [], color="0.2", linestyle="none", marker=m, alpha=a, label=label)
+               for _, label, m, a in STATS]
+    ax.legend(handles=[*by_design, gap, *by_split, gap, *by_stat], fontsize="small", loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              title="colour: design\nline: engine, split\nmarker: statistic", title_fontsize="small")
     return fig
 
 

@@ -281,6 +281,9 @@ def skip_reason(impl: Impl, backend: str, plan: CPPlan | None = None) -> str | N
 REGISTRY: dict[str, Impl] = {}
 # Implementations registered from entry points: name -> the entry point's "module:attribute".
 ENTRY_POINT_OF: dict[str, str] = {}
+# Implementations loaded by reference: "module:attribute" -> the name its object
+# declares (it is registered, and found by the ranks, under the reference).
+DECLARED: dict[str, str] = {}
 
 
 def register(impl: Impl) -> Impl:
@@ -387,7 +390,9 @@ def load_reference(ref: str) -> Impl:
         if not hasattr(obj, part):
             raise ImplError(f"impl={ref}: {module_name} has no attribute {attr}")
         obj = getattr(obj, part)
-    return replace(_materialise(ref, obj, module_name), name=ref)
+    impl = _materialise(ref, obj, module_name)
+    DECLARED[ref] = impl.name
+    return replace(impl, name=ref)
 
 
 @functools.lru_cache(maxsize=1)

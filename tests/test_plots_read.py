@@ -1,0 +1,95 @@
+"""Plots a reviewer reads at a glance: rendered here, every title lies inside
+its figure, a cp size has one colour in every plot of a report, and a legend
+explains each colour, line style and marker once (entries bounded by their
+sum, never their product)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.colors import to_hex
+
+from matrix.review import plots
+from matrix.scale import plans
+
+from test_report import _frame, append, plot_rows
+
+PLANS_ARGS = ["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
+              "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"]
+
+
+def titles_inside(fig) -> list[str]:
+    """Every non-empty axes title and suptitle, each asserted to lie inside ``fig``."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    texts = [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    if fig._suptitle is not None:
+        texts.append(fig._suptitle)
+    shown = []
+    for t in texts:
+        if not t.get_text():
+            continue
+        b = t.get_window_extent(renderer)
+        assert box.x0 <= b.x0 and b.x1 <= box.x1 and box.y0 <= b.y0 and b.y1 <= box.y1, (
+            f"title {t.get_text()!r} at {b} runs outside the figure {box}")
+        shown.append(t.get_text())
+    assert shown, "no title drawn"
+    return shown
+
+
+def legend(fig) -> dict[str, object]:
+    """``{label: handle}`` of the legend's entries (blank spacers left out)."""
+    leg = fig.axes[0].get_legend()
+    return {t.get_text(): h for t, h in zip(leg.get_texts(), leg.legend_handles) if t.get_text()}
+
+
+def _plans_figure():
+    rows, meta = plans.run(PLANS_ARGS)
+    # the title plans._write gives the plot: a second line naming the workload
+    return rows, plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
+
+
+def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
+    rows, fig = _plans_figure()
+    (title,) = titles_inside(fig)
+    assert "lognormal" in title  # the workload's line is drawn, whole
+    entries = legend(fig)
+    splits = {(r["engine"], r["policy"]) for r in rows}
+    designs = set(plans.DESIGNS[1:])
+    drawn = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata())]
+    # colour: design, line style: split, marker: statistic, each once
+    assert len(entries) == len(designs) + len(splits) + len(plans.STATS), list(entries)
+    assert len(drawn) == len(designs) * len(splits) * len(plans.STATS)
+    assert designs <= set(entries)
+    colours = {to_hex(ln.get_color()) for ln in drawn}
+    assert colours == {to_hex(plans.DESIGN_COLOURS[d]) for d in designs}  # colour is the design alone
+
+
+def test_report_plots_give_each_cp_one_colour_and_titles_inside(tmp_path: Path):
+    append(tmp_path, plot_rows())  # cp 1, 2, 4: the bandwidth plot leaves cp=1 out
+    df = _frame(tmp_path)
+    figs = {name: plot(df) for name, plot in plots.PLOTS}
+    for fig in figs.values():
+        titles_inside(fig)
+    colour_of: dict[str, set[str]] = {}
+    for name in (plots.LATENCY_PNG, plots.BUSBW_PNG):
+        for label, handle in legend(figs[name]).items():
+            if label.startswith("cp="):
+                colour_of.setdefault(label, set()).add(to_hex(handle.get_color()))
+    assert set(colour_of) == {"cp=1", "cp=2", "cp=4"}
+    assert all(len(c) == 1 for c in colour_of.values()), colour_of  # one colour per cp, whichever plot
+    assert len({next(iter(c)) for c in colour_of.values()}) == 3  # and cps apart
+    # the padding plot colours layouts, with none of the cps' colours
+    cp_colours = {next(iter(c)) for c in colour_of.values()}
+    bars = {to_hex(p.get_facecolor()) for p in figs[plots.PADDING_PNG].axes[0].patches}
+    assert bars and not bars & cp_colours, bars
+    # the drawn series wear their legend's colour: busbw's cp=2 markers are latency's cp=2 line
+    lat_lines = {to_hex(ln.get_color()) for ln in figs[plots.LATENCY_PNG].axes[0].get_lines() if len(ln.get_xdata())}
+    bw = {to_hex(c.get_edgecolor()[0]) for c in figs[plots.BUSBW_PNG].axes[0].collections if len(c.get_offsets())}
+    assert bw <= lat_lines, (bw, lat_lines)
+
+
+def test_a_long_title_is_wrapped_inside_the_figure():
+    fig, _ = plots._figure("Gathered rows over tokens per design and cp\n" + "a long workload description, " * 6)
+    assert len(titles_inside(fig)) == 1
