@@ -96,7 +96,9 @@ class Folder:
         """The folder's one index in this process (a sweep's points share it)."""
         key = os.path.realpath(results_dir)
         if key not in cls._OPEN:
-            cls._OPEN[key] = cls(results_dir)
+            # absolute now: a job that Hydra runs in another directory (hydra.job.chdir)
+            # reads the same folder
+            cls._OPEN[key] = cls(os.path.abspath(results_dir))
         return cls._OPEN[key]
 
     def _reset(self, ident: tuple[int, int] | None) -> None:
