@@ -176,6 +176,10 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
     schemas: set[str] = set()
     for cfg, runs_here in points(argv, start=start):
         validate(cfg)
+        if runs_here:  # the machine's rank limit, before the point is planned
+            from .budget import check_world
+
+            check_world(cfg)
         found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else resolve_remote(cfg)))
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])

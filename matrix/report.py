@@ -876,6 +876,9 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
     for warning in coverage.warnings(df):
         lines += ["", warning]
+    missed = _missed_targets(run, df)
+    if missed:
+        lines += ["", missed]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     body, more = sections(run, df, derived, model)
@@ -898,6 +901,25 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         "wall_time": wall_time(df),
     }
     return doc
+
+
+def _missed_targets(run: Run, df: pd.DataFrame) -> str:
+    """The line on rows whose ``iters=auto`` calibration stopped at its cap
+    short of its target (the samples beside the results say), or ``''``. The
+    report does not gate on samples: an unreadable samples file is skipped."""
+    from .inputs import BadInputFile
+    from .samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+
+    if "point_id" not in df or "impl" not in df:
+        return ""
+    merged = Samples()
+    for f in run.files:
+        try:
+            merged.by_key.update(read_samples(f.parent / SAMPLES_FILE).by_key)
+        except BadInputFile:
+            continue
+    line = missed_target_line("**Calibration**", merged, zip(df["point_id"].astype(str), df["impl"].astype(str)))
+    return f"{line}." if line else ""
 
 
 def build(run: Run, model=None, reference: str = DEFAULT_REFERENCE) -> tuple[dict, dict[str, bytes]]:
