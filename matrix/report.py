@@ -115,7 +115,7 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
         "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload",
-        "plan_class", "effective_page_size", "bystanders")
+        "plan_class", "effective_page_size", "bystanders", "point_id")
 
 
 @dataclass
@@ -910,7 +910,8 @@ def _missed_targets(run: Run, df: pd.DataFrame) -> str:
     from .inputs import BadInputFile
     from .samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
 
-    if "point_id" not in df or "impl" not in df:
+    lat = run.latest
+    if "point_id" not in lat or "impl" not in lat:
         return ""
     merged = Samples()
     for f in run.files:
@@ -918,7 +919,8 @@ def _missed_targets(run: Run, df: pd.DataFrame) -> str:
             merged.by_key.update(read_samples(f.parent / SAMPLES_FILE).by_key)
         except BadInputFile:
             continue
-    line = missed_target_line("**Calibration**", merged, zip(df["point_id"].astype(str), df["impl"].astype(str)))
+    line = missed_target_line("**Calibration**", merged, zip(lat["point_id"].astype(str).str.strip(),
+                                                               lat["impl"].astype(str).str.strip()))
     return f"{line}." if line else ""
 
 
