@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -271,8 +272,9 @@ def _check_common(impl: Any) -> None:
 
 def skip_reason(impl: Impl, backend: str, plan: CPPlan | None = None) -> str | None:
     """Why ``impl`` cannot run on ``backend`` (or, given one, ``plan``: its
-    ``supports``), else None. A ``supports`` that returns other than a str
-    raises TypeError (an error row: it is the implementation's fault)."""
+    ``supports``), else None. A ``supports`` that raises, or returns other
+    than a str, raises :class:`HookError` (an error row: it is the
+    implementation's fault); its reason is folded to one line."""
     if backend not in impl.backends:
         return f"impl={impl.name} needs backend {'/'.join(impl.backends)}, not {backend}"
     if plan is not None and getattr(impl, "supports", None) is not None:
@@ -321,10 +323,10 @@ def _valid_stride(impl: Impl, plan: CPPlan, stride: object) -> int:
     holds the longest shard, at most :data:`MAX_STRIDE_SLACK` rows beyond it."""
     lo = max(plan.max_rank_len, 1)
     hi = plan.max_rank_len + MAX_STRIDE_SLACK
-    if isinstance(stride, bool) or not isinstance(stride, int) or not lo <= stride <= hi:
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not lo <= stride <= hi:
         raise HookError(f"impl {impl.name!r}: row_stride(plan) returned {_shown(stride)}, not an int in "
                         f"[{lo}, {hi}] (max_rank_len={plan.max_rank_len}, +{MAX_STRIDE_SLACK} at most)")
-    return stride
+    return int(stride)
 
 
 def hook_error(impl: Impl, backend: str, plan: CPPlan) -> str:
