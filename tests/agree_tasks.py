@@ -42,6 +42,9 @@ def _cases(rank: int):
                                           else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
         "overlapping_full": (padded_gather_, (torch.zeros(plan.padded_total + H).as_strided((plan.padded_total, H), (1, 1))
                                               if odd else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
+        # unchecked (the timed loop's form): the rank's own check, before the collective
+        "unchecked_expanded_every_rank": (lambda full, plan: padded_gather_(full, plan, check=False),
+                                          (torch.ones(1, H).expand(plan.padded_total, H), plan)),
         "requires_grad_full": (padded_gather_, (padded_buffer(plan, H, dtype=torch.float32)[0].requires_grad_(odd),
                                                 plan)),
         "requires_grad_local": (padded_gather, (_local(plan, rank).requires_grad_(odd), plan)),

@@ -26,6 +26,9 @@ CASES = {
     "strided_full": "padded_gather_ full on rank 1 is not contiguous",
     "overlapping_full": "padded_gather_ full on rank 1 has rows that overlap in memory",
     "requires_grad_full": "padded_gather_ full on rank 1 requires grad",
+    "unchecked_expanded_every_rank": "padded_gather_ full is expanded (a stride of 0: its rows share one row's memory, "
+                                     "so the collective cannot write into it; pass a padded_buffer) (unchecked: raised "
+                                     "on this rank only)",
     "requires_grad_local": "padded_gather local on rank 1 requires grad (the collectives are not differentiable",
     "requires_grad_scatter": "padded_scatter full on rank 1 requires grad",
 }
