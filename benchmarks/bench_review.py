@@ -1,12 +1,12 @@
 """How long the review tools take on a big results file.
 
 Synthesises a results.csv of N rows (default 200000) with the schema's columns
-(``matrix.results.COLUMNS``), shaped like repeated default sweeps: every cp
+(``matrix.store.results.COLUMNS``), shaped like repeated default sweeps: every cp
 size, layout, batch and MoE backend, padded/legacy/a2a rows with the statuses a
 real run writes (ok, refused, passthrough, a few errors, reruns appended as
 duplicates). A second file (NEW) is the same run re-timed with a few points made
-slower. Then, each in a fresh process, it times ``matrix.compare.main(BASE NEW)``
-and ``matrix.report.main(BASE)`` and prints the seconds of each call, the
+slower. Then, each in a fresh process, it times ``matrix.review.compare.main(BASE NEW)``
+and ``matrix.review.report.main(BASE)`` and prints the seconds of each call, the
 process's wall time (imports included) and its peak RSS (resource.getrusage).
 
     python benchmarks/bench_review.py [--rows 200000] [--keep DIR]
@@ -34,9 +34,9 @@ for _p in (REPO, REPO / "src"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from matrix.plan_classes import label  # noqa: E402
-from matrix.results import COLUMNS, RESULTS_FILE  # noqa: E402
-from matrix.runs import RUNS_FILE, run_line  # noqa: E402
+from matrix.scale.plan_classes import label  # noqa: E402
+from matrix.store.results import COLUMNS, RESULTS_FILE  # noqa: E402
+from matrix.store.runs import RUNS_FILE, run_line  # noqa: E402
 
 # (split, shared_kv, page_size, policy) as conf/layout/*.yaml give them
 LAYOUTS = (

@@ -210,7 +210,7 @@ def machine() -> dict[str, Any]:
 
 def defaults() -> dict[str, str]:
     sys.path.insert(0, str(REPO))
-    from matrix import compare as cmp
+    from matrix.review import compare as cmp
 
     return {"metric": cmp.DEFAULT_METRIC, "threshold": cmp.DEFAULT_THRESHOLD}
 

@@ -7,7 +7,7 @@ sweeper and launcher, each job's records) with every point's work replaced by
 nothing, and prints this process's CPU seconds: preflight, the launcher's
 composes (``load_sweep_config``), and the rest of Hydra's per-job work (job
 folder, its ``.hydra`` records, logging); with ``--compose-every-job`` Hydra
-composes every job from scratch (matrix.compose_cache off), as it did before.
+composes every job from scratch (matrix.app.compose_cache off), as it did before.
 CPU seconds, not wall: they hold up on a loaded machine.
 
     python benchmarks/launch_cost.py [--preset default] [--compose-every-job]
@@ -30,14 +30,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="default", help="conf/matrix/NAME.yaml (default: default)")
     ap.add_argument("--compose-every-job", action="store_true",
-                    help="Hydra composes every job from scratch (matrix.compose_cache off)")
+                    help="Hydra composes every job from scratch (matrix.app.compose_cache off)")
     args = ap.parse_args()
     sys.path[:0] = [str(REPO / "src"), str(REPO)]
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core import utils as hydra_utils
 
-    import matrix.__main__ as cli
-    from matrix import compose_cache, point, preflight, summary
+    import matrix.app.sweep as cli
+    from matrix.app import compose_cache, point, preflight, summary
 
     spent = {"preflight": 0.0, "composes": 0.0, "jobs": 0.0, "points": 0.0}
     counts = {"jobs": 0}

@@ -42,8 +42,8 @@ ORDER = ("start-up", "setup", "checks", "agreement", "prepare", "timed loop", "o
 
 def main() -> int:
     sys.path[:0] = [str(REPO / "src"), str(REPO)]
-    from matrix.config import MatrixConfig
-    from matrix.point import build_rows, resolve, write_point
+    from matrix.app.config import MatrixConfig
+    from matrix.app.point import build_rows, resolve, write_point
     from nsa_cp_comm.harness.fold import fold_reports
     from nsa_cp_comm.harness.measure import point_on_rank
     from nsa_cp_comm.harness.phases import PHASES_KEY

@@ -4,12 +4,12 @@ Each table has one home, the code that uses it; the docs quote it between
 ``<!-- tables:NAME -->`` and ``<!-- /tables -->``:
 
 * ``statuses`` (docs/columns.md): a row's ``status``, its meaning
-  (``matrix.report.STATUS_MEANING``), how readers class it
-  (``matrix.results.GOOD_STATUSES`` / ``BAD_STATUSES``) and the sweep's exit
-  code with it (``matrix.summary.exit_code``);
+  (``matrix.review.report.STATUS_MEANING``), how readers class it
+  (``matrix.store.results.GOOD_STATUSES`` / ``BAD_STATUSES``) and the sweep's exit
+  code with it (``matrix.app.summary.exit_code``);
 * ``columns`` (docs/columns.md): every column of ``results.csv``
-  (``matrix.results.COLUMNS``, in the schema's groups) with its meaning: a
-  config key's from ``matrix.help.MEANING`` (what ``--help`` prints), the
+  (``matrix.store.results.COLUMNS``, in the schema's groups) with its meaning: a
+  config key's from ``matrix.app.help.MEANING`` (what ``--help`` prints), the
   others' from :data:`COLUMN_MEANING` below;
 * ``checks`` (docs/design.md): every ``failed_check`` name and what passing it
   proves (``nsa_cp_comm.harness.checks.CHECKS``).
@@ -35,15 +35,17 @@ for _path in (REPO / "src", REPO):  # the app runs from the repository root, not
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from matrix import help as app_help  # noqa: E402
-from matrix import report, results, summary  # noqa: E402
+from matrix.app import help as app_help  # noqa: E402
+from matrix.app import summary  # noqa: E402
+from matrix.review import report  # noqa: E402
+from matrix.store import results  # noqa: E402
 from nsa_cp_comm.harness.checks import CHECKS  # noqa: E402
 
 DOCS = {"statuses": REPO / "docs" / "columns.md", "columns": REPO / "docs" / "columns.md",
         "checks": REPO / "docs" / "design.md"}
 BLOCK = re.compile(r"(<!-- tables:(\w+) -->\n)(.*?)(<!-- /tables -->)", re.S)
 
-# The schema's groups of columns, in file order: (tuple in matrix.results,
+# The schema's groups of columns, in file order: (tuple in matrix.store.results,
 # heading, what the group's columns share).
 GROUPS = (
     ("CONFIG_COLUMNS", "Configuration", "What was measured: the keys compare joins on (`--help` says the same)."),

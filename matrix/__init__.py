@@ -9,6 +9,25 @@ both names run the same code.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    inside = _PACKAGE / name
+    return inside if inside.is_dir() else _PACKAGE.parent / name
+
+
+# Where the app's configs and sample data are: the repository keeps them at its
+# root (``conf/``, ``data/``) beside this folder; a wheel ships them inside the
+# package (``nsa_cp_matrix/conf``, ``nsa_cp_matrix/data``, pyproject's
+# package-dir), so a regular install runs every command from any folder.
+CONF_DIR = _shipped("conf")
+DATA_DIR = _shipped("data")
+# What a relative path in a shipped config (``data/traces/...``) is relative to.
+ROOT = DATA_DIR.parent
+
 
 def command(tool: str = "") -> list[str]:
     """``["python", "-m", NAME]``: the command that runs this app (``tool``:
@@ -38,3 +57,8 @@ REPO_URL = "https://github.com/nsa-cp-comm/nsa-cp-comm"
 def doc_url(name: str) -> str:
     """The address of ``docs/NAME`` (``"plugins.md"``, ``"review.md#..."``) in the repository."""
     return f"{REPO_URL}/blob/main/docs/{name}"
+
+
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and the noun in the number it takes (``plural``: when not noun + s): "1 point", "2 points"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

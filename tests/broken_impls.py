@@ -722,7 +722,7 @@ slow_stage = dataclasses.replace(_PADDED, prepare=_slow_form,
 
 
 # --- right wherever they run, but they run too little ------------------------------
-# What the sweep's coverage verdict (matrix.coverage.gaps) is for: every row
+# What the sweep's coverage verdict (matrix.review.coverage.gaps) is for: every row
 # they write is ok or skipped, and a sweep of them alone proves nothing at a
 # cp where they skip everything, or every uneven plan.
 skips_cp3 = dataclasses.replace(

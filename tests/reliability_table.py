@@ -360,7 +360,7 @@ FAULTS: tuple[FaultCase, ...] = (
     *(
         FaultCase(
             f"impl={BROKEN}:{f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
-            "a point on torchrun ranks (`matrix.torchrun_point`)",
+            "a point on torchrun ranks (`matrix.app.torchrun_point`)",
             f"status `{s}`, reason `{r}`; torchrun exits 1",
             "test_torchrun_fault_costs_one_row",
         )
@@ -463,7 +463,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "a torn last line in results.csv (a write cut short by something else)",
-        "the next append (`matrix.results.append_rows`)",
+        "the next append (`matrix.store.results.append_rows`)",
         "the torn line is moved to `results.csv.torn` (one warning line on stderr) and the rows start a "
         "line of their own: the file stays valid CSV; an unterminated whole row just gets its newline",
         "test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv",
@@ -471,28 +471,56 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "a full disk, or a short write, while appending rows",
-        "`matrix.results.append_rows`",
+        "`matrix.store.results.append_rows`",
         "`ResultsWriteError` (an `OSError`; one line naming the file); the file is exactly as it was",
         "test_a_short_write_leaves_the_files_exactly_as_they_were",
         "test_results_file",
     ),
     FaultCase(
         "results.csv is a directory, below a regular file, in an unwritable place, or has a name too long",
-        "`matrix.results` (append, schema check, resume)",
+        "`matrix.store.results` (append, schema check, resume)",
         "`ResultsPathError` (a `SchemaError`: one line naming `results_dir`)",
         "test_results_path_that_is_a_directory",
         "test_results_file",
     ),
     FaultCase(
+        "`results.csv`, `runs.jsonl` or `samples.jsonl` a FIFO or a link to /dev/null",
+        "the preflight (`matrix.store.folder.Folder.check`), before any point runs",
+        "`ResultsPathError`, one line naming the file and what it is, exit 2; no point runs, no FIFO waited on",
+        "test_a_side_file_that_is_no_regular_file_is_refused_up_front",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a file of the results folder not writable (a read-only mount)",
+        "the preflight (`matrix.store.folder.Folder.check`)",
+        "`ResultsPathError`: `FILE is not writable (Read-only file system)`, exit 2, before any point runs",
+        "test_a_side_file_that_is_not_writable_is_refused_up_front",
+        "test_results_file",
+    ),
+    FaultCase(
+        "`truncate -s 1G results.csv`, then report or a sweep",
+        "every reader of results.csv (`matrix.store.results.records`, 64 MiB a line)",
+        "one line naming the line and the file's size, exit 2; memory bounded by one line, never the file",
+        "test_a_results_file_of_one_gigabyte_line_is_refused_with_its_size_not_read",
+        "test_results_file",
+    ),
+    FaultCase(
+        "a 1 GiB line in `samples.jsonl` (compare) or a 1 GiB `runs.jsonl` (the sweep)",
+        "`matrix.store.inputs.lines` (16 MiB a line), `Folder.check` (256 MiB of runs)",
+        "one line naming the file and its size, exit 2; never loaded whole",
+        "test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size",
+        "test_results_file",
+    ),
+    FaultCase(
         "`resume=true` over rows with bytes that are not UTF-8",
-        "`matrix.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "read as U+FFFD; resume works; a line the csv module cannot parse is one line naming it",
         "test_resume_reads_a_file_with_bytes_that_are_not_utf8",
         "test_results_file",
     ),
     FaultCase(
         "a plug-in raising with a 229 KB message (a compiler log)",
-        "a point's row (`matrix.results.append_rows`)",
+        "a point's row (`matrix.store.results.append_rows`)",
         "status `error`; every free-text cell is cut to 4096 characters stating the whole length, the whole "
         "text goes to `results.full-text.jsonl` beside results.csv; every reader accepts fields past the csv "
         "module's 131072-character limit (a long `seq_lens`); resume and report work",
@@ -643,7 +671,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "`resume=true` after points errored or timed out",
-        "`matrix.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "a point whose latest row (file order) for some impl is `error` or `timeout` runs again; "
         "`ok`, `failed`, `refused`, `passthrough` and `skipped` points are kept",
         "test_resume_reruns_points_whose_latest_rows_errored_or_timed_out",
@@ -651,7 +679,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "`resume=true` over a results.csv with a malformed line (a stray quote from an editor)",
-        "`matrix.results.completed_point_ids`",
+        "`matrix.store.folder.Folder.completed`",
         "the line is moved to `results.csv.torn` and results.csv rewritten without it (a temporary file renamed "
         "into place, under the append lock; an append waiting on the lock follows the new file): "
         "`pandas.read_csv` reads it; one warning line",
@@ -660,7 +688,7 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "a full disk while a resume rewrites results.csv",
-        "`matrix.results.set_aside_malformed`",
+        "`matrix.store.results.set_aside_malformed`",
         "results.csv and its side file exactly as they were (the set-aside undone); one warning line saying the "
         "lines stay in the file; the readers still skip them and the resume goes on",
         "test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were",
@@ -668,14 +696,14 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "an append that opened results.csv just before a resume rewrote it",
-        "`matrix.results.append_rows`",
+        "`matrix.store.results.append_rows`",
         "once it holds the lock it sees the name holds another file, opens it again and appends there: no row lost",
         "test_an_append_waiting_on_the_lock_follows_a_rewrite",
         "test_results_file",
     ),
     FaultCase(
         "a full disk while writing samples.jsonl",
-        "`matrix.samples.append_samples`",
+        "`matrix.store.samples.append_samples`",
         "`ResultsWriteError`: one line naming the file (no bare `[Errno 28]`); the file is as it was",
         "test_a_full_disk_while_writing_samples_names_the_file",
     ),
@@ -693,19 +721,19 @@ FAULTS: tuple[FaultCase, ...] = (
     ),
     FaultCase(
         "a write that fails half way (a full disk, without a tmpfs to fill)",
-        "`matrix.outputs.write_atomic`",
+        "`matrix.store.outputs.write_atomic`",
         "an OSError naming the file; the old file unchanged, the temporary file removed",
         "test_write_atomic_on_a_full_disk_leaves_the_old_file",
     ),
     FaultCase(
         "a trace starting with a UTF-8 byte-order mark (a spreadsheet's CSV export)",
-        "`matrix.workload.read_trace`",
+        "`matrix.scale.workload.read_trace`",
         "read past: the header is `seq_len`",
         "test_a_trace_with_a_byte_order_mark_reads",
     ),
     FaultCase(
         "a trace whose batch ids come back (`a, b, a`)",
-        "`matrix.workload.read_trace`",
+        "`matrix.scale.workload.read_trace`",
         "one batch per id, in order of first appearance, requests in file order (`[10, 30]`, `[20]`): the padding "
         "statistics are those of the grouped batches; one note line on stderr",
         "test_a_batch_id_that_comes_back_is_one_batch",
@@ -739,7 +767,7 @@ FAULTS: tuple[FaultCase, ...] = (
 @dataclass(frozen=True)
 class BoundCase:
     args: tuple[str, ...]  # the sweep's command line (after ``python -m matrix -m``)
-    expect: str  # matrix.budget.check_sweep's one line on BOUND_MACHINE ("" for accepted)
+    expect: str  # matrix.app.budget.check_sweep's one line on BOUND_MACHINE ("" for accepted)
 
 
 # The CI-sized machine the rows are computed for (nsa_cp_comm.harness.machine.Machine fields).
@@ -767,9 +795,9 @@ NOTES = """\
 ## Notes
 
 - Bad values of the command line are refused before Hydra starts: `value` rows by
-  `matrix.config.validate_overrides` (each value of each key, sweeps included),
-  `point` rows by `matrix.preflight` (every point of the sweep composed as Hydra
-  will, then `matrix.config.validate`, the machine checks and the results file's
+  `matrix.app.config.validate_overrides` (each value of each key, sweeps included),
+  `point` rows by `matrix.app.preflight` (every point of the sweep composed as Hydra
+  will, then `matrix.app.config.validate`, the machine checks and the results file's
   schema). Nothing is written: no results directory, no Hydra job directory.
   With a remote launcher (`hydra/launcher=slurm`) the machine checks run in the
   job, on the node that runs the point.
@@ -839,9 +867,9 @@ def render() -> str:
         "Every file a command reads (a trace, nccl-tests JSON, results.csv, samples.jsonl,",
         "runs.jsonl) is opened without waiting and checked to be a regular file of bounded",
         "size before it is read, and JSON is parsed with bounded nesting and number size",
-        "(`matrix.inputs`); every output folder is checked writable before the work and",
+        "(`matrix.store.inputs`); every output folder is checked writable before the work and",
         "every output file is written under a temporary name and renamed",
-        "(`matrix.outputs`). The command exits 2 with exactly this one line on stderr",
+        "(`matrix.store.outputs`). The command exits 2 with exactly this one line on stderr",
         "and writes nothing (`test_a_bad_file_or_output_folder_is_one_line_before_any_work`).",
         "",
         "| command | input | stderr |",
@@ -867,7 +895,7 @@ def render() -> str:
         "",
         "## Sweeps beyond the machine",
         "",
-        "Before anything starts, `matrix.budget.check_sweep` (called by the preflight) puts",
+        "Before anything starts, `matrix.app.budget.check_sweep` (called by the preflight) puts",
         "figures on every point (rank processes, memory per rank from the plan and the",
         "buffers, seconds on this machine's device) and refuses a sweep beyond the machine in",
         "one line naming the key, the estimate and the limit. For a 2-core, 23.4 GiB machine",

@@ -243,8 +243,8 @@ def test_protocol_rejects_bad_implementations(kw, match):
 
 def test_impl_all_resolves_every_registered_implementation():
     pytest.importorskip("hydra")
-    from matrix.config import MatrixConfig
-    from matrix.point import resolve
+    from matrix.app.config import MatrixConfig
+    from matrix.app.point import resolve
 
     base = {**vars(MatrixConfig()), "cp_size": 2, "device": "cpu", "backend": "gloo", "impl": "all",
             "hidden_size": 32}

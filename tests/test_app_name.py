@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.repro_env import split
+from matrix.app.repro_env import split
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "matrix"
@@ -28,7 +28,7 @@ def absolute_self_imports(folder: Path, name: str) -> list[str]:
     """``file:line`` of every import of ``name`` or ``name.*`` by its absolute
     name in the modules of ``folder``, at any depth (function-level too)."""
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
@@ -44,8 +44,8 @@ def absolute_self_imports(folder: Path, name: str) -> list[str]:
 def test_the_app_imports_itself_only_relatively(tmp_path):
     assert absolute_self_imports(APP, "matrix") == []
     # and the check sees each absolute form, in a function too
-    for i, line in enumerate(["from matrix.results import COLUMNS", "from matrix import plots",
-                              "import matrix.point", "def f():\n    from matrix._review import fmt"]):
+    for i, line in enumerate(["from matrix.store.results import COLUMNS", "from matrix import plots",
+                              "import matrix.app.point", "def f():\n    from matrix.review._review import fmt"]):
         pkg = tmp_path / str(i)
         pkg.mkdir()
         (pkg / "a.py").write_text("from .b import g\n" + line + "\n")
@@ -57,10 +57,11 @@ def test_the_app_imports_itself_only_relatively(tmp_path):
 PRINTED = textwrap.dedent("""
     import importlib, json, pathlib, sys
     name = sys.argv[1]
-    for path in sorted(pathlib.Path(sys.argv[2]).glob("*.py")):
-        importlib.import_module(name if path.stem == "__init__" else f"{name}.{path.stem}")
-    main = sys.modules[f"{name}.__main__"]
-    point, config, help = (sys.modules[f"{name}.{m}"] for m in ("point", "config", "help"))
+    for path in sorted(pathlib.Path(sys.argv[2]).rglob("*.py")):
+        parts = path.relative_to(sys.argv[2]).with_suffix("").parts
+        importlib.import_module(".".join([name, *parts[:-1]] + ([] if parts[-1] == "__init__" else [parts[-1]])))
+    main = sys.modules[f"{name}.app.sweep"]
+    point, config, help = (sys.modules[f"{name}.app.{m}"] for m in ("point", "config", "help"))
     main._ACTIVE["argv"] = ["-m", "cp_size=2,4"]
     print(json.dumps({
         "repro": point.repro_command(vars(config.MatrixConfig())),

@@ -231,7 +231,7 @@ def test_a_rank_torchrun_started_reports_the_place_it_failed_in(monkeypatch):
 
     import torch
 
-    from matrix import torchrun_point
+    from matrix.app import torchrun_point
     from nsa_cp_comm.harness import measure
     from nsa_cp_comm.harness.blame import AT_TIMED, announce_place
 

@@ -47,7 +47,7 @@ def test_without_the_bound_the_batch_is_read(monkeypatch):
 
 
 def _cfg(**over) -> dict:
-    from matrix.config import MatrixConfig
+    from matrix.app.config import MatrixConfig
 
     c = dataclasses.asdict(MatrixConfig())
     c.update(results_dir="/tmp/unused-results")
@@ -56,7 +56,7 @@ def _cfg(**over) -> dict:
 
 
 def test_config_refuses_a_batch_too_large_to_plan_at_its_cp():
-    from matrix.config import PLAN_BLOCKS_MAX, ConfigError, validate
+    from matrix.app.config import PLAN_BLOCKS_MAX, ConfigError, validate
 
     with pytest.raises(ConfigError, match=r"seq_lens=\[\.\.\.\]: 65530 requests at cp_size=1024 make 67102720 "
                                           f"request-rank blocks to plan, more than {PLAN_BLOCKS_MAX}"):
@@ -67,8 +67,8 @@ def test_config_refuses_a_batch_too_large_to_plan_at_its_cp():
 def test_a_dry_run_beyond_the_machines_ranks_is_refused_before_any_point_is_planned(tmp_path, capsys, monkeypatch):
     """65,530 requests at cp_size=1024 took 72 s and 2.4 GB of planning before
     the refusal of 1024 ranks; the rank limit is now checked from the config."""
-    from matrix import __main__ as cli
-    from matrix import budget, resolve
+    from matrix.app import sweep as cli
+    from matrix.app import budget, resolve
 
     def planned(*a, **k):
         raise AssertionError("a point was resolved (planned) before the rank limit was checked")
@@ -88,7 +88,7 @@ def test_a_dry_run_beyond_the_machines_ranks_is_refused_before_any_point_is_plan
 
 @pytest.mark.parametrize("path", ["/sys/nsa-results", "/sys/kernel/nsa/results", "/proc/nsa"])
 def test_a_results_dir_no_directory_can_be_made_in_is_refused_up_front(tmp_path, capsys, path):
-    from matrix import __main__ as cli
+    from matrix.app import sweep as cli
 
     assert cli.main(["cp_size=2", "seq_lens=[64]", f"results_dir={path}"]) == 2
     err = capsys.readouterr().err
@@ -100,7 +100,7 @@ def test_without_the_probe_sys_passes_the_check(monkeypatch):
     """The checker broken (permission bits only): /sys says writable to root."""
     import os
 
-    from matrix import config
+    from matrix.app import config
 
     if os.geteuid() != 0:
         pytest.skip("as another user /sys is refused by its permission bits")
@@ -115,8 +115,8 @@ def test_without_the_probe_sys_passes_the_check(monkeypatch):
 def test_iters_auto_estimate_counts_its_warmup():
     """iters=auto's timed iterations stop at the cap; its warm-up runs before
     them, outside it: the estimate of a capped point grows with warmup."""
-    from matrix.budget import estimate
-    from matrix.resolve import resolve
+    from matrix.app.budget import estimate
+    from matrix.app.resolve import resolve
     from nsa_cp_comm.harness import calibrate
     from nsa_cp_comm.harness.machine import Machine
 

@@ -10,10 +10,10 @@ import re
 import pytest
 
 import reliability_table as table
-from matrix import budget
-from matrix.budget import check_sweep, estimate, sweep_estimate
-from matrix.config import ConfigError, MatrixConfig
-from matrix.resolve import Resolved, resolve, resolve_remote
+from matrix.app import budget
+from matrix.app.budget import check_sweep, estimate, sweep_estimate
+from matrix.app.config import ConfigError, MatrixConfig
+from matrix.app.resolve import Resolved, resolve, resolve_remote
 from nsa_cp_comm.harness import machine
 from nsa_cp_comm.harness.machine import Machine
 
@@ -96,7 +96,7 @@ def test_remote_launchers_check_only_what_no_node_holds():
 
 @pytest.mark.parametrize("preset", ["smoke", "default"])
 def test_the_cpu_presets_fit_the_ci_machine(preset):
-    from matrix.preflight import points
+    from matrix.app.preflight import points
 
     resolved = on(CI, *(c for c, _ in points(["-m", f"+matrix={preset}", "results_dir=/unused"])))
     check_sweep(resolved, runs_here=True, machine=CI)
@@ -209,7 +209,7 @@ def test_the_memory_estimate_bounds_a_real_points_peak(tmp_path):
 def test_preflight_refuses_the_gpu_preset_on_this_cpu_machine(tmp_path):
     import torch
 
-    from matrix.preflight import preflight
+    from matrix.app.preflight import preflight
 
     if torch.cuda.is_available():
         pytest.skip("a GPU machine runs the preset")
@@ -224,7 +224,7 @@ def test_preflight_refuses_the_gpu_preset_on_this_cpu_machine(tmp_path):
 def test_the_bound_rows_of_reliability_md(case):
     """The rows RELIABILITY.md shows: each sweep composed as the CLI composes
     it, checked for the CI-sized machine."""
-    from matrix.preflight import points
+    from matrix.app.preflight import points
 
     cfgs = [c for c, _ in points(["-m", "results_dir=/unused", *case.args])]
     if not case.expect:

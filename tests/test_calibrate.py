@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from matrix.config import ConfigError, MatrixConfig, validate, validate_value
-from matrix.samples import lines_for
+from matrix.app.config import ConfigError, MatrixConfig, validate, validate_value
+from matrix.store.samples import lines_for
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.calibrate import decide, median_ci, relative_width
 from nsa_cp_comm.harness.spec import PointSpec
@@ -72,7 +72,7 @@ def test_the_hard_cap_bounds_the_floor_too():
 def test_the_power_asked_for_is_compares():
     """The loop asks for the change and power compare's gate judges by: twice
     its default threshold, and no less power than compare requires."""
-    from matrix.compare import DEFAULT_THRESHOLD, parse_threshold
+    from matrix.review.compare import DEFAULT_THRESHOLD, parse_threshold
     from nsa_cp_comm.harness.significance import POWER_MIN, power, resolved_change
 
     assert calibrate.GATE_CHANGE == pytest.approx(resolved_change(parse_threshold(DEFAULT_THRESHOLD)))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from matrix import _review, compare
-from matrix.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE, append_rows
+from matrix.review import _review, compare
+from matrix.store.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE, append_rows
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from matrix import compare
-from matrix.samples import SAMPLES_FILE, append_samples, read_samples
+from matrix.review import compare
+from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
 
 from test_compare import make_row, marks, summary, write_run
@@ -494,7 +494,7 @@ def test_samples_lines_and_runs_keep_the_load(tmp_path: Path):
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
     line = json.loads((tmp_path / SAMPLES_FILE).read_text())
     assert isinstance(line["load_1m"], float) and line["load_1m"] >= 0
-    from matrix import point
+    from matrix.app import point
 
     assert point.environment()["load_1m"] >= 0
 
@@ -529,7 +529,7 @@ def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
 
 
 def test_the_report_names_a_calibration_short_of_its_target(tmp_path: Path, capsys):
-    from matrix import report
+    from matrix.review import report
 
     base, _ = _aa(tmp_path, 40, 0.01, calibration=True)
     report.main([base, "--exit-zero"])

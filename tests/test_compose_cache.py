@@ -1,4 +1,4 @@
-"""The launcher's composes reused across a sweep's jobs (matrix.compose_cache):
+"""The launcher's composes reused across a sweep's jobs (matrix.app.compose_cache):
 each job's config, Hydra's records of it included, is the one Hydra composes."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from matrix import compose_cache
-from matrix.config import register
-from matrix.preflight import expand
+from matrix.app import compose_cache
+from matrix.app.config import register
+from matrix.app.preflight import expand
 
 from matrix_cli import REPO
 

@@ -18,8 +18,9 @@ import re
 
 import pytest
 
-from matrix import coverage, plan_classes, report
-from matrix.plan_classes import CLASSES, batch, classes, classify
+from matrix.review import coverage, report
+from matrix.scale import plan_classes
+from matrix.scale.plan_classes import CLASSES, batch, classes, classify
 from nsa_cp_comm.plan import plan_split
 
 BROKEN = "tests.broken_impls"
@@ -73,7 +74,7 @@ def test_each_class_batch_is_that_class_at_every_cp(cp):
 
 
 def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
-    from matrix.preflight import preflight
+    from matrix.app.preflight import preflight
 
     points = preflight(["+matrix=conformance", "impl=padded", "results_dir=/nonexistent/never-written"])
     by_world: dict[tuple[int, int], set[str]] = {}
@@ -93,7 +94,7 @@ def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
 
 
 def _cfg(cp: int, plan_class: str, impl: str) -> dict:
-    from matrix.config import MatrixConfig
+    from matrix.app.config import MatrixConfig
 
     paged = plan_class == "paged_uneven"
     return {**vars(MatrixConfig()), "cp_size": cp, "seq_lens": batch(plan_class, cp), "shared_kv": paged,
@@ -106,7 +107,7 @@ def test_plugins_right_on_even_plans_only_fail_the_preset_at_each_cp(rank_pool, 
     """The preset's own batches (as the test above holds them to the preset),
     on warm ranks: each buggy plug-in passes the even point and fails the
     first uneven one; padded passes both."""
-    from matrix.resolve import resolve
+    from matrix.app.resolve import resolve
     from nsa_cp_comm.harness.measure import run_point
 
     impls = [f"{BROKEN}:{name}" for name in BUGS]
@@ -153,7 +154,7 @@ def _report(tmp_path, rows) -> str:
     from test_report import append
 
     append(tmp_path, rows)
-    from matrix import report_doc
+    from matrix.review import report_doc
 
     return report_doc.markdown(report.render(*_loaded(tmp_path)))[0]  # without the plots
 
@@ -181,7 +182,7 @@ def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tm
     assert "WARNING" not in md
     # no outside implementation: the classes in the appendix only
     assert "## Plan classes covered" not in md
-    from matrix import report_doc
+    from matrix.review import report_doc
 
     appendix = report_doc.markdown(report.render(*_loaded(tmp_path / "b")))[1]
     assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", appendix)

@@ -7,6 +7,7 @@ Each check is also run on a planted mistake, to see it fail."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def repo_files(*patterns: str) -> list[str]:
 
 def modules() -> list[str]:
     found = [str(p.relative_to(REPO)) for p in (*(REPO / "src" / "nsa_cp_comm").rglob("*.py"),
-                                                 *(REPO / "matrix").glob("*.py"))]
+                                                 *(REPO / "matrix").rglob("*.py"))]
     return sorted(p for p in found if not p.endswith("__init__.py"))
 
 
@@ -45,7 +46,7 @@ def test_the_module_lists_are_the_tree():
     """The lists the checks below walk are not empty: the library, the harness
     and the app are all in them."""
     mods = modules()
-    for where in ("src/nsa_cp_comm/plan.py", "src/nsa_cp_comm/harness/checks.py", "matrix/report.py"):
+    for where in ("src/nsa_cp_comm/plan.py", "src/nsa_cp_comm/harness/checks.py", "matrix/review/report.py"):
         assert where in mods
     assert "README.md" in repo_files("*.md") and "docs/design.md" in repo_files("*.md")
 
@@ -58,6 +59,8 @@ def test_design_doc_module_map_matches_the_tree():
         named.add(str((REPO / cell[0]).parent.relative_to(REPO) / cell[1]))
     for cell in re.findall(r"^\| `(_?\w+\.py)`(?:, `(_?\w+\.py)`)? \|", table, re.M):  # the harness's own table
         named |= {f"src/nsa_cp_comm/harness/{name}" for name in cell if name}
+    for room, cell in re.findall(r"^\| `matrix/(\w+)/` \| (.*?) \|", table, re.M):  # the app's rooms, by module name
+        named |= {m for name in re.findall(r"`(_?\w+)`", cell) if (REPO / (m := f"matrix/{room}/{name}.py")).exists()}
     assert set(modules()) - named == set(), "modules missing from docs/design.md's module map"
     assert {n for n in named if not (REPO / n).exists()} == set(), "the map names files that do not exist"
 
@@ -210,3 +213,17 @@ def test_every_check_the_harness_can_name_is_documented():
     assert len(found) >= 14 and "production_form" in found and "collective_skipped" in found
     documented = set(doc_tables.CHECKS)
     assert found == documented, (sorted(found - documented), sorted(documented - found))
+
+
+def test_doc_store_resume_matches_its_json_and_reads_the_folder_once():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import store_resume
+
+    data = json.loads(store_resume.JSON_PATH.read_text())
+    assert store_resume.block(store_resume.DOC.read_text()) == store_resume.render(data), (
+        "docs/benchmarks.md's store_resume block differs from its JSON: run python benchmarks/store_resume.py --render")
+    runs = data["runs"]
+    assert [r["points"] for r in runs] == [1250, 2500, 5000]
+    assert all(r["bytes_read"] == r["file_bytes"] for r in runs)  # one read of the file, whatever the points
+    # linear: per point no dearer at 5,000 points than twice its cost at 1,250
+    assert runs[-1]["resume_us_per_point"] <= 2 * runs[0]["resume_us_per_point"]

@@ -6,7 +6,7 @@ every rank is padded to, the padding rows and the refusal equal the rule as
 transcribed here from the engine (SGLang 0.5.23: ``layers/cp/zigzag.py`` and
 ``interleave.py`` ``build_metadata`` and ``can_apply``, ``layers/cp/padding.py``
 ``pad_logical_token_to_physical``; the seed fix's engine: docs/design.md
-section 2), and the numpy bulk plans (matrix.plans) equal the per-batch ones.
+section 2), and the numpy bulk plans (matrix.scale.plans) equal the per-batch ones.
 Engines broken on purpose (an alignment, the batch padding, the refusal) are
 caught. ``HYPOTHESIS_PROFILE=fuzz`` runs thousands of batches (tests/conftest.py).
 """
@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from matrix import plans
-from matrix.workload import Batches
+from matrix.scale import plans
+from matrix.scale.workload import Batches
 from nsa_cp_comm import engines
 from nsa_cp_comm.plan import POLICIES, ceil_align
 
@@ -190,7 +190,7 @@ def batch_sets(draw, engine: str):
 
 
 def bulk_mismatches(rules: engines.Engine, groups: list[list[int]], cp: int, policy: str, page: int) -> list:
-    """Batches where matrix.plans' numpy statistics differ from the engine's per-batch plan and costs."""
+    """Batches where matrix.scale.plans' numpy statistics differ from the engine's per-batch plan and costs."""
     page = page if policy == "zigzag_page" else 1
     batches = Batches(np.asarray([x for g in groups for x in g], dtype=np.int64),
                       np.asarray([len(g) for g in groups], dtype=np.int64))
@@ -328,8 +328,8 @@ def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
 # -- a matrix point follows its engine --------------------------------------------------------
 
 def _resolved(**cfg):
-    from matrix.config import MatrixConfig, validate
-    from matrix.resolve import resolve
+    from matrix.app.config import MatrixConfig, validate
+    from matrix.app.resolve import resolve
 
     full = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r", **cfg}
     validate(full)

@@ -68,7 +68,7 @@ def no_leftover_processes(tmp_path):
     yield
     from nsa_cp_comm.harness.ranks import close_pools
 
-    close_pools()  # warm pools of matrix.point.run in this process
+    close_pools()  # warm pools of matrix.app.point.run in this process
     assert wait_for_no_process(str(tmp_path)) == []
     assert ranks_left(forked_ranks(tmp_path)) == set()
 
@@ -135,8 +135,8 @@ def _listing(tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", table.CLI, ids=lambda c: table.cli_doc(c))
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys, monkeypatch):
-    import matrix.__main__ as cli
-    from matrix.config import ConfigError, validate_overrides
+    import matrix.app.sweep as cli
+    from matrix.app.config import ConfigError, validate_overrides
 
     if "/proc/sys" in " ".join(case.args) and os.access("/proc/sys", os.W_OK):
         pytest.skip("/proc/sys is writable here")
@@ -168,7 +168,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a mode-0555 directory")
 def test_cli_read_only_results_dir(tmp_path, capsys):
-    from matrix.__main__ import main
+    from matrix.app.sweep import main
 
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
@@ -232,7 +232,7 @@ def umount(where: Path) -> None:
 
 
 def _file_setup(specs: tuple[str, ...], tmp: Path) -> None:
-    from matrix.results import append_rows
+    from matrix.store.results import append_rows
 
     for spec in specs:
         name, _, what = spec.partition(":")
@@ -257,22 +257,22 @@ def _file_setup(specs: tuple[str, ...], tmp: Path) -> None:
 
 def _no_work(monkeypatch) -> None:
     """Every file and folder is checked before the work: the work must not start."""
-    import matrix.compare
-    import matrix.plans
-    import matrix.report
+    import matrix.review.compare
+    import matrix.scale.plans
+    import matrix.review.report
 
     def work(*a, **k):
         raise AssertionError("the work started before the bad file or folder was found")
 
-    monkeypatch.setattr(matrix.plans, "plan_stats", work)
-    monkeypatch.setattr(matrix.report, "build", work)
-    monkeypatch.setattr(matrix.compare, "compare", work, raising=False)
+    monkeypatch.setattr(matrix.scale.plans, "plan_stats", work)
+    monkeypatch.setattr(matrix.review.report, "build", work)
+    monkeypatch.setattr(matrix.review.compare, "compare", work, raising=False)
 
 
 def _command(name: str):
     import importlib
 
-    return importlib.import_module("matrix.__main__" if name == "matrix" else f"matrix.{name}").main
+    return importlib.import_module("matrix.__main__" if name == "matrix" else f"matrix.{name}.__main__").main
 
 
 class _Hung(Exception):
@@ -320,7 +320,7 @@ def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path,
         assert out == ""
         lines = err.splitlines()
         assert len(lines) == 1 and table.matches(lines[0], case.expect), err[:2000]
-        assert len(lines[0]) < 1100  # matrix.inputs.ERROR_CHARS_MAX and the stated length
+        assert len(lines[0]) < 1100  # matrix.store.inputs.ERROR_CHARS_MAX and the stated length
         assert _listing(tmp_path) == before  # nothing written
     finally:
         if mounted is not None:
@@ -328,7 +328,7 @@ def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path,
 
 
 def test_a_trace_with_a_byte_order_mark_reads(tmp_path):
-    from matrix.workload import read_trace
+    from matrix.scale.workload import read_trace
 
     (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbfseq_len,batch\r\n10,a\r\n20,a\r\n")
     lens, sizes = read_trace(tmp_path / "t.csv", 100)
@@ -338,8 +338,8 @@ def test_a_trace_with_a_byte_order_mark_reads(tmp_path):
 def test_a_batch_id_that_comes_back_is_one_batch(tmp_path, capsys):
     """``a, b, a`` used to be three batches: ``[10, 30]`` never appeared and the
     padding statistics changed."""
-    from matrix.plans import plan_stats
-    from matrix.workload import Batches, read_trace
+    from matrix.scale.plans import plan_stats
+    from matrix.scale.workload import Batches, read_trace
 
     (tmp_path / "t.csv").write_text("seq_len,batch\n10,a\n20,b\n30,a\n")
     lens, sizes = read_trace(tmp_path / "t.csv", 100)
@@ -356,7 +356,7 @@ def test_a_batch_id_that_comes_back_is_one_batch(tmp_path, capsys):
 
 def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
     """The error text offers "or a .yaml path"; Hydra used to look for conf/workload//x.yaml."""
-    from matrix.__main__ import main
+    from matrix.app.sweep import main
 
     (tmp_path / "t.csv").write_text("seq_len,batch\n100,a\n200,a\n300,b\n")
     (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")).replace("batches: 4", "batches: 8"))
@@ -369,8 +369,8 @@ def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
 def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, capsys, monkeypatch):
     """The hint used to repeat the expanded seq_lens (refused with workload=) and
     the name Hydra was given for the file (unknown to a new process)."""
-    import matrix.__main__ as cli
-    from matrix import signals, stdout_guard
+    import matrix.app.sweep as cli
+    from matrix.app import guards
 
     (tmp_path / "t.csv").write_text("seq_len\n100\n")
     (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")))
@@ -379,8 +379,8 @@ def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, c
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "task", lambda machine_checked: interrupted)
-    monkeypatch.setattr(signals, "install", lambda: None)
-    monkeypatch.setattr(stdout_guard, "guard", lambda: None)
+    monkeypatch.setattr(guards, "install", lambda: None)
+    monkeypatch.setattr(guards, "guard", lambda: None)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
     assert cli.main([f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 130
@@ -392,7 +392,7 @@ def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, c
 def test_hydra_records_go_to_a_folder_per_command(tmp_path):
     """Two sweeps into one results_dir overwrote each other's multirun.yaml and
     job records (results_dir/0/.hydra)."""
-    from matrix.config import run_folder
+    from matrix.app.config import run_folder
 
     cfg = _compose(f"results_dir={tmp_path}")
     folder = str(tmp_path / "hydra" / run_folder())
@@ -411,7 +411,7 @@ def _full_disk(tmp_path: Path, free: int) -> Path:
 
 
 def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
-    from matrix.plans import main
+    from matrix.scale.plans import main
 
     disk = _full_disk(tmp_path, 8 << 10)  # plans.json fits, the plot does not
     try:
@@ -426,7 +426,7 @@ def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_pat
 
 
 def test_report_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
-    from matrix.report import main
+    from matrix.review.report import main
 
     _file_setup(("res",), tmp_path)
     disk = _full_disk(tmp_path, 16 << 10)
@@ -447,7 +447,7 @@ def test_write_atomic_on_a_full_disk_leaves_the_old_file(tmp_path, monkeypatch):
     """Without a mountable tmpfs: the write fails half way, as on a full disk."""
     import errno
 
-    from matrix import outputs
+    from matrix.store import outputs
 
     target = tmp_path / "plot.png"
     target.write_bytes(b"old")
@@ -477,7 +477,7 @@ def test_write_atomic_on_a_full_disk_leaves_the_old_file(tmp_path, monkeypatch):
 def test_a_full_disk_while_writing_samples_names_the_file(tmp_path, monkeypatch):
     import errno
 
-    from matrix import samples
+    from matrix.store import samples
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -496,7 +496,7 @@ def test_a_full_disk_while_writing_samples_names_the_file(tmp_path, monkeypatch)
 
 
 def _point_cfg(tmp_path: Path, **over) -> dict:
-    from matrix.config import MatrixConfig
+    from matrix.app.config import MatrixConfig
 
     cfg = dataclasses.asdict(MatrixConfig())
     cfg.update(cp_size=2, seq_lens=[64], hidden_size=32, iters=2, warmup=0, impl="padded",
@@ -507,7 +507,7 @@ def _point_cfg(tmp_path: Path, **over) -> dict:
 
 def read_table(path: Path) -> list[dict[str, str]]:
     """results.csv read strictly: the schema's header, then whole rows only."""
-    from matrix.results import COLUMNS
+    from matrix.store.results import COLUMNS
 
     text = path.read_text()
     assert text.endswith("\n"), "a torn last line"
@@ -523,7 +523,7 @@ def read_table(path: Path) -> list[dict[str, str]]:
 
 @pytest.mark.parametrize("fault", list(table.POOL_FAULTS))
 def test_injected_fault_costs_one_row(fault, tmp_path):
-    from matrix.point import run
+    from matrix.app.point import run
     from nsa_cp_comm.harness.ranks import get_pool
 
     timeout_s, status, reason = table.POOL_FAULTS[fault]
@@ -559,8 +559,8 @@ def _wait_rows(path: Path, at_least: int, proc: subprocess.Popen, timeout_s: flo
 
 
 def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
-    from matrix.point import point_id
-    from matrix.preflight import points
+    from matrix.app.point import point_id
+    from matrix.app.preflight import points
 
     res = tmp_path / "res"
     sweep = ["cp_size=1,2", "seq_lens=[64],[100],[1000],[1001,300],[37,512]", "hidden_size=32", "iters=2",
@@ -639,7 +639,7 @@ def test_torchrun_fault_costs_one_row(fault, tmp_path):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_torchrun_point_refuses_a_world_that_is_not_cp_size(rank, tmp_path, capsys, monkeypatch):
     """Checked on every rank before any rendezvous: no rank waits for the others."""
-    from matrix import torchrun_point
+    from matrix.app import torchrun_point
 
     for key, value in dict(RANK=rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2, LOCAL_RANK=rank).items():
         monkeypatch.setenv(key, str(value))
@@ -653,7 +653,7 @@ def test_torchrun_point_refuses_a_world_that_is_not_cp_size(rank, tmp_path, caps
 
 
 def test_torchrun_point_needs_torchrun(capsys, monkeypatch):
-    from matrix import torchrun_point
+    from matrix.app import torchrun_point
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert torchrun_point.main(["cp_size=2"]) == 2
@@ -666,7 +666,7 @@ def test_torchrun_point_needs_torchrun(capsys, monkeypatch):
 def _compose(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from matrix.config import register
+    from matrix.app.config import register
 
     register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -708,7 +708,7 @@ def test_slurm_request_covers_the_largest_point_of_a_sweep():
     from the command line over the preset's sweeper params."""
     from omegaconf import OmegaConf
 
-    from matrix.config import register_resolvers
+    from matrix.app.config import register_resolvers
 
     register_resolvers()
     cfg = OmegaConf.create({
@@ -730,7 +730,7 @@ def test_slurm_request_counts_the_ranks_a_swept_group_and_bystanders_add():
     import yaml
     from omegaconf import OmegaConf
 
-    from matrix.config import register_resolvers
+    from matrix.app.config import register_resolvers
 
     register_resolvers()
     slurm = yaml.safe_load((REPO / "conf" / "hydra" / "launcher" / "slurm.yaml").read_text())
@@ -749,8 +749,8 @@ def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
     """The submit host has no GPUs: an nccl sweep for SLURM passes the preflight
     (each job checks its own node); a bad value is still refused."""
     _need_submitit()
-    from matrix.config import ConfigError
-    from matrix.preflight import preflight
+    from matrix.app.config import ConfigError
+    from matrix.app.preflight import preflight
 
     argv = ["-m", "hydra/launcher=slurm", "+matrix=deepseek_v32", "backend=nccl", f"results_dir={tmp_path / 'r'}"]
     assert len(preflight(argv)) == 8

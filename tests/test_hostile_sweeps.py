@@ -39,7 +39,7 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     again = run_matrix(res, f"impl={HOSTILE}:long_error", *SMALL, "resume=true")
     assert again.returncode == 1 and "not CSV" not in again.stderr, again.stderr[-2000:]
     assert len(again.rows()) == 2  # the error point ran again
-    from matrix import report
+    from matrix.review import report
 
     assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 

@@ -1,9 +1,9 @@
-"""Hydra's override parser reads a list in linear time (matrix.hydra_lists):
+"""Hydra's override parser reads a list in linear time (matrix.app.config):
 a long seq_lens took minutes of silent checks, parsed several times a sweep."""
 
 from __future__ import annotations
 
-import matrix.config  # noqa: F401 - installs the linear list reader
+import matrix.app.config  # noqa: F401 - installs the linear list reader
 from antlr4.ParserRuleContext import ParserRuleContext
 from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -63,24 +63,30 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def all_modules(folder: Path, package: str) -> dict[str, Path]:
+    """``{dotted name: file}`` of the package's modules and its subpackages'."""
+    mods: dict[str, Path] = {}
+    for sub in sorted(p.parent for p in folder.rglob("__init__.py")):
+        mods.update(package_modules(sub, ".".join([package, *sub.relative_to(folder).parts])))
+    return mods
+
+
 def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
     """Each module of the package and its subpackages -> the ones it imports.
     A module's own packages are left out: Python imports them before the
     module, and ``from . import sibling`` needs the sibling, not them."""
-    mods: dict[str, Path] = {}
-    for sub in sorted(p.parent for p in folder.rglob("__init__.py")):
-        mods.update(package_modules(sub, ".".join([package, *sub.relative_to(folder).parts])))
+    mods = all_modules(folder, package)
     return {m: {n for n in imports_of(p, m) if n in mods and n != m and not m.startswith(n + ".")}
             for m, p in mods.items()}
 
 
 def test_the_matrix_app_has_no_import_cycle():
     graph = import_graph(REPO / "matrix", "matrix")
-    assert {"matrix.resolve", "matrix.budget", "matrix.point"} <= set(graph)
+    assert {"matrix.app.resolve", "matrix.app.budget", "matrix.app.point"} <= set(graph)
     assert find_cycle(graph) == []
     # the resolution is below the point and the budget, and neither imports the other's module
-    assert graph["matrix.resolve"] & {"matrix.point", "matrix.budget", "matrix.preflight"} == set()
-    assert "matrix.point" not in graph["matrix.budget"]
+    assert graph["matrix.app.resolve"] & {"matrix.app.point", "matrix.app.budget", "matrix.app.preflight"} == set()
+    assert "matrix.app.point" not in graph["matrix.app.budget"]
 
 
 def test_the_library_and_its_harness_have_no_import_cycle():
@@ -157,7 +163,7 @@ def failing_alone(package: str, names: list[str], *path: Path) -> list[str]:
 
 
 def test_every_matrix_module_imports_alone():
-    names = sorted(package_modules(REPO / "matrix", "matrix"))
+    names = sorted(all_modules(REPO / "matrix", "matrix"))
     assert len(names) > 20 and failing_alone("matrix", names, REPO / "src", REPO) == []
 
 
@@ -183,7 +189,7 @@ def test_help_answers_without_importing_torch():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "keys:" in proc.stdout, proc.stderr[-2000:]
     modules = imported(proc.stderr)
-    assert {"matrix.help", "matrix.config", "nsa_cp_comm.harness.calibrate"} <= modules
+    assert {"matrix.app.help", "matrix.app.config", "nsa_cp_comm.harness.calibrate"} <= modules
     assert not {m for m in modules if m.split(".")[0] == "torch"}, sorted(m for m in modules if "torch" in m)[:5]
     assert imported("import time:       425 |     119160 |       torch\n") == {"torch"}
 
@@ -212,3 +218,52 @@ def test_the_librarys_names_load_on_first_use():
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"]
+
+
+# The rooms of matrix/ (docs/design.md, Module map) and what each may import of
+# the others: the store nothing, scale the store (and review's figure and table
+# helpers, for its plot and a workload's table), review the store and scale,
+# the app all of them.
+ROOMS_MAY_IMPORT = {"store": set(), "scale": {"store"}, "review": {"store", "scale"},
+                    "app": {"store", "scale", "review"}}
+ALSO_ALLOWED = {("matrix.scale.plans", "matrix.review.plots"), ("matrix.scale.workload", "matrix.review._review")}
+# Outside the store, what opens a file, and the files it may be: none of a results folder.
+OPENS = {"open", "read_csv", "read_text", "read_bytes", "write_text", "write_bytes", "open_binary", "open_text",
+         "to_csv", "fdopen"}
+OPENS_ALLOWED = {("matrix.app.help", "read_text"),  # the shipped configs
+                 ("matrix.app.guards", "open"),  # /dev/null under a closed stdout
+                 ("matrix.review._review", "read_csv"),  # the bytes the store read
+                 ("matrix.scale.workload", "read_text"), ("matrix.scale.workload", "open_text"),  # input files
+                 ("matrix.scale.nccl_tests", "read_bytes")}
+
+
+def room_violations(folder: Path, package: str) -> list[str]:
+    """``module -> what`` for each import across rooms the rules forbid, and
+    each call outside the store that opens a file the rules do not allow."""
+    found = []
+    for m, path in sorted(all_modules(folder, package).items()):
+        room = m.split(".")[1] if m.count(".") > 1 else ""
+        for n in sorted(imports_of(path, m)):
+            other = n.split(".")[1] if n.startswith(package + ".") and n.count(".") > 1 else ""
+            if room in ROOMS_MAY_IMPORT and other in ROOMS_MAY_IMPORT and other != room \
+                    and other not in ROOMS_MAY_IMPORT[room] \
+                    and not any(m == a and (n == b or n.startswith(b + ".")) for a, b in ALSO_ALLOWED):
+                found.append(f"{m} -> {n}")
+        if room != "store":
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call):
+                    f = node.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                    if name in OPENS and (m, name) not in OPENS_ALLOWED:
+                        found.append(f"{m} opens ({name})")
+    return found
+
+
+def test_each_room_imports_only_what_its_line_in_the_map_allows(tmp_path):
+    assert room_violations(REPO / "matrix", "matrix") == []
+    # and the check sees a broken rule of each kind
+    pkg = make_package(tmp_path, store__a="from ..app import b\n", app__b="X = 1\n", review__c="from ..app.b import X\n",
+                       scale__d="def f():\n    from ..review import c\n", review__e="open('results.csv').read()\n")
+    assert room_violations(pkg, "pkg") == ["pkg.review.c -> pkg.app.b", "pkg.review.c -> pkg.app.b.X",
+                                           "pkg.review.e opens (open)", "pkg.scale.d -> pkg.review.c",
+                                           "pkg.store.a -> pkg.app.b"]

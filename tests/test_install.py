@@ -52,6 +52,7 @@ def test_every_library_package_ships():
     # missing from every regular install.
     packages = set(PYPROJECT["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src").rglob("__init__.py")}
+    found |= {".".join(("nsa_cp_matrix", *p.parent.relative_to(REPO / "matrix").parts)) for p in (REPO / "matrix").rglob("*.py")}
     assert found and found <= packages, found - packages
 
 
@@ -109,7 +110,7 @@ def test_a_wheel_runs_the_app_from_an_empty_folder(tmp_path):
 @pytest.mark.parametrize("tool", ["report", "compare", "plans"])
 def test_each_tool_runs_as_a_module_of_the_installed_name(tool):
     # The console commands' targets are the modules `python -m nsa_cp_matrix.TOOL` runs.
-    assert PYPROJECT["project"]["scripts"][f"nsa-cp-matrix-{tool}"] == f"nsa_cp_matrix.{tool}:main"
+    assert PYPROJECT["project"]["scripts"][f"nsa-cp-matrix-{tool}"] == f"nsa_cp_matrix.{tool}.__main__:main"
 
 
 def test_the_license_ships_and_is_named():
@@ -147,7 +148,7 @@ def bare_doc_paths(source: str) -> list[str]:
 
 def test_printed_texts_point_to_the_docs_by_their_address():
     """An install has no docs/ folder: what the app prints names the page in the repository."""
-    found = {str(p.relative_to(REPO)): bare_doc_paths(p.read_text()) for p in sorted((REPO / "matrix").glob("*.py"))}
+    found = {str(p.relative_to(REPO)): bare_doc_paths(p.read_text()) for p in sorted((REPO / "matrix").rglob("*.py"))}
     assert {k: v for k, v in found.items() if v} == {}
     assert bare_doc_paths('x = 1\nmsg = "see docs/plugins.md"\n') == ["see docs/plugins.md"]
     assert bare_doc_paths('"""docs/plugins.md"""\nmsg = "https://h/blob/main/docs/plugins.md"\n') == []
@@ -156,6 +157,9 @@ def test_printed_texts_point_to_the_docs_by_their_address():
 def test_the_folder_the_readme_writes_plans_to_is_ignored():
     out = subprocess.run(["git", "check-ignore", "-q", "plans/plans.json"], cwd=REPO)
     assert out.returncode == 0
+    # and nothing of the package: matrix/plans/ is `python -m matrix.plans`
+    kept = subprocess.run(["git", "check-ignore", "-q", "matrix/plans/__main__.py"], cwd=REPO)
+    assert kept.returncode == 1
 
 
 # The README's Install section, as written (tests/test_readme_commands.py
@@ -218,4 +222,4 @@ def test_the_commands_help_names_are_the_installed_ones():
     scripts = PYPROJECT["project"]["scripts"]
     assert scripts[console()] == "nsa_cp_matrix.__main__:main"
     for tool in ("report", "compare", "plans"):
-        assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}:main"
+        assert scripts[console(tool)] == f"nsa_cp_matrix.{tool}.__main__:main"

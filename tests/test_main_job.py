@@ -10,11 +10,11 @@ import sys
 import textwrap
 from datetime import datetime, timedelta
 
-from matrix.__main__ import freeze_now
-from matrix.preflight import points
+from matrix.app.sweep import freeze_now
+from matrix.app.preflight import points
 
 from matrix_cli import REPO, cli_env, run_matrix
-from matrix.runs import SCHEMA_VERSION
+from matrix.store.runs import SCHEMA_VERSION
 
 SMALL = ("hidden_size=32", "dtype=float32", "warmup=0", "iters=2")
 
@@ -44,7 +44,7 @@ def test_preflight_resolves_every_point_to_one_results_folder(monkeypatch):
     import hydra.core.utils
 
     monkeypatch.setattr(hydra.core.utils, "datetime", Ticking)
-    monkeypatch.setattr("matrix.preflight.datetime", Ticking)
+    monkeypatch.setattr("matrix.app.preflight.datetime", Ticking)
     dirs = {cfg["results_dir"] for cfg, _ in points(["-m", "cp_size=1,2,4", "seq_lens=[8],[9]"])}
     assert len(dirs) == 1, dirs
 
@@ -114,9 +114,9 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     """Every key with its meaning and range, the presets with the + form, the
     layouts; exit 0 and nothing written. (In-process: the README's
     `python -m matrix --help` runs as a command in the slow set.)"""
-    from matrix.__main__ import main
-    from matrix.config import KEYS
-    from matrix.help import MEANING
+    from matrix.app.sweep import main
+    from matrix.app.config import KEYS
+    from matrix.app.help import MEANING
 
     assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/help.py"
     monkeypatch.chdir(tmp_path)
@@ -138,14 +138,14 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
 def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch):
     """Preflight checks the whole sweep before any rank starts; its jobs, run
     here by the local launcher, do not check again mid-sweep."""
-    from matrix import __main__ as cli
-    from matrix import budget, point, signals, stdout_guard
+    from matrix.app import sweep as cli
+    from matrix.app import budget, point, guards
 
     checked = []
     monkeypatch.setattr(budget, "check_sweep", lambda points, *, runs_here, machine=None: checked.append(len(points)))
     monkeypatch.setattr(point, "_results_for", lambda cfg, res, job_dir: point.every_impl(res, "ok", ""))
-    monkeypatch.setattr(signals, "install", lambda: None)  # pytest's own handlers and stdout stay
-    monkeypatch.setattr(stdout_guard, "guard", lambda: None)
+    monkeypatch.setattr(guards, "install", lambda: None)  # pytest's own handlers and stdout stay
+    monkeypatch.setattr(guards, "guard", lambda: None)
     monkeypatch.setattr(sys, "argv", ["matrix"])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     monkeypatch.chdir(tmp_path)

@@ -9,9 +9,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from matrix.config import GROUPS, KEYS, register
-from matrix.repro_env import split
-from matrix.results import COLUMNS, CONFIG_COLUMNS
+from matrix.app.config import GROUPS, KEYS, register
+from matrix.app.repro_env import split
+from matrix.store.results import COLUMNS, CONFIG_COLUMNS
 from nsa_cp_comm import engines
 
 from matrix_cli import REPO, run_matrix
@@ -33,7 +33,7 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
     assert params, f"{preset} sweeps nothing"
     for key in params:
         assert key.lstrip("+") in set(KEYS) | set(GROUPS), key
-    from matrix.config import validate_overrides
+    from matrix.app.config import validate_overrides
 
     validate_overrides([f"{k}={v}" for k, v in params.items()])
 
@@ -241,7 +241,7 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
 
 
 def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypatch):
-    from matrix import __main__ as cli
+    from matrix.app import sweep as cli
 
     monkeypatch.setattr(cli, "task", lambda machine_checked: (_ for _ in ()).throw(AssertionError("the Hydra app started")))
     res = tmp_path / "res"
@@ -262,8 +262,8 @@ def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypa
 
 
 def test_dry_run_of_a_sweep_beyond_the_machine_lists_it_then_refuses(tmp_path, capsys, monkeypatch):
-    from matrix import __main__ as cli
-    from matrix import budget
+    from matrix.app import sweep as cli
+    from matrix.app import budget
 
     monkeypatch.setattr(budget, "MAX_SWEEP_S", 0.0)  # any sweep is "too long" here
     assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={tmp_path / 'res'}"]) == 2
@@ -279,8 +279,8 @@ def test_dry_run_of_a_sweep_beyond_the_machine_lists_it_then_refuses(tmp_path, c
 def test_a_job_checks_the_machine_it_runs_on(tmp_path, monkeypatch):
     """A remote launcher's job: preflight could not see its node; a point its
     node cannot hold is an error row naming why, and the sweep goes on."""
-    from matrix import budget, point
-    from matrix.config import ConfigError, MatrixConfig
+    from matrix.app import budget, point
+    from matrix.app.config import ConfigError, MatrixConfig
 
     checked = []
 
@@ -315,8 +315,8 @@ def test_repro_quotes_every_value_so_it_round_trips():
     """shlex, then Hydra's own parser, give back every value of the point."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from matrix.config import MatrixConfig
-    from matrix.point import repro_command
+    from matrix.app.config import MatrixConfig
+    from matrix.app.point import repro_command
 
     cfg = {**vars(MatrixConfig()), "seq_lens": [1001, 300], "impl": "tests.broken_impls:wrong_order",
            "align": None, "results_dir": "/tmp/a,b'c d", "timeout_s": 12.5}

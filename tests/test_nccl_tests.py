@@ -1,4 +1,4 @@
-"""nccl-tests JSON in (matrix.nccl_tests) and the report's design comparison (matrix.designs)."""
+"""nccl-tests JSON in (matrix.scale.nccl_tests) and the report's design comparison (matrix.review.designs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from matrix import designs, report
-from matrix.nccl_tests import NcclTestsError, load_model, read
+from matrix.review import designs, report
+from matrix.scale.nccl_tests import NcclTestsError, load_model, read
 
 REPO = Path(__file__).resolve().parents[1]
 AG = REPO / "benchmarks" / "data" / "nccl_tests_sample_all_gather.json"

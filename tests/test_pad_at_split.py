@@ -4,7 +4,7 @@ Healthy, it passes every check the matrix runs on the plans that break other
 implementations (uneven page-aligned splits, empty ranks, three ranks); each
 deliberate break flips the verdict to the check that catches it. Through the
 CLI, ``impl=designs`` gives both designs' rows for one point, with the bytes
-and padding rows the vectorised plans (matrix.plans) compute for that batch.
+and padding rows the vectorised plans (matrix.scale.plans) compute for that batch.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import pad_at_split_tasks
-from matrix import plans
-from matrix.workload import Batches
+from matrix.scale import plans
+from matrix.scale.workload import Batches
 from matrix_cli import run_matrix
 from nsa_cp_comm import impls
 from nsa_cp_comm.harness.fold import fold_reports
@@ -95,7 +95,7 @@ def test_a_plan_the_implementation_does_not_support_is_skipped(rank_pool, where,
 
 
 def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
-    """The rows a real run writes for both designs equal matrix.plans' statistics for that batch, under
+    """The rows a real run writes for both designs equal matrix.scale.plans' statistics for that batch, under
     each engine; a split the engine does not have is a skipped point naming the engine."""
     lens = [1001, 300, 77]
     run_ = run_matrix(tmp_path / "r", "impl=designs", "cp_size=3", "engine=seed_fix,sglang_0_5_23",
@@ -119,7 +119,7 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
     skipped = rows[("sglang_0_5_23", "zigzag_page", "pad_at_split")]
     assert skipped["status"] == "skipped" and "SGLang 0.5.23 has no zigzag_page split" in skipped["reason"]
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
-    from matrix import report
+    from matrix.review import report
 
     data = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
@@ -137,9 +137,9 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
     """``padded_total``, ``padding_frac`` and ``claim_holds`` are the buffer each
     implementation moves: ``m * cp`` for the padded communicator, ``P * cp`` for
     pad_at_split (and a padded shard), not the plan's ``max_rank_len`` for all."""
-    from matrix.config import MatrixConfig, validate
-    from matrix.point import build_rows
-    from matrix.resolve import resolve
+    from matrix.app.config import MatrixConfig, validate
+    from matrix.app.point import build_rows
+    from matrix.app.resolve import resolve
     from nsa_cp_comm.harness.fold import ImplResult
 
     cfg = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r",
@@ -157,7 +157,7 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
     # the report's plan sections (the claim, the padding table) read the padded communicator's m * cp buffer
     import pandas as pd
 
-    from matrix._review import m_stride
+    from matrix.review._review import m_stride
 
     df = pd.DataFrame([pas, rows["padded"]])
     assert list(m_stride(df)["impl"]) == ["padded"]
@@ -168,7 +168,7 @@ def test_the_report_sets_each_engines_plugins_beside_its_rules():
     a run of the default engine alone has no such section."""
     import pandas as pd
 
-    from matrix import designs
+    from matrix.review import designs
 
     rows = pd.DataFrame([
         {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "dual_chunk_swap", "page_size": 1, "cp_size": 2,

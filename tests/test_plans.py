@@ -1,4 +1,4 @@
-"""Plans at scale (matrix.plans) and workloads (matrix.workload), without ranks.
+"""Plans at scale (matrix.scale.plans) and workloads (matrix.scale.workload), without ranks.
 
 The vectorised split must be the library's ``plan_split`` on every batch
 (hypothesis), and its per-design statistics the ones a rank run reports for
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from matrix import plans
-from matrix.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
+from matrix.scale import plans
+from matrix.scale.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
 from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 
@@ -224,7 +224,7 @@ def test_doc_plans_speed_matches_its_json():
 # -- workload= in the matrix -------------------------------------------------------
 
 def test_workload_expands_into_a_sweep_of_its_batches():
-    from matrix.workload import expand_argv
+    from matrix.scale.workload import expand_argv
 
     w = load("lognormal")
     b = draw(w)
@@ -243,13 +243,13 @@ def test_workload_expands_into_a_sweep_of_its_batches():
     (["workload=lognormal,trace"], "one workload per command line"),
 ])
 def test_workload_bad_input_is_one_line_exit_2(args, needle, capsys):
-    from matrix.__main__ import main
+    from matrix.app.sweep import main
 
     assert needle in one_line_exit_2(main, [*args, "--dry-run"], capsys)
 
 
 def test_workload_batches_are_bounded(tmp_path):
-    from matrix.workload import MATRIX_BATCHES_MAX
+    from matrix.scale.workload import MATRIX_BATCHES_MAX
 
     p = tmp_path / "big.yaml"
     p.write_text("name: big\nkind: lognormal\nmean: 100\nsigma: 1\nbudget: 1000\nbatches: 65\n")
@@ -258,7 +258,7 @@ def test_workload_batches_are_bounded(tmp_path):
 
 
 def test_workload_dry_run_lists_one_point_per_batch(capsys):
-    from matrix.__main__ import main
+    from matrix.app.sweep import main
 
     assert main(["workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"]) == 0, capsys.readouterr().err
     b = draw(load("trace"))
@@ -269,7 +269,7 @@ def test_workload_dry_run_lists_one_point_per_batch(capsys):
 def test_workload_report_section_aggregates_over_batches():
     import pandas as pd
 
-    from matrix.workload import report_lines
+    from matrix.scale.workload import report_lines
 
     rows = [dict(workload="lognormal", status="ok", cp_size=2, policy="zigzag", page_size=1, impl="padded",
                  bytes_useful=900, bytes_padded=1000 if i < 9 else 2000, roundtrip_p50_us=float(i))

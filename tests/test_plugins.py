@@ -289,7 +289,7 @@ def test_broken_plugin_is_one_line_naming_its_entry_point(tmp_path):
     ],
 )
 def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, capsys, ref, says):
-    from matrix.__main__ import main
+    from matrix.app.sweep import main
 
     results = tmp_path / "res"
     # In a sweep after a good implementation: nothing runs, not even the good one.

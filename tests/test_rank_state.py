@@ -95,7 +95,7 @@ def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are
     ranks; the point's other implementations are rerun on fresh ranks (a
     second culprit among them blamed the same way, a row that fails its own
     check keeps it, an honest one is ok); the changed ranks are closed."""
-    from matrix import point
+    from matrix.app import point
     from nsa_cp_comm.harness.measure import run_point
     from nsa_cp_comm.harness.spec import PointSpec
 
@@ -138,7 +138,7 @@ def test_a_change_made_in_a_real_timed_turn_is_blamed_on_that_turn_alone(rank_po
     the point's other implementations are rerun on fresh ranks and pass.
     Without the look after timed turns, only the after-point check sees the
     change, and every row of the point fails, the built-ins' included."""
-    from matrix import point
+    from matrix.app import point
     from nsa_cp_comm.harness.measure import run_point
     from nsa_cp_comm.harness.spec import PointSpec
 
@@ -182,7 +182,7 @@ def test_ranks_that_do_not_answer_the_state_check_give_error_rows_not_a_check():
     """A stand-in pool whose state check raised on one rank (the pool then
     closes itself): ``error`` rows without a ``failed_check``, since nothing was
     compared; a row that had already failed keeps its own."""
-    from matrix import point
+    from matrix.app import point
     from nsa_cp_comm.harness.fold import ImplResult
     from nsa_cp_comm.harness.rank_result import RankResult
 
@@ -225,8 +225,8 @@ def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch,
     world on this machine under its load; a timed-out start is retried once."""
     import dataclasses
 
-    from matrix import budget, point
-    from matrix.config import MatrixConfig
+    from matrix.app import budget, point
+    from matrix.app.config import MatrixConfig
     from nsa_cp_comm.harness import ranks
 
     seen = {}
@@ -251,8 +251,8 @@ def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch,
 def test_the_start_up_bound_grows_with_the_world_and_the_load():
     import dataclasses
 
-    from matrix import budget, point
-    from matrix.config import MatrixConfig
+    from matrix.app import budget, point
+    from matrix.app.config import MatrixConfig
     from nsa_cp_comm.harness.machine import Machine
 
     two_cores = dataclasses.replace(budget.this_machine(), cores=2)

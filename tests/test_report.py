@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from matrix import _review, plots, report
-from matrix.results import COLUMNS, RESULTS_FILE, STATUS_VALUES, append_rows
-from matrix.runs import LAYOUT2_ENV
+from matrix.review import _review, plots, report
+from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES, append_rows
+from matrix.store.runs import LAYOUT2_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
@@ -409,7 +409,7 @@ def test_file_with_the_removed_fault_column(tmp_path: Path, capsys: pytest.Captu
     """A file written while the matrix had its test-only ``fault`` key reads in
     report and compare; a row of a point made to fail on purpose is not read
     (it shares its configuration with the real point and came after it)."""
-    from matrix import compare
+    from matrix.review import compare
 
     old_columns = [*COLUMNS[: COLUMNS.index("resume") + 1], "fault", *COLUMNS[COLUMNS.index("resume") + 1 :]]
     rows = [make_row("padded"), make_row("legacy"),

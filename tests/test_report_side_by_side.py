@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix import plots, report, report_doc, side_by_side
+from matrix.review import plots, report, report_doc, side_by_side
 from test_report import _frame, append, make_row, md_of, section, table_row
 
 DESIGN = dict(attn_pad_rows=0, moe_pad_rows=0)  # what a designs run's rows carry

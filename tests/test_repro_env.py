@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from matrix import repro_env
-from matrix.config import MatrixConfig, override_value
-from matrix.point import repro_command
-from matrix.repro_env import env_prefix, split
+from matrix.app import repro_env
+from matrix.app.config import MatrixConfig, override_value
+from matrix.app.point import repro_command
+from matrix.app.repro_env import env_prefix, split
 
 from matrix_cli import REPO, CliRun
 

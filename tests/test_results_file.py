@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from matrix import results
-from matrix.results import (
+from matrix.store import results
+from matrix.store.folder import completed_point_ids, latest_rows
+from matrix.store.results import (
     COLUMNS,
     ResultsPathError,
     ResultsWriteError,
     SchemaError,
     append_rows,
     check_schema,
-    completed_point_ids,
     read_header,
     results_path,
     torn_path,
@@ -93,7 +93,7 @@ def test_append_to_a_file_without_a_whole_line(tmp_path, content, header_kept):
 
 FSIZE_SCRIPT = """
 import resource, signal, sys
-from matrix.results import ResultsWriteError, append_rows
+from matrix.store.results import ResultsWriteError, append_rows
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -350,7 +350,7 @@ def test_a_long_reason_is_cut_with_its_length_and_kept_whole_beside(tmp_path):
     long = "E" * 229_000
     append_rows(tmp_path, [row("a", status="error", reason=long)])
     path = results_path(tmp_path)
-    cell = results.latest_rows(path)["a"]["padded"]["reason"]
+    cell = latest_rows(tmp_path)["a"]["padded"]["reason"]
     assert len(cell) <= results.MAX_CELL_CHARS
     assert "[cut: 229000 characters; the whole text is in results.full-text.jsonl]" in cell
     import json
@@ -365,7 +365,7 @@ def test_a_configuration_cell_over_the_csv_modules_limit_reads_back(tmp_path):
     any row the writer can write, past the csv module's default 131072."""
     seq = "[" + ",".join(["1000"] * 40_000) + "]"
     append_rows(tmp_path, [{**row("a"), "seq_lens": seq}])
-    assert results.latest_rows(results_path(tmp_path))["a"]["padded"]["seq_lens"] == seq
+    assert latest_rows(tmp_path)["a"]["padded"]["seq_lens"] == seq
     assert completed_point_ids(tmp_path) == {"a"}
     code = "import csv,sys; csv.field_size_limit(131072); list(csv.reader(open(sys.argv[1])))"
     refused = subprocess.run([sys.executable, "-c", code, str(results_path(tmp_path))], capture_output=True)
@@ -379,3 +379,103 @@ def test_a_byte_order_mark_is_read_past(tmp_path):
     check_schema(path)
     append_rows(tmp_path, [row("b")])
     assert completed_point_ids(tmp_path) == {"a", "b"}
+
+
+# Every file of a results folder by one set of rules (matrix.store.folder): each
+# is held to them before any point runs, and each rule, broken, flips the verdict.
+SIDE_FILES = ("results.csv", "runs.jsonl", "samples.jsonl")
+
+
+@pytest.mark.parametrize("name", SIDE_FILES)
+def test_a_side_file_that_is_no_regular_file_is_refused_up_front(tmp_path, name):
+    from matrix.store.folder import Folder
+
+    append_rows(tmp_path, [row("a")])
+    (tmp_path / "samples.jsonl").write_text("")
+    Folder(tmp_path).check()  # regular files pass
+    (tmp_path / name).unlink(missing_ok=True)
+    os.mkfifo(tmp_path / name)
+    with pytest.raises(ResultsPathError) as info:
+        Folder(tmp_path).check()  # without waiting on the FIFO for a writer
+    assert _one_line(info.value).endswith("not a regular file") and name in str(info.value)
+    (tmp_path / name).unlink()
+    (tmp_path / name).symlink_to(os.devnull)
+    with pytest.raises(ResultsPathError, match=r"a link to /dev/null\).* not a regular file"):
+        Folder(tmp_path).check()
+
+
+def test_a_side_file_that_is_not_writable_is_refused_up_front(tmp_path, monkeypatch):
+    from matrix.store.folder import Folder
+
+    (tmp_path / "runs.jsonl").write_text("")
+    Folder(tmp_path).check()
+    real = os.open
+
+    def read_only(path, flags, *args):  # as a read-only mount answers, for root too
+        if str(path).endswith("runs.jsonl") and flags & os.O_WRONLY:
+            raise OSError(30, "Read-only file system")
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(ResultsPathError, match=r"runs.jsonl is not writable \(Read-only file system\)"):
+        Folder(tmp_path).check()
+
+
+def _peak_rss_mb(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    import resource
+
+    code = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+            "print(p.returncode); print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    from matrix_cli import cli_env
+
+    proc = subprocess.run([sys.executable, "-c", code, *cmd], cwd=REPO, env=cli_env(), capture_output=True,
+                          text=True, timeout=600)
+    rc, line, rss = proc.stdout.strip().splitlines()
+    del resource
+    return subprocess.CompletedProcess(cmd, int(rc), "", line), int(rss) / 1024
+
+
+def test_a_results_file_of_one_gigabyte_line_is_refused_with_its_size_not_read(tmp_path):
+    """``truncate -s 1G results.csv`` then report: 7.6 GB of memory over 160 s."""
+    append_rows(tmp_path, [row("a")])
+    report = [sys.executable, "-m", "matrix.report", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert _peak_rss_mb(report)[0].returncode == 0  # a whole file reports
+    os.truncate(results_path(tmp_path), 1 << 30)  # its last line now a gigabyte of NULs
+    with pytest.raises(ResultsPathError, match=r"line 3 is longer than 64 MiB \(the file is 1073741824 bytes\)"):
+        results.read_rows(results_path(tmp_path))
+    done, rss = _peak_rss_mb(report)
+    assert done.returncode == 2 and "line 3 is longer than 64 MiB (the file is 1073741824 bytes)" in done.stderr, done
+    assert rss < 700, rss  # the line bound, not the file
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    results_path(fresh).touch()
+    os.truncate(results_path(fresh), 1 << 30)  # no header at all: the sweep refuses before any point
+    from matrix.store.folder import Folder
+
+    with pytest.raises(ResultsPathError, match=r"first line is longer than 64 MiB \(the file is 1073741824 bytes\)"):
+        Folder(fresh).check()
+
+
+def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path):
+    from matrix.store.folder import Folder
+    from matrix.store.runs import read_runs
+    from matrix.store.samples import read_samples
+
+    append_rows(tmp_path, [row("a")])
+    for name in ("samples.jsonl", "runs.jsonl"):
+        (tmp_path / name).write_text('{"point_id": "a"}\n')
+    Folder(tmp_path).check()
+    read_samples(tmp_path / "samples.jsonl"), read_runs(tmp_path)
+    os.truncate(tmp_path / "samples.jsonl", 1 << 30)
+    with pytest.raises(ValueError, match=r"samples.jsonl: line 2 is longer than 16 MiB \(the file is 1073741824 bytes\)"):
+        read_samples(tmp_path / "samples.jsonl")
+    other = tmp_path / "b"
+    append_rows(other, [row("a")])
+    (other / "samples.jsonl").write_text("")
+    os.truncate(tmp_path / "samples.jsonl", 1 << 30)
+    done, rss = _peak_rss_mb([sys.executable, "-m", "matrix.compare", str(other), str(tmp_path)])
+    assert done.returncode == 2 and "line 2 is longer than 16 MiB" in done.stderr and rss < 700, (done, rss)
+    os.truncate(tmp_path / "runs.jsonl", 1 << 30)
+    with pytest.raises(ResultsPathError, match=r"runs.jsonl is 1073741824 bytes, over the 256 MiB it may hold"):
+        Folder(tmp_path).check()

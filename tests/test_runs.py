@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from matrix import _review, compare, report, results, runs
-from matrix.results import COLUMNS, PROVENANCE_COLUMNS, ResultsWriteError, SchemaError, append_rows, results_path
-from matrix.runs import META_COLUMNS, RUNS_FILE, SCHEMA_VERSION, read_runs
-from matrix.samples import SAMPLES_FILE, append_samples, read_samples
+from matrix.review import _review, compare, report
+from matrix.store import results, runs
+from matrix.store.results import COLUMNS, PROVENANCE_COLUMNS, ResultsWriteError, SchemaError, append_rows, results_path
+from matrix.store.runs import META_COLUMNS, RUNS_FILE, SCHEMA_VERSION, read_runs
+from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 
 import test_compare as tc
 import test_report as tr
@@ -124,7 +125,7 @@ def test_a_failed_metadata_write_writes_no_row(tmp_path: Path, monkeypatch) -> N
 
 
 def test_the_point_builds_its_run_once_per_process() -> None:
-    from matrix import point
+    from matrix.app import point
 
     meta = point.environment()
     assert point.environment() is meta  # computed once

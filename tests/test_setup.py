@@ -101,7 +101,7 @@ def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
     """The figures are of compare's current defaults, and the text counts the
     trials' own exits: one A/A pair that failed, or one slowed run that passed,
     reads as such whatever totals the file stores."""
-    from matrix import compare
+    from matrix.review import compare
 
     data = json.loads(compare_power.JSON_PATH.read_text())
     assert data["defaults"] == {"metric": compare.DEFAULT_METRIC, "threshold": compare.DEFAULT_THRESHOLD}

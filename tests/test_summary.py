@@ -1,10 +1,10 @@
-"""The sweep's closing summary line (matrix.summary): rows counted as rows, points as points."""
+"""The sweep's closing summary line (matrix.app.summary): rows counted as rows, points as points."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from matrix import summary
+from matrix.app import summary
 
 from test_compare import make_row, write_run
 
@@ -40,7 +40,7 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
 
 
 def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row() -> None:
-    from matrix.summary import CUT_MARK, REASON_CHARS, clipped, describe
+    from matrix.app.summary import CUT_MARK, REASON_CHARS, clipped, describe
 
     short = "rank 1 never entered _ALLGATHER_BASE"
     assert clipped(short) == short

@@ -704,7 +704,7 @@ class RankPool:
                                          for suffix in (MARKER_SUFFIX, STACK_SUFFIX))):
             try:
                 path.unlink()
-            except FileNotFoundError:
+            except OSError:  # gone already, or in a folder made read-only under the sweep: left there
                 pass
 
     def alive_processes(self) -> int:

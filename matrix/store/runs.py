@@ -43,7 +43,8 @@ from . import inputs
 
 SCHEMA_VERSION = 5
 RUNS_FILE = "runs.jsonl"
-RUNS_BYTES_MAX = 1 << 30  # a line per run: millions of runs
+RUNS_BYTES_MAX = 256 << 20  # a line of about 1 kB per run: a quarter of a million runs
+RUN_LINE_MAX = 16 << 20  # a run's line: its command line can list a long seq_lens
 
 # The fields of a run's line that readers join onto each of its rows, as
 # columns of these names: a row of layout 2 carries the first four itself.
@@ -99,10 +100,15 @@ _RECORDED: set[tuple[str, str]] = set()
 
 
 def _listed(fd: int, run_id: str) -> bool:
-    """Whether the open runs file already holds a line of ``run_id``."""
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size, 0) if size else b""
-    return any(read_line(line).get("run_id") == run_id for line in data.splitlines())
+    """Whether the open runs file already holds a line of ``run_id``: looked
+    for block by block (a run_id is 64 random bits, so its text is its line's),
+    never the whole file in memory."""
+    needle, block, offset, tail = json.dumps(run_id).encode(), 1 << 20, 0, b""
+    while data := os.pread(fd, block, offset):
+        if needle in tail + data:
+            return True
+        offset, tail = offset + len(data), data[-len(needle):]
+    return False
 
 
 def record_run(results_dir: str | os.PathLike[str], meta: Mapping[str, object]) -> None:
@@ -162,8 +168,9 @@ def read_runs(results_dir: str | os.PathLike[str]) -> Runs:
     path = runs_path(results_dir)
     if not os.path.lexists(path):
         return out
-    data = inputs.read_bytes(path, str(path), RUNS_BYTES_MAX, inputs.BadInputFile)
-    for line in data.splitlines():
+    with inputs.open_binary(path, str(path), RUNS_BYTES_MAX, inputs.BadInputFile) as f:
+        found = list(inputs.lines(f, str(path), RUN_LINE_MAX, inputs.BadInputFile))
+    for line in found:
         if not line.strip():
             continue
         obj = read_line(line)

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from . import inputs
-from .paths import CONF_DIR, ROOT
+from ..store import inputs
+from .. import CONF_DIR, ROOT
 
 KINDS: tuple[str, ...] = ("lognormal", "trace")
 WORKLOAD_DIR = CONF_DIR / "workload"
@@ -354,7 +354,7 @@ def report_lines(df, table=None) -> list:
     table becomes a block (default: markdown text; the report keeps it as records)."""
     import pandas as pd
 
-    from ._review import frame_md
+    from ..review._review import frame_md
 
     if "workload" not in df.columns:
         return []

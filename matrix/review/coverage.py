@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from . import command, doc_url
-from .plan_classes import CLASSES, SEPARATOR, UNEVEN
+from .. import command, doc_url
+from ..scale.plan_classes import CLASSES, SEPARATOR, UNEVEN
 
 if TYPE_CHECKING:  # the sweep's summary calls gaps() without pandas
     import pandas as pd
@@ -50,7 +50,7 @@ def _classify(policy: str, cp: str, page: str, align: str, seq_lens: str) -> str
 
     from nsa_cp_comm.plan import plan_split
 
-    from .plan_classes import label
+    from ..scale.plan_classes import label
 
     try:
         lens = json.loads(seq_lens)

@@ -41,9 +41,9 @@ import numpy as np
 from nsa_cp_comm import engines
 from nsa_cp_comm.plan import POLICIES
 
-from . import command
-from .inputs import error_line
-from .outputs import check_dir, write_atomic
+from .. import command
+from ..store.inputs import error_line
+from ..store.outputs import check_dir, write_atomic
 from .workload import Batches, WorkloadError, draw, load
 
 DESIGNS: tuple[str, ...] = engines.DESIGNS
@@ -199,7 +199,7 @@ def _padding_at(engine: str, design: str) -> str:
 
 
 def plot(rows: list[dict], title: str):
-    from .plots import _figure
+    from ..review.plots import _figure
 
     fig, ax = _figure(title)
     colours = {"legacy_even": "tab:gray", "padded": "tab:blue", "pad_at_split": "tab:orange"}
@@ -363,7 +363,7 @@ def _write(out: Path, meta: dict, rows: list[dict], plot_title: str | None) -> N
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "plans.json", json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     if plot_title is not None:
-        from .plots import png
+        from ..review.plots import png
 
         fig = plot(rows, f"Gathered rows over tokens per design and cp\n{plot_title}")
         write_atomic(out / PLOT, png(fig))

@@ -27,20 +27,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import inputs
-from .results import (
+from ..store import inputs
+from ..store.results import (
     BAD_STATUSES,
     CONFIG_COLUMNS,
     COLUMNS,
     GOOD_STATUSES,
-    RESULTS_BYTES_MAX,
     RESULTS_FILE,
     STATUS_VALUES,
     TIMING_COLUMNS,
-    line_records,
+    whole_lines,
     results_path,
 )
-from .runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
+from ..store.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
@@ -235,28 +234,6 @@ def _statuses_of_layout_1(frame: pd.DataFrame) -> dict[str, int]:
     return {k: int(v) for k, v in (("refused", refused.sum()), ("passthrough", passthrough.sum())) if v}
 
 
-def _whole_lines(data: bytes) -> tuple[bytes, int, list[str]]:
-    """The header and the lines of ``data`` that are each one record of the
-    header's width (a stray quote would join lines into one record); how
-    many lines were left out; and the header's names."""
-    lines = data.decode("utf-8-sig", "replace").split("\n")
-    lines = [line.removesuffix("\r") for line in lines]
-    keep: list[str] = []
-    header: list[str] = []
-    dropped = 0
-    for i, fields in line_records(lines):
-        if not keep:
-            if fields is None:
-                raise ValueError("the header is not one CSV line")
-            keep.append(lines[i])
-            header = fields
-        elif fields is not None and len(fields) == len(header):
-            keep.append(lines[i])
-        else:
-            dropped += 1
-    return ("\n".join(keep) + "\n").encode(), dropped, header
-
-
 def _type_problems(frame: pd.DataFrame) -> pd.Series:
     """Rows whose cells cannot be the writer's: a cp_size that is not an integer
     (a row shifted by a lost or extra field). An unknown status is kept: the
@@ -313,10 +290,6 @@ READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3, 4: _layout_3, 5: _layout_3}
 
 def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
-    try:
-        data = inputs.read_bytes(path, where, RESULTS_BYTES_MAX, InputError)
-    except OSError as exc:
-        raise InputError(f"{where}: cannot read as CSV: {one_line(exc, 200)}") from None
     # Strings throughout: the writer's exact text is what `compare` joins on,
     # and empty cells stay "" instead of becoming NaN in half the columns.
     # Only the columns a tool uses are read: a 200k-row file has 15M cells.
@@ -324,7 +297,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     try:
         # every row is one line: a stray quote must not join lines into a record,
         # and a line of another width is not a row (read_csv would pad it)
-        data, malformed, header = _whole_lines(data)
+        data, malformed, header = whole_lines(path, where, InputError)
         frame = pd.read_csv(io.BytesIO(data), **options)
     except pd.errors.EmptyDataError:
         return _File(pd.DataFrame({c: pd.Series(dtype=str) for c in READ_COLUMNS if c in wanted}))

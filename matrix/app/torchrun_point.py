@@ -35,7 +35,7 @@ from typing import Any
 from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, one_line_error
 
 from .config import ConfigError, validate_overrides
-from .results import SchemaError
+from ..store.results import SchemaError
 
 REPORT_MARGIN_S = 5.0  # rank 0 waits this long past the deadline for late reports
 _POLL_S = 0.05
@@ -233,7 +233,8 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     from nsa_cp_comm.harness.ranks import set_rank_device
 
     from .point import build_rows, point_id, skipped_results, write_point
-    from .results import BAD_STATUSES, check_schema, completed_point_ids, results_path
+    from ..store.folder import Folder
+    from ..store.results import BAD_STATUSES
     from .summary import live_line
 
     if res.device == "cuda":
@@ -256,8 +257,9 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     skipped = None
     if rank == 0:
         try:
-            check_schema(results_path(cfg["results_dir"]))
-            if cfg["resume"] and point_id(cfg) in completed_point_ids(cfg["results_dir"]):
+            folder = Folder.of(cfg["results_dir"])
+            folder.check()
+            if cfg["resume"] and folder.done(point_id(cfg)):
                 decision = ["resumed"]
             elif (skipped := skipped_results(cfg, res)) is not None:
                 decision = ["skip"]

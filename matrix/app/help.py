@@ -15,8 +15,7 @@ from pathlib import Path
 
 from nsa_cp_comm.harness import calibrate
 
-from . import command, console
-from .paths import CONF_DIR
+from .. import CONF_DIR, command, console
 from .config import (
     BOOLS,
     CHOICES,

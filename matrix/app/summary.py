@@ -19,8 +19,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .coverage import gap_lines, gaps
-from .results import BAD_STATUSES, STATUS_VALUES, latest_rows, results_path
+from ..review.coverage import gap_lines, gaps
+from ..store.folder import latest_rows
+from ..store.results import BAD_STATUSES, STATUS_VALUES, results_path
 from nsa_cp_comm.harness.significance import MIN_SAMPLES
 
 ORDER = ("ok", "refused", "passthrough", "failed", "error", "timeout", "skipped", "missing")
@@ -80,7 +81,7 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
         by_dir.setdefault(str(cfg["results_dir"]), set()).add(pid)
     rows: dict[tuple[str, str], list[dict[str, str]]] = {}
     for d, pids in by_dir.items():
-        for pid, by_impl in latest_rows(results_path(d)).items():
+        for pid, by_impl in latest_rows(d).items():
             if pid in pids:
                 rows[(d, pid)] = list(by_impl.values())
     counts: Counter[str] = Counter()

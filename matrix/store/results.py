@@ -36,6 +36,10 @@ FULL_TEXT_FILE = "results.full-text.jsonl"
 MAX_CELL_CHARS = 4096
 # The largest results file the readers take: a million rows of a wide schema.
 RESULTS_BYTES_MAX = 4 << 30
+# The longest line a reader takes: a row whose seq_lens lists millions of
+# requests (free-text cells are cut to MAX_CELL_CHARS). A longer line is no
+# row of ours: it is refused with the file's size, never read whole.
+ROW_BYTES_MAX = 64 << 20
 # Readers accept any row the writer can write: Python's csv module refuses fields over
 # 131072 characters by default, and a long seq_lens is longer than that.
 csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
@@ -244,7 +248,7 @@ def _render(rows: Iterable[Mapping[str, object]], header: bool) -> str:
     return buf.getvalue()
 
 
-def _path_error(path: Path, exc: OSError) -> ResultsPathError:
+def path_error(path: Path, exc: OSError) -> ResultsPathError:
     """The one-line error for a results path that cannot be used as a file."""
     where = f"results_dir={path.parent}"
     if isinstance(exc, IsADirectoryError):
@@ -267,7 +271,7 @@ def _check_regular(path: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise _path_error(path, exc) from None
+        raise path_error(path, exc) from None
     if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
         raise ResultsPathError(f"results_dir={path.parent}: {path}{target} is not a regular file")
@@ -281,11 +285,14 @@ def read_header(path: Path) -> list[str] | None:
     _check_regular(path)
     try:
         with path.open("rb") as f:
-            first = f.readline(1 << 20)
+            first = f.readline(ROW_BYTES_MAX + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise _path_error(path, exc) from None
+        raise path_error(path, exc) from None
+    if len(first) > ROW_BYTES_MAX and not first.endswith(b"\n"):
+        raise ResultsPathError(f"results_dir={path.parent}: {path.name}: its first line is longer than "
+                               f"{inputs.mib(ROW_BYTES_MAX)} (the file is {path.stat().st_size} bytes): no results header")
     if not first.endswith(b"\n"):
         return None
     return next(csv.reader([first.decode("utf-8-sig", "replace")]), None)
@@ -327,7 +334,7 @@ def _open_for_append(path: Path) -> int:
     except OSError as exc:
         if exc.errno in DISK_FULL_ERRNOS:
             raise ResultsWriteError(path, exc) from None
-        raise _path_error(path, exc) from None
+        raise path_error(path, exc) from None
 
 
 def _replaced(fd: int, path: Path) -> bool:
@@ -436,6 +443,9 @@ def _mend_tail(fd: int, path: Path, size: int) -> _Tail:
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return _Tail(size)
     start = _last_line_start(fd, size)
+    if size - start > ROW_BYTES_MAX:
+        raise ResultsWriteError(path, f"its last line is {size - start} bytes, longer than any row; "
+                                "the file is as it was")
     fragment = os.pread(fd, size - start, start)
     if _is_whole_row(fragment, first_line=start == 0):
         return _Tail(size, prefix=b"\n")
@@ -538,7 +548,7 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
 RERUN_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
-def _row_problem(row: dict[str, str]) -> str:
+def row_problem(row: dict[str, str]) -> str:
     """Why a parsed row cannot be this writer's (a cell of the wrong type), or ""."""
     if row.get("status", "ok") not in STATUS_VALUES:
         return "status"
@@ -547,28 +557,27 @@ def _row_problem(row: dict[str, str]) -> str:
     return ""
 
 
-def line_records(lines: list[str]) -> Iterable[tuple[int, list[str] | None]]:
-    """``(index, fields)`` for each non-blank line; ``fields`` is None for a line
-    that is not one CSV record on its own. The writer puts every row on one line
-    (:func:`_encode`), so a stray quote that would join lines into one record
-    marks its own line bad, and the lines after it are read as rows again."""
-    i = 0
-    while i < len(lines):
-        reader = csv.reader(iter(lines[i:]))
-        done = 0  # lines of lines[i:] read as records
-        try:
-            for fields in reader:
-                if reader.line_num != done + 1:  # a record spanning lines
-                    break
-                if fields:
-                    yield i + done, fields
-                done += 1
-            else:
-                return
-        except csv.Error:
-            pass
-        yield i + done, None
-        i += done + 1
+def parse_line(line: bytes, first: bool = False) -> list[str] | None:
+    """The fields of one line of a results file (``[]`` for a blank one; a
+    byte-order mark skipped on the ``first``), or None for a line that is not
+    one CSV record on its own. The writer puts every row on one line
+    (:func:`_encode`), so a stray quote marks its own line bad, never the
+    lines after it."""
+    text = line.decode("utf-8-sig" if first else "utf-8", "replace").removesuffix("\n").removesuffix("\r")
+    if text.count('"') % 2:
+        return None
+    try:
+        return next(csv.reader([text]), [])
+    except csv.Error:
+        return None
+
+
+def records(path: Path, label: str, error: type[Exception]) -> Iterable[tuple[int, bytes, list[str] | None]]:
+    """``(line number, line, fields)`` of each line of results file ``path``
+    (:func:`parse_line`), read in lines of at most :data:`ROW_BYTES_MAX`."""
+    with inputs.open_binary(path, label, RESULTS_BYTES_MAX, error) as f:
+        for i, line in enumerate(inputs.lines(f, label, ROW_BYTES_MAX, error), start=1):
+            yield i, line, parse_line(line, first=i == 1)
 
 
 @dataclass(frozen=True)
@@ -590,79 +599,50 @@ class Rows:
                 "not whole rows of this schema")
 
 
+def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, int, list[str]]:
+    """The header and the lines of results file ``path`` that are each one
+    record of the header's width (a stray quote would join lines into one
+    record, and pandas would pad a short line), as CSV for pandas; how many
+    lines were left out; and the header's names."""
+    keep: list[str] = []
+    header: list[str] = []
+    dropped = 0
+    for _, line, fields in records(path, label, error):
+        if fields == []:
+            continue
+        if not keep:
+            if fields is None:
+                raise ValueError("the header is not one CSV line")
+            header = fields
+        elif fields is None or len(fields) != len(header):
+            dropped += 1
+            continue
+        keep.append(line.decode("utf-8" if keep else "utf-8-sig", "replace").removesuffix("\n").removesuffix("\r"))
+    return ("\n".join(keep) + "\n").encode(), dropped, header
+
+
 def read_rows(path: Path) -> Rows:
     """Every row of ``path`` that is a whole row of its header (field count and
     cell types checked); the others are counted, never merged into a row.
     Bytes that are not UTF-8 are read as U+FFFD; a byte-order mark is skipped."""
-    try:
-        data = inputs.read_bytes(path, f"results_dir={path.parent}: {path.name}", RESULTS_BYTES_MAX, ResultsPathError)
-    except OSError as exc:
-        raise _path_error(path, exc) from None
-    lines = [line.removesuffix("\r") for line in data.decode("utf-8-sig", "replace").split("\n")]
     header: list[str] = []
     rows: list[tuple[int, dict[str, str]]] = []
     malformed: list[int] = []
-    for i, fields in line_records(lines):
-        if not header:
-            if fields is None:
-                return Rows([], [], [])
-            header = fields
-            continue
-        if fields is None or len(fields) != len(header):
-            malformed.append(i + 1)
-            continue
-        row = dict(zip(header, fields))
-        if _row_problem(row):
-            malformed.append(i + 1)
-            continue
-        rows.append((i + 1, row))
+    try:
+        for i, _, fields in records(path, f"results_dir={path.parent}: {path.name}", ResultsPathError):
+            if fields == []:
+                continue
+            if not header:
+                if fields is None:
+                    return Rows([], [], [])
+                header = fields
+            elif fields is None or len(fields) != len(header) or row_problem(row := dict(zip(header, fields))):
+                malformed.append(i)
+            else:
+                rows.append((i, row))
+    except OSError as exc:
+        raise path_error(path, exc) from None
     return Rows(header, rows, malformed)
-
-
-def latest_rows(path: Path, warn: bool = True) -> dict[str, dict[str, dict[str, str]]]:
-    """``{point_id: {impl: row}}``: the last row of each (point_id, impl) in file
-    order, the row every reader uses (resume, the summary, dedupe); ``{}`` when
-    there is no file yet. Malformed rows are set aside (:func:`read_rows`;
-    one warning line on stderr when ``warn``)."""
-    if read_header(path) is None:
-        return {}
-    read = read_rows(path)
-    if warn and read.malformed:
-        print(read.warning(path), file=sys.stderr, flush=True)
-    return _latest(read)
-
-
-def _latest(read: Rows) -> dict[str, dict[str, dict[str, str]]]:
-    latest: dict[str, dict[str, dict[str, str]]] = {}
-    for _, row in read.rows:
-        pid = row.get("point_id")
-        if pid:
-            latest.setdefault(pid, {})[row.get("impl") or ""] = row
-    return latest
-
-
-def latest_statuses(path: Path) -> dict[str, dict[str, str]]:
-    """``{point_id: {impl: status}}`` of :func:`latest_rows`."""
-    return {
-        pid: {impl: row.get("status") or "" for impl, row in rows.items()} for pid, rows in latest_rows(path).items()
-    }
-
-
-def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
-    """point_ids ``resume=true`` skips: points whose latest row of every impl
-    (file order) has a status other than error/timeout (:data:`RERUN_STATUSES`).
-    Points that errored or timed out run again, and their new rows follow the
-    old ones (readers take the last row per point and impl)."""
-    path = results_path(results_dir)
-    if read_header(path) is None:
-        return set()
-    check_schema(path)
-    read = read_rows(path)
-    if read.malformed:  # moved aside, so pandas reads the file; the warning line says what became of them
-        set_aside_malformed(path)
-        read = read_rows(path)
-    statuses = {pid: [row.get("status") or "" for row in rows.values()] for pid, rows in _latest(read).items()}
-    return {pid for pid, ss in statuses.items() if all(s and s not in RERUN_STATUSES for s in ss)}
 
 
 def set_aside_malformed(path: Path) -> list[int]:
@@ -681,12 +661,12 @@ def set_aside_malformed(path: Path) -> list[int]:
         read = read_rows(path)  # again, under the lock: an append may have come first
         if not read.malformed:
             return []
-        data = inputs.read_bytes(path, f"results_dir={path.parent}: {path.name}", RESULTS_BYTES_MAX,
-                                 ResultsPathError)
-        lines = data.split(b"\n")
         bad = set(read.malformed)
-        kept = b"\n".join(line for i, line in enumerate(lines, start=1) if i not in bad)
-        moved = b"".join(lines[i - 1].removesuffix(b"\r") + b"\n" for i in read.malformed)
+        kept, moved = [], []
+        for i, line, _ in records(path, f"results_dir={path.parent}: {path.name}", ResultsPathError):
+            (moved if i in bad else kept).append(line)
+        moved = b"".join(line.removesuffix(b"\n").removesuffix(b"\r") + b"\n" for line in moved)
+        kept = b"".join(kept)
         warning = read.warning(path)
         try:
             side_size = _set_aside(path, moved[:-1])

@@ -68,7 +68,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from . import command, doc_url
+from .. import command, doc_url
 from ._review import (
     GOOD,
     NEUTRAL,
@@ -80,9 +80,9 @@ from ._review import (
     parse_bool,
     point_codes,
 )
-from .results import CONFIG_COLUMNS, TIMING_COLUMNS
-from .inputs import BadInputFile, error_line
-from .samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
+from ..store.inputs import BadInputFile, error_line
+from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
 
 # The paired, load-independent metric: per iteration, the round trip over the

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config import KEYS, ConfigError, register, validate
-from .paths import CONF_DIR
-from .results import check_schema, results_path
+from .. import CONF_DIR
+from ..store.folder import Folder
 
 if TYPE_CHECKING:
     from .resolve import Resolved
@@ -185,7 +185,7 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
         found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else resolve_remote(cfg)))
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])
-            check_schema(results_path(cfg["results_dir"]))
+            Folder.of(cfg["results_dir"]).check()
     if budget:
         check_machine(found)
     return found

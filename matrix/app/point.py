@@ -25,24 +25,16 @@ from nsa_cp_comm import engines
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
-from . import command
+from .. import command
 from .config import KEYS, ConfigError, override_value, validate
-from .plan_classes import label as plan_label
+from ..scale.plan_classes import label as plan_label
 from .repro_env import env_prefix
 from .resolve import Resolved, resolve
-from .samples import append_samples
-from .results import (
-    COLUMNS,
-    CONFIG_COLUMNS,
-    append_rows,
-    check_schema,
-    completed_point_ids,
-    latest_rows,
-    results_path,
-)
-from .runs import STARTED, new_run_id
+from ..store.folder import Folder
+from ..store.results import COLUMNS, CONFIG_COLUMNS
+from ..store.runs import STARTED, new_run_id
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COLUMN_SET = frozenset(COLUMNS)
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
@@ -79,18 +71,6 @@ def effective_id(res: Resolved) -> str:
     if spec.bystanders:
         key["bystanders"] = spec.bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def earlier_same_effective(results_dir: str | Path, eid: str, pid: str) -> dict[str, str] | None:
-    """A row of another point in ``results_dir`` that measured the same
-    effective configuration, if any (the first such point in file order)."""
-    for other, rows in latest_rows(results_path(results_dir), warn=False).items():
-        if other == pid:
-            continue
-        for row in rows.values():
-            if row.get("effective_id") == eid and row.get("status") != "skipped":
-                return row
-    return None
 
 
 def repro_command(cfg: Mapping[str, Any]) -> str:
@@ -248,7 +228,7 @@ def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] |
     effective configuration), else None."""
     if res.skip:
         return every_impl(res, "skipped", res.skip)
-    earlier = earlier_same_effective(cfg["results_dir"], effective_id(res), point_id(cfg))
+    earlier = Folder.of(cfg["results_dir"]).earlier_same_effective(effective_id(res), point_id(cfg))
     if earlier is not None:
         why = (
             f"same effective configuration as point {earlier.get('point_id')} "
@@ -336,8 +316,8 @@ def run(
     validate(cfg)
     res = resolve(cfg)
     results_dir = cfg["results_dir"]
-    check_schema(results_path(results_dir))
-    if cfg["resume"] and point_id(cfg) in completed_point_ids(results_dir):
+    folder = Folder.of(results_dir).refresh()
+    if cfg["resume"] and folder.done(point_id(cfg)):
         return None
     t0 = time.perf_counter()
     try:
@@ -355,7 +335,6 @@ def run(
 
 
 def write_point(results_dir: str | Path, rows: list[dict[str, Any]], results: list[ImplResult]) -> None:
-    """A point's raw samples, then its rows: a kill between them leaves samples
-    that no row reads, never a row whose samples compare would miss."""
-    append_samples(results_dir, rows, [r.samples for r in results], [r.calibration for r in results])
-    append_rows(results_dir, rows, run=environment())
+    """A point's raw samples, then its rows, through the folder's index (:meth:`Folder.append`)."""
+    Folder.of(results_dir).append(rows, [r.samples for r in results], [r.calibration for r in results],
+                                  run=environment())

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import inputs
+from ..store import inputs
 
 OPS: dict[str, str] = {"all_gather": "all_gather_perf", "reduce_scatter": "reduce_scatter_perf"}
 PLACEMENTS = ("in_place", "out_of_place")

@@ -48,6 +48,7 @@ from .runs import SCHEMA_VERSION
 
 SAMPLES_FILE = "samples.jsonl"
 SAMPLES_BYTES_MAX = 8 << 30  # a line of up to 100000 timings per (point, impl)
+SAMPLE_LINE_MAX = 16 << 20  # one such line: two lists of 100000 timings take ~2 MB
 
 
 def samples_path(results_dir: str | os.PathLike[str]) -> Path:
@@ -202,7 +203,7 @@ def read_samples(path: Path) -> Samples:
     f = inputs.open_binary(path, str(path), SAMPLES_BYTES_MAX, inputs.BadInputFile)
     out.found = True
     with f:
-        for line in f:
+        for line in inputs.lines(f, str(path), SAMPLE_LINE_MAX, inputs.BadInputFile):
             try:
                 obj = inputs.loads_json(line, str(path), inputs.BadInputFile)
             except ValueError:

@@ -113,7 +113,7 @@ OPTIONAL_INTS = ("align", "num_experts")
 SEQ_LEN_MAX = 1 << 24  # tokens in one request
 TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
 # Requests in one batch: every check of a sweep parses seq_lens in time linear in
-# its length (matrix.hydra_lists), so this bounds how long the checks take.
+# its length (install_linear_lists), so this bounds how long the checks take.
 SEQ_LENS_MAX_ENTRIES = 1 << 16
 # Requests x cp_size: a plan holds a block table per request with 2*cp lengths,
 # and a point is planned several times before it runs (the estimate, the dry
@@ -296,7 +296,7 @@ def validate_overrides(overrides: list[str]) -> None:
 def _check_workload(value: object) -> None:
     if value is None:
         return
-    from .workload import MATRIX_BATCHES_MAX, WorkloadError, from_mapping, load
+    from ..scale.workload import MATRIX_BATCHES_MAX, WorkloadError, from_mapping, load
 
     try:
         if isinstance(value, Mapping):  # the composed group: conf/workload/NAME.yaml's mapping
@@ -410,8 +410,8 @@ def _group_cp_sizes(root: Any) -> list[int]:
     starts) counts as :data:`~.plan_classes.LARGEST_CP`."""
     from omegaconf import OmegaConf
 
-    from .paths import CONF_DIR
-    from .plan_classes import LARGEST_CP
+    from .. import CONF_DIR
+    from ..scale.plan_classes import LARGEST_CP
 
     sizes: list[int] = []
     seen: set[str] = set()
@@ -470,7 +470,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
     if not OmegaConf.has_resolver("matrix.job_minutes"):
         OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
-    from .plan_classes import register_resolvers as plan_class_resolvers
+    from ..scale.plan_classes import register_resolvers as plan_class_resolvers
 
     plan_class_resolvers()
 
@@ -480,7 +480,25 @@ def register_resolvers() -> None:
 register_resolvers()
 # --- end cluster launchers ---
 
-# Lists parse in linear time, in the checks and in every Hydra job alike.
-from . import hydra_lists  # noqa: E402
 
-hydra_lists.install()
+
+def _visit_list_container(self: Any, ctx: Any) -> list[Any]:
+    return [self.visitElement(element) for element in ctx.element()]
+
+
+def install_linear_lists() -> None:
+    """Hydra's override parser reads a list in time linear in its length.
+
+    Its visitor fetches list element ``i`` with ``ctx.element(i)``, which walks
+    the list's children from the start each time: a ``seq_lens`` of 16,000
+    entries took over a minute, and it is parsed several times per sweep (the
+    checks, every composition, Hydra's own launch). This replaces that one
+    method with one that takes every element in a single walk; the values it
+    returns are the same."""
+    from hydra.core.override_parser.overrides_visitor import HydraOverrideVisitor
+
+    HydraOverrideVisitor.visitListContainer = _visit_list_container
+
+
+# Lists parse in linear time, in the checks and in every Hydra job alike.
+install_linear_lists()

@@ -49,7 +49,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import command, coverage, designs, nccl_tests, plots, report_doc, workload
+from .. import command, count
+from . import coverage, designs, plots, report_doc
+from ..scale import nccl_tests, workload
 from ._review import (
     BAD,
     POINT_KEY,
@@ -65,12 +67,11 @@ from ._review import (
     typed,
     world,
 )
-from .inputs import error_line
-from .outputs import check_dir, write_atomic
+from ..store.inputs import error_line
+from ..store.outputs import check_dir, write_atomic
 from .report_doc import Show, table
-from .results import CONFIG_COLUMNS
+from ..store.results import CONFIG_COLUMNS
 from .side_by_side import common, group_keys, missing_label, point_ids, same_origin, to_reference, wall_time
-from .words import count
 
 REPORT_FILE = "report.md"
 JSON_FILE = "report.json"
@@ -907,8 +908,8 @@ def _missed_targets(run: Run, df: pd.DataFrame) -> str:
     """The line on rows whose ``iters=auto`` calibration stopped at its cap
     short of its target (the samples beside the results say), or ``''``. The
     report does not gate on samples: an unreadable samples file is skipped."""
-    from .inputs import BadInputFile
-    from .samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+    from ..store.inputs import BadInputFile
+    from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
 
     lat = run.latest
     if "point_id" not in lat or "impl" not in lat:

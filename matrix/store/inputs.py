@@ -27,6 +27,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 
 class BadInputFile(ValueError):
     """A file that cannot be read as an input (the default ``error``); one line."""
@@ -54,7 +55,7 @@ def error_line(message: object, limit: int = ERROR_CHARS_MAX) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -62,7 +63,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB"
 
 
@@ -79,9 +80,9 @@ def open_binary(path: str | os.PathLike[str], label: str, limit: int, error: typ
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             target = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-            raise error(f"{label}{target}: is {_kind(st.st_mode)}, not a regular file")
+            raise error(f"{label}{target}: is {kind(st.st_mode)}, not a regular file")
         if st.st_size > limit:
-            raise error(f"{label}: {st.st_size} bytes, over the {_mib(limit)} this file may hold")
+            raise error(f"{label}: {st.st_size} bytes, over the {mib(limit)} this file may hold")
         os.set_blocking(fd, True)
         raw = _Bounded(io.FileIO(fd, "rb", closefd=True), label, limit, error)
     except BaseException:
@@ -99,16 +100,36 @@ class _Bounded(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
     def readinto(self, b) -> int:
         n = self._raw.readinto(b)
         self._read += n or 0
         if self._read > self._limit:
-            raise self._error(f"{self._label}: grew past the {_mib(self._limit)} this file may hold while read")
+            raise self._error(f"{self._label}: grew past the {mib(self._limit)} this file may hold while read")
         return n
 
     def close(self) -> None:
         self._raw.close()
         super().close()
+
+
+def lines(f: io.BufferedReader, label: str, limit: int, error: type[Exception]) -> Iterator[bytes]:
+    """The lines of an open file, each with its newline (the last may have
+    none); ``error`` (one line, with the file's size) for a line longer than
+    ``limit``, read no further than that."""
+    for n, line in enumerate(iter(lambda: f.readline(limit + 1), b""), start=1):
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise error(f"{label}: line {n} is longer than {mib(limit)} (the file is {os.fstat(f.fileno()).st_size} "
+                        "bytes): not a line this project writes")
+        yield line
 
 
 def read_bytes(path: str | os.PathLike[str], label: str, limit: int, error: type[Exception]) -> bytes:
