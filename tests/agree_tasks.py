@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nsa_cp_comm import legacy_gather, padded_gather, padded_scatter, plan_split
+from nsa_cp_comm import legacy_gather, padded_buffer, padded_gather, padded_gather_, padded_scatter, plan_split
 from nsa_cp_comm.harness.checks import checked_group
 from nsa_cp_comm.collectives import all_gather_into
 from nsa_cp_comm.harness.ranks import rank_device
@@ -35,9 +35,32 @@ def _cases(rank: int):
         "none": (padded_gather, (None if odd else _local(plan, rank), plan)),
         "meta": (padded_gather, (_local(plan, rank, device=torch.device("meta")) if odd else _local(plan, rank), plan)),
         "scatter_rows": (padded_scatter, (torch.zeros(plan.padded_total + (1 if odd else 0), H), plan)),
+        # layout: decided on the odd rank, refused on every rank before the collective
+        "expanded_full_rank0": (padded_gather_, (torch.ones(1, H).expand(plan.padded_total, H) if rank == 0
+                                                 else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
+        "strided_full": (padded_gather_, (torch.zeros(H, plan.padded_total).t() if odd
+                                          else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
+        "overlapping_full": (padded_gather_, (torch.zeros(plan.padded_total + H).as_strided((plan.padded_total, H), (1, 1))
+                                              if odd else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
+        # unchecked (the timed loop's form): the rank's own check, before the collective
+        "unchecked_expanded_every_rank": (lambda full, plan: padded_gather_(full, plan, check=False),
+                                          (torch.ones(1, H).expand(plan.padded_total, H), plan)),
+        "requires_grad_full": (padded_gather_, (padded_buffer(plan, H, dtype=torch.float32)[0].requires_grad_(odd),
+                                                plan)),
+        "requires_grad_local": (padded_gather, (_local(plan, rank).requires_grad_(odd), plan)),
+        "requires_grad_scatter": (padded_scatter, (torch.zeros(plan.padded_total, H, requires_grad=odd), plan)),
         "legacy_rows": (legacy_gather, (_local(plan := plan_split([1000], 2, policy="zigzag"), rank,
                                                rows=500 + (1 if odd else 0)), plan)),
     }
+
+
+def grad_off_on_every_rank() -> list[int]:
+    """A tensor that requires grad is usable under torch.no_grad() (nothing is
+    recorded): the gathered rows, per rank, summed."""
+    plan = plan_split([10], 2, policy="zigzag")
+    with torch.no_grad():
+        full = padded_gather(_local(plan, dist.get_rank()).requires_grad_(True), plan)
+    return [int(full.sum().item())]
 
 
 def bad_input_on_one_rank(label: str) -> dict:

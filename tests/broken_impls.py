@@ -733,6 +733,42 @@ even_only = dataclasses.replace(
     doc="padded that refuses every uneven plan (supports)")
 
 
+# --- answers that are no data the matrix can use ---------------------------------
+# Every plug-in hook's answer is validated where the point's rows are folded,
+# before any rank runs it: each is that implementation's error row (naming the
+# hook and the value), and the point's other implementations still run.
+def _raises(plan):
+    raise RuntimeError("hook exploded")
+
+
+def _exits(plan):
+    raise SystemExit(3)
+
+
+BAD_ANSWERS = {  # name -> what its error row's reason says
+    "stride_zero": "row_stride(plan) returned 0, not an int in",
+    "stride_raises": "row_stride(plan) raised RuntimeError: hook exploded",
+    "stride_float": "row_stride(plan) returned 2.5, not an int in",
+    "stride_huge": "row_stride(plan) returned 1000000000000, not an int in",
+    "supports_raises": "supports(plan) raised RuntimeError: hook exploded",
+    "supports_exits": "supports(plan) raised SystemExit: 3",
+    "supports_list": "supports(plan) returned ['no'], not a str",
+    "bits_rule_str": "legacy_bits_on_even(plan) returned 'yes', not a bool",
+    "bits_rule_raises": "legacy_bits_on_even(plan) raised RuntimeError: hook exploded",
+}
+stride_zero = dataclasses.replace(_PADDED, row_stride=lambda plan: 0, doc="a row_stride of 0")
+stride_raises = dataclasses.replace(_PADDED, row_stride=_raises, doc="a row_stride that raises")
+stride_float = dataclasses.replace(_PADDED, row_stride=lambda plan: 2.5, doc="a row_stride that is no int")
+stride_huge = dataclasses.replace(_PADDED, row_stride=lambda plan: 10**12, doc="a row_stride of 10^12 rows")
+supports_raises = dataclasses.replace(_PADDED, supports=_raises, doc="a supports that raises")
+supports_exits = dataclasses.replace(_PADDED, supports=_exits, doc="a supports that calls sys.exit")
+supports_list = dataclasses.replace(_PADDED, supports=lambda plan: ["no"], doc="a supports that is no str")
+bits_rule_str = dataclasses.replace(_PADDED, legacy_bits_on_even=lambda plan: "yes", doc="a bits rule that is no bool")
+bits_rule_raises = dataclasses.replace(_PADDED, legacy_bits_on_even=_raises, doc="a bits rule that raises")
+prepare_raises = dataclasses.replace(_PADDED, prepare=lambda plan, hidden, dtype, device, group: _raises(plan),
+                                     doc="a prepare that raises (on the ranks: blamed on its place)")
+
+
 # --- timed forms that bring the ranks down ---------------------------------------
 def _with_call(act, *, after_scatter=False):
     """padded's production form that calls ``act(call, group)`` before its

@@ -44,6 +44,10 @@ LIBRARY: tuple[LibCase, ...] = (
     LibCase('plan_split([1000], 0, policy="zigzag")', "cp_size=0 must be a positive int"),
     LibCase('plan_split([1000], -2, policy="zigzag")', "cp_size=-2 must be a positive int"),
     LibCase('plan_split([1000], "2", policy="zigzag")', "cp_size='2' must be a positive int"),
+    LibCase('plan_split([1000], 10**7, policy="zigzag")', "cp_size=10000000 is over the 65536 ranks a plan may have"),
+    LibCase('plan_split([1] * 20000, 1024, policy="zigzag")',
+            "seq_lens has 20000 requests: at cp_size=1024 that is 20480000 request-rank blocks, over the 16777216 a "
+            "plan may hold"),
     LibCase('plan_split([1000], 2, policy="zigzag_page", page_size=0)', "page_size=0 must be a positive int"),
     LibCase('plan_split([1000], 2, policy="ring")',
             "policy='ring' is not one of round_robin, zigzag, zigzag_page, dual_chunk_swap, contiguous"),
@@ -94,6 +98,15 @@ ROUNDTRIP: tuple[LibCase, ...] = (
             "padded_gather local on rank 0 is not 2-D [rows, H]; no rank entered the collective"),
     LibCase("padded_scatter(zeros(10, H), uneven)",
             "padded_scatter full: rank 0 has 10 rows, the plan expects 20, rank 1 has 10 rows, the plan expects 20"),
+    LibCase("padded_gather_(zeros(1, H).expand(20, H), uneven)",
+            "padded_gather_ full on rank 0 is expanded (a stride of 0: its rows share one row's memory, so the "
+            "collective cannot write into it; pass a padded_buffer); no rank entered the collective"),
+    LibCase("padded_gather_(zeros(H, 20).t(), uneven)",
+            "padded_gather_ full on rank 0 is not contiguous (the in-place collective would write into a copy, not "
+            "into it; pass a padded_buffer or .contiguous()); no rank entered the collective"),
+    LibCase("padded_gather(zeros(n, H).requires_grad_(), uneven)",
+            "padded_gather local on rank 0 requires grad (the collectives are not differentiable: pass .detach(), "
+            "or call under torch.no_grad()); no rank entered the collective"),
     LibCase('padded_gather(zeros(1, H), plan_split([9], 3, policy="round_robin"))',
             "padded_gather local: group size 2 != plan.cp_size=3: all ranks must pass the group's plan"),
     LibCase('CPLayerCommunicator(uneven, "FULL", impl="fast")', "impl='fast' is not one of padded, legacy*"),
@@ -108,14 +121,15 @@ def roundtrip_bad_inputs() -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
-    from nsa_cp_comm import (CPLayerCommunicator, legacy_gather, legacy_scatter, padded_gather, padded_scatter,
-                             plan_split)
+    from nsa_cp_comm import (CPLayerCommunicator, legacy_gather, legacy_scatter, padded_gather, padded_gather_,
+                             padded_scatter, plan_split)
     from nsa_cp_comm.harness.ranks import rank_device
 
     device = rank_device()
     uneven = plan_split([10], 2, policy="zigzag_page", page_size=64)
     ns = dict(
         legacy_gather=legacy_gather, legacy_scatter=legacy_scatter, padded_gather=padded_gather,
+        padded_gather_=padded_gather_,
         padded_scatter=padded_scatter, plan_split=plan_split, CPLayerCommunicator=CPLayerCommunicator,
         uneven=uneven, n=uneven.per_rank_tokens[dist.get_rank()], H=16,
         zeros=lambda *shape: torch.zeros(*shape, device=device),
@@ -201,6 +215,7 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("results_dir={tmp}/null",),
             "error: results_dir=*/null: */null/results.csv (a link to /dev/null) is not a regular file", POINT,
             doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup="dev_null"),
+    CliCase(("results_dir=/sys/nsa-cp-comm",), "error: results_dir=/sys/nsa-cp-comm: * /sys*", VALUE),
     CliCase(("results_dir=/proc/sys/matrix-results",),
             "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
     CliCase(("results_dir='{tmp}/a\nb'",), "error: results_dir='*/a\\nb': must not contain a line break", VALUE,
@@ -269,6 +284,9 @@ FILES: tuple[FileCase, ...] = (
              f"error: RESULTS=*/res: */res/runs.jsonl: {FIFO_SAYS}", ("res", "res/runs.jsonl:fifo")),
     FileCase("compare", ("{tmp}/res", "{tmp}/res"), "`samples.jsonl` beside results.csv that is a FIFO",
              f"error: BASE=*/res: */res/samples.jsonl: {FIFO_SAYS}", ("res", "res/samples.jsonl:fifo")),
+    FileCase("compare", ("{tmp}/res", "{tmp}/res", "--fail-above=1e6%"), "a `--fail-above` over 100%",
+             "error: --fail-above=1e6%: over 100%, the gate could flag nothing sensible (a time more than 2x slower; "
+             "no bandwidth drops by more than 100%); use at most 100%", ("res",)),
     FileCase("plans", ("--out", "{tmp}/file", *PLANS), "`--out` onto a regular file",
              "error: --out=*/file: */file exists and is not a directory", ("file",)),
     FileCase("plans", ("--out", "{tmp}/file/plans", *PLANS), "`--out` below a regular file",
@@ -357,6 +375,26 @@ FAULTS: tuple[FaultCase, ...] = (
         "their own verdicts",
         "test_a_raising_implementation_costs_its_own_row",
         "test_blame",
+    ),
+    FaultCase(
+        f"impl={BROKEN}:stride_zero,padded (and `stride_raises`, `stride_float`, `stride_huge`, `supports_raises`, "
+        "`supports_exits`, `supports_list`, `bits_rule_str`, `bits_rule_raises`: a plug-in hook that raises or "
+        "answers out of its contract)",
+        "the sweep's own process, folding a point's rows",
+        "that implementation's `error` row, one line naming the hook and the value (`row_stride(plan) returned 0, "
+        "not an int in [32, 65568] ...`), asked before any rank runs the point; the point's other implementations "
+        "run and keep their own verdicts; the sweep ends with its summary",
+        "test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_summary",
+        "test_plugins",
+    ),
+    FaultCase(
+        "an expanded (stride-0), strided or overlapping `full` handed to `padded_gather_` on one rank, or a tensor "
+        "that requires grad",
+        "the library's round trips, on real ranks",
+        "the same one-line `ValueError` on every rank, naming the argument and the rank, before any collective "
+        "(the layout is part of the ranks' agreement); torch alone raised on that rank only, mid-collective",
+        "test_bad_input_on_one_rank_is_the_same_error_on_every_rank",
+        "test_agree",
     ),
     FaultCase(
         f"impl={BROKEN}:extra_barrier_timed (a timed form issuing a barrier on one rank)",

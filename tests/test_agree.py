@@ -21,6 +21,16 @@ CASES = {
     "meta": "local on rank 1 is on the meta device",
     "scatter_rows": "padded_scatter full: rank 1 has 1025 rows, the plan expects 1024",
     "legacy_rows": "legacy_gather local: rank 1 has 501 rows, the plan expects 500",
+    # layout is part of the agreement: decided on one rank, refused on every rank
+    "expanded_full_rank0": "padded_gather_ full on rank 0 is expanded (a stride of 0",
+    "strided_full": "padded_gather_ full on rank 1 is not contiguous",
+    "overlapping_full": "padded_gather_ full on rank 1 has rows that overlap in memory",
+    "requires_grad_full": "padded_gather_ full on rank 1 requires grad",
+    "unchecked_expanded_every_rank": "padded_gather_ full is expanded (a stride of 0: its rows share one row's memory, "
+                                     "so the collective cannot write into it; pass a padded_buffer) (unchecked: raised "
+                                     "on this rank only)",
+    "requires_grad_local": "padded_gather local on rank 1 requires grad (the collectives are not differentiable",
+    "requires_grad_scatter": "padded_scatter full on rank 1 requires grad",
 }
 
 
@@ -33,6 +43,40 @@ def test_bad_input_on_one_rank_is_the_same_error_on_every_rank(rank_pool, label)
     assert errors[0].startswith("ValueError: ") and CASES[label] in errors[0], errors[0]
     assert "\n" not in errors[0]
     assert [r.value["after"] for r in results] == [2, 2]  # nobody was left in a collective
+
+
+def test_a_tensor_that_requires_grad_is_usable_with_grad_mode_off(rank_pool):
+    results = rank_pool(2).run(agree_tasks.grad_off_on_every_rank, timeout_s=60)
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    assert [r.value for r in results] == [[80], [80]]
+
+
+def test_the_layout_verdict_rests_on_the_layout_kind(monkeypatch):
+    """The checker broken: with the layout left out of the fingerprint, an
+    expanded buffer on one rank reads as usable, every rank enters the
+    collective and torch raises on that rank only, mid-collective. The
+    rank test above sees the verdict only through this field."""
+    import torch
+
+    import nsa_cp_comm.agree as agree
+
+    plan = plan_split([10], 2, policy="zigzag")
+    m = plan.padded_total
+    expanded = torch.ones(1, 4).expand(m, 4)
+    prints = [agree.fingerprint("f", expanded, plan, m, in_place=True), agree.fingerprint("f", torch.ones(m, 4), plan, m,
+                                                                                         in_place=True)]
+    assert prints[0][0] == agree.EXPANDED and "f on rank 0 is expanded" in agree.verdict("f", prints)
+    # the out-of-place forms copy their input: an expanded local is fine there
+    assert agree.fingerprint("f", expanded, plan, m)[0] == agree.USABLE
+    monkeypatch.setattr(agree, "layout_kind", lambda tensor, *, in_place: agree.USABLE)
+    broken = [agree.fingerprint("f", expanded, plan, m, in_place=True)] * 2
+    assert agree.verdict("f", broken) is None
+    for t, kind in ((torch.zeros(4, m).t(), agree.NOT_CONTIGUOUS),
+                    (torch.zeros(m + 4).as_strided((m, 4), (1, 1)), agree.OVERLAPPING),
+                    (torch.zeros(m, 8)[:, :4], agree.NOT_CONTIGUOUS),
+                    (torch.zeros(m, 4).requires_grad_(), agree.REQUIRES_GRAD)):
+        monkeypatch.undo()
+        assert agree.layout_kind(t, in_place=True) == kind, t.stride()
 
 
 def test_correctness_group_turns_a_mismatched_collective_into_an_error(rank_pool):

@@ -454,13 +454,16 @@ def _bad(tmp_path: Path, base: str) -> dict[str, tuple[list[str], str]]:
         "bad_threshold": ([base, base, "--fail-above", "abc"], "--fail-above=abc: not a percentage"),
         "negative_threshold": ([base, base, "--fail-above=-5%"], "--fail-above=-5%: must be"),
         "percent_without_sign": ([base, base, "--fail-above", "5"], "--fail-above=5: a bare number"),
+        # a threshold no regression could cross: 1e6% passed a 3x slowdown silently
+        "threshold_over_100": ([base, base, "--fail-above=1e6%"], "--fail-above=1e6%: over 100%, the gate could "
+                               "flag nothing sensible"),
     }
 
 
 @pytest.mark.parametrize(
     "case",
     ["missing_base", "missing_new", "no_columns", "empty_run", "torn", "unknown_metric", "bad_threshold",
-     "negative_threshold", "percent_without_sign"],
+     "negative_threshold", "percent_without_sign", "threshold_over_100"],
 )
 def test_bad_input_exits_2_with_one_line(
     base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str

@@ -436,8 +436,8 @@ def test_a_fixed_iteration_row_too_noisy_for_the_threshold_is_unverified(tmp_pat
         return
     assert code == 1 and "unverified=1 underpowered=1" in summary(out), out
     assert any(m.startswith("UNVERIFIED (low power: P(flag a 30% change) = ") for m in marks(out)), marks(out)
-    # a coarser threshold is one these samples can see
-    assert gate(base, new, capsys, "--fail-above", "400%")[0] == 0
+    # a coarser threshold (the coarsest compare takes) is one these samples can see
+    assert gate(base, new, capsys, "--fail-above", "100%")[0] == 0
 
 
 def test_iters_auto_rows_still_too_noisy_say_so(tmp_path: Path, capsys):
@@ -497,3 +497,42 @@ def test_samples_lines_and_runs_keep_the_load(tmp_path: Path):
     from matrix.app import point
 
     assert point.environment()["load_1m"] >= 0
+
+
+def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path: Path, capsys):
+    """iters=auto rows that stopped at a cap before their interval reached
+    the target width were named nowhere; compare counts them per run."""
+    base, new = _aa(tmp_path, 400, 0.01, calibration=True)
+    code, out = gate(base, new, capsys)
+    notes = [line for line in out.splitlines() if "iters=auto missed its interval width target" in line]
+    assert len(notes) == 2, out
+    assert notes[0].startswith(f"note: BASE={base}: ") and "of 10% on 1 of 1 calibrated row(s)" in notes[0], notes
+    assert "the widest stopped at 30%" in notes[0]
+    # reached: no line
+    for path in (base, new):
+        f = Path(path) / SAMPLES_FILE
+        line = json.loads(f.read_text())
+        line["calibration"]["reached"] = True
+        f.write_text(json.dumps(line) + "\n")
+    _, out = gate(base, new, capsys)
+    assert "missed its interval width target" not in out
+
+
+def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
+    """The checker broken (no upper bound): 1e6% is taken, and no slowdown short
+    of 10,001x would trip the gate."""
+    with pytest.raises(compare.InputError, match="over 100%"):
+        compare.parse_threshold("1e6%")
+    assert compare.parse_threshold("100%") == 1.0
+    monkeypatch.setattr(compare, "MAX_THRESHOLD", float("inf"))
+    assert compare.parse_threshold("1e6%") == 1e4
+
+
+def test_the_report_names_a_calibration_short_of_its_target(tmp_path: Path, capsys):
+    from matrix.review import report
+
+    base, _ = _aa(tmp_path, 40, 0.01, calibration=True)
+    report.main([base, "--exit-zero"])
+    md = (Path(base) / "report.md").read_text()
+    lines = [line for line in md.splitlines() if line.startswith("**Calibration**")]
+    assert len(lines) == 1 and "on 1 of 1 calibrated row(s)" in lines[0], md[:2000]

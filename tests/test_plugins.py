@@ -323,3 +323,26 @@ def test_doc_registration_and_checks_are_current():
     # What each check catches is one table (docs/design.md, rendered from the
     # checks; tests/test_docs.py holds it to them); the section links to it.
     assert "](design.md#6-what-each-check-proves" in section
+
+
+def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_summary(tmp_path):
+    """A row_stride of 0 was a ZeroDivisionError in the sweep's own process:
+    no row for the point, no summary, exit 1. Every plan-level hook's answer
+    is now data: each bad one is that implementation's error row, one line
+    naming the hook and the value, and padded after them still runs."""
+    from broken_impls import BAD_ANSWERS
+
+    names = [*BAD_ANSWERS, "prepare_raises"]
+    impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
+    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[64]", "timeout_s=60", *SMALL,
+                     timeout=600)
+    assert run.returncode == 1, run.stderr[-3000:]  # error rows: a failing sweep, not a crash
+    assert "Traceback" not in run.stderr and "Traceback" not in run.stdout, run.stderr[-3000:]
+    assert "matrix summary: 11 points, 11 rows: ok 1, failed 0, error 10" in run.stdout, run.stdout[-3000:]
+    rows = {r["impl"]: r for r in run.rows()}
+    for name, says in BAD_ANSWERS.items():
+        row = rows[f"{BROKEN}:{name}"]
+        assert row["status"] == "error" and says in row["reason"] and "\n" not in row["reason"], (name, row["reason"])
+    assert rows[f"{BROKEN}:prepare_raises"]["status"] == "error"
+    assert "prepare" in rows[f"{BROKEN}:prepare_raises"]["reason"]
+    assert rows["padded"]["status"] == "ok" and float(rows["padded"]["roundtrip_p50_us"]) > 0

@@ -17,8 +17,9 @@ from __future__ import annotations
 import inspect
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness import calibrate
@@ -139,13 +140,14 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     tp = THROUGHPUT.get((res.device, res.backend), THROUGHPUT[("cpu", "gloo")])
     share = 1.0 if res.backend == "nccl" else min(1.0, machine.cores / ranks)  # ranks share the cores
     busbw, flops, elements = tp.busbw_Bps * share, tp.flops * share, tp.elements * share
-    bus, iters = max(cp - 1, 1) / cp, spec.warmup + spec.max_iters
+    bus, iters = max(cp - 1, 1) / cp, spec.max_iters
     seconds = POINT_OVERHEAD_S
-    loop_s = 0.0
+    loop_s = warm_s = 0.0
     for k in kinds:
         full = k == "full"
         moved = P * row * bus * (1 if full else min(topk, cp))
         loop_s += iters * (4 * tp.latency_s + 2 * moved / busbw)
+        warm_s += spec.warmup * (4 * tp.latency_s + 2 * moved / busbw)
         seconds += 2 * P * H * experts * 2 / flops
         # checks: ~6 collectives, every rank's shard regenerated and compared
         # (~10 passes over the gathered buffer), routing every gathered row,
@@ -153,8 +155,9 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
         seconds += (6 if full else 4) * (tp.latency_s + moved / busbw)
         if full:
             seconds += 10 * P * H / elements + 2 * P * topk * H * FFN_SIZE * 4 / flops
-    # iters=auto stops at its time cap, if not before
-    seconds += min(loop_s, calibrate.time_cap()) if calibrate.is_auto(spec.iters) else loop_s
+    # iters=auto's timed iterations stop at its time cap, if not before; its
+    # warm-up iterations run first, outside the cap
+    seconds += warm_s + (min(loop_s, calibrate.time_cap()) if calibrate.is_auto(spec.iters) else loop_s)
     start_s = tp.start_s * max(1.0, ranks / machine.cores)
     key = _memory_key(res, weights, buffers)
     return Estimate(ranks, res.backend, res.device, rank_bytes, dev, key, seconds, start_s, busbw)
@@ -239,6 +242,22 @@ def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -
     return _total_seconds(ests), (
         f"{', '.join(worlds)}, {len(_starts(ests))} rank starts, at ~{slow / 1e9:.3g} GB/s busbw; "
         f"peak {peak.ranks} ranks x ~{_size(peak.rank_bytes)}")
+
+
+def check_world(cfg: Mapping[str, Any], machine: Machine | None = None) -> None:
+    """Refuse (ConfigError, as :func:`check_sweep` would) a point whose ranks
+    this machine may not start, from its config alone: before it is planned
+    (a large batch at a large cp_size takes seconds and gigabytes to plan,
+    only to be refused for its ranks). ``force=true`` is not checked."""
+    if cfg.get("force"):
+        return
+    machine = machine or this_machine()
+    world = int(cfg["cp_size"]) + int(cfg.get("bystanders") or 0)
+    if world > machine.max_ranks:
+        key = " ".join(f"{k}={override_value(cfg[k])}" for k in ("cp_size", "bystanders")
+                       if k == "cp_size" or cfg.get(k))
+        raise _over(key, f"{world} rank processes",
+                    f"this machine's limit of {machine.max_ranks} ({machine.max_ranks_source})")
 
 
 def _check_point(res: Resolved, machine: Machine) -> Estimate:

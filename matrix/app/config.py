@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -114,6 +115,11 @@ TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
 # Requests in one batch: every check of a sweep parses seq_lens in time linear in
 # its length (install_linear_lists), so this bounds how long the checks take.
 SEQ_LENS_MAX_ENTRIES = 1 << 16
+# Requests x cp_size: a plan holds a block table per request with 2*cp lengths,
+# and a point is planned several times before it runs (the estimate, the dry
+# run's listing); 65,530 requests at cp_size=1024 took 72 s and 2.4 GB before
+# the machine's refusal of 1024 ranks. Refused first, before any planning.
+PLAN_BLOCKS_MAX = 1 << 21
 TIMEOUT_MAX_S = 7 * 24 * 3600.0
 # A point with iters=auto: room for its timed loop's hard cap and the checks before the loop.
 AUTO_TIMEOUT_MIN_S = 2 * calibrate.EXTENDED_CAP_S
@@ -217,6 +223,15 @@ def check_writable(path_value: str, key: str = "results_dir") -> None:
         raise _fail(key, path_value, f"cannot be used: {exc.strerror or exc}") from None
     if probe.exists() and not ok:
         raise _fail(key, path_value, f"{probe} is not a writable directory")
+    if probe.exists():
+        # Permission bits are not the answer everywhere (/sys says writable to
+        # root and refuses every mkdir, as does a read-only mount): make a
+        # directory where the run will make its own, and take it away again.
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".nsa-cp-probe-", dir=probe))
+        except OSError as exc:
+            raise _fail(key, path_value, f"no directory can be created in {probe}: "
+                        f"{exc.strerror or exc}") from None
 
 
 def _check_entries(n: int) -> None:
@@ -325,6 +340,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
     for key in KEYS:
         validate_value(key, cfg[key])
     cp = cfg["cp_size"]
+    if len(cfg["seq_lens"]) * cp > PLAN_BLOCKS_MAX:
+        raise ConfigError(f"seq_lens=[...]: {len(cfg['seq_lens'])} requests at cp_size={cp} make "
+                          f"{len(cfg['seq_lens']) * cp} request-rank blocks to plan, more than {PLAN_BLOCKS_MAX} "
+                          "(fewer requests, or a smaller cp_size)")
     if cfg["align"] is not None and cfg["align"] % cp:
         raise _fail("align", cfg["align"], f"must be a multiple of cp_size={cp}")
     experts = cfg["num_experts"] if cfg["num_experts"] is not None else 2 * cp

@@ -249,7 +249,10 @@ def _moved_plan(name: str, plan: Any) -> dict[str, Any]:
     from nsa_cp_comm import impls
 
     impl = impls.get(name)
-    return impl.plan_columns(plan) if isinstance(impl, impls.RoundTripImpl) else {}
+    try:
+        return impl.plan_columns(plan) if isinstance(impl, impls.RoundTripImpl) else {}
+    except impls.HookError:  # a bad row_stride: the row is that implementation's error (run_point's reason)
+        return {}
 
 
 def every_impl(res: Resolved, status: str, reason: str) -> list[ImplResult]:

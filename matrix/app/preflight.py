@@ -180,8 +180,14 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
         raise ConfigError(str(exc)) from None
     found: list[Point] = []
     schemas: set[str] = set()
+    machine = None
     for cfg, runs_here in points(argv, start=start):
         validate(cfg)
+        if runs_here:  # the machine's rank limit, before the point is planned
+            from .budget import check_world, this_machine
+
+            machine = machine or this_machine()
+            check_world(cfg, machine)
         found.append(Point(cfg, runs_here, resolve(cfg) if runs_here else resolve_remote(cfg)))
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])

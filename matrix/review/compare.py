@@ -82,7 +82,7 @@ from ._review import (
 )
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
-from ..store.samples import SAMPLES_FILE, Samples, read_samples
+from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
 from .coverage import BUILTIN_ORIGIN
 
@@ -135,6 +135,11 @@ def spread_rule(metric: str) -> str:
     return "none"  # sizes and counts are exact, not measured
 
 
+# The largest --fail-above: a gate that lets a 2x slowdown pass flags nothing
+# a review asks for, and a larger one (1e6%) passed a 3x slowdown silently.
+MAX_THRESHOLD = 1.0
+
+
 def parse_threshold(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05. A bare number must be a fraction below 1, so a
     forgotten ``%`` (``5``) is an error rather than a 500 % threshold."""
@@ -148,6 +153,11 @@ def parse_threshold(text: str) -> float:
     if not s.endswith("%") and value >= 1:
         raise InputError(
             f"--fail-above={text}: a bare number must be a fraction below 1 (0.05); write {s}% for a percentage"
+        )
+    if value > MAX_THRESHOLD:
+        raise InputError(
+            f"--fail-above={text}: over {MAX_THRESHOLD * 100:g}%, the gate could flag nothing sensible (a time more "
+            f"than {1 + MAX_THRESHOLD:g}x slower; no bandwidth drops by more than 100%); use at most {MAX_THRESHOLD * 100:g}%"
         )
     return value
 
@@ -784,7 +794,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
-        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05 (default %(default)s)",
+        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05, at most 100%% (default %(default)s)",
     )
     parser.add_argument(
         "--allow-missing", action="store_true",
@@ -831,6 +841,9 @@ def main(argv: list[str] | None = None) -> int:
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
     if metric == PAIRED:
         notes += [_no_samples_note(run) for run, smp in ((base, sb), (new, sn)) if not smp.found]
+    # a calibration that stopped at its cap is named, per run, whatever the gate makes of its rows
+    notes += [line for run, smp in ((base, sb), (new, sn)) if (line := missed_target_line(
+        f"note: {run.arg}={run.value}", smp, zip(_column(run.latest, "point_id"), _column(run.latest, "impl"))))]
     j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold, samples_kept=sb.found or sn.found)
     gate = gating(j, args.allow_missing, args.allow_unverified)
     empty = nothing_compared(j)

@@ -116,7 +116,7 @@ NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total
            "bytes_useful", "wall_s", "attn_pad_rows", "moe_pad_rows", "collective_p50_us")
 READ = (*CONFIG_COLUMNS, *NUMBERS, "policy", "is_even", "claim_holds", "status", "reason", "failed_check", "correct",
         "even_bitwise_equal", *ENV_FIELDS, *RUN_FIELDS, "run_id", "timestamp", "overrides", "repro", "workload",
-        "plan_class", "effective_page_size", "bystanders")
+        "plan_class", "effective_page_size", "bystanders", "point_id")
 
 
 @dataclass
@@ -881,6 +881,9 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
     for warning in coverage.warnings(df):
         lines += ["", warning]
+    missed = _missed_targets(run, df)
+    if missed:
+        lines += ["", missed]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     body, more = sections(run, df, derived, model)
@@ -903,6 +906,27 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         "wall_time": wall_time(df),
     }
     return doc
+
+
+def _missed_targets(run: Run, df: pd.DataFrame) -> str:
+    """The line on rows whose ``iters=auto`` calibration stopped at its cap
+    short of its target (the samples beside the results say), or ``''``. The
+    report does not gate on samples: an unreadable samples file is skipped."""
+    from ..store.inputs import BadInputFile
+    from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+
+    lat = run.latest
+    if "point_id" not in lat or "impl" not in lat:
+        return ""
+    merged = Samples()
+    for f in run.files:
+        try:
+            merged.by_key.update(read_samples(f.parent / SAMPLES_FILE).by_key)
+        except BadInputFile:
+            continue
+    line = missed_target_line("**Calibration**", merged, zip(lat["point_id"].astype(str).str.strip(),
+                                                               lat["impl"].astype(str).str.strip()))
+    return f"{line}." if line else ""
 
 
 def build(run: Run, model=None, reference: str = DEFAULT_REFERENCE) -> tuple[dict, dict[str, bytes]]:

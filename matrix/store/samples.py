@@ -36,7 +36,7 @@ import fcntl
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,3 +225,22 @@ def read_samples(path: Path) -> Samples:
             out.by_key[key] = {"roundtrip": rt, "control": ctl, "timestamp": obj.get("timestamp"),
                                "load_1m": obj.get("load_1m"), "calibration": obj.get("calibration")}
     return out
+
+
+def missed_target_line(label: str, samples: Samples, keys: Iterable[tuple[str, str]]) -> str:
+    """One line on the rows of ``keys`` (point_id, impl) that ``iters=auto``
+    stopped at a cap before its interval reached the target width (their
+    samples line's ``calibration`` says ``reached: false``): how many of the
+    calibrated rows, and the widest interval they stopped at. ``''`` when
+    every calibrated row reached its target, or none was calibrated."""
+    cals = [samples.line(pid, impl).get("calibration") for pid, impl in keys]
+    auto = [c for c in cals if isinstance(c, Mapping) and c]
+    missed = [c for c in auto if c.get("reached") is False]
+    if not missed:
+        return ""
+    widths = [float(w) for c in missed if isinstance(w := c.get("ci_width"), (int, float)) and math.isfinite(w)]
+    targets = {float(t) for c in missed if isinstance(t := c.get("target"), (int, float)) and math.isfinite(t)}
+    target = f" of {'/'.join(f'{t * 100:g}%' for t in sorted(targets))}" if targets else ""
+    widest = f" (the widest stopped at {max(widths) * 100:.0f}%)" if widths else ""
+    return (f"{label}: iters=auto missed its interval width target{target} on {len(missed)} of {len(auto)} "
+            f"calibrated row(s), stopped at its cap{widest}: their medians are less certain than iters=auto aims for")

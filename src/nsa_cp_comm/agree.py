@@ -7,7 +7,9 @@ chunk can return the wrong rows without an error, and float32 on one rank with
 int32 on another gives silent garbage. So before the
 round trips of :mod:`.roundtrip` touch a collective, every rank publishes a
 small fingerprint of what it is about to do (plan identity, the tensor's rows,
-width, dtype and device kind, and whether it is a usable tensor at all) with
+width, dtype and device kind, and whether it is a usable tensor at all: a
+tensor, not on the meta device, 2-D, not needing autograd, and for an
+in-place form a buffer whose rows own their memory) with
 one all-gather of ``world x 9`` int64 values, and every rank checks all of
 them. The verdict and its message are computed from the gathered fingerprints
 only, so all ranks raise the same error, or none does.
@@ -32,12 +34,25 @@ from .collectives import all_gather_into, uncounted
 from .plan import CPPlan
 
 # Tensor kinds in the fingerprint; anything but USABLE makes every rank raise.
-USABLE, NOT_A_TENSOR, META, WRONG_DIM, NO_PLAN = range(5)
+# The layout kinds are decided on the rank from its own tensor, then published
+# like the rest: a bad layout on one rank is the same error on every rank,
+# before any collective (torch would raise on that rank only, mid-collective,
+# and leave its peers waiting in it).
+(USABLE, NOT_A_TENSOR, META, WRONG_DIM, NO_PLAN, REQUIRES_GRAD, EXPANDED, OVERLAPPING,
+ NOT_CONTIGUOUS) = range(9)
 _KIND_TEXT = {
     NOT_A_TENSOR: "is not a torch.Tensor",
     META: "is on the meta device (no data)",
     WRONG_DIM: "is not 2-D [rows, H]",
     NO_PLAN: "has no CPPlan",
+    REQUIRES_GRAD: ("requires grad (the collectives are not differentiable: pass .detach(), "
+                    "or call under torch.no_grad())"),
+    EXPANDED: ("is expanded (a stride of 0: its rows share one row's memory, so the collective "
+               "cannot write into it; pass a padded_buffer)"),
+    OVERLAPPING: ("has rows that overlap in memory (its strides alias elements, so the collective "
+                  "cannot write into it; pass a padded_buffer)"),
+    NOT_CONTIGUOUS: ("is not contiguous (the in-place collective would write into a copy, "
+                     "not into it; pass a padded_buffer or .contiguous())"),
 }
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.int8,
            torch.uint8, torch.bool)
@@ -75,9 +90,38 @@ def _all_dtypes() -> list[torch.dtype]:
     return [v for v in vars(torch).values() if isinstance(v, torch.dtype)]
 
 
-def fingerprint(what: str, tensor: object, plan: object, expected_rows: int) -> list[int]:
+def layout_kind(tensor: torch.Tensor, *, in_place: bool) -> int:
+    """USABLE, or why a 2-D ``tensor`` cannot be handed to a collective: it
+    needs autograd (grad mode on), or, for an in-place form (``in_place``: the
+    collective writes into the tensor itself), its rows do not own contiguous
+    memory of their own: expanded (a stride of 0), overlapping, or strided."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return REQUIRES_GRAD
+    if not in_place or tensor.is_contiguous():
+        return USABLE
+    if any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride())):
+        return EXPANDED
+    if _overlaps(tensor):
+        return OVERLAPPING
+    return NOT_CONTIGUOUS
+
+
+def _overlaps(tensor: torch.Tensor) -> bool:
+    """Whether two elements of ``tensor`` share memory: with its dims sorted by
+    stride, one dim's stride is smaller than the span of the dims inside it."""
+    dims = sorted((st, n) for n, st in zip(tensor.shape, tensor.stride()) if n > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * n
+    return False
+
+
+def fingerprint(what: str, tensor: object, plan: object, expected_rows: int, *, in_place: bool = False) -> list[int]:
     """This rank's ``FIELDS`` integers: kind, plan id, cp, rows, expected rows,
-    width, dtype, device kind, name of the argument (hashed)."""
+    width, dtype, device kind, name of the argument (hashed). ``in_place``: the
+    collective writes into ``tensor`` (its layout is then part of the kind)."""
     what_code = int.from_bytes(hashlib.blake2b(what.encode(), digest_size=4).digest(), "little")
     if not isinstance(plan, CPPlan):
         return [NO_PLAN, 0, 0, 0, 0, 0, 0, 0, what_code]
@@ -89,7 +133,7 @@ def fingerprint(what: str, tensor: object, plan: object, expected_rows: int) -> 
     elif tensor.dim() != 2:
         kind = WRONG_DIM
     else:
-        kind = USABLE
+        kind = layout_kind(tensor, in_place=in_place)
     rows = int(tensor.shape[0]) if tensor.dim() >= 1 else -1
     width = int(tensor.shape[1]) if tensor.dim() == 2 else -1
     dev = _DEVICE_TYPES.index(tensor.device.type) if tensor.device.type in _DEVICE_TYPES else 9
@@ -149,18 +193,20 @@ def _group_key(group: dist.ProcessGroup | None) -> int:
     return id(group if group is not None else dist.group.WORLD)
 
 
-def _covered(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None) -> bool:
+def _covered(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None,
+             in_place: bool = False) -> bool:
     """Whether an :func:`agreed` block on ``group`` already holds this call's
     agreement: its plan, width, dtype and device kind are the agreed ones. A
     call with the agreed plan and other tensor properties on every rank alike
     (a wider buffer, a float32 sum) exchanges as usual. With the agreed plan,
     what only one rank can get wrong is checked here, on the rank, and raises
     there (its peers may be inside the collective by then): a tensor that is
-    unusable, or whose rows are not what the plan says this rank holds."""
+    unusable (its layout included), or whose rows are not what the plan says
+    this rank holds."""
     held = _AGREED.get(_group_key(group))
     if held is None or not isinstance(plan, CPPlan):
         return False
-    p = fingerprint(what, tensor, plan, expected_rows)
+    p = fingerprint(what, tensor, plan, expected_rows, in_place=in_place)
     if p[1] != held[0]:
         return False
     if p[0] != USABLE:
@@ -209,16 +255,20 @@ def agreed(plan: CPPlan, hidden: int, dtype: torch.dtype, device: torch.device |
             _AGREED[key] = before
 
 
-def agree(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None = None) -> None:
+def agree(what: str, tensor: object, plan: object, expected_rows: int, group: dist.ProcessGroup | None = None,
+          *, in_place: bool = False) -> None:
     """Exchange fingerprints and raise ValueError, on every rank alike, when any
-    rank's ``tensor`` or ``plan`` disagrees with the others' or with the plan.
+    rank's ``tensor`` or ``plan`` disagrees with the others' or with the plan,
+    or any rank's tensor is unusable: not a tensor, meta, not 2-D, needing
+    autograd, or, with ``in_place`` (the collective writes into ``tensor``),
+    expanded, overlapping or not contiguous.
 
     Every rank of ``group`` must call it at the same point (it is a collective),
     except inside an :func:`agreed` block that covers the call.
     ``expected_rows`` is what the caller's own plan says this rank holds."""
-    if _covered(what, tensor, plan, expected_rows, group):
+    if _covered(what, tensor, plan, expected_rows, group, in_place):
         return
-    _exchange(what, fingerprint(what, tensor, plan, expected_rows), tensor, group)
+    _exchange(what, fingerprint(what, tensor, plan, expected_rows, in_place=in_place), tensor, group)
 
 
 def _exchange(what: str, mine: list[int], tensor: object, group: dist.ProcessGroup | None) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -144,7 +145,14 @@ class RoundTripImpl:
     def claims_legacy_bits(self, plan: CPPlan) -> bool:
         """Whether its results on ``plan`` must be legacy's bit for bit (even plans only)."""
         rule = self.legacy_bits_on_even
-        return plan.is_even and bool(rule(plan) if callable(rule) else rule)
+        if not callable(rule):
+            return plan.is_even and bool(rule)
+        if not plan.is_even:
+            return False
+        claims = ask(self, "legacy_bits_on_even", plan)
+        if not isinstance(claims, bool):
+            raise HookError(f"impl {self.name!r}: legacy_bits_on_even(plan) returned {_shown(claims)}, not a bool")
+        return claims
 
     def production(self, plan: CPPlan, hidden: int, dtype: Any, device: Any, group: Any) -> Production:
         """The form the timed loop runs at this point: ``prepare``'s, else the
@@ -177,7 +185,7 @@ class RoundTripImpl:
         """Rows of each rank's block in the padded layout (its rows, then zeros):
         ``row_stride``'s, else ``P`` for a padded shard, else ``max_rank_len``."""
         if self.row_stride is not None:
-            return self.row_stride(plan)
+            return _valid_stride(self, plan, ask(self, "row_stride", plan))
         return shard_len(plan) if self.shard == "padded" else plan.max_rank_len
 
     def shard_rows(self, plan: CPPlan, rank: int) -> int:
@@ -264,18 +272,82 @@ def _check_common(impl: Any) -> None:
 
 def skip_reason(impl: Impl, backend: str, plan: CPPlan | None = None) -> str | None:
     """Why ``impl`` cannot run on ``backend`` (or, given one, ``plan``: its
-    ``supports``), else None. A ``supports`` that returns other than a str
-    raises TypeError (an error row: it is the implementation's fault)."""
+    ``supports``), else None. A ``supports`` that raises, or returns other
+    than a str, raises :class:`HookError` (an error row: it is the
+    implementation's fault); its reason is folded to one line."""
     if backend not in impl.backends:
         return f"impl={impl.name} needs backend {'/'.join(impl.backends)}, not {backend}"
-    supports = getattr(impl, "supports", None)
-    if plan is not None and supports is not None:
-        why = supports(plan)
+    if plan is not None and getattr(impl, "supports", None) is not None:
+        why = ask(impl, "supports", plan)
         if not isinstance(why, str):
-            raise TypeError(f"impl {impl.name!r}: supports(plan) returned {type(why).__name__}, not a str "
+            raise HookError(f"impl {impl.name!r}: supports(plan) returned {_shown(why)}, not a str "
                             "('' when it runs the plan)")
+        why = " ".join(why.split())[:_SHOWN_CHARS * 8]
         return f"impl={impl.name}: {why}" if why else None
     return None
+
+
+class HookError(ValueError):
+    """An implementation's hook raised, or answered what its contract does
+    not allow: that implementation's ``error`` row, its reason this one line
+    (the hook, and the value or the exception)."""
+
+
+# How much of a bad answer or a hook's exception a reason shows.
+_SHOWN_CHARS = 80
+# The most rows a ``row_stride`` may give each rank's block beyond the longest
+# shard: generous for any alignment (pages, cp-aligned physical lengths), and
+# far below what would make the gathered buffer the machine's memory.
+MAX_STRIDE_SLACK = 1 << 16
+
+
+def _shown(value: object) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def ask(impl: Impl, hook: str, plan: CPPlan) -> Any:
+    """``impl.<hook>(plan)``: an exception from it (SystemExit included) is a
+    :class:`HookError` naming the hook."""
+    try:
+        return getattr(impl, hook)(plan)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - outside code: its answer is data
+        msg = " ".join(str(exc).split())
+        msg = msg if len(msg) <= _SHOWN_CHARS * 2 else msg[: _SHOWN_CHARS * 2] + "..."
+        raise HookError(f"impl {impl.name!r}: {hook}(plan) raised {type(exc).__name__}"
+                        f"{': ' + msg if msg else ''}") from exc
+
+
+def _valid_stride(impl: Impl, plan: CPPlan, stride: object) -> int:
+    """``row_stride``'s answer, held to its range: an int (not a bool) that
+    holds the longest shard, at most :data:`MAX_STRIDE_SLACK` rows beyond it."""
+    lo = max(plan.max_rank_len, 1)
+    hi = plan.max_rank_len + MAX_STRIDE_SLACK
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not lo <= stride <= hi:
+        raise HookError(f"impl {impl.name!r}: row_stride(plan) returned {_shown(stride)}, not an int in "
+                        f"[{lo}, {hi}] (max_rank_len={plan.max_rank_len}, +{MAX_STRIDE_SLACK} at most)")
+    return int(stride)
+
+
+def hook_error(impl: Impl, backend: str, plan: CPPlan) -> str:
+    """What is wrong with ``impl``'s answers about ``plan`` (``''`` when
+    nothing): every hook that is a function of the plan alone (``supports``,
+    ``row_stride`` through the rows it sizes, a ``legacy_bits_on_even``
+    rule), asked as the checks and the fold will ask them. Asked in the
+    process that folds the point's rows, before any rank runs it, so a bad
+    answer is that implementation's ``error`` row and no other's."""
+    try:
+        if skip_reason(impl, backend, plan):
+            return ""  # it does not run the plan: none of its other answers is read
+        if isinstance(impl, RoundTripImpl):
+            impl.claims_legacy_bits(plan)
+            impl.starts(plan)
+            impl.plan_columns(plan)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - outside code: its answer is data
+        if isinstance(exc, HookError):
+            return str(exc)
+        return f"impl {impl.name!r}: its answers about the plan raised {type(exc).__name__}: {_shown(str(exc))}"
+    return ""
 
 
 REGISTRY: dict[str, Impl] = {}

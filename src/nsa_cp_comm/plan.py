@@ -130,10 +130,23 @@ def _is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+# Bounds checked before any planning: a plan holds ``2*cp`` (or ``cp``) block
+# lengths per request, so its size and the time to build it grow with
+# requests x cp (cp_size=10^7 took 40 s and 460 MB before any error). Far
+# beyond any CP group that serves (tens of ranks) and any batch one holds.
+MAX_CP_SIZE = 1 << 16
+MAX_PLAN_BLOCKS = 1 << 24  # requests x cp_size: ~5 s and ~150 MB to plan
+
+
 def _positive_int(name: str, value: object) -> int:
     if not _is_int(value) or value < 1:  # type: ignore[operator]
         raise ValueError(f"{name}={value!r} must be a positive int")
     return int(value)  # type: ignore[arg-type]
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def _even_blocks(length: int, n: int) -> tuple[int, ...]:
@@ -195,14 +208,20 @@ def plan_split(
 
     Raises ValueError naming the argument and value on bad input.
     """
+    # The sizes first, before anything costs time in proportion to them.
+    cp_size = _positive_int("cp_size", cp_size)
+    if cp_size > MAX_CP_SIZE:
+        raise ValueError(f"cp_size={cp_size} is over the {MAX_CP_SIZE} ranks a plan may have")
     if isinstance(seq_lens, (str, bytes)) or not isinstance(seq_lens, Sequence):
-        raise ValueError(f"seq_lens={seq_lens!r} must be a non-empty list of positive ints")
+        raise ValueError(f"seq_lens={_short(seq_lens)} must be a non-empty list of positive ints")
     if len(seq_lens) == 0:
         raise ValueError(f"seq_lens={seq_lens!r} must be a non-empty list of positive ints")
+    if len(seq_lens) * cp_size > MAX_PLAN_BLOCKS:
+        raise ValueError(f"seq_lens has {len(seq_lens)} requests: at cp_size={cp_size} that is "
+                         f"{len(seq_lens) * cp_size} request-rank blocks, over the {MAX_PLAN_BLOCKS} a plan may hold")
     for i, length in enumerate(seq_lens):
         if not _is_int(length) or length < 1:
             raise ValueError(f"seq_lens[{i}]={length!r} must be a positive int")
-    cp_size = _positive_int("cp_size", cp_size)
     page_size = _positive_int("page_size", page_size)
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")

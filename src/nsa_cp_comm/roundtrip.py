@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .agree import agree
+from .agree import _KIND_TEXT, USABLE, agree, layout_kind
 from .collectives import all_gather_into, group_rank, group_size, reduce_scatter_into
 from .plan import CPPlan
 
@@ -53,17 +53,19 @@ def _expected(plan: object, rank: int, rows: str) -> int:
 
 def _check(
     what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None, check: bool,
-    *, even_only: bool = False,
+    *, even_only: bool = False, in_place: bool = False,
 ) -> int:
     """Agree on the inputs (``check``), refuse an uneven plan (``even_only``),
-    then this rank's index in the group."""
+    then this rank's index in the group. ``in_place``: the collective writes
+    into ``tensor``, so its layout is part of the agreement (unchecked: of the
+    rank's own check)."""
     if check:
         want = _expected(plan, group_rank(group), rows)
         if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
             # The refusal comes first: decided from the plan the ranks agree on,
             # whatever rows they hold.
             want = int(tensor.shape[0]) if tensor.dim() else want
-        agree(what, tensor, plan, want, group)
+        agree(what, tensor, plan, want, group, in_place=in_place)
     rank = _rank(plan, group)  # type: ignore[arg-type]
     if even_only:
         _refuse_uneven(plan)  # type: ignore[arg-type]
@@ -72,6 +74,9 @@ def _check(
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:
             shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise ValueError(f"{what} has shape {shape}, the plan expects [{want}, H]")
+        kind = layout_kind(tensor, in_place=in_place)
+        if kind != USABLE:
+            raise ValueError(f"{what} {_KIND_TEXT[kind]} (unchecked: raised on this rank only)")
     return rank
 
 
@@ -159,8 +164,11 @@ def padded_gather_(
     full: torch.Tensor, plan: CPPlan, group: dist.ProcessGroup | None = None, *, check: bool = True
 ) -> torch.Tensor:
     """In-place gather over a :func:`padded_buffer`: this rank's ``[m, H]`` block
-    of ``full`` is the collective's input. Returns ``full``."""
-    rank = _check("padded_gather_ full", full, plan, "full", group, check)
+    of ``full`` is the collective's input. Returns ``full``. ``full`` must own
+    its memory row by row: an expanded (stride-0), overlapping or strided
+    buffer, or one that requires grad, is the same ValueError on every rank
+    before any collective (``check=True``)."""
+    rank = _check("padded_gather_ full", full, plan, "full", group, check, in_place=True)
     m = plan.max_rank_len
     all_gather_into(full, full[rank * m : (rank + 1) * m], group)
     return full

@@ -99,7 +99,10 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
             res.stats = {phase: summarize(xs) for phase, xs in folded.items()}
             res.samples = {**folded, "control": control_rt}
             res.calibration = dict(per_rank[0].get(CALIBRATION) or {})
-            _bandwidth(res, reps, spec, plan, itemsize)
+            try:
+                _bandwidth(res, reps, spec, plan, itemsize)
+            except impl_registry.HookError as exc:  # an answer that changed since the point began
+                res = ImplResult(name, "error", reason=str(exc), origin=origin_of(name))
         results.append(res)
     return results
 

@@ -42,7 +42,7 @@ from .blame import (
     state_change,
 )
 from .cpgroup import cp_group, group_rank_of
-from .fold import ImplResult, fold_reports
+from .fold import ImplResult, fold_reports, origin_of
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_state import STATE_KEY, Watch, begin_point
@@ -259,6 +259,19 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     if pool.world_size != spec.world_size:
         raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
     plan = spec.plan()
+    # Every plan-level answer of an implementation (supports, row_stride, a
+    # legacy_bits_on_even rule) is data: asked here first, where the rows are
+    # folded; a bad one is that implementation's error row, and the point's
+    # other implementations run without it.
+    refused = {name: why for name in spec.impls if (why := impl_registry.hook_error(
+        impl_registry.get(name), pool.backend, plan))}
+    if refused:
+        others = tuple(name for name in spec.impls if name not in refused)
+        rows = {name: ImplResult(name, "error", reason=why, origin=origin_of(name)) for name, why in refused.items()}
+        if others:
+            rows.update((r.impl, r) for r in run_point(replace(spec, impls=others), pool, timeout_s=timeout_s,
+                                                       checks=checks, verify=verify, fresh=fresh))
+        return [rows[name] for name in spec.impls]
     if any(impl_registry.get(name).origin for name in spec.impls):
         # A plug-in runs on these ranks: no later point may (ranks.get_pool),
         # proven clean or not (the checks after each step put the blame on
