@@ -343,7 +343,8 @@ def render(data: dict[str, Any]) -> str:
         f"{min(i['min'] for i in its)}-{max(i['max'] for i in its)} iterations a point and reached its target "
         f"width on {sum(i['reached'] for i in its)} of {sum(i['rows'] for i in its)} rows"
         + (" (the rest stopped at a cap)" if sum(i["reached"] for i in its) < sum(i["rows"] for i in its) else "")
-        + (f"; {sum(i['extended'] for i in its)} rows ran past the 30 s cap for the gate's power"
+        + (f"; {sum(i['extended'] for i in its)} rows met the 30 s cap short of it and went on while compare's "
+           "test lacked 0.9 power to flag 1.3x (to 60 s at most)"
            if any("extended" in i for i in its) else "")
         + f"; one sweep of the review flow took {min(t['sweep_s'] for t in trials):.0f}-"
         f"{max(t['sweep_s'] for t in trials):.0f} s."

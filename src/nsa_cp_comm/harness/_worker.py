@@ -87,20 +87,7 @@ if __name__ == "__main__":
 
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
     else:
-        rank, world, backend, device, store, fd, threads = sys.argv[2:9]
-        code = 0
-        try:
-            worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads))
-        except BaseException:  # noqa: BLE001 - a rank's failure is its exit status
-            import traceback
+        from nsa_cp_comm.harness.forkserver import run_then_exit
 
-            traceback.print_exc()
-            code = 1
-        finally:
-            # No exit handler runs in a rank: one a plug-in registered could
-            # block forever (a forked rank ends the same way).
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+        rank, world, backend, device, store, fd, threads = sys.argv[2:9]
+        run_then_exit(lambda: worker_main(int(rank), int(world), backend, device, store, int(fd), int(threads)))

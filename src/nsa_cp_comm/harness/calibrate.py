@@ -62,7 +62,8 @@ TIME_CAP_S = 30.0
 # held load of 20 on 2 cores a point at the cap had 100-160 samples and one in
 # ten A/A compares found a row too noisy (P 0.74, 0.78 < 0.8 with 110 a side:
 # benchmarks/data/compare_power_load20.json); that noise needs about 1.4x the
-# samples for 0.9, so twice the cap leaves room.
+# samples for 0.9, so twice the cap leaves room (with it, 0 of 10 pairs at that
+# load; the same file, remeasured).
 EXTENDED_CAP_S = 2 * TIME_CAP_S
 # The change the gate must be able to flag (significance.resolved_change of
 # compare's default 15% threshold), and the power the loop asks for it, above

@@ -191,8 +191,8 @@ def _become_rank(server: socket.socket, wake: tuple[int, int], fd: int, server_p
     signal writes into a reused descriptor), its own process group, the
     pool's environment and the starter's directory, then the rank's body.
     Never returns."""
-    code = 0
-    try:
+
+    def start() -> None:
         server.close()  # the starter sees the server's end close only when the server's own closes
         guard(server_pid)
         signal.set_wakeup_fd(-1)
@@ -206,6 +206,17 @@ def _become_rank(server: socket.socket, wake: tuple[int, int], fd: int, server_p
         if cwd is not None:
             os.chdir(cwd)
         body(*args[:5], fd, args[5])
+
+    run_then_exit(start)
+
+
+def run_then_exit(body: Callable[[], None]) -> None:
+    """A rank's end, forked or exec'd: ``body``, its traceback on failure
+    (exit 1, else 0), the streams flushed, then ``os._exit``: no exit handler
+    runs in a rank, since one a plug-in registered could block forever."""
+    code = 0
+    try:
+        body()
     except BaseException:  # noqa: BLE001 - a rank's failure is its exit status
         import traceback
 
