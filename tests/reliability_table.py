@@ -882,7 +882,7 @@ NOTES = """\
   thread that started the ranks: start pools from a thread that outlives them.
   CPU ranks forked from a fork server are tied to it, and it to the starter's
   thread, in the same way (one server per starting thread).
-- The sweep bounds are estimates from stated constants (`matrix/budget.py`),
+- The sweep bounds are estimates from stated constants (`matrix/app/budget.py`),
   meant to catch a sweep off by an order of magnitude, not to predict run
   times; `force=true` skips them. With a remote launcher only what no node can
   hold is refused at submission.

@@ -1,5 +1,5 @@
 """The conformance preset for plug-in authors (``+matrix=conformance``) and
-the plan classes it covers (matrix/plan_classes.py):
+the plan classes it covers (matrix/scale/plan_classes.py):
 
 - the classifier recognises each class, and only where the plan has it;
 - each class's batch is that class at every cp from 2 to 8, and the preset,

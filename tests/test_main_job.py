@@ -118,7 +118,7 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     from matrix.app.config import KEYS
     from matrix.app.help import MEANING
 
-    assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/help.py"
+    assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/app/help.py"
     monkeypatch.chdir(tmp_path)
     code = main(["--help"])
     proc = subprocess.CompletedProcess([], code, capsys.readouterr().out, "")

@@ -1,5 +1,5 @@
 """A row's repro command carries what the point needed besides its keys
-(matrix/repro_env.py): the directory an outside implementation was imported
+(matrix/app/repro_env.py): the directory an outside implementation was imported
 from, the run's PYTHONPATH, and the variables that steer torch, its
 collectives and threads (or that the user names), shell-quoted; the point's
 identity (``point_id``) ignores all of it.

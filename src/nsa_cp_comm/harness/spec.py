@@ -1,7 +1,7 @@
 """A matrix point as the ranks run it, and the data they run it on.
 
 :class:`PointSpec` holds plain values only (it is pickled to the ranks) and is
-built by the matrix after validation (matrix/config.py); its own checks guard
+built by the matrix after validation (matrix/app/config.py); its own checks guard
 library users. Data is seeded from ``(seed, rank)``, generated on the CPU so a
 point gives the same bits on every device, and reproducible from a row alone.
 """
