@@ -306,3 +306,24 @@ def test_ranks_are_apart_only_when_idle_at_the_same_places_on_three_looks():
     assert not ranks._still_apart([*idle[:2], (places, (1.5, 2.01))])  # rank 0 computed
     assert not ranks._still_apart([*idle[:2], (("a", "c"), (1.02, 2.01))])  # rank 1 moved on
     assert not ranks._still_apart([None, *idle[1:]])
+
+
+def test_a_pool_whose_folder_turned_read_only_closes_without_a_traceback(tmp_path, monkeypatch):
+    """A results folder made read-only under the sweep: the pool's rendezvous
+    and marker files cannot be removed, and are left there (the sweep ends
+    with its own line and resume hint, not a traceback from close)."""
+    from pathlib import Path
+
+    from nsa_cp_comm.harness import RankPool
+
+    pool = RankPool(1, backend="gloo", device="cpu", workdir=tmp_path)
+    real_unlink = Path.unlink
+
+    def read_only(self, *args, **kwargs):
+        if tmp_path in self.parents:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    pool.close()  # raises here if close lets anything but a missing file through
+    assert pool.closed and pool.alive_processes() == 0
