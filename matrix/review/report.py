@@ -5,32 +5,14 @@
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
 CSV (or into the directory given, when several were concatenated), or into
-``--out``; report.md is also printed.
-
-report.md is what a reviewer reads in a minute, in this order: the verdicts
-(points per status and impl, each status explained; incorrect and failing
-points), the claim check, latency (each impl's ratio to a reference impl,
-``--reference``, default ``padded``, and which of them are noise), bandwidth
-and padding, the environment, the plots. Every long list (each failing point,
-each per-point ratio, each plan, the sweep's overrides, duplicate rows) is in
-report_appendix.md, linked at the end.
-
-Like with like: a figure that sets implementations side by side (the latency
-and bandwidth tables, the ratios, the verdict's ratio, the plots' lines) is
-over the points where every implementation of its cp size was timed; points
-timed by only some (the uneven plans legacy refuses) are a table of their own
-that says which were not timed there and why (matrix.side_by_side). One
-implementation run under two names (same ``impl_origin``) is reported once.
+``--out``; report.md is also printed. What report.md says, in which order, and
+the like-with-like rule (matrix.side_by_side): docs/review.md.
 
 report.json is the source of truth: every table as records with the points
 its figures cover; report.md and the appendix are rendered from it
 (matrix.report_doc). A section is a function of the typed rows and what is
 derived from them once (:class:`Derived`) returning a :class:`Part`: lines and
 tables (:func:`_head`, :func:`_whole`) for report.md and for the appendix.
-
-One row per point is used: when a file holds several (a resumed rerun, a repro
-appended to the same file), the last in file order, and the report says so.
-Rows are classified by their ``status`` column only.
 
 Exit code: 0, or 1 when the verdict is FAIL (an incorrect, failed, error or
 timeout row; ``--exit-zero`` exits 0 there too), with the files written either
