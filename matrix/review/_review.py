@@ -29,14 +29,7 @@ import pandas as pd
 
 from ..store import inputs
 from ..store.results import (
-    BAD_STATUSES,
-    CONFIG_COLUMNS,
-    COLUMNS,
-    GOOD_STATUSES,
-    RESULTS_FILE,
-    STATUS_VALUES,
-    TIMING_COLUMNS,
-    whole_lines,
+    BAD_STATUSES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS, whole_lines,
     results_path,
 )
 from ..store.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
@@ -63,22 +56,8 @@ NEUTRAL: tuple[str, ...] = ("skipped",)
 STATUSES: tuple[str, ...] = STATUS_VALUES
 
 NUMERIC_COLUMNS: tuple[str, ...] = TIMING_COLUMNS + (
-    "cp_size",
-    "page_size",
-    "effective_page_size",
-    "hidden_size",
-    "num_experts",
-    "topk",
-    "warmup",
-    "iters",
-    "seed",
-    "timeout_s",
-    "total_tokens",
-    "max_rank_len",
-    "padded_total",
-    "padding_frac",
-    "max_rel_err",
-    "wall_s",
+    "cp_size", "page_size", "effective_page_size", "hidden_size", "num_experts", "topk", "warmup", "iters", "seed",
+    "timeout_s", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err", "wall_s",
 )
 
 BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "claim_holds")

@@ -26,17 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .. import command, doc_url
-from ._review import (
-    GOOD,
-    NEUTRAL,
-    InputError,
-    Run,
-    fmt,
-    frame_md,
-    load_run,
-    parse_bool,
-    point_codes,
-)
+from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, load_run, parse_bool, point_codes
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples

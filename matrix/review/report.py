@@ -35,18 +35,7 @@ from .. import command, count
 from . import coverage, designs, plots, report_doc
 from ..scale import nccl_tests, workload
 from ._review import (
-    BAD,
-    POINT_KEY,
-    STATUSES,
-    InputError,
-    Run,
-    fmt,
-    frame_md,
-    load_run,
-    m_stride,
-    one_line,
-    point_codes,
-    typed,
+    BAD, POINT_KEY, STATUSES, InputError, Run, fmt, frame_md, load_run, m_stride, one_line, point_codes, typed,
     world,
 )
 from ..store.inputs import error_line
