@@ -162,7 +162,6 @@ class Run:
 
 
 def one_line(text: object, limit: int = 300) -> str:
-    """``text`` squeezed onto one line and cut at ``limit`` characters."""
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
 

@@ -652,7 +652,6 @@ def _cells(col: pd.Series) -> pd.Series:
 
 
 def varying(j: pd.DataFrame) -> list[str]:
-    """Configuration columns with more than one value (the others are named once)."""
     return [c for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) > 1]
 
 
@@ -735,29 +734,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("base", metavar="BASE", help="baseline results directory or CSV file")
     parser.add_argument("new", metavar="NEW", help="new results directory or CSV file")
-    parser.add_argument(
-        "--metric", default=DEFAULT_METRIC,
-        help="timing/bandwidth column of the schema to compare (default %(default)s); *_GBps regress by dropping",
-    )
-    parser.add_argument(
-        "--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
-        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05, at most 100%% (default %(default)s)",
-    )
-    parser.add_argument(
-        "--allow-missing", action="store_true",
-        help="rows of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)",
-    )
-    parser.add_argument(
-        "--allow-unverified", action="store_true",
-        help="timed rows compare could not check (the paired metric's samples missing on a side and no "
-        f"{ABSOLUTE_FALLBACK} with a spread to fall back on, or too few of them to be significant; a metric "
-        "measured on one side only) are listed "
-        "but do not fail",
-    )
-    parser.add_argument(
-        "--all", action="store_true", dest="list_all",
-        help=f"list every row (by default, above {LIST_LIMIT} rows only those with a mark are listed)",
-    )
+    parser.add_argument("--metric", default=DEFAULT_METRIC,
+                        help="timing/bandwidth column of the schema to compare (default %(default)s); *_GBps regress "
+                        "by dropping")
+    parser.add_argument("--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
+                        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05, at most 100%% "
+                        "(default %(default)s)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="rows of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)")
+    parser.add_argument("--allow-unverified", action="store_true",
+                        help="timed rows compare could not check (the paired metric's samples missing on a side and "
+                        f"no {ABSOLUTE_FALLBACK} with a spread to fall back on, or too few of them to be significant; "
+                        "a metric measured on one side only) are listed but do not fail")
+    parser.add_argument("--all", action="store_true", dest="list_all",
+                        help=f"list every row (by default, above {LIST_LIMIT} rows only those with a mark are listed)")
     return parser
 
 

@@ -119,7 +119,6 @@ def _mixed(df: pd.DataFrame) -> list[str]:
 
 
 def _keys(df: pd.DataFrame, columns: list[str]) -> list[tuple]:
-    """The distinct value tuples of ``columns``, sorted."""
     return sorted(map(tuple, df[columns].drop_duplicates().to_numpy().tolist()))
 
 
@@ -284,5 +283,4 @@ NAMES: tuple[str, ...] = tuple(name for name, _ in PLOTS)
 
 
 def render_all(df: pd.DataFrame) -> dict[str, bytes]:
-    """PNG bytes by file name, for every plot."""
     return {name: png(plot(df)) for name, plot in PLOTS}

@@ -272,7 +272,6 @@ def _records(name: str) -> Callable[[pd.DataFrame], Show]:
 
 
 def _ids(rows: pd.DataFrame) -> list[str]:
-    """The ids of the points of ``rows``, each once, in order."""
     return list(dict.fromkeys(rows[PID]))
 
 
@@ -936,23 +935,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Summarise a results table: verdicts, claim check, latency, bandwidth, environment.",
     )
     parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")
-    parser.add_argument(
-        "--out", metavar="DIR", help="directory for report.md, its appendix and the PNGs (default: next to the CSV)"
-    )
-    parser.add_argument(
-        "--nccl-tests", metavar="JSON", action="append", default=[],
-        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted collective "
-        "times beside the measured ones, as a model",
-    )
-    parser.add_argument(
-        "--reference", metavar="NAME",
-        help=f"the impl every other impl's round trip is divided by, on the same points (default: "
-        f"{DEFAULT_REFERENCE})",
-    )
-    parser.add_argument(
-        "--exit-zero", action="store_true",
-        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 on FAIL)",
-    )
+    parser.add_argument("--out", metavar="DIR",
+                        help="directory for report.md, its appendix and the PNGs (default: next to the CSV)")
+    parser.add_argument("--nccl-tests", metavar="JSON", action="append", default=[],
+                        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted "
+                        "collective times beside the measured ones, as a model")
+    parser.add_argument("--reference", metavar="NAME",
+                        help="the impl every other impl's round trip is divided by, on the same points (default: "
+                        f"{DEFAULT_REFERENCE})")
+    parser.add_argument("--exit-zero", action="store_true",
+                        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 "
+                        "on FAIL)")
     return parser
 
 

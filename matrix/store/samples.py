@@ -169,7 +169,6 @@ def _valid(values: object) -> np.ndarray | None:
 
 
 def _newer(version: object) -> bool:
-    """Whether a line's schema_version is one this reader does not know."""
     return version is not None and not (isinstance(version, int) and version <= SCHEMA_VERSION)
 
 
