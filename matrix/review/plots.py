@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ._review import fmt, m_stride
+from .side_by_side import group_keys
 
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
@@ -74,7 +75,7 @@ def cp_colours(df: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     """``(keys, {label: colour})``: the colour of each cp size (and backend,
     device where the frame mixes them), numbered over every row of ``df``
     with a cp size, so that every plot of one report gives a cp one colour."""
-    keys = _mixed(df) + ["cp_size"]
+    keys = group_keys(df)
     groups = _keys(df[df["cp_size"].notna()], keys)
     return keys, {_group_label(k, keys): f"C{i % 10}" for i, k in enumerate(groups)}
 
@@ -112,10 +113,6 @@ def _log_if_wide(ax, values: pd.Series, axis: str, base: int = 10) -> None:
     values = values.dropna()
     if len(values) and values.min() > 0 and values.max() / values.min() >= 10:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
-
-
-def _mixed(df: pd.DataFrame) -> list[str]:
-    return [c for c in ("backend", "device") if df[c].nunique() > 1]
 
 
 def _keys(df: pd.DataFrame, columns: list[str]) -> list[tuple]:

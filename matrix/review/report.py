@@ -42,7 +42,8 @@ from ..store.inputs import error_line
 from ..store.outputs import check_dir, write_atomic
 from .report_doc import Show, table
 from ..store.results import CONFIG_COLUMNS
-from .side_by_side import common, group_keys, missing_label, point_ids, same_origin, to_reference, wall_time
+from .side_by_side import (common, group_keys, missing_label, mixed, point_ids, same_origin, to_reference,
+                           wall_time)
 
 REPORT_FILE = "report.md"
 JSON_FILE = "report.json"
@@ -208,11 +209,6 @@ def _rows_of_points(rows: pd.DataFrame) -> str:
     """``3 rows of 2 points``: rows counted as rows, the points they fall on as points."""
     n, points = len(rows), int(rows[PAIR].nunique())
     return f"{n} row{'s' if n != 1 else ''} of {points} point{'s' if points != 1 else ''}"
-
-
-def _mixed(df: pd.DataFrame) -> list[str]:
-    """backend/device when the rows mix several, so tables keep them apart."""
-    return [c for c in ("backend", "device") if df[c].nunique() > 1]
 
 
 def _label(value: object) -> str:
@@ -554,7 +550,7 @@ def a2a_lines(df: pd.DataFrame) -> list[str]:
     rows = df[timed(df) & ~round_trip(df)]
     if rows.empty:
         return []
-    med = rows.groupby(_mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
+    med = rows.groupby(mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
     listed = ", ".join(f"{' '.join(map(fmt, k)) if isinstance(k, tuple) else fmt(k)}: {v:.0f} us"
                        for k, v in med.items())
     return [f"MoE all-to-all at SCATTERED points, another operation than the round trips below and not "
