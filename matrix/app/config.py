@@ -462,17 +462,13 @@ def run_folder() -> str:
 def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
-    if not OmegaConf.has_resolver("matrix.sweep_max"):
-        OmegaConf.register_new_resolver("matrix.sweep_max", _sweep_max)
-    if not OmegaConf.has_resolver("matrix.sweep_world"):
-        OmegaConf.register_new_resolver("matrix.sweep_world", _sweep_world)
-    if not OmegaConf.has_resolver("matrix.run_folder"):
-        OmegaConf.register_new_resolver("matrix.run_folder", run_folder)
-    if not OmegaConf.has_resolver("matrix.job_minutes"):
-        OmegaConf.register_new_resolver("matrix.job_minutes", job_minutes)
-    from ..scale.plan_classes import register_resolvers as plan_class_resolvers
+    from ..scale.plan_classes import RESOLVERS as PLAN_CLASS_RESOLVERS
 
-    plan_class_resolvers()
+    own = {"matrix.sweep_max": _sweep_max, "matrix.sweep_world": _sweep_world, "matrix.run_folder": run_folder,
+           "matrix.job_minutes": job_minutes}
+    for name, resolver in {**own, **PLAN_CLASS_RESOLVERS}.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 # Registered on import: a launcher's job (e.g. a SLURM node) imports this

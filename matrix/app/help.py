@@ -17,14 +17,7 @@ from nsa_cp_comm.harness import calibrate
 
 from .. import CONF_DIR, command, console
 from .config import (
-    BOOLS,
-    CHOICES,
-    INT_RANGES,
-    OPTIONAL_INTS,
-    SEQ_LEN_MAX,
-    TIMEOUT_MAX_S,
-    TOTAL_TOKENS_MAX,
-    MatrixConfig,
+    BOOLS, CHOICES, INT_RANGES, OPTIONAL_INTS, SEQ_LEN_MAX, TIMEOUT_MAX_S, TOTAL_TOKENS_MAX, MatrixConfig,
     override_value,
 )
 from nsa_cp_comm.harness.significance import MIN_SAMPLES as MIN_FLAGGABLE

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,9 @@ from ..store.runs import STARTED, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMN_SET = frozenset(COLUMNS)
+# The plan's and the result's fields a row holds under their own names (impl is the row's name for it).
+PLAN_SAME_NAME = ("total_tokens", "max_rank_len", "padded_total", "padding_frac", "is_even", "claim_holds")
+RESULT_SAME_NAME = tuple(f.name for f in fields(ImplResult) if f.name in COLUMN_SET and f.name != "impl")
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
 # Keys that change how a sweep runs, not what a point measures: no column.
@@ -144,58 +148,20 @@ def build_rows(
     plan = spec.plan()
     base: dict[str, Any] = {k: cfg[k] for k in KEYS if k not in NOT_IN_ROWS}
     base.update(
-        workload=workload_name(cfg.get("workload")),
-        seq_lens=override_value(cfg["seq_lens"]),
-        align=res.align,
-        mlp_mode=res.mode,
-        backend=res.backend,
-        device=res.device,
-        num_experts=spec.experts,
-        policy=res.policy,
-        effective_page_size=res.page_size,
-        effective_id=effective_id(res),
-        point_id=point_id(cfg),
-        overrides=overrides,
-        repro=repro_command(cfg),
-        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        wall_s=round(wall_s, 3),
-        device_name=device_name(res.device),
-        run_id=environment()["run_id"],
+        workload=workload_name(cfg.get("workload")), seq_lens=override_value(cfg["seq_lens"]), align=res.align,
+        mlp_mode=res.mode, backend=res.backend, device=res.device, num_experts=spec.experts, policy=res.policy,
+        effective_page_size=res.page_size, effective_id=effective_id(res), point_id=point_id(cfg),
+        overrides=overrides, repro=repro_command(cfg),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), wall_s=round(wall_s, 3),
+        device_name=device_name(res.device), run_id=environment()["run_id"],
     )
-    base.update(
-        total_tokens=plan.total_tokens,
-        max_rank_len=plan.max_rank_len,
-        padded_total=plan.padded_total,
-        padding_frac=plan.padding_frac,
-        is_even=plan.is_even,
-        plan_class=plan_label(plan),
-        claim_holds=plan.claim_holds,
-    )
+    base.update({k: getattr(plan, k) for k in PLAN_SAME_NAME}, plan_class=plan_label(plan))
     rows = []
     names = row_names([r.impl for r in results])
     for r in results:
         row = dict(base)
         row.update(_moved_plan(r.impl, plan))
-        row.update(
-            impl=names[r.impl],
-            status=r.status,
-            reason=r.reason,
-            failed_check=r.failed_check,
-            impl_origin=r.origin,
-            correct=r.correct,
-            max_rel_err=r.max_rel_err,
-            even_bitwise_equal=r.even_bitwise_equal,
-            rows_moved=r.rows_moved,
-            bytes_padded=r.bytes_padded,
-            bytes_useful=r.bytes_useful,
-            attn_pad_rows=r.attn_pad_rows,
-            moe_pad_rows=r.moe_pad_rows,
-            attn_pad_masked_rows=r.attn_pad_masked_rows,
-            algbw_padded_GBps=r.algbw_padded_GBps,
-            busbw_padded_GBps=r.busbw_padded_GBps,
-            algbw_useful_GBps=r.algbw_useful_GBps,
-            busbw_useful_GBps=r.busbw_useful_GBps,
-        )
+        row.update({k: getattr(r, k) for k in RESULT_SAME_NAME}, impl=names[r.impl], impl_origin=r.origin)
         for phase, st in r.stats.items():
             for stat, value in st.items():
                 col = f"{phase}_{stat}_us"

@@ -29,14 +29,7 @@ import pandas as pd
 
 from ..store import inputs
 from ..store.results import (
-    BAD_STATUSES,
-    CONFIG_COLUMNS,
-    COLUMNS,
-    GOOD_STATUSES,
-    RESULTS_FILE,
-    STATUS_VALUES,
-    TIMING_COLUMNS,
-    whole_lines,
+    BAD_STATUSES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS, whole_lines,
     results_path,
 )
 from ..store.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
@@ -63,22 +56,8 @@ NEUTRAL: tuple[str, ...] = ("skipped",)
 STATUSES: tuple[str, ...] = STATUS_VALUES
 
 NUMERIC_COLUMNS: tuple[str, ...] = TIMING_COLUMNS + (
-    "cp_size",
-    "page_size",
-    "effective_page_size",
-    "hidden_size",
-    "num_experts",
-    "topk",
-    "warmup",
-    "iters",
-    "seed",
-    "timeout_s",
-    "total_tokens",
-    "max_rank_len",
-    "padded_total",
-    "padding_frac",
-    "max_rel_err",
-    "wall_s",
+    "cp_size", "page_size", "effective_page_size", "hidden_size", "num_experts", "topk", "warmup", "iters", "seed",
+    "timeout_s", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err", "wall_s",
 )
 
 BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "claim_holds")
@@ -183,7 +162,6 @@ class Run:
 
 
 def one_line(text: object, limit: int = 300) -> str:
-    """``text`` squeezed onto one line and cut at ``limit`` characters."""
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
@@ -262,26 +240,6 @@ def join_runs(frame: pd.DataFrame, runs: Runs, columns: Iterable[str]) -> dict[s
     return {str(k): int(v) for k, v in unknown.value_counts().items()}
 
 
-def _layout_1(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
-    """Rows written before refused/passthrough: their statuses as they would be written now."""
-    if len(file.frame):
-        file.upgraded = _statuses_of_layout_1(file.frame)
-
-
-def _layout_2(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
-    """The environment is in the rows already; the rest of a run's fields were not kept."""
-
-
-def _layout_3(file: _File, runs: Runs, wanted: frozenset[str]) -> None:
-    """The environment of each row's run, joined from runs.jsonl."""
-    file.unknown_runs = join_runs(file.frame, runs, [c for c in META_COLUMNS if c in wanted])
-    file.runs_skipped = runs.skipped_lines
-
-
-# How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS.
-READERS = {1: _layout_1, 2: _layout_2, 3: _layout_3, 4: _layout_3, 5: _layout_3}
-
-
 def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File:
     where = f"{arg}={value}" if Path(value) == path else f"{arg}={value}: {path}"
     # Strings throughout: the writer's exact text is what `compare` joins on,
@@ -329,7 +287,13 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         runs = read_runs(path.parent) if layout >= 3 else Runs()
     except inputs.BadInputFile as exc:
         raise InputError(f"{where}: {exc}") from None
-    READERS[layout](file, runs, wanted)
+    # How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS: layout 1 was written
+    # before refused/passthrough, layout 2 carries the environment in its rows, 3 and on join it from runs.jsonl.
+    if layout == 1 and len(frame):
+        file.upgraded = _statuses_of_layout_1(frame)
+    elif layout >= 3:
+        file.unknown_runs = join_runs(frame, runs, [c for c in META_COLUMNS if c in wanted])
+        file.runs_skipped = runs.skipped_lines
     file.frame[SOURCE] = str(path)
     return file
 

@@ -4,59 +4,16 @@
                                       [--allow-missing] [--allow-unverified] [--all]
 
 BASE and NEW are results directories or CSV files (resolved as by
-``matrix.report``). A point is a configuration (``matrix.results.CONFIG_COLUMNS``
-less ``impl``); a row is one point and one impl, and rows are what compare
-joins, marks and counts (its summary gives both: ``points=`` and ``rows=``,
-every other count in rows). When a file holds several rows of one point and
-impl, the last in file order (the latest run) is used and a note says how many
-were dropped.
-
-Exit status 1 when nothing was compared or any gate trips, else 0; 2 on bad
-input (one line):
-- nothing compared: no row of NEW joins one of BASE, or every joined row is
-  skipped in one run; a pass would vouch for nothing (``--allow-missing``
-  does not change this);
-- missing: a row of BASE has none in NEW (``--allow-missing`` lets it pass);
-- status worse: BASE ok/refused/passthrough, NEW failed/error/timeout (or a
-  status the schema does not know); ``skipped`` is neutral either side;
-- failing in NEW: a failed/error/timeout (or unknown) row of NEW whose BASE
-  row was failing too, skipped or absent: correctness is absolute, time is
-  relative;
-- correctness lost: ``correct`` True in BASE and not True in NEW (unless NEW
-  skipped the point);
-- regressed: both rows are timed and the metric got worse (a rise for times
-  and ratios, a drop for ``*_GBps``) by more than ``--fail-above`` **and**
-  beyond the noise: for a sampled metric, NEW's per-iteration samples
-  (``samples.jsonl``, matrix.samples) differ from BASE's by a one-sided
-  Mann-Whitney U test, Benjamini-Hochberg at false discovery rate 1% over
-  the rows tested (nsa_cp_comm.harness.significance); where neither run kept samples at
-  all (folders older than them), and for metrics without samples, worse by
-  more than the rows' spread (``roundtrip_iqr_us``; for the paired metric on
-  ``roundtrip_p50_us`` instead). A change beyond the threshold that the noise
-  covers, on samples with the power to see one, is marked ``within noise``
-  and does not gate. Every regressed row names its evidence: NEW over BASE
-  and the 1-minute load each side was timed at;
-- unverified (``--allow-unverified`` lets it pass): a row timed in both runs
-  whose samples are missing, unusable (unreadable, NaN, no control, a line
-  of another run) or absent on a side while either run kept samples; with
-  too few samples for any difference to be significant (fewer than 5: e.g.
-  iters=3, whose smallest p-value is 0.05; where both rows are the smoke
-  preset's, their time is not gated instead: ``smoke-untimed``, status and
-  correctness still are, :data:`SMOKE_OVERRIDES`); tested but
-  with less than 0.8 power to flag twice the threshold (``low power``, or
-  ``too noisy`` where iters=auto hit its cap: significance.power); where
-  neither run kept samples, no ``roundtrip_p50_us`` with a spread to fall
-  back on; for another metric, a value on one side only.
-
-The default metric, ``roundtrip_vs_control``, is each iteration's round trip
-over the A/A control's round trip timed in the same iteration (a bare
-all-gather + reduce-scatter of the padded buffer), the median over
-iterations: it moves with the implementation's code, hardly with the
-machine's load. Absolute times (``--metric roundtrip_p50_us``) move with load
-too; compare on them when both runs had the machine to themselves. compare
-states the noise it measured between the two runs and says when the threshold
-is finer than that.
-Refused, passthrough and skipped rows carry no timings and never gate on the metric.
+``matrix.report``); a row is one point and one impl, the last in file order
+where a file holds several. Exit status 1 when nothing was compared or any
+gate trips (:data:`GATES`: missing, status worse, failing in NEW, correctness
+lost, regressed, unverified), else 0; 2 on bad input (one line). A row
+regresses when it is worse by more than ``--fail-above`` **and** beyond the
+noise: a one-sided Mann-Whitney U test of NEW's per-iteration samples against
+BASE's (matrix.samples), Benjamini-Hochberg at false discovery rate 1% over
+the rows tested (nsa_cp_comm.harness.significance), or where neither run kept
+samples, worse by more than the rows' spread. What each gate asks, the
+default metric (:data:`PAIRED`) and the smoke preset's exception: docs/review.md.
 """
 
 from __future__ import annotations
@@ -69,17 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .. import command, doc_url
-from ._review import (
-    GOOD,
-    NEUTRAL,
-    InputError,
-    Run,
-    fmt,
-    frame_md,
-    load_run,
-    parse_bool,
-    point_codes,
-)
+from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, load_run, parse_bool, point_codes
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
@@ -705,7 +652,6 @@ def _cells(col: pd.Series) -> pd.Series:
 
 
 def varying(j: pd.DataFrame) -> list[str]:
-    """Configuration columns with more than one value (the others are named once)."""
     return [c for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) > 1]
 
 
@@ -788,29 +734,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("base", metavar="BASE", help="baseline results directory or CSV file")
     parser.add_argument("new", metavar="NEW", help="new results directory or CSV file")
-    parser.add_argument(
-        "--metric", default=DEFAULT_METRIC,
-        help="timing/bandwidth column of the schema to compare (default %(default)s); *_GBps regress by dropping",
-    )
-    parser.add_argument(
-        "--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
-        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05, at most 100%% (default %(default)s)",
-    )
-    parser.add_argument(
-        "--allow-missing", action="store_true",
-        help="rows of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)",
-    )
-    parser.add_argument(
-        "--allow-unverified", action="store_true",
-        help="timed rows compare could not check (the paired metric's samples missing on a side and no "
-        f"{ABSOLUTE_FALLBACK} with a spread to fall back on, or too few of them to be significant; a metric "
-        "measured on one side only) are listed "
-        "but do not fail",
-    )
-    parser.add_argument(
-        "--all", action="store_true", dest="list_all",
-        help=f"list every row (by default, above {LIST_LIMIT} rows only those with a mark are listed)",
-    )
+    parser.add_argument("--metric", default=DEFAULT_METRIC,
+                        help="timing/bandwidth column of the schema to compare (default %(default)s); *_GBps regress "
+                        "by dropping")
+    parser.add_argument("--fail-above", default=DEFAULT_THRESHOLD, metavar="THRESHOLD",
+                        help="regression threshold as a percentage or a fraction, e.g. 5%% or 0.05, at most 100%% "
+                        "(default %(default)s)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="rows of BASE absent from NEW are listed but do not fail (e.g. NEW ran a subset)")
+    parser.add_argument("--allow-unverified", action="store_true",
+                        help="timed rows compare could not check (the paired metric's samples missing on a side and "
+                        f"no {ABSOLUTE_FALLBACK} with a spread to fall back on, or too few of them to be significant; "
+                        "a metric measured on one side only) are listed but do not fail")
+    parser.add_argument("--all", action="store_true", dest="list_all",
+                        help=f"list every row (by default, above {LIST_LIMIT} rows only those with a mark are listed)")
     return parser
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ._review import fmt, m_stride
+from .side_by_side import group_keys
 
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
@@ -74,7 +75,7 @@ def cp_colours(df: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     """``(keys, {label: colour})``: the colour of each cp size (and backend,
     device where the frame mixes them), numbered over every row of ``df``
     with a cp size, so that every plot of one report gives a cp one colour."""
-    keys = _mixed(df) + ["cp_size"]
+    keys = group_keys(df)
     groups = _keys(df[df["cp_size"].notna()], keys)
     return keys, {_group_label(k, keys): f"C{i % 10}" for i, k in enumerate(groups)}
 
@@ -114,12 +115,7 @@ def _log_if_wide(ax, values: pd.Series, axis: str, base: int = 10) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
 
 
-def _mixed(df: pd.DataFrame) -> list[str]:
-    return [c for c in ("backend", "device") if df[c].nunique() > 1]
-
-
 def _keys(df: pd.DataFrame, columns: list[str]) -> list[tuple]:
-    """The distinct value tuples of ``columns``, sorted."""
     return sorted(map(tuple, df[columns].drop_duplicates().to_numpy().tolist()))
 
 
@@ -284,5 +280,4 @@ NAMES: tuple[str, ...] = tuple(name for name, _ in PLOTS)
 
 
 def render_all(df: pd.DataFrame) -> dict[str, bytes]:
-    """PNG bytes by file name, for every plot."""
     return {name: png(plot(df)) for name, plot in PLOTS}

@@ -5,32 +5,14 @@
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
 CSV (or into the directory given, when several were concatenated), or into
-``--out``; report.md is also printed.
-
-report.md is what a reviewer reads in a minute, in this order: the verdicts
-(points per status and impl, each status explained; incorrect and failing
-points), the claim check, latency (each impl's ratio to a reference impl,
-``--reference``, default ``padded``, and which of them are noise), bandwidth
-and padding, the environment, the plots. Every long list (each failing point,
-each per-point ratio, each plan, the sweep's overrides, duplicate rows) is in
-report_appendix.md, linked at the end.
-
-Like with like: a figure that sets implementations side by side (the latency
-and bandwidth tables, the ratios, the verdict's ratio, the plots' lines) is
-over the points where every implementation of its cp size was timed; points
-timed by only some (the uneven plans legacy refuses) are a table of their own
-that says which were not timed there and why (matrix.side_by_side). One
-implementation run under two names (same ``impl_origin``) is reported once.
+``--out``; report.md is also printed. What report.md says, in which order, and
+the like-with-like rule (matrix.side_by_side): docs/review.md.
 
 report.json is the source of truth: every table as records with the points
 its figures cover; report.md and the appendix are rendered from it
 (matrix.report_doc). A section is a function of the typed rows and what is
 derived from them once (:class:`Derived`) returning a :class:`Part`: lines and
 tables (:func:`_head`, :func:`_whole`) for report.md and for the appendix.
-
-One row per point is used: when a file holds several (a resumed rerun, a repro
-appended to the same file), the last in file order, and the report says so.
-Rows are classified by their ``status`` column only.
 
 Exit code: 0, or 1 when the verdict is FAIL (an incorrect, failed, error or
 timeout row; ``--exit-zero`` exits 0 there too), with the files written either
@@ -53,25 +35,15 @@ from .. import command, count
 from . import coverage, designs, plots, report_doc
 from ..scale import nccl_tests, workload
 from ._review import (
-    BAD,
-    POINT_KEY,
-    STATUSES,
-    InputError,
-    Run,
-    fmt,
-    frame_md,
-    load_run,
-    m_stride,
-    one_line,
-    point_codes,
-    typed,
+    BAD, POINT_KEY, STATUSES, InputError, Run, fmt, frame_md, load_run, m_stride, one_line, point_codes, typed,
     world,
 )
 from ..store.inputs import error_line
 from ..store.outputs import check_dir, write_atomic
 from .report_doc import Show, table
 from ..store.results import CONFIG_COLUMNS
-from .side_by_side import common, group_keys, missing_label, point_ids, same_origin, to_reference, wall_time
+from .side_by_side import (common, group_keys, missing_label, mixed, point_ids, same_origin, to_reference,
+                           wall_time)
 
 REPORT_FILE = "report.md"
 JSON_FILE = "report.json"
@@ -239,11 +211,6 @@ def _rows_of_points(rows: pd.DataFrame) -> str:
     return f"{n} row{'s' if n != 1 else ''} of {points} point{'s' if points != 1 else ''}"
 
 
-def _mixed(df: pd.DataFrame) -> list[str]:
-    """backend/device when the rows mix several, so tables keep them apart."""
-    return [c for c in ("backend", "device") if df[c].nunique() > 1]
-
-
 def _label(value: object) -> str:
     text = fmt(value)
     return text if text else "(empty)"
@@ -301,7 +268,6 @@ def _records(name: str) -> Callable[[pd.DataFrame], Show]:
 
 
 def _ids(rows: pd.DataFrame) -> list[str]:
-    """The ids of the points of ``rows``, each once, in order."""
     return list(dict.fromkeys(rows[PID]))
 
 
@@ -584,7 +550,7 @@ def a2a_lines(df: pd.DataFrame) -> list[str]:
     rows = df[timed(df) & ~round_trip(df)]
     if rows.empty:
         return []
-    med = rows.groupby(_mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
+    med = rows.groupby(mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
     listed = ", ".join(f"{' '.join(map(fmt, k)) if isinstance(k, tuple) else fmt(k)}: {v:.0f} us"
                        for k, v in med.items())
     return [f"MoE all-to-all at SCATTERED points, another operation than the round trips below and not "
@@ -965,23 +931,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Summarise a results table: verdicts, claim check, latency, bandwidth, environment.",
     )
     parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")
-    parser.add_argument(
-        "--out", metavar="DIR", help="directory for report.md, its appendix and the PNGs (default: next to the CSV)"
-    )
-    parser.add_argument(
-        "--nccl-tests", metavar="JSON", action="append", default=[],
-        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted collective "
-        "times beside the measured ones, as a model",
-    )
-    parser.add_argument(
-        "--reference", metavar="NAME",
-        help=f"the impl every other impl's round trip is divided by, on the same points (default: "
-        f"{DEFAULT_REFERENCE})",
-    )
-    parser.add_argument(
-        "--exit-zero", action="store_true",
-        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 on FAIL)",
-    )
+    parser.add_argument("--out", metavar="DIR",
+                        help="directory for report.md, its appendix and the PNGs (default: next to the CSV)")
+    parser.add_argument("--nccl-tests", metavar="JSON", action="append", default=[],
+                        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted "
+                        "collective times beside the measured ones, as a model")
+    parser.add_argument("--reference", metavar="NAME",
+                        help="the impl every other impl's round trip is divided by, on the same points (default: "
+                        f"{DEFAULT_REFERENCE})")
+    parser.add_argument("--exit-zero", action="store_true",
+                        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 "
+                        "on FAIL)")
     return parser
 
 

@@ -27,9 +27,14 @@ import pandas as pd
 from .coverage import BUILTIN_ORIGIN
 
 
+def mixed(df: pd.DataFrame) -> list[str]:
+    """backend/device when the rows mix several, so tables and plots keep them apart."""
+    return [c for c in ("backend", "device") if df[c].nunique() > 1]
+
+
 def group_keys(df: pd.DataFrame) -> list[str]:
-    """The columns a comparison is made within: backend/device when the rows mix several, and cp size."""
-    return [c for c in ("backend", "device") if df[c].nunique() > 1] + ["cp_size"]
+    """The columns a comparison is made within: :func:`mixed`, and cp size."""
+    return mixed(df) + ["cp_size"]
 
 
 def common(rows: pd.DataFrame, pair: str) -> pd.Series:

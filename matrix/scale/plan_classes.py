@@ -118,19 +118,12 @@ def largest_cp(bystanders: int = 0) -> int:
     return max(1, min(LARGEST_CP, this_machine().max_ranks - int(bystanders)))
 
 
-def register_resolvers() -> None:
-    """``${matrix.plan_lens:CLASS,CP}`` (conf/plan_class/*.yaml) and
-    ``${matrix.largest_cp:}`` (conf/conformance_cp/largest.yaml: the
-    largest cp for the point's own ``bystanders``, which the resolver reads
-    from the point's config: a config value, not a sweep parameter, so it is
-    resolved per point)."""
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("matrix.plan_lens"):
-        OmegaConf.register_new_resolver("matrix.plan_lens", lambda c, cp: batch(str(c), int(cp)))
-    if not OmegaConf.has_resolver("matrix.largest_cp"):
-        OmegaConf.register_new_resolver("matrix.largest_cp", _largest_cp)
-
-
 def _largest_cp(*, _root_: Any) -> int:
     return largest_cp(int(_root_.get("bystanders", 0) or 0))
+
+
+# The config's resolvers of plan classes (matrix.config.register_resolvers registers them):
+# ``${matrix.plan_lens:CLASS,CP}`` (conf/plan_class/*.yaml) and ``${matrix.largest_cp:}``
+# (conf/conformance_cp/largest.yaml: the largest cp for the point's own ``bystanders``, which the
+# resolver reads from the point's config: a config value, not a sweep parameter, so it is resolved per point).
+RESOLVERS = {"matrix.plan_lens": lambda c, cp: batch(str(c), int(cp)), "matrix.largest_cp": _largest_cp}

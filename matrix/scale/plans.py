@@ -44,6 +44,7 @@ from nsa_cp_comm.plan import POLICIES
 from .. import command
 from ..store.inputs import error_line
 from ..store.outputs import check_dir, write_atomic
+from .nccl_tests import NcclTestsError, load_model
 from .workload import Batches, WorkloadError, draw, load
 
 DESIGNS: tuple[str, ...] = engines.DESIGNS
@@ -334,20 +335,10 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         overrides["seed"] = args.seed
     try:
         w = load(args.workload, overrides)
-    except WorkloadError as exc:
-        raise SystemExit(_usage(str(exc))) from None
-    model = None
-    if args.nccl_tests:
-        from .nccl_tests import NcclTestsError, load_model
-
-        try:
-            model = load_model(args.nccl_tests)
-        except NcclTestsError as exc:
-            raise SystemExit(_usage(str(exc))) from None
-    t0 = time.perf_counter()
-    try:
+        model = load_model(args.nccl_tests) if args.nccl_tests else None
+        t0 = time.perf_counter()
         batches = draw(w)  # a trace is read here: its errors are bad input too
-    except WorkloadError as exc:
+    except (WorkloadError, NcclTestsError) as exc:
         raise SystemExit(_usage(str(exc))) from None
     t_draw = time.perf_counter() - t0
     rows = []

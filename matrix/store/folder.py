@@ -29,20 +29,8 @@ from typing import Any, ClassVar
 from . import inputs
 from .outputs import check_dir
 from .results import (
-    FULL_TEXT_FILE,
-    RERUN_STATUSES,
-    RESULTS_BYTES_MAX,
-    ROW_BYTES_MAX,
-    ResultsPathError,
-    Rows,
-    append_rows,
-    check_schema,
-    parse_line,
-    path_error,
-    results_path,
-    row_problem,
-    set_aside_malformed,
-    torn_path,
+    FULL_TEXT_FILE, RERUN_STATUSES, RESULTS_BYTES_MAX, ROW_BYTES_MAX, ResultsPathError, Rows, append_rows,
+    check_schema, parse_line, path_error, results_path, row_problem, set_aside_malformed, torn_path,
 )
 from .runs import RUNS_BYTES_MAX, RUNS_FILE
 from .samples import SAMPLES_BYTES_MAX, SAMPLES_FILE, append_samples

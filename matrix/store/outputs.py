@@ -7,7 +7,8 @@ probe file in the nearest directory that exists, the one test that holds for
 root too (``os.access`` calls every directory writable for root).
 :func:`write_atomic` writes a file under a temporary name beside it and
 renames it into place, so a full disk or a kill leaves the old file or none,
-never a truncated one.
+never a truncated one. :func:`append_whole` appends lines to an open file in
+one ``write(2)``, all of them or none.
 """
 
 from __future__ import annotations
@@ -67,3 +68,25 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
             raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
         raise
     return path
+
+
+def append_whole(fd: int, data: bytes, sync: bool = True) -> int:
+    """Append ``data`` to the open file ``fd`` in one ``write(2)`` (after a newline
+    when a kill left its last line unterminated) and return its former size. A
+    failed or short write cuts the file back to that size and raises OSError."""
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        data = b"\n" + data
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes; is the disk full?)")
+        if sync:
+            os.fsync(fd)
+    except OSError:
+        try:
+            os.ftruncate(fd, size)  # no part of a line left behind
+        except OSError:
+            pass
+        raise
+    return size

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import inputs
-from .outputs import write_atomic
+from .outputs import append_whole, write_atomic
 from .runs import SCHEMA_VERSION, layout_version, record_run, runs_path
 
 RESULTS_FILE = "results.csv"
@@ -47,43 +47,17 @@ csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 # The configuration of a point: every key of conf's schema that can change a
 # measurement. Joined on by `compare`, hashed into `point_id` for `resume`.
 CONFIG_COLUMNS: tuple[str, ...] = (
-    "cp_size",
-    "page_size",
-    "seq_lens",
-    "shared_kv",
-    "split",
-    "align",
-    "moe_a2a_backend",
-    "mlp_mode",
-    "impl",
-    "backend",
-    "device",
-    "hidden_size",
-    "dtype",
-    "num_experts",
-    "topk",
-    "warmup",
-    "iters",
-    "seed",
-    "flush_l2",
-    "engine",
-    "shared_expert",
+    "cp_size", "page_size", "seq_lens", "shared_kv", "split", "align", "moe_a2a_backend", "mlp_mode", "impl",
+    "backend", "device", "hidden_size", "dtype", "num_experts", "topk", "warmup", "iters", "seed", "flush_l2",
+    "engine", "shared_expert",
 )
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")
 
 PLAN_COLUMNS: tuple[str, ...] = (
-    "policy",
-    "effective_page_size",
-    "effective_id",
-    "total_tokens",
-    "max_rank_len",
-    "padded_total",
-    "padding_frac",
-    "is_even",
-    "plan_class",
-    "claim_holds",
+    "policy", "effective_page_size", "effective_id", "total_tokens", "max_rank_len", "padded_total", "padding_frac",
+    "is_even", "plan_class", "claim_holds",
 )
 
 # What each status means: matrix.report.STATUS_MEANING (docs/columns.md renders
@@ -93,50 +67,23 @@ GOOD_STATUSES: tuple[str, ...] = ("ok", "refused", "passthrough")
 BAD_STATUSES: tuple[str, ...] = ("failed", "error", "timeout")
 
 CHECK_COLUMNS: tuple[str, ...] = (
-    "status",
-    "reason",
-    "failed_check",
-    "correct",
-    "max_rel_err",
-    "even_bitwise_equal",
+    "status", "reason", "failed_check", "correct", "max_rel_err", "even_bitwise_equal",
 )
 
 TIMING_COLUMNS: tuple[str, ...] = (
-    "gather_p10_us",
-    "gather_p50_us",
-    "gather_p90_us",
-    "gather_mean_us",
-    "scatter_p10_us",
-    "scatter_p50_us",
-    "scatter_p90_us",
-    "scatter_mean_us",
-    "roundtrip_p10_us",
-    "roundtrip_p50_us",
-    "roundtrip_p90_us",
-    "roundtrip_p99_us",
-    "roundtrip_mean_us",
+    "gather_p10_us", "gather_p50_us", "gather_p90_us", "gather_mean_us",
+    "scatter_p10_us", "scatter_p50_us", "scatter_p90_us", "scatter_mean_us",
+    "roundtrip_p10_us", "roundtrip_p50_us", "roundtrip_p90_us", "roundtrip_p99_us", "roundtrip_mean_us",
     "roundtrip_iqr_us",
-    "local_p10_us",
-    "local_p50_us",
-    "local_p90_us",
-    "local_mean_us",
-    "collective_p10_us",
-    "collective_p50_us",
-    "collective_p90_us",
-    "collective_mean_us",
-    "rows_moved",
-    "bytes_padded",
-    "bytes_useful",
+    "local_p10_us", "local_p50_us", "local_p90_us", "local_mean_us",
+    "collective_p10_us", "collective_p50_us", "collective_p90_us", "collective_mean_us",
+    "rows_moved", "bytes_padded", "bytes_useful",
     # padding rows per layer: in one rank's attention input (max over ranks), in
     # the gathered buffer every rank's MoE runs on
-    "attn_pad_rows",
-    "moe_pad_rows",
+    "attn_pad_rows", "moe_pad_rows",
     # of attn_pad_rows, those the engine keeps out of attention's output (masked, not computed)
     "attn_pad_masked_rows",
-    "algbw_padded_GBps",
-    "busbw_padded_GBps",
-    "algbw_useful_GBps",
-    "busbw_useful_GBps",
+    "algbw_padded_GBps", "busbw_padded_GBps", "algbw_useful_GBps", "busbw_useful_GBps",
 )
 
 # Where a row came from. What is the same for every row of one process (versions,
@@ -144,14 +91,7 @@ TIMING_COLUMNS: tuple[str, ...] = (
 # runs.jsonl, which ``run_id`` names (matrix.runs). device_name varies with the
 # point's device, so it stays in the row.
 PROVENANCE_COLUMNS: tuple[str, ...] = (
-    "impl_origin",
-    "device_name",
-    "timestamp",
-    "wall_s",
-    "point_id",
-    "overrides",
-    "repro",
-    "run_id",
+    "impl_origin", "device_name", "timestamp", "wall_s", "point_id", "overrides", "repro", "run_id",
 )
 
 COLUMNS: tuple[str, ...] = (
@@ -223,17 +163,20 @@ def _append_full_texts(path: Path, records: list[dict[str, object]]) -> None:
     """Append the whole texts of cut cells beside the results file."""
     if not records:
         return
-    side = path.with_name(FULL_TEXT_FILE)
-    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    _append_side(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in records).encode())
+
+
+def _append_side(side: Path, data: bytes) -> int:
+    """Append ``data`` to a file beside the results (outputs.append_whole); return its
+    former size, for undoing. ResultsWriteError, with the file as it was, when that fails."""
     try:
-        fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(side, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
     try:
-        if os.write(fd, data) != len(data):
-            raise ResultsWriteError(side, "short write (is the disk full?)")
+        return append_whole(fd, data)
     except OSError as exc:
-        raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(side, exc)) from None
+        raise ResultsWriteError(side, exc) from None
     finally:
         os.close(fd)
 
@@ -393,24 +336,7 @@ def _set_aside(path: Path, fragment: bytes) -> int:
     """Append ``fragment`` (and a newline) to :func:`torn_path`; return that
     file's former size, for undoing. ResultsWriteError, with the side file
     as it was, when that write fails."""
-    side = torn_path(path)
-    try:
-        fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ResultsWriteError(side, exc) from None
-    try:
-        before = os.fstat(fd).st_size
-        try:
-            data = fragment + b"\n"
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, "short write")
-            os.fsync(fd)
-        except OSError as exc:
-            _truncate(fd, before)
-            raise ResultsWriteError(side, exc) from None
-        return before
-    finally:
-        os.close(fd)
+    return _append_side(torn_path(path), fragment + b"\n")
 
 
 def _truncate(fd: int, size: int) -> None:

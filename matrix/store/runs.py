@@ -30,7 +30,6 @@ Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import uuid
@@ -40,6 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import inputs
+from .outputs import append_whole
 
 SCHEMA_VERSION = 5
 RUNS_FILE = "runs.jsonl"
@@ -49,19 +49,8 @@ RUN_LINE_MAX = 16 << 20  # a run's line: its command line can list a long seq_le
 # The fields of a run's line that readers join onto each of its rows, as
 # columns of these names: a row of layout 2 carries the first four itself.
 META_COLUMNS: tuple[str, ...] = (
-    "torch_version",
-    "nccl_version",
-    "host",
-    "git_sha",
-    "python_version",
-    "nsa_cp_comm_version",
-    "cpu_model",
-    "cpu_count",
-    "gpu_name",
-    "gpu_count",
-    "command",
-    "started",
-    "load_1m",
+    "torch_version", "nccl_version", "host", "git_sha", "python_version", "nsa_cp_comm_version", "cpu_model",
+    "cpu_count", "gpu_name", "gpu_count", "command", "started", "load_1m",
 )
 # The environment a row of layout 2 carries in its own columns.
 LAYOUT2_ENV: tuple[str, ...] = META_COLUMNS[:4]
@@ -127,17 +116,7 @@ def record_run(results_dir: str | os.PathLike[str], meta: Mapping[str, object]) 
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         if not _listed(fd, run_id):
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                data = b"\n" + data
-            try:
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes; is the disk full?)")
-                os.fsync(fd)
-            except OSError:
-                os.ftruncate(fd, size)
-                raise
+            append_whole(fd, data)
     finally:
         os.close(fd)
     _RECORDED.add(key)

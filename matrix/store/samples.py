@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import inputs
+from .outputs import append_whole
 from .results import ResultsWriteError
 from .runs import SCHEMA_VERSION
 
@@ -97,20 +98,9 @@ def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[s
         raise ResultsWriteError(path, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        # A torn line left by a kill mid-write would glue onto ours: start afresh.
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        try:
-            written = os.write(fd, data)
-            if written != len(data):
-                raise ResultsWriteError(path, f"short write ({written} of {len(data)} bytes; is the disk full?)")
-        except OSError as exc:
-            try:
-                os.ftruncate(fd, size)  # no part of a line left behind
-            except OSError:
-                pass
-            raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(path, exc)) from None
+        append_whole(fd, data, sync=False)
+    except OSError as exc:
+        raise ResultsWriteError(path, exc) from None
     finally:
         os.close(fd)
 
@@ -179,7 +169,6 @@ def _valid(values: object) -> np.ndarray | None:
 
 
 def _newer(version: object) -> bool:
-    """Whether a line's schema_version is one this reader does not know."""
     return version is not None and not (isinstance(version, int) and version <= SCHEMA_VERSION)
 
 
