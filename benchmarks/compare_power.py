@@ -25,7 +25,7 @@ default preset twice and compares them. The figures go to
 benchmarks/data/compare_power.json (with ``--load L``,
 compare_power_loadL.json) and the block of docs/review.md between
 ``<!-- compare_power -->`` and ``<!-- /compare_power -->`` (with a load,
-``<!-- compare_power:loadL -->``); tests/test_setup.py checks they agree.
+``<!-- compare_power:loadL -->``); tests/project/test_setup.py checks they agree.
 
     python benchmarks/compare_power.py                   # 10 pairs (about 1 h on 2 loaded cores)
     python benchmarks/compare_power.py --load 20         # the same with the load held at 20
@@ -73,7 +73,7 @@ def measured_loads() -> list[float | None]:
                   for p in JSON_PATH.parent.glob("compare_power_load*.json"))
     return [None, *held]
 SLOW_DIR = REPO / "benchmarks" / "slow_padded"
-# The README's review flow (tests/test_setup.py checks it is the README's).
+# The README's review flow (tests/project/test_setup.py checks it is the README's).
 SWEEP = ("-m", "cp_size=2,4", "seq_lens=[1000],[1001,300]", "hidden_size=256", "iters=auto")
 # The slowdown asked for, in the gate's own (paired) metric, and the fault
 # that gives it: every rank sleeps this fraction of its own padded phase

@@ -74,7 +74,7 @@ step() {  # step NAME LIMIT_S CMD...
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   # Only these modules hold GPU tests and import no hydra at module level.
   step pytest 100 "$PY" -m pytest -m requires_gpu -q -rs -p no:cacheprovider \
-    tests/test_roundtrip.py tests/test_alternatives.py tests/test_torch_uneven.py
+    tests/lib/test_roundtrip.py tests/lib/test_alternatives.py tests/lib/test_torch_uneven.py
 else
   echo "== pytest: FAIL (pytest or hypothesis not importable; tests/conftest.py needs both)" | tee -a "$SUMMARY"
   failed=$((failed + 1))

@@ -4,7 +4,7 @@ Runs the command as a user does (a fresh process, imports included), records
 its wall time, the machine and the load average into
 benchmarks/data/plans_speed.json, writes its overhead plot to
 docs/plans_overhead.png and the sentence of docs/designs.md between
-`<!-- plans_speed -->` and `<!-- /plans_speed -->` (tests/test_plans.py fails
+`<!-- plans_speed -->` and `<!-- /plans_speed -->` (tests/scale/test_plans.py fails
 when the doc and the JSON disagree). Exit 1 when the wall time exceeds the target
 (30 s), so the claim can fail.
 

@@ -5,7 +5,7 @@ Times typed by hand went stale (a sweep quoted at 66 s took 152 s on the same
 kind of machine). This measures them on this machine, records machine, date
 and load average into benchmarks/data/readme_times.json, and renders the
 README sentences that quote them between `<!-- readme_times:NAME -->` and
-`<!-- /readme_times -->`; tests/test_setup.py fails when the README and the
+`<!-- /readme_times -->`; tests/project/test_setup.py fails when the README and the
 JSON disagree.
 
     python benchmarks/readme_times.py --write      # measure both, write JSON and README (minutes)
@@ -23,7 +23,7 @@ through each run and recorded beside it:
     python benchmarks/readme_times.py --sessions all --write    # every session (an hour under load)
 
 A trial that leaves the committed figures alone:
-    python benchmarks/readme_times.py --write --json /tmp/t.json --no-readme --pytest-args "tests/test_plan.py -q"
+    python benchmarks/readme_times.py --write --json /tmp/t.json --no-readme --pytest-args "tests/lib/test_plan.py -q"
 Run it on a machine doing nothing else: the load average is recorded so a
 reader can tell, not corrected for.
 """
@@ -55,7 +55,7 @@ NAMES = ("sweep", "tests")
 STEADY_JSON = REPO / "benchmarks" / "data" / "steady_main_job.json"
 RENDERED = (*NAMES, "steady")
 # Set to the name being measured in the run that measures it
-# (tests/test_setup.py leaves that figure's command unchecked there).
+# (tests/project/test_setup.py leaves that figure's command unchecked there).
 MEASURING = "NSA_README_TIMES_MEASURING"
 # Each nox session's time, rendered into docs/setup.md.
 SESSIONS_JSON = REPO / "benchmarks" / "data" / "nox_times.json"

@@ -1,4 +1,4 @@
-"""What a sweep's points cost its results folder: a resume of N points, linear in N.
+"""What a sweep's points cost its results folder and its dry run: linear in N points.
 
 Writes a results folder of N points (one row each, as a default sweep's
 rows), then times what the sweep asks of it, without ranks: the preflight's
@@ -7,7 +7,10 @@ resume in which every point asks the store whether it is done and for an
 earlier point of its effective configuration, as ``matrix.app.point.run``
 does. Before the store each point read the whole file three times
 (``check_schema``, ``completed_point_ids``, ``earlier_same_effective``), so a
-sweep's reads grew with the square of its points.
+sweep's reads grew with the square of its points. Last, the real dry run of
+an N-point sweep (``python -m matrix -m --dry-run seed=range(0,N)``, in a fresh
+interpreter: Hydra's sweep expanded, every point composed and resolved, the
+estimate), less the same command's start for one point.
 
     python benchmarks/store_resume.py            # 1,250 / 2,500 / 5,000 points; JSON and the doc block
     python benchmarks/store_resume.py --render   # the doc block from the committed JSON
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,13 +67,29 @@ def measure(n: int, root: Path) -> dict[str, Any]:
             "resume_us_per_point": round(resume_s / n * 1e6, 1), "bytes_read": folder.bytes_read}
 
 
+def dry_run_s(n: int, root: Path) -> float:
+    """Wall seconds of the real dry run of an n-point sweep (its lines checked)."""
+    argv = [sys.executable, "-m", "matrix", "-m", "--dry-run", f"seed=range(0,{n})", f"results_dir={root / 'dry'}"]
+    t0 = time.perf_counter()
+    out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    took = time.perf_counter() - t0
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == n + 1 and lines[-1].startswith(f"estimate: {n} point"), lines[-1:]
+    return took
+
+
 def render(data: dict[str, Any]) -> str:
-    lines = ["| points | results.csv | preflight check (one read) | resume: every point asks | per point | bytes read |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| points | results.csv | preflight check (one read) | resume: every point asks | per point | bytes read "
+             "| dry run (start aside) | per point |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["runs"]:
         lines.append(f"| {r['points']:,} | {r['file_bytes'] / 1e6:.1f} MB | {r['check_s']:.2f} s | {r['resume_s']:.2f} s "
-                     f"| {r['resume_us_per_point']:.0f} us | {r['bytes_read']:,} |")
-    return "\n".join(lines) + f"\n\n(load average {data['load_1m']} on {data['cpus']} cores, commit {data['commit']})\n"
+                     f"| {r['resume_us_per_point']:.0f} us | {r['bytes_read']:,} | {r['dry_run_s']:.1f} s "
+                     f"| {r['dry_run_ms_per_point']:.1f} ms |")
+    return "\n".join(lines) + (f"\n\nThe dry run's start (one point, its interpreter and imports) took "
+                               f"{data['dry_run_start_s']:.1f} s. (load average {data['load_1m']} on {data['cpus']} "
+                               f"cores, commit {data['commit']})\n")
 
 
 def block(text: str) -> str | None:
@@ -83,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.render:
         import os
-        import subprocess
 
         with tempfile.TemporaryDirectory() as tmp:
             runs = [measure(n, Path(tmp)) for n in SIZES]
+            start_s = dry_run_s(1, Path(tmp))
+            for r in runs:
+                r["dry_run_s"] = round(dry_run_s(r["points"], Path(tmp)) - start_s, 2)
+                r["dry_run_ms_per_point"] = round(r["dry_run_s"] / r["points"] * 1e3, 2)
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
                              text=True).stdout.strip()
-        data = {"runs": runs, "load_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(), "commit": sha}
+        data = {"runs": runs, "dry_run_start_s": round(start_s, 2), "load_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(), "commit": sha}
         JSON_PATH.write_text(json.dumps(data, indent=1) + "\n")
         for r in runs:
             print(r)

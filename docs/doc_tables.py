@@ -14,7 +14,7 @@ Each table has one home, the code that uses it; the docs quote it between
 * ``checks`` (docs/design.md): every ``failed_check`` name and what passing it
   proves (``nsa_cp_comm.harness.checks.CHECKS``).
 
-tests/test_docs.py fails when a doc differs from the rendering, or when a
+tests/project/test_docs.py fails when a doc differs from the rendering, or when a
 column has no meaning here.
 
     python docs/doc_tables.py          # rewrite the blocks in place

@@ -39,7 +39,7 @@ def command(tool: str = "") -> list[str]:
 
 
 # The console commands an install provides (pyproject's [project.scripts];
-# tests/test_install.py holds them together): what help names first.
+# tests/project/test_install.py holds them together): what help names first.
 CONSOLE = "nsa-cp-matrix"
 
 
@@ -50,7 +50,7 @@ def console(tool: str = "") -> str:
 
 # Where the project lives: texts printed to users point into it, so that an
 # install without the checkout can follow them (pyproject's [project.urls] name
-# the same; tests/test_install.py holds them together).
+# the same; tests/project/test_install.py holds them together).
 REPO_URL = "https://github.com/nsa-cp-comm/nsa-cp-comm"
 
 

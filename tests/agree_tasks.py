@@ -1,4 +1,4 @@
-"""Rank tasks of tests/test_agree.py: one rank passes a bad input."""
+"""Rank tasks of tests/lib/test_agree.py: one rank passes a bad input."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 benchmark share: each makes one real mistake, and the matrix must flag it with
 the check that names the mistake, or with the status of the rank it brings
 down. Loaded by reference, as outside code is: ``impl=tests.broken_impls:NAME``
-(``python -m matrix``, tests/test_plugins.py, tests/test_hardening.py), in a
-PointSpec's ``impls`` (tests/test_checks.py), or in the padded path's place
-(``benchmarks/bench_comm.py --padded tests.broken_impls:NAME``, tests/test_bench.py).
+(``python -m matrix``, tests/app/test_plugins.py, tests/app/test_hardening.py), in a
+PointSpec's ``impls`` (tests/lib/test_checks.py), or in the padded path's place
+(``benchmarks/bench_comm.py --padded tests.broken_impls:NAME``, tests/project/test_bench.py).
 
 - Outside code (the first sections): written on torch.distributed directly,
   with no help from this project beyond the protocol classes, each correct
@@ -448,7 +448,7 @@ def _rare_corruption(form, plan, hidden, dtype, device, group):
     return dataclasses.replace(form, scatter=corrupt)
 
 
-# The timed loop of tests/test_timed_check.py: one warm-up and 12 timed iterations.
+# The timed loop of tests/lib/test_timed_check.py: one warm-up and 12 timed iterations.
 LOOP_CALLS = 13
 
 
@@ -559,7 +559,7 @@ for _name, _make in DISPATCH_CHEATS.items():
 # --- written from docs/plugins.md, right on even plans only --------------------
 # Each passes every even point (a sweep whose plans are all even, such as zigzag
 # batches of one request, calls it ok); the conformance preset's uneven plan
-# classes must catch each at every cp (tests/test_conformance.py).
+# classes must catch each at every cp (tests/app/test_conformance.py).
 def _local_sized_gather(local, plan, group):
     # Mistake: the gathered buffer sized from this rank's own rows, as if every
     # rank held as many; each rank all-gathers a block of its own length.

@@ -1,4 +1,4 @@
-"""Rank task of tests/test_calibrate.py: a timed loop with ``iters=auto``
+"""Rank task of tests/lib/test_calibrate.py: a timed loop with ``iters=auto``
 whose times differ between the ranks (a scripted clock: no wall-time noise)."""
 
 from __future__ import annotations

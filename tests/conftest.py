@@ -96,59 +96,59 @@ def column_wise(monkeypatch):
 # sets. An entry that matches no test is an error (a renamed test would
 # otherwise leave the fast set without anyone noticing).
 SLOW: dict[str, str] = {
-    "tests/test_torch_uneven.py": "torch's own behaviour: fresh multi-process probes, one waits out a hang",
-    "tests/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank "
+    "tests/lib/test_torch_uneven.py": "torch's own behaviour: fresh multi-process probes, one waits out a hang",
+    "tests/harness/test_orphans.py::test_sigkill_of_the_starter": "kill drill: the starter killed at fixed points of rank "
                                                           "start-up; again with each of the worker's guards removed",
-    "tests/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
-    "tests/test_readme_commands.py::test_readme_sweeps_compose_as_written": "the README's sweeps, each a fresh interpreter",
-    "tests/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
-    "tests/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
-    "tests/test_hardening.py::test_torchrun": "points on ranks started by torchrun",
-    "tests/test_hardening.py::test_injected_fault": "fault drill: a crashing, hanging and raising point in a sweep",
-    "tests/test_matrix_cli.py::test_ctrl_c": "a sweep interrupted mid-point",
-    "tests/test_matrix_cli.py::test_resume": "two sweeps",
-    "tests/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
-    "tests/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
-    "tests/test_matrix_cli.py::test_two_smoke_sweeps": "the smoke preset twice, then compare",
-    "tests/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv": "a fresh venv: torch, the project, "
+    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written": "the README's commands, run as printed",
+    "tests/project/test_readme_commands.py::test_readme_sweeps_compose_as_written": "the README's sweeps, each a fresh interpreter",
+    "tests/app/test_hostile_sweeps.py": "whole sweeps under signals, closed pipes, huge errors",
+    "tests/app/test_hardening.py::test_sigkill_mid_sweep": "kill drill: a sweep killed, then resumed",
+    "tests/app/test_hardening.py::test_torchrun": "points on ranks started by torchrun",
+    "tests/app/test_hardening.py::test_injected_fault": "fault drill: a crashing, hanging and raising point in a sweep",
+    "tests/app/test_matrix_cli.py::test_ctrl_c": "a sweep interrupted mid-point",
+    "tests/app/test_matrix_cli.py::test_resume": "two sweeps",
+    "tests/app/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
+    "tests/app/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
+    "tests/app/test_matrix_cli.py::test_two_smoke_sweeps": "the smoke preset twice, then compare",
+    "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv": "a fresh venv: torch, the project, "
                                                                          "the smoke sweep",
-    "tests/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
-    "tests/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
-    "tests/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (4 points at "
+    "tests/app/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
+    "tests/app/test_repro_env.py::test_a_plugins_repro_reruns": "a point through the CLI, then its repro in a fresh shell",
+    "tests/app/test_conformance.py::test_the_preset_through_the_cli": "a sweep of the conformance preset (4 points at "
                                                                   "the largest cp)",
-    "tests/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
-    "tests/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
-    "tests/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",
-    "tests/test_plugins.py::test_broken_impls_are_flagged": "a sweep of broken implementations",
-    "tests/test_plugins.py::test_example_plugin": "the example installed as a plug-in, two sweeps",
-    "tests/test_plugins.py::test_even_bits": "a sweep through the CLI",
-    "tests/test_plugins.py::test_bystanders": "a sweep with bystander ranks",
-    "tests/test_plugins.py::test_a_timed_form_that_diverges": "a sweep through the CLI",
-    "tests/test_summary.py::test_the_console_the_summary_and_the_report_count_the_same_points": "the conformance "
+    "tests/app/test_matrix_cli.py::test_any_launcher": "sweeps through two launchers",
+    "tests/app/test_matrix_cli.py::test_contradictory_mlp_mode": "a sweep through the CLI",
+    "tests/app/test_plugins.py::test_what_outside_code_slips_past": "a sweep of every broken example",
+    "tests/app/test_plugins.py::test_broken_impls_are_flagged": "a sweep of broken implementations",
+    "tests/app/test_plugins.py::test_example_plugin": "the example installed as a plug-in, two sweeps",
+    "tests/app/test_plugins.py::test_even_bits": "a sweep through the CLI",
+    "tests/app/test_plugins.py::test_bystanders": "a sweep with bystander ranks",
+    "tests/app/test_plugins.py::test_a_timed_form_that_diverges": "a sweep through the CLI",
+    "tests/app/test_summary.py::test_the_console_the_summary_and_the_report_count_the_same_points": "the conformance "
         "preset through the CLI: its dry run, a sweep and its report",
-    "tests/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
-    "tests/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
-    "tests/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
-    "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",
-    "tests/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[4]": "4 ranks (2 and 3 stay fast)",
-    "tests/test_roundtrip.py::test_legacy_on_uneven_raises_on_every_rank_then_pool_still_works[4]": "4 ranks (2 stays fast)",
-    "tests/test_readme.py::test_readme_example_runs_as_written": "a fresh interpreter starting ranks",
-    "tests/test_hardening.py::test_cli_bad_input_through_the_real_cli": "fresh interpreters (the same cases run in-process in the fast set)",
-    "tests/test_moe_timing.py::test_point_fault_on_a_rank_is_reported": "fault drill: a raising rank mid-point",
-    "tests/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
-    "tests/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
-    "tests/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
-    "tests/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
-    "tests/test_plans.py::test_cli_writes_stats_and_plot": "a fresh interpreter (bad input runs in-process, fast)",
-    "tests/test_plugins.py::test_broken_plugin_is_one_line": "an installed plug-in, a fresh interpreter",
-    "tests/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
-    "tests/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
-    "tests/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
-    "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "
+    "tests/app/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
+    "tests/project/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
+    "tests/app/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
+    "tests/lib/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",
+    "tests/lib/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[4]": "4 ranks (2 and 3 stay fast)",
+    "tests/lib/test_roundtrip.py::test_legacy_on_uneven_raises_on_every_rank_then_pool_still_works[4]": "4 ranks (2 stays fast)",
+    "tests/project/test_readme.py::test_readme_example_runs_as_written": "a fresh interpreter starting ranks",
+    "tests/app/test_hardening.py::test_cli_bad_input_through_the_real_cli": "fresh interpreters (the same cases run in-process in the fast set)",
+    "tests/lib/test_moe_timing.py::test_point_fault_on_a_rank_is_reported": "fault drill: a raising rank mid-point",
+    "tests/app/test_main_job.py::test_a_sweep_straddling_seconds": "a sweep through the CLI with a ticking clock",
+    "tests/lib/test_pad_at_split.py::test_designs_rows_match": "a designs sweep through the CLI",
+    "tests/lib/test_agree.py::test_dtype_codes_are_the_same_in_every_process": "fresh interpreters",
+    "tests/lib/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
+    "tests/scale/test_plans.py::test_cli_writes_stats_and_plot": "a fresh interpreter (bad input runs in-process, fast)",
+    "tests/app/test_plugins.py::test_broken_plugin_is_one_line": "an installed plug-in, a fresh interpreter",
+    "tests/app/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
+    "tests/app/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
+    "tests/harness/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
+    "tests/project/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "
                                                                              "sweep in a fresh interpreter",
-    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was": "fault drill: waits out "
+    "tests/harness/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was": "fault drill: waits out "
                                                                                              "two hangs, six pools",
-    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed": "fault drill: waits out a hang, "
+    "tests/harness/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed": "fault drill: waits out a hang, "
                                                                                 "four pools",
 }
 
@@ -159,12 +159,12 @@ SLOW: dict[str, str] = {
 # Each entry is a SLOW test (a node id prefix, as there); order by durations
 # (`pytest -m slow --durations=20`).
 LONGEST: tuple[str, ...] = (
-    "tests/test_readme_commands.py::test_readme_commands_run_as_written[review]",
-    "tests/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
-    "tests/test_conformance.py::test_the_preset_through_the_cli",
-    "tests/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was",
-    "tests/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed",
-    "tests/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder",
+    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[review]",
+    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
+    "tests/app/test_conformance.py::test_the_preset_through_the_cli",
+    "tests/harness/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was",
+    "tests/harness/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed",
+    "tests/project/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder",
 )
 
 

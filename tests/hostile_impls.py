@@ -2,8 +2,8 @@
 each does something outside code may do (a huge error message, a helper
 process left running, a changed global default or thread count, a wrapped
 collective), and the matrix must keep its rows true and its processes reaped
-(tests/test_hostile_sweeps.py runs them as ``impl=tests.hostile_impls:<name>``;
-tests/test_rank_state.py runs the state-changing ones on a warm pool)."""
+(tests/app/test_hostile_sweeps.py runs them as ``impl=tests.hostile_impls:<name>``;
+tests/harness/test_rank_state.py runs the state-changing ones on a warm pool)."""
 
 from __future__ import annotations
 

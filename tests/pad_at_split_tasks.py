@@ -1,4 +1,4 @@
-"""Rank tasks of tests/test_pad_at_split.py: a matrix point's rank side with
+"""Rank tasks of tests/lib/test_pad_at_split.py: a matrix point's rank side with
 one part of the pad_at_split implementation deliberately broken."""
 
 from __future__ import annotations

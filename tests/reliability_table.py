@@ -1,6 +1,6 @@
 """The bad inputs, faults and interruptions the hardening tests try.
 
-One table, two uses: tests/test_hardening.py runs every row, and RELIABILITY.md
+One table, two uses: tests/app/test_hardening.py runs every row, and RELIABILITY.md
 is rendered from the same rows, so the document cannot drift:
 
     python tests/reliability_table.py > RELIABILITY.md
@@ -240,7 +240,7 @@ class FileCase:
     args: tuple[str, ...]  # {tmp} is the test's folder; files made by ``setup``
     doc: str  # the input, as the document states it
     expect: str  # the one stderr line
-    setup: tuple[str, ...] = ()  # what tests/test_hardening.py:_file_setup makes under {tmp}
+    setup: tuple[str, ...] = ()  # what tests/app/test_hardening.py:_file_setup makes under {tmp}
     # "ro_mount": a read-only tmpfs (skipped where none can be mounted); "proc_sys": /proc/sys not writable
     needs: str = ""
 
@@ -898,7 +898,7 @@ def render() -> str:
         "# Reliability",
         "",
         "What a bad input, a failing rank or a killed sweep gives. Every row is a test:",
-        "`tests/test_hardening.py` (and the modules the fault rows name) run the rows of",
+        "`tests/app/test_hardening.py` (and the modules the fault rows name) run the rows of",
         "`tests/reliability_table.py`, and this file is generated from them",
         "(`python tests/reliability_table.py > RELIABILITY.md`; a test fails when it",
         "drifts). `*` stands for a machine-specific part.",
@@ -964,7 +964,7 @@ def render() -> str:
         "figures on every point (rank processes, memory per rank from the plan and the",
         "buffers, seconds on this machine's device) and refuses a sweep beyond the machine in",
         "one line naming the key, the estimate and the limit. For a 2-core, 23.4 GiB machine",
-        "without a GPU (`tests/test_budget.py`):",
+        "without a GPU (`tests/app/test_budget.py`):",
         "",
         "| ARGS | refused with |",
         "| --- | --- |",

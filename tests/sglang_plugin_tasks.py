@@ -1,4 +1,4 @@
-"""Rank tasks of tests/test_sglang_plugin.py: matrix points of the SGLang 0.5.23
+"""Rank tasks of tests/lib/test_sglang_plugin.py: matrix points of the SGLang 0.5.23
 plug-in (examples/sglang_cp_plugin), as it is or with one part broken the way
 an adapter gets it wrong."""
 

@@ -1,4 +1,4 @@
-"""Rank tasks of tests/test_vllm_plugin.py: matrix points of the vLLM 0.33 PCP
+"""Rank tasks of tests/lib/test_vllm_plugin.py: matrix points of the vLLM 0.33 PCP
 plug-in (examples/vllm_pcp_plugin), as it is or broken the way serving code
 broke at the boundary."""
 

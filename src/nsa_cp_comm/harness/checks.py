@@ -1,7 +1,7 @@
 """What a matrix point checks on every rank, before anything is timed.
 
 Each check has a name (the ``failed_check`` column) and can fail; tests break
-the thing checked and see it fail (tests/test_checks.py, tests/test_plugins.py).
+the thing checked and see it fail (tests/lib/test_checks.py, tests/app/test_plugins.py).
 :data:`CHECKS` says what each one proves, in the order they run; the table
 in docs/design.md is rendered from it (docs/doc_tables.py).
 Light checks (``run_point(..., checks="light")``, FULL mode) leave out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from matrix.app import summary
 
-from test_compare import make_row, write_run
+from compare_rows import make_row, write_run
 
 
 def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Path) -> None:

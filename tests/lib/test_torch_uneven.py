@@ -23,7 +23,7 @@ import torch
 from nsa_cp_comm import LEGACY_UNEVEN_ERROR, plan_split
 from torch_uneven_probe import MIXED_4, PAGE_10, PAGE_1000, Trial, run_trial
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 H = 4
 
 

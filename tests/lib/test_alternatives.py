@@ -31,7 +31,7 @@ from nsa_cp_comm.roundtrip import (
     padded_scatter,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H = 32
 TIMEOUT_S = 120.0
 

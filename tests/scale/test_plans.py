@@ -20,7 +20,7 @@ from matrix.scale.workload import Batches, WorkloadError, draw, from_mapping, lo
 from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 hypothesis = pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

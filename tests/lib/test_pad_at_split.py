@@ -121,7 +121,7 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
     from matrix.review import report
 
-    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
                         "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
                         "--nccl-tests", str(data / "nccl_tests_sample_reduce_scatter.json")]) == 0

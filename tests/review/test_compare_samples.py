@@ -15,7 +15,7 @@ from matrix.review import compare
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
 
-from test_compare import make_row, marks, summary, write_run
+from compare_rows import make_row, marks, summary, write_run
 
 RNG = np.random.default_rng(7)
 
@@ -389,7 +389,7 @@ def test_the_docs_name_the_correction_the_code_applies():
 
     ps = [0.004, 0.03, 0.02, 0.5, 0.011]
     assert list(adjusted(ps)) == pytest.approx(_bh(ps)) and _bh(ps) != pytest.approx(_holm(ps))
-    review = (Path(__file__).resolve().parents[1] / "docs" / "review.md").read_text()
+    review = (Path(__file__).resolve().parents[2] / "docs" / "review.md").read_text()
     for text in (significance.__doc__, review, compare.__doc__):
         assert "Benjamini-Hochberg" in text and "Holm" not in text and "family-wise" not in text.lower()
 

@@ -12,7 +12,7 @@ from matplotlib.colors import to_hex
 from matrix.review import plots
 from matrix.scale import plans
 
-from test_report import _frame, append, plot_rows
+from report_rows import _frame, append, plot_rows
 
 PLANS_ARGS = ["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
               "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"]

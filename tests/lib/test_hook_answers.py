@@ -1,7 +1,7 @@
 """Every plug-in answer is data: a hook that raises, or answers what its
 contract does not allow, is that implementation's error row, never an
 exception in the process that folds the point's rows, and never another
-implementation's row (the CLI sweep: tests/test_plugins.py)."""
+implementation's row (the CLI sweep: tests/app/test_plugins.py)."""
 
 from __future__ import annotations
 

@@ -150,11 +150,11 @@ def test_run_refuses_a_timeout_that_would_not_end(rank_pool, timeout_s):
 
 def test_ranks_run_the_worker_by_path(rank_pool):
     """Not ``python -m nsa_cp_comm.harness._worker``, which imports torch before the
-    worker can tie its life to its starter's (tests/test_orphans.py)."""
+    worker can tie its life to its starter's (tests/harness/test_orphans.py)."""
     worker, me = str(ranks.WORKER_PATH).encode(), str(os.getpid()).encode()
     for pid in rank_pool(1).pids:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        # exec'd, or forked from a fork server that was itself run by path (tests/test_forkserver.py)
+        # exec'd, or forked from a fork server that was itself run by path (tests/harness/test_forkserver.py)
         assert argv[1] == worker and (argv[2] == me or argv[2:4] == [b"fork-server", me]), argv
 
 

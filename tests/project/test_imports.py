@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "src" / "nsa_cp_comm"
 
 
@@ -267,3 +267,23 @@ def test_each_room_imports_only_what_its_line_in_the_map_allows(tmp_path):
     assert room_violations(pkg, "pkg") == ["pkg.review.c -> pkg.app.b", "pkg.review.c -> pkg.app.b.X",
                                            "pkg.review.e opens (open)", "pkg.scale.d -> pkg.review.c",
                                            "pkg.store.a -> pkg.app.b"]
+
+
+TEST_ROOMS = {"lib", "harness", "app", "store", "review", "scale", "project"}
+
+
+def misplaced_tests(tests: Path) -> list[str]:
+    """Test files outside the rooms docs/design.md names, and rooms it does not name."""
+    found = [str(p.relative_to(tests)) for p in sorted(tests.rglob("test_*.py"))
+             if p.parent.parent != tests or p.parent.name not in TEST_ROOMS]
+    design = (REPO / "docs" / "design.md").read_text()
+    return found + [f"{room}/ (not in docs/design.md)" for room in sorted(TEST_ROOMS) if f"`tests/{room}/`" not in design]
+
+
+def test_tests_live_in_the_rooms_of_the_code_they_test(tmp_path):
+    assert misplaced_tests(REPO / "tests") == []
+    # and the check sees a test at the top, in a room of its own, and one level too deep
+    for name in ("test_top.py", "misc/test_x.py", "app/deep/test_y.py", "app/test_ok.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert misplaced_tests(tmp_path) == ["app/deep/test_y.py", "misc/test_x.py", "test_top.py"]

@@ -19,7 +19,7 @@ import pytest
 
 from matrix.app.repro_env import split
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "matrix"
 INSTALLED = "nsa_cp_matrix"
 

@@ -10,7 +10,6 @@ in-process and drop a rank that waits in the rendezvous, and find them gone.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -20,11 +19,12 @@ from pathlib import Path
 import pytest
 
 from matrix_cli import live_processes
+from orphan_drills import REAPER, _driver_env, _read_line, _reap, start_interrupted
 from nsa_cp_comm.harness import RankPool
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # How long a rank may take to notice that its starter is gone. With the death
 # signal armed from the first statements it is milliseconds; the bound is
 # generous for a loaded 2-core machine (a rank that had not yet reached those
@@ -60,21 +60,6 @@ shift
 exec "$DRILL_PYTHON" "${DRILL_WORKER:-$worker}" "$@"
 """
 
-# Starts the driver and reaps, as the subreaper, the driver and every rank it
-# orphans: one line "PID EXITCODE" per process that ended (-N: signal N).
-REAPER = """\
-import ctypes, os, subprocess, sys
-ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
-driver = subprocess.Popen(sys.argv[1:])
-print(driver.pid, flush=True)
-while True:
-    try:
-        pid, status = os.wait()
-    except ChildProcessError:
-        break
-    print(pid, os.waitstatus_to_exitcode(status), flush=True)
-"""
-
 
 def live_processes_mentioning(text: str) -> list[int]:
     """Pids of live (non-zombie) processes whose command line contains ``text``."""
@@ -86,18 +71,6 @@ def wait_until_gone(text: str, timeout_s: float) -> list[int]:
     while (left := live_processes_mentioning(text)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-def _driver_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    return proc.stdout.readline().decode().strip() if ready else ""
 
 
 def _wait_for(what: str, condition, timeout_s: float = START_S):
@@ -117,22 +90,6 @@ def _read(path: Path) -> str:
 
 def _thread_names(pid: int) -> list[str]:
     return [_read(t / "comm").strip() for t in Path(f"/proc/{pid}/task").glob("*")]
-
-
-def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids: set[int], timeout_s: float) -> None:
-    """Read the reaper's lines into ``ended`` until every pid in ``pids`` ended
-    or ``timeout_s`` passed (other lines into ``said``)."""
-    deadline = time.monotonic() + timeout_s
-    while not pids <= ended.keys() and (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([reaper.stdout], [], [], left)
-        line = reaper.stdout.readline().decode() if ready else ""
-        if ready and not line:
-            return  # the reaper ended: nothing is left to end
-        pid, _, code = line.strip().partition(" ")
-        if pid.isdigit() and code.lstrip("-").isdigit():
-            ended[int(pid)] = int(code)
-        elif line.strip():
-            said.append(line.strip())
 
 
 def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | None]:
@@ -156,7 +113,7 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
     for name, text in (("driver.py", DRIVER), ("reaper.py", REAPER), ("rank-python", GATE)):
         (tmp_path / name).write_text(text)
     (tmp_path / "rank-python").chmod(0o755)
-    # The exec path's drill (CUDA ranks take it; tests/test_forkserver.py drills the fork path)
+    # The exec path's drill (CUDA ranks take it; tests/harness/test_forkserver.py drills the fork path)
     env = dict(_driver_env(), NSA_CP_COMM_FORK_RANKS="0", DRILL=str(gate), DRILL_HOLD="2", DRILL_PYTHON=sys.executable,
                DRILL_WRAPPER=str(tmp_path / "rank-python"), **({"DRILL_WORKER": str(worker)} if worker else {}))
     reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
@@ -231,26 +188,6 @@ def test_a_rank_whose_starter_is_not_its_parent_exits_before_importing_anything_
     imported = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if "|" in line]
     assert imported and not any(m.split(".")[0] in ("torch", "nsa_cp_comm", "numpy") for m in imported), imported
     assert not (tmp_path / "store").exists()
-
-
-class Interrupt(BaseException):
-    """Stands for a KeyboardInterrupt arriving while ranks start."""
-
-
-def start_interrupted(workdir: Path, after_s: float) -> None:
-    """Start a pool of 2 ranks in ``workdir`` and interrupt it ``after_s``
-    seconds in; the interrupt must reach the caller."""
-    def interrupt(signum, frame):
-        raise Interrupt
-
-    old = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, after_s)
-    try:
-        with pytest.raises(Interrupt):
-            RankPool(2, workdir=workdir)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_an_interrupted_start_kills_the_started_ranks_and_removes_the_rendezvous(tmp_path, monkeypatch):

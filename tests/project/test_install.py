@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SHIPPED = {"conf": "nsa_cp_matrix.conf", "data": "nsa_cp_matrix.data"}
 
@@ -92,7 +92,7 @@ def test_a_wheel_runs_the_app_from_an_empty_folder(tmp_path):
     results = tmp_path / "results"
     # The shipped preset over two of its points (both layouts' configs, ranks
     # that import the installed library): the whole preset's rows are
-    # tests/test_matrix_cli.py's, from the checkout.
+    # tests/app/test_matrix_cli.py's, from the checkout.
     narrow = ("cp_size=2", "moe_a2a_backend=none", "seq_lens=[1001,300]")
     sweep = _run([sys.executable, "-m", "nsa_cp_matrix", "+matrix=smoke", *narrow, f"results_dir={results}"], empty,
                  env)
@@ -162,7 +162,7 @@ def test_the_folder_the_readme_writes_plans_to_is_ignored():
     assert kept.returncode == 1
 
 
-# The README's Install section, as written (tests/test_readme_commands.py
+# The README's Install section, as written (tests/project/test_readme_commands.py
 # accounts for each line by this test).
 README_INSTALL = (
     "pip install torch --index-url https://download.pytorch.org/whl/cpu",

@@ -299,7 +299,7 @@ def test_the_issue_example_and_the_refusal_share():
 def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
     from pathlib import Path
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "engine"
+    conf = Path(__file__).resolve().parents[2] / "conf" / "engine"
     assert sorted(p.stem for p in conf.glob("*.yaml")) == sorted(engines.NAMES)
     for name in engines.NAMES:
         assert f"engine: {name}" in (conf / f"{name}.yaml").read_text()

@@ -14,7 +14,7 @@ from matrix.review import compare
 from matrix.app.point import declared_name, row_names
 from nsa_cp_comm import impls
 
-from test_compare import make_row, write_run
+from compare_rows import make_row, write_run
 
 BROKEN = "tests.broken_impls"
 

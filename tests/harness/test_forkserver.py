@@ -24,7 +24,7 @@ import pytest
 import rank_tasks
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from test_orphans import REAPER, _driver_env, _read_line, _reap, start_interrupted
+from orphan_drills import REAPER, _driver_env, _read_line, _reap, start_interrupted
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
 START_S = 180.0
@@ -54,7 +54,7 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     env.pop(forkserver.FORK_ENV, None)
     reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
                                str(tmp_path / "driver.py"), str(work), *([str(worker)] if worker else [])],
-                              cwd=Path(__file__).resolve().parent.parent, env=env, stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL)
     ended: dict[int, int] = {}
     said: list[str] = []
@@ -216,7 +216,7 @@ def test_the_rank_start_benchmark_runs(tmp_path):
     """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
     env = dict(_driver_env())
     env.pop(forkserver.FORK_ENV, None)
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "benchmarks" / "rank_start.py"),
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks" / "rank_start.py"),
                           "--cp", "2", "--reps", "3"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()

@@ -12,7 +12,7 @@ import pytest
 from matrix.review import designs, report
 from matrix.scale.nccl_tests import NcclTestsError, load_model, read
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AG = REPO / "benchmarks" / "data" / "nccl_tests_sample_all_gather.json"
 RS = REPO / "benchmarks" / "data" / "nccl_tests_sample_reduce_scatter.json"
 

@@ -227,3 +227,4 @@ def test_doc_store_resume_matches_its_json_and_reads_the_folder_once():
     assert all(r["bytes_read"] == r["file_bytes"] for r in runs)  # one read of the file, whatever the points
     # linear: per point no dearer at 5,000 points than twice its cost at 1,250
     assert runs[-1]["resume_us_per_point"] <= 2 * runs[0]["resume_us_per_point"]
+    assert runs[-1]["dry_run_ms_per_point"] <= 2 * runs[0]["dry_run_ms_per_point"]  # the dry run too

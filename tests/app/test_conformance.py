@@ -131,7 +131,7 @@ def test_plugins_right_on_even_plans_only_fail_the_preset_at_each_cp(rank_pool, 
 
 def _rows(plugin_classes: dict[int, list[str]], impl: str = f"{BROKEN}:neighbour_rows",
           origin: str = "tests.broken_impls (no installed distribution)") -> list[dict]:
-    from test_report import make_row
+    from report_rows import make_row
 
     rows = []
     for cp, kinds in plugin_classes.items():
@@ -151,7 +151,7 @@ def _loaded(path):
 
 
 def _report(tmp_path, rows) -> str:
-    from test_report import append
+    from report_rows import append
 
     append(tmp_path, rows)
     from matrix.review import report_doc
@@ -192,7 +192,7 @@ def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
     rows = _rows({3: ["empty_rank"]})
     for r in rows:
         r["plan_class"] = ""
-    from test_report import append
+    from report_rows import append
 
     append(tmp_path, rows)
     run = report.load_run("RESULTS", str(tmp_path), report.READ)
@@ -204,7 +204,7 @@ def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
 # Through the CLI: the two bugs that fail a check (wrong rows, dirty padding).
 # The third errors, and each of its points restarts the ranks: its verdict
 # flips at cp 2 and 3 on warm ranks above, and an erroring plug-in's row
-# through a sweep is tests/test_plugins.py's.
+# through a sweep is tests/app/test_plugins.py's.
 CLI_BUGS = BUGS[:2]
 
 
@@ -239,7 +239,7 @@ def test_the_preset_through_the_cli_fails_each_bug_at_its_largest_cp(tmp_path):
 def test_a_bystander_point_is_a_point_of_its_own(tmp_path):
     # The same configuration with and without a bystander: two points (as
     # point_id says), neither read as a duplicate of the other.
-    from test_report import append
+    from report_rows import append
 
     rows = _rows({2: ["even", "uneven_by_one"]})
     append(tmp_path, rows + [{**r, "bystanders": 1} for r in rows])

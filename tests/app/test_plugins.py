@@ -321,7 +321,7 @@ def test_doc_registration_and_checks_are_current():
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     assert toml.strip() in (EXAMPLE / "pyproject.toml").read_text()
     # What each check catches is one table (docs/design.md, rendered from the
-    # checks; tests/test_docs.py holds it to them); the section links to it.
+    # checks; tests/project/test_docs.py holds it to them); the section links to it.
     assert "](design.md#6-what-each-check-proves" in section
 
 

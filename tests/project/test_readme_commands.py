@@ -55,11 +55,11 @@ FEWER_POINTS: dict[str, str] = {
     # iters=auto samples each point for up to its cap (30 s): the cp=2 half of the sweep
     # times with it (an even and an uneven plan, legacy refused on the latter),
     # and report and compare read those rows; the stopping rule itself is
-    # tests/test_calibrate.py's, on warm ranks.
+    # tests/lib/test_calibrate.py's, on warm ranks.
     CHAINS["review"][0]: "cp_size=2",
     CHAINS["review"][1]: "cp_size=2",
     # cp=3 has the chain's empty rank ([1,1]) and an uneven plan; the plug-in
-    # at cp=2 is the next command's (and tests/test_plugins.py's).
+    # at cp=2 is the next command's (and tests/app/test_plugins.py's).
     CHAINS["engine_comm"][1]: "cp_size=3",
 }
 # Set in the environment a chain's commands run in (the commands stay as
@@ -80,25 +80,25 @@ DRY: tuple[str, ...] = (
 )
 # Not run here, and why.
 ELSEWHERE: dict[str, str] = {
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu": "tests/test_install.py::"
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu": "tests/project/test_install.py::"
     "test_the_readmes_install_lines_in_a_fresh_venv runs the Install section in a fresh venv (torch from this "
     "machine's wheel folder)",
     "pip install torch": "the Install section's CUDA choice: this machine has no CUDA build",
-    "pip install git+https://github.com/nsa-cp-comm/nsa-cp-comm": "tests/test_install.py::"
+    "pip install git+https://github.com/nsa-cp-comm/nsa-cp-comm": "tests/project/test_install.py::"
     "test_the_readmes_install_lines_in_a_fresh_venv installs the checkout, the line's own alternative",
-    "nsa-cp-matrix +matrix=smoke": "tests/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv runs it "
+    "nsa-cp-matrix +matrix=smoke": "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv runs it "
     "in a fresh venv",
     "nox -s matrix": "the main job: run from a fresh clone before every stop (its exit code is the check)",
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
-    "python -m matrix +matrix=smoke": "tests/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix +matrix=smoke": "tests/app/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
     "nsa-cp-matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
-    "tests/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
+    "tests/app/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
     "nsa-cp-matrix-report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
     "chain runs the report as written",
     "python -m matrix.report results/designs --nccl-tests benchmarks/data/nccl_tests_sample_all_gather.json "
     "--nccl-tests benchmarks/data/nccl_tests_sample_reduce_scatter.json":
-    "needs the designs preset's results (minutes); tests/test_pad_at_split.py runs the report with these files",
+    "needs the designs preset's results (minutes); tests/lib/test_pad_at_split.py runs the report with these files",
     "python -m matrix -m hydra/launcher=slurm +matrix=deepseek_v32 results_dir=/shared/nsa-cp/v32 "
     "hydra.launcher.partition=PARTITION hydra.launcher.account=ACCOUNT": "needs a SLURM cluster",
     "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id cp16 "
@@ -106,15 +106,15 @@ ELSEWHERE: dict[str, str] = {
     "results_dir=/shared/nsa-cp/cp16": "needs two nodes",
     'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
     "pip install --no-deps -e examples/sglang_cp_plugin": "the engine_comm chain runs the same install of an "
-    "example plug-in; tests/test_sglang_plugin.py imports this one from the checkout",
+    "example plug-in; tests/lib/test_sglang_plugin.py imports this one from the checkout",
     "nsa-cp-matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
-    "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/test_sglang_plugin.py::"
+    "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/lib/test_sglang_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
     "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
     "pip install --no-deps -e examples/vllm_pcp_plugin": "the engine_comm chain runs the same install of an "
-    "example plug-in; tests/test_vllm_plugin.py imports this one from the checkout",
+    "example plug-in; tests/lib/test_vllm_plugin.py imports this one from the checkout",
     "python -m matrix -m impl=vllm_pcp,pad_at_split engine=vllm_0_33 +layout=dual_chunk_swap,round_robin "
-    "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/test_vllm_plugin.py::"
+    "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/lib/test_vllm_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason runs these plans (cp 2 and 3, an empty rank, "
     "even and uneven, another split) on warm ranks",
     'srun --ntasks-per-node 1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '

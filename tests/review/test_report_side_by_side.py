@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from matrix.review import plots, report, report_doc, side_by_side
-from test_report import _frame, append, make_row, md_of, section, table_row
+from report_rows import _frame, append, make_row, md_of, section, table_row
 
 DESIGN = dict(attn_pad_rows=0, moe_pad_rows=0)  # what a designs run's rows carry
 UNEVEN = dict(policy="zigzag_page", page=64, seq_lens=(1001, 300), padded_total=1536)

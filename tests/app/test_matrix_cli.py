@@ -169,7 +169,7 @@ def test_failing_points_become_rows_and_the_sweep_goes_on(tmp_path):
     assert "rank 1" in rows[raises]["reason"] and "injected fault" in rows[raises]["reason"]
     assert rows[hangs]["status"] == "timeout" and "rank" in rows[hangs]["reason"]
     # wall_s includes starting fresh ranks (the raise point killed the last ones); the
-    # tight bound, with warm ranks, is tests/test_hardening.py::test_injected_fault_costs_one_row.
+    # tight bound, with warm ranks, is tests/app/test_hardening.py::test_injected_fault_costs_one_row.
     assert float(rows[hangs]["wall_s"]) < 4 + 120  # generous: fresh ranks on a loaded machine
     assert rows["padded"]["status"] == "ok" and rows["padded"]["correct"] == "True"
     # one configuration swept over three impls: one point, a row per impl

@@ -1,0 +1,55 @@
+"""Rows shared by compare's tests: a sparse schema row, the run that appends
+it, and readers of compare's console (its summary line, counts and marks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matrix.store.results import COLUMNS, append_rows
+
+
+def make_row(impl: str = "padded", cp: int = 2, seq_lens: str = "[512,512]", p50: float | None = 100.0,
+             status: str = "ok", **extra: object) -> dict[str, object]:
+    timed = status == "ok" and p50 is not None
+    row: dict[str, object] = dict(
+        cp_size=cp, page_size=1, seq_lens=seq_lens, shared_kv=False, split="zigzag", align=cp,
+        moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo", device="cpu", hidden_size=256,
+        dtype="float32", num_experts=4, topk=2, warmup=1, iters=5, seed=0, flush_l2=False, engine="seed_fix",
+        shared_expert="none",
+        policy="zigzag", is_even=True, claim_holds=True, status=status, reason="",
+        correct={"ok": True, "refused": True, "passthrough": True, "failed": False}.get(status),
+        roundtrip_p50_us=p50 if timed else None, busbw_padded_GBps=1e4 / p50 if timed else None,
+        roundtrip_iqr_us=1.0 if timed else None,
+        device_name="cpu", overrides="cp_size=2,4",
+    )
+    row.update(extra)
+    assert set(row) <= set(COLUMNS)
+    return row
+
+
+# The run that writes a test's rows: its line of runs.jsonl.
+RUN = dict(run_id="base0001", torch_version="2.13.0", nccl_version="", host="box1", git_sha="abc1234",
+           command="python -m matrix -m cp_size=2,4")
+
+
+def write_run(path: Path, rows: list[dict[str, object]], **meta: object) -> str:
+    """``rows`` appended to ``path`` by one run: ``RUN``, with ``meta`` changed."""
+    append_rows(path, rows, run={**RUN, **meta})
+    return str(path)
+
+
+def summary(out: str) -> str:
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("summary: ")
+    return last
+
+
+def counts(out: str) -> dict[str, str]:
+    words = summary(out).removeprefix("summary: ").split(" -> ")[0].split()
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def marks(out: str) -> list[str]:
+    """The mark column of every table row printed."""
+    cells = [line.rsplit("|", 2)[-2].strip() for line in out.splitlines() if line.startswith("|")]
+    return [c for c in cells if c != "mark" and not (c and set(c) <= set(":-"))]

@@ -1,0 +1,82 @@
+"""Parts of the kill drills: a reaper that reports how each process it
+adopted ended, the driver's environment, and a rank start interrupted
+in-process."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa_cp_comm.harness import RankPool
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# Starts the driver and reaps, as the subreaper, the driver and every rank it
+# orphans: one line "PID EXITCODE" per process that ended (-N: signal N).
+REAPER = """\
+import ctypes, os, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+driver = subprocess.Popen(sys.argv[1:])
+print(driver.pid, flush=True)
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        break
+    print(pid, os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def _driver_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline().decode().strip() if ready else ""
+
+
+def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids: set[int], timeout_s: float) -> None:
+    """Read the reaper's lines into ``ended`` until every pid in ``pids`` ended
+    or ``timeout_s`` passed (other lines into ``said``)."""
+    deadline = time.monotonic() + timeout_s
+    while not pids <= ended.keys() and (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([reaper.stdout], [], [], left)
+        line = reaper.stdout.readline().decode() if ready else ""
+        if ready and not line:
+            return  # the reaper ended: nothing is left to end
+        pid, _, code = line.strip().partition(" ")
+        if pid.isdigit() and code.lstrip("-").isdigit():
+            ended[int(pid)] = int(code)
+        elif line.strip():
+            said.append(line.strip())
+
+
+def start_interrupted(workdir: Path, after_s: float) -> None:
+    """Start a pool of 2 ranks in ``workdir`` and interrupt it ``after_s``
+    seconds in; the interrupt must reach the caller."""
+    def interrupt(signum, frame):
+        raise Interrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, after_s)
+    try:
+        with pytest.raises(Interrupt):
+            RankPool(2, workdir=workdir)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt arriving while ranks start."""
