@@ -1,10 +1,14 @@
-"""Rows shared by compare's tests: a sparse schema row, the run that appends
-it, and readers of compare's console (its summary line, counts and marks)."""
+"""Rows shared by compare's tests: a sparse schema row, the base run of ten
+rows, the run that appends them, compare's CLI, and readers of its console
+(its summary line, counts and marks)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from matrix.review import compare
 from matrix.store.results import COLUMNS, append_rows
 
 
@@ -27,6 +31,30 @@ def make_row(impl: str = "padded", cp: int = 2, seq_lens: str = "[512,512]", p50
     return row
 
 
+# index of each point in base_rows()
+FIRST = 0  # padded cp=2 [512,512]: 210 us
+REFUSED = 8  # legacy cp=4 [1001,300]: refused, no timing
+PASSTHROUGH = 9  # padded cp=4 SCATTERED: passthrough, no timing
+
+
+def base_rows() -> list[dict[str, object]]:
+    rows = []
+    for cp in (2, 4):
+        for impl in ("padded", "legacy"):
+            for i, lens in enumerate(("[512,512]", "[2048,2048]")):
+                rows.append(make_row(impl, cp, lens, p50=100.0 * cp + 50 * i + (10 if impl == "padded" else 0)))
+    rows.append(make_row("legacy", 4, "[1001,300]", status="refused", is_even=False, reason="legacy refuses"))
+    rows.append(make_row("padded", 4, "[1001,300]", status="passthrough", mlp_mode="SCATTERED",
+                         moe_a2a_backend="deepep", is_even=False))
+    return rows
+
+
+def changed(index: int, **updates: object) -> list[dict[str, object]]:
+    rows = base_rows()
+    rows[index] = {**rows[index], **updates}
+    return rows
+
+
 # The run that writes a test's rows: its line of runs.jsonl.
 RUN = dict(run_id="base0001", torch_version="2.13.0", nccl_version="", host="box1", git_sha="abc1234",
            command="python -m matrix -m cp_size=2,4")
@@ -36,6 +64,15 @@ def write_run(path: Path, rows: list[dict[str, object]], **meta: object) -> str:
     """``rows`` appended to ``path`` by one run: ``RUN``, with ``meta`` changed."""
     append_rows(path, rows, run={**RUN, **meta})
     return str(path)
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """compare's CLI; these cases gate at 5% unless they name a threshold."""
+    if not any(a.startswith("--fail-above") for a in argv):
+        argv = [*argv, "--fail-above=5%"]
+    code = compare.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def summary(out: str) -> str:

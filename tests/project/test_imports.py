@@ -287,3 +287,29 @@ def test_tests_live_in_the_rooms_of_the_code_they_test(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     assert misplaced_tests(tmp_path) == ["app/deep/test_y.py", "misc/test_x.py", "test_top.py"]
+
+
+def cross_room_test_imports(tests: Path) -> list[str]:
+    """Test modules importing a test module of another room: which one pytest
+    finds depends on what it collected first, so shared helpers live in the
+    support modules at tests/."""
+    bad = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                if name.startswith("test_") and not (path.parent / f"{name}.py").exists():
+                    bad.append(f"{path.relative_to(tests)}: {name}")
+    return bad
+
+
+def test_tests_share_helpers_through_support_modules_not_other_rooms_tests(tmp_path):
+    assert cross_room_test_imports(REPO / "tests") == []
+    # and the check sees an import of another room's test module, not one of its own room's
+    (tmp_path / "store").mkdir()
+    (tmp_path / "review").mkdir()
+    (tmp_path / "review" / "test_compare.py").write_text("")
+    (tmp_path / "store" / "test_own.py").write_text("")
+    (tmp_path / "store" / "test_runs.py").write_text("import test_compare as tc\nfrom test_own import x\n")
+    assert cross_room_test_imports(tmp_path) == ["store/test_runs.py: test_compare"]

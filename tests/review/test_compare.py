@@ -11,49 +11,17 @@ from pathlib import Path
 import pytest
 
 from matrix.review import _review, compare
-from compare_rows import counts, make_row, marks, summary, write_run
+from compare_rows import (FIRST, PASSTHROUGH, REFUSED, base_rows, changed, counts, make_row, marks, run,
+                          summary, write_run)
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE
 from report_rows import bench_review
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-# index of each point in base_rows()
-FIRST = 0  # padded cp=2 [512,512]: 210 us
-REFUSED = 8  # legacy cp=4 [1001,300]: refused, no timing
-PASSTHROUGH = 9  # padded cp=4 SCATTERED: passthrough, no timing
-
-
-def base_rows() -> list[dict[str, object]]:
-    rows = []
-    for cp in (2, 4):
-        for impl in ("padded", "legacy"):
-            for i, lens in enumerate(("[512,512]", "[2048,2048]")):
-                rows.append(make_row(impl, cp, lens, p50=100.0 * cp + 50 * i + (10 if impl == "padded" else 0)))
-    rows.append(make_row("legacy", 4, "[1001,300]", status="refused", is_even=False, reason="legacy refuses"))
-    rows.append(make_row("padded", 4, "[1001,300]", status="passthrough", mlp_mode="SCATTERED",
-                         moe_a2a_backend="deepep", is_even=False))
-    return rows
-
-
-def changed(index: int, **updates: object) -> list[dict[str, object]]:
-    rows = base_rows()
-    rows[index] = {**rows[index], **updates}
-    return rows
-
-
 @pytest.fixture
 def base(tmp_path: Path) -> str:
     return write_run(tmp_path / "base", base_rows())
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """compare's CLI; these cases gate at 5% unless they name a threshold."""
-    if not any(a.startswith("--fail-above") for a in argv):
-        argv = [*argv, "--fail-above=5%"]
-    code = compare.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # --- no change

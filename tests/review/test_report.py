@@ -13,36 +13,11 @@ import pytest
 from matrix.review import _review, plots, report
 from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
-from report_rows import RUN, _frame, append, bench_review, make_row, md_of, plot_rows, section, table_row
+from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
+                         section, table_row)
 
 REPO = Path(__file__).resolve().parents[2]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
-TORCH_TEXT = "output tensor size must be equal to world_size times input tensor size"
-
-
-def mixed_rows() -> list[dict[str, object]]:
-    rows = []
-    for cp in (2, 4):
-        for policy in ("zigzag", "round_robin"):
-            for n, (pad_us, leg_us) in {512: (110.0, 100.0), 2048: (220.0, 200.0)}.items():
-                lens = (n, n)
-                rows.append(make_row("padded", policy, cp, seq_lens=lens, p50=pad_us * cp / 2))
-                rows.append(make_row("legacy", policy, cp, seq_lens=lens, p50=leg_us * cp / 2))
-    # uneven, claim-failing zigzag_page plan: legacy refuses it
-    uneven = dict(policy="zigzag_page", cp=4, page=64, seq_lens=(1001, 300), padded_total=1536)
-    rows.append(make_row("padded", p50=300.0, **uneven))
-    rows.append(make_row("legacy", status="refused", reason=f"refused: {TORCH_TEXT}", **uneven))
-    # SCATTERED: the communicator passes rows through
-    rows.append(make_row("padded", status="passthrough", mlp_mode="SCATTERED", moe_a2a_backend="deepep"))
-    # the incorrect and failing points
-    rows.append(make_row("allgatherv", "zigzag", 2, seq_lens=(777, 333), status="failed", correct=False,
-                         max_rel_err=0.5, failed_check="reference_moe", reason="max_rel_err 0.5 > tol"))
-    rows.append(make_row("padded", "round_robin", 4, seq_lens=(999, 1), even_bitwise_equal=False))
-    rows.append(make_row("a2a", "zigzag", 2, status="error", correct=None, reason="ValueError: boom"))
-    rows.append(make_row("a2a", "zigzag", 4, status="timeout", correct=None, reason="timed out after 60 s"))
-    rows.append(make_row("sumlen_allreduce", "zigzag", 8, status="skipped", correct=None,
-                         reason="same effective configuration as point 3"))
-    return rows
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from matrix.store.results import COLUMNS, PROVENANCE_COLUMNS, ResultsWriteError,
 from matrix.store.runs import META_COLUMNS, RUNS_FILE, SCHEMA_VERSION, read_runs
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 
-import test_compare as tc
-import test_report as tr
+import compare_rows as tc
+import report_rows as tr
 
 # The previous layout (schema 2): the environment in every row, no run_id.
 LAYOUT2_PROVENANCE = ("impl_origin", "torch_version", "nccl_version", "device_name", "host", "git_sha", "timestamp",
