@@ -204,6 +204,10 @@ def measure_session(name: str, tmp: str, results: str) -> dict[str, Any]:
         part["points"] = int(m.group(1))
     if not part["ok"]:
         part["tail"] = out[-1500:]
+        # The tail rarely holds every failure of a long run: the whole output beside it.
+        whole = Path(tempfile.gettempdir()) / f"readme_times-{name}.log"
+        whole.write_text(out)
+        print(f"{name}: exit {proc.returncode}; its whole output: {whole}", flush=True)
     return part
 
 

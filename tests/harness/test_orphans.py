@@ -92,6 +92,14 @@ def _thread_names(pid: int) -> list[str]:
     return [_read(t / "comm").strip() for t in Path(f"/proc/{pid}/task").glob("*")]
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until the kernel shows it stopped: kill() returns
+    before the stop takes hold, and a rank whose driver is killed in that window
+    may still run (the drill saw rank 0 exit 1 instead of ending stopped)."""
+    os.kill(pid, signal.SIGSTOP)
+    _wait_for(f"pid {pid} stopped", lambda: _read(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()[:1] == ["T"])
+
+
 def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | None]:
     """Hold a driver's 3 starting ranks at fixed points, SIGKILL the driver,
     and return each rank's exit code (-9: SIGKILL) or None if it lives on:
@@ -128,10 +136,10 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
         assert driver, "the drill's driver did not start"
         pids = {r: int(_wait_for(f"rank {r} start", lambda r=r: _read(gate / f"rank{r}.pid"))) for r in range(3)}
         _wait_for("rank 1 load torch", lambda: "/torch/" in _read(Path(f"/proc/{pids[1]}/maps")))
-        os.kill(pids[1], signal.SIGSTOP)
+        _stop(pids[1])
         _wait_for("rank 0 in the rendezvous", lambda: any(work.glob(f"{STORE_PREFIX}*"))
                   and "gloo_tcp_loop" in _thread_names(pids[0]))
-        os.kill(pids[0], signal.SIGSTOP)
+        _stop(pids[0])
         os.kill(driver, signal.SIGKILL)
         _reap(reaper, ended, said, {driver, pids[0], pids[1]}, DEATH_SIGNAL_S)
         (gate / "go").touch()
