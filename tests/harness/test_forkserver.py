@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import rank_tasks
+from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
 from orphan_drills import _driver_env, _read_line, _reap, end_drill, start_interrupted, start_reaper
@@ -204,8 +204,7 @@ def test_the_rank_start_benchmark_runs(tmp_path):
     """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
     env = dict(_driver_env())
     env.pop(forkserver.FORK_ENV, None)
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks" / "rank_start.py"),
-                          "--cp", "2", "--reps", "3"], env=env, capture_output=True, text=True, timeout=600)
+    run = run_python(str(REPO / "benchmarks" / "rank_start.py"), "--cp", "2", "--reps", "3", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()
     assert row[0] == "2" and len(row) == 6 and all("/" in cell for cell in row[3:]), run.stdout
