@@ -880,6 +880,11 @@ MUTATIONS = {
 }
 
 
+def ref(name: str) -> str:
+    """The reference that loads implementation ``name`` of this catalogue, as outside code is loaded."""
+    return f"tests.broken_impls:{name}"
+
+
 def point_with_mutation(spec, backend, mutation="none"):
     """``point_on_rank`` with one of :data:`MUTATIONS` applied on this rank, then undone."""
     if mutation == "none":
