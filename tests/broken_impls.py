@@ -603,8 +603,6 @@ def _neighbour_scatter(full, plan, group):
 neighbour_rows = RoundTripImpl("neighbour_rows", _gather, _neighbour_scatter,
                                doc="uneven plans: the scatter returns the next rank's rows")
 
-UNEVEN_ONLY_BUGS = ("local_sized_buffer", "new_empty_padding", "neighbour_rows")
-
 
 # --- bad references -------------------------------------------------------------
 def raising_factory():
