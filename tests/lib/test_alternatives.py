@@ -457,22 +457,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.requires_gpu
-@needs_cuda
-def test_alternatives_nccl_cp1(tmp_path):
-    spec = PointSpec((1001, 300), 1, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3,
-                     impls=("padded", "legacy", "sumlen_allreduce", "allgatherv"))
-    with RankPool(1, backend="nccl", device="cuda", workdir=tmp_path) as pool:
-        res = by_impl(run_point(spec, pool, timeout_s=TIMEOUT_S))
-    for name, r in res.items():
-        assert r.status == "ok" and r.correct, (name, r.reason)
-
-
-@pytest.mark.requires_gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="uneven NCCL allgatherv needs 2 GPUs")
-def test_allgatherv_nccl_uneven(tmp_path):
-    spec = PointSpec((1001, 300), 2, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3,
-                     impls=("padded", "sumlen_allreduce", "allgatherv"))
-    with RankPool(2, backend="nccl", device="cuda", workdir=tmp_path) as pool:
+@pytest.mark.parametrize("cp, impls", [
+    pytest.param(1, ("padded", "legacy", "sumlen_allreduce", "allgatherv"), marks=needs_cuda, id="cp1"),
+    pytest.param(2, ("padded", "sumlen_allreduce", "allgatherv"), id="allgatherv_uneven",
+                 marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="uneven NCCL allgatherv needs 2 GPUs")),
+])
+def test_alternatives_on_nccl(tmp_path, cp, impls):
+    spec = PointSpec((1001, 300), cp, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3, impls=impls)
+    with RankPool(cp, backend="nccl", device="cuda", workdir=tmp_path) as pool:
         res = by_impl(run_point(spec, pool, timeout_s=TIMEOUT_S))
     for name, r in res.items():
         assert r.status == "ok" and r.correct, (name, r.reason)
