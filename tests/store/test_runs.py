@@ -166,9 +166,8 @@ def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path: 
 
 
 def test_a_file_of_the_previous_layout_reports(tmp_path: Path, capsys) -> None:
-    old = write_layout_2(tmp_path, tr.mixed_rows())
-    assert report.main([old]) == 1  # the mixed rows fail: verdict FAIL
-    md, _ = tr.md_of(tmp_path)
+    write_layout_2(tmp_path, tr.mixed_rows())
+    md, _, _ = tr.run_report(tmp_path, code=1)  # the mixed rows fail: verdict FAIL
     env = tr.section(md, "Environment")
     assert "torch_version `2.13.0`" in env and "host `box1`" in env and "git_sha `abc1234`" in env
     assert "run(s) wrote these rows" not in env  # that layout kept no runs
@@ -209,8 +208,7 @@ def test_the_environment_check_flips_when_the_join_is_broken(tmp_path: Path, cap
     code, out, err = tc.run([base, new], capsys)
     assert warning not in err
     assert f"note: BASE={base}: 10 row(s) name a run_id with no line in {RUNS_FILE}" in out
-    assert report.main([new]) == 0
-    md = (Path(new) / report.REPORT_FILE).read_text()
+    md = tr.run_report(Path(new))[0]
     assert "host `box2`" not in tr.section(md, "Environment")
 
 
