@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from matrix.app.repro_env import split
-from matrix_cli import run_python
+from matrix_cli import REPO, run_python
 
-REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "matrix"
 INSTALLED = "nsa_cp_matrix"
 

@@ -24,7 +24,6 @@ from nsa_cp_comm.harness import RankPool
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
 
-REPO = Path(__file__).resolve().parents[2]
 # How long a rank may take to notice that its starter is gone. With the death
 # signal armed from the first statements it is milliseconds; the bound is
 # generous for a loaded 2-core machine (a rank that had not yet reached those
