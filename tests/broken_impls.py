@@ -603,8 +603,6 @@ def _neighbour_scatter(full, plan, group):
 neighbour_rows = RoundTripImpl("neighbour_rows", _gather, _neighbour_scatter,
                                doc="uneven plans: the scatter returns the next rank's rows")
 
-UNEVEN_ONLY_BUGS = ("local_sized_buffer", "new_empty_padding", "neighbour_rows")
-
 
 # --- bad references -------------------------------------------------------------
 def raising_factory():
@@ -878,6 +876,11 @@ MUTATIONS = {
     "passthrough_copies": (checks, "CPLayerCommunicator", _CopyingCommunicator),
     "reference_without_shared": (moe.ReferenceMoE, "reference", _reference_without_shared),
 }
+
+
+def ref(name: str) -> str:
+    """The reference that loads implementation ``name`` of this catalogue, as outside code is loaded."""
+    return f"tests.broken_impls:{name}"
 
 
 def point_with_mutation(spec, backend, mutation="none"):

@@ -7,17 +7,28 @@ import io
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cli_env() -> dict[str, str]:
+def cli_env(**extra: str) -> dict[str, str]:
+    """This environment with the checkout first on the path (and ``extra`` set)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
     env.pop("HYDRA_FULL_ERROR", None)
+    env.update(extra)
     return env
+
+
+def run_python(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python args`` (this interpreter) in ``cwd``, its output captured; ``env``: :func:`cli_env` unless given."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=cli_env() if env is None else env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass
@@ -36,10 +47,22 @@ class CliRun:
             return list(csv.DictReader(f))
 
 
-def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeout: float = 240) -> CliRun:
-    """``python -m matrix [-m] results_dir=... overrides`` in the repo root."""
-    cmd = [sys.executable, "-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results_dir}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+def compose_config(*overrides: str):
+    """The app's config composed by Hydra from ``overrides``, Hydra's own part included."""
+    from hydra import compose, initialize_config_dir
+
+    from matrix.app.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeout: float = 240, cwd: Path = REPO,
+               env: dict[str, str] | None = None) -> CliRun:
+    """``python -m matrix [-m] results_dir=... overrides`` in ``cwd`` (the repo root), as :func:`run_python`."""
+    args = ["-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results_dir}", *overrides]
+    proc = run_python(*args, cwd=cwd, env=env, timeout=timeout)
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
 
 
@@ -56,8 +79,6 @@ def sweep_in_background(results_dir: Path, timeout: float = 180) -> subprocess.P
     """A three-point sweep of long points started in its own session, returned
     once its first row is written (or it ended, or ``timeout`` passed): for
     tests that stop a sweep mid-point."""
-    import time
-
     args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", "iters=400", "warmup=0",
             f"results_dir={results_dir}"]
     proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
@@ -84,6 +105,16 @@ def live_processes(text: str) -> dict[int, str]:
         if text in cmd and state != "Z":
             found[int(entry)] = cmd.strip()
     return found
+
+
+def processes_left(*texts: str, timeout_s: float = 30.0, but: Iterable[int] = ()) -> dict[int, str]:
+    """The :func:`live_processes` of any of ``texts``, other than the pids in
+    ``but``, still there after up to ``timeout_s``: ``{}`` once all ended."""
+    deadline = time.monotonic() + timeout_s
+    while (left := {pid: cmd for text in texts for pid, cmd in live_processes(text).items() if pid not in but}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def read_table(path: Path) -> list[dict[str, str]]:

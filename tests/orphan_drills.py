@@ -1,6 +1,6 @@
 """Parts of the kill drills: a reaper that reports how each process it
-adopted ended, the driver's environment, and a rank start interrupted
-in-process."""
+adopted ended, the driver's environment, a file read as a drill reads it,
+and a rank start interrupted in-process."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
+from matrix_cli import REPO, cli_env
 from nsa_cp_comm.harness import RankPool
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # Starts the driver and reaps, as the subreaper, the driver and every rank it
@@ -35,10 +36,47 @@ while True:
 
 
 def _driver_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return cli_env(OMP_NUM_THREADS="1")
+
+
+def start_reaper(tmp_path: Path, env: dict[str, str], *driver_args: str) -> subprocess.Popen:
+    """``tmp_path/driver.py driver_args`` started by :data:`REAPER` (written to
+    ``tmp_path/reaper.py``); the reaper's lines are its stdout."""
+    (tmp_path / "reaper.py").write_text(REAPER)
+    return subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable, str(tmp_path / "driver.py"),
+                             *driver_args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def end_drill(reaper: subprocess.Popen, pids: Iterable[int], ended: dict[int, int]) -> None:
+    """SIGKILL what outlived the drill (each of ``pids`` not in ``ended``), then
+    the reaper: its own children go with it."""
+    for pid in pids:
+        if pid and pid not in ended:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    reaper.kill()
+    reaper.wait()
+
+
+def read_text(path: Path | str) -> str:
+    """The text of ``path``; "" where it cannot be read (not written yet, or its process gone)."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def stop(pid: int, timeout_s: float = 60.0) -> None:
+    """SIGSTOP ``pid`` and wait until the kernel shows it stopped: kill() returns
+    before the stop takes hold, and a rank whose driver is killed in that window
+    may still run (the kill drill saw rank 0 exit 1 instead of ending stopped)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()[:1] != ["T"]:
+        assert time.monotonic() < deadline, f"pid {pid} did not stop within {timeout_s:g} s"
+        time.sleep(0.01)
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -4,7 +4,8 @@ by the rank processes, which inherit the test process's sys.path).
 Every task returns plain data (findings, messages, timings); the assertions
 live in the test modules. Data is generated on the CPU from (seed, case, rank)
 so every rank can rebuild every other rank's shard and the expected buffers
-without communicating.
+without communicating. :func:`folded` and :func:`by_impl`, on the test's
+side, turn the ranks' findings of a point into its rows.
 """
 
 from __future__ import annotations
@@ -543,3 +544,19 @@ def daemonize_sleep(seconds: int) -> int:
 
     subprocess.run(["sh", "-c", f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 &"], check=True)
     return os.getpid()
+
+
+def by_impl(rows) -> dict:
+    """A point's ``rows`` by their implementation."""
+    return {r.impl: r for r in rows}
+
+
+def folded(spec, results, k: int | None = None) -> dict:
+    """The point's row of each implementation, by impl, from every rank's
+    ``point_on_rank`` findings in ``results`` (the ``k``-th of each rank's
+    answers where a task ran several points); every rank must have answered."""
+    from nsa_cp_comm.harness.fold import fold_reports
+
+    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
+    values = [r.value if k is None else r.value[k] for r in results]
+    return by_impl(fold_reports(spec, spec.plan(), values))

@@ -1,11 +1,12 @@
 """Rows and readers shared by the report's tests: one schema row with its plan
 numbers given (not computed, so the tests stay independent of the planner),
-the run that appends it, a mixed run of every status, the report's markdown
-sections and its frame."""
+the run that appends it, a mixed run of every status, the report run in-process,
+its markdown sections and its frame."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -82,6 +83,14 @@ def append(results_dir: Path, rows: list[dict[str, object]], **meta: object) -> 
 
 def md_of(path: Path) -> tuple[str, str]:
     return (path / "report.md").read_text(), (path / "report_appendix.md").read_text()
+
+
+def run_report(path: Path, *args: str, code: int = 0) -> tuple[str, str, dict]:
+    """The report of ``path``: report.md, its appendix and report.json;
+    ``code``: its exit code (1 where a row fails)."""
+    assert report.main([str(path), *args]) == code
+    md, appendix = md_of(path)
+    return md, appendix, json.loads((path / "report.json").read_text())
 
 
 def section(md: str, title: str) -> str:

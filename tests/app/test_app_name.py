@@ -10,7 +10,6 @@ import ast
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from matrix.app.repro_env import split
+from matrix_cli import REPO, run_python
 
-REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "matrix"
 INSTALLED = "nsa_cp_matrix"
 
@@ -77,8 +76,7 @@ def printed_under(name: str, cwd: Path) -> dict:
     """What the app prints when its folder is imported as package ``name``
     (``cwd`` holds the package)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO / "src")])}
-    proc = subprocess.run([sys.executable, "-c", PRINTED, name, str(APP)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python("-c", PRINTED, name, str(APP), cwd=cwd, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -113,13 +111,11 @@ def test_the_install_claims_no_top_level_matrix(tmp_path):
         pytest.skip(f"requires the project installed (pip install -e .): no {INSTALLED} in {sys.executable}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     probe = "import importlib.util as u; print(u.find_spec('matrix') is None, u.find_spec('nsa_cp_matrix') is None)"
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = run_python("-c", probe, cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     no_matrix, no_app = proc.stdout.split()
     assert no_matrix == "True", "the install claims a top-level `matrix`"
     assert no_app == "False", f"the install has no {INSTALLED}"
-    app = subprocess.run([sys.executable, "-m", INSTALLED, "--help"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+    app = run_python("-m", INSTALLED, "--help", cwd=tmp_path, env=env)
     assert app.returncode == 0, app.stderr[-2000:]
     assert app.stdout.startswith("nsa-cp-matrix: ") and f"this one runs as python -m {INSTALLED})" in app.stdout

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import reliability_table as table
-from matrix_cli import REPO, cli_env, live_processes, read_table, run_matrix
+from matrix_cli import (REPO, cli_env, compose_config, live_processes, processes_left, read_table, run_matrix,
+                        run_python)
 
 # A failure is noticed, not waited out: it ends its point well within this, against
 # a 600 s timeout. Loose on purpose: the suite runs on loaded 2-core machines.
@@ -24,18 +25,6 @@ NOTICED_WITHIN_S = 60.0
 
 
 # --- no test leaves a process behind ---------------------------------------------------
-
-
-def processes_mentioning(text: str) -> list[str]:
-    """Live (non-zombie) processes whose command line contains ``text``."""
-    return [f"{pid}: {cmd}" for pid, cmd in live_processes(text).items()]
-
-
-def wait_for_no_process(text: str, timeout_s: float = 30.0) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 def ranks_left(pids: set[int], timeout_s: float = 30.0) -> set[int]:
@@ -67,7 +56,7 @@ def no_leftover_processes(tmp_path):
     from nsa_cp_comm.harness.ranks import close_pools
 
     close_pools()  # warm pools of matrix.app.point.run in this process
-    assert wait_for_no_process(str(tmp_path)) == []
+    assert processes_left(str(tmp_path)) == {}
     assert ranks_left(forked_ranks(tmp_path)) == set()
 
 
@@ -392,7 +381,7 @@ def test_hydra_records_go_to_a_folder_per_command(tmp_path):
     job records (results_dir/0/.hydra)."""
     from matrix.app.config import run_folder
 
-    cfg = _compose(f"results_dir={tmp_path}")
+    cfg = compose_config(f"results_dir={tmp_path}")
     folder = str(tmp_path / "hydra" / run_folder())
     assert (cfg.hydra.sweep.dir, cfg.hydra.run.dir) == (folder, folder)
     assert run_folder().endswith(f"-{os.getpid()}")  # another process: another folder
@@ -521,7 +510,7 @@ def test_injected_fault_costs_one_row(fault, tmp_path):
     assert took < bound and row["wall_s"] < bound, (took, row["wall_s"])
     if status == "timeout":
         assert took >= timeout_s, took
-    assert wait_for_no_process(str(job)) == [] and ranks_left(started) == set()  # killed and reaped
+    assert processes_left(str(job)) == {} and ranks_left(started) == set()  # killed and reaped
     # The next point of the sweep runs normally, on fresh ranks.
     (nxt,) = run(_point_cfg(tmp_path, seq_lens=[100]), job_dir=job)
     assert nxt["status"] == "ok" and nxt["correct"] is True, nxt["reason"]
@@ -556,7 +545,7 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
         got = _wait_rows(res / "results.csv", 2, proc, timeout_s=120)
         # exec'd ranks name the results folder; the fork server and the ranks it forked name the sweep
         server = f"_worker.py fork-server {proc.pid} "
-        running = processes_mentioning(str(res)) + processes_mentioning(server)
+        running = [*live_processes(str(res)).values(), *live_processes(server).values()]
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
@@ -564,7 +553,7 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
     assert got > 0, "the sweep wrote no row (or ended) before the kill"
     assert any("nsa_cp_comm/harness/_worker.py" in p for p in running), running  # its ranks were up
     # Its ranks die with it (PR_SET_PDEATHSIG, through the fork server): nothing of the run survives.
-    assert wait_for_no_process(str(res)) == [] and wait_for_no_process(server) == []
+    assert processes_left(str(res)) == {} and processes_left(server) == {}
     rows = read_table(res / "results.csv")
     done = {r["point_id"] for r in rows}
     assert 0 < len(done) < len(every), "kill the sweep midway"
@@ -585,12 +574,9 @@ def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
 
 
 def _torchrun(tmp_path: Path, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "matrix.torchrun_point", "cp_size=2", "hidden_size=32", "iters=2", "warmup=0",
-           f"results_dir={tmp_path / 'res'}", *overrides]
-    env = cli_env()
-    env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                      "-m", "matrix.torchrun_point", "cp_size=2", "hidden_size=32", "iters=2", "warmup=0",
+                      f"results_dir={tmp_path / 'res'}", *overrides, env=cli_env(OMP_NUM_THREADS="1"), timeout=timeout)
 
 
 def test_torchrun_point_writes_the_rows(tmp_path):
@@ -646,16 +632,6 @@ def test_torchrun_point_needs_torchrun(capsys, monkeypatch):
 # --- SLURM: the launcher preset composes (no SLURM needed) -----------------------------
 
 
-def _compose(*overrides: str):
-    from hydra import compose, initialize_config_dir
-
-    from matrix.app.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=True)
-
-
 SUBMITIT = "hydra_plugins.hydra_submitit_launcher"
 
 
@@ -675,7 +651,7 @@ def test_slurm_launcher_preset_composes(overrides, gpus, minutes):
     _need_submitit()
     from hydra.utils import instantiate
 
-    cfg = _compose("hydra/launcher=slurm", *overrides)
+    cfg = compose_config("hydra/launcher=slurm", *overrides)
     launcher = cfg.hydra.launcher
     assert launcher._target_ == f"{SUBMITIT}.submitit_launcher.SlurmLauncher"
     assert (launcher.gpus_per_node, launcher.timeout_min) == (gpus, minutes)

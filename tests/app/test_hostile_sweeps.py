@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from matrix_cli import REPO, cli_env, live_processes, run_matrix, sweep_in_background
+from matrix_cli import REPO, cli_env, live_processes, processes_left, run_matrix, sweep_in_background
 
 SMALL = ("cp_size=2", "seq_lens=[1001,300]", "hidden_size=64", "dtype=float32", "warmup=1", "iters=2")
 HOSTILE = "tests.hostile_impls"
-
-
-def matrix(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "matrix", *args], cwd=cwd, env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
@@ -50,9 +45,7 @@ def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):
     before = set(live_processes(f"sleep {SLEEP_MARK}"))
     run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_helper", *SMALL)
     assert run.returncode == 0, run.stderr[-2000:]
-    deadline = time.monotonic() + 30
-    while (left := set(live_processes(f"sleep {SLEEP_MARK}")) - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = processes_left(f"sleep {SLEEP_MARK}", but=before)
     assert not left, f"orphaned helper processes: {left}"
 
 
@@ -67,12 +60,12 @@ def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_
 
 
 def test_relative_results_dir_with_hydra_chdir_keeps_every_row_in_one_place(tmp_path):
-    run = matrix("-m", "results_dir=rel", "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]",
-                 "hidden_size=16", "warmup=0", "iters=1", cwd=tmp_path)
+    run = run_matrix(Path("rel"), "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]", "hidden_size=16",
+                     "warmup=0", "iters=1", cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.csv")) == [Path("rel/results.csv")]
-    again = matrix("-m", "results_dir=rel", "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]",
-                   "hidden_size=16", "warmup=0", "iters=1", "resume=true", cwd=tmp_path)
+    again = run_matrix(Path("rel"), "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]", "hidden_size=16",
+                       "warmup=0", "iters=1", "resume=true", cwd=tmp_path, timeout=300)
     assert again.returncode == 0 and "4 rows" in again.stdout, again.stdout[-2000:]
 
 
@@ -127,14 +120,7 @@ def test_sigterm_and_sighup_say_what_was_running_and_how_to_resume(tmp_path, sig
     assert shlex.split(last.split(": ", 1)[1])[-1] == "resume=true"
     # exec'd ranks name the results folder; a fork server and the ranks it forked name the sweep
     server = f"_worker.py fork-server {proc.pid} "
-
-    def left() -> dict[int, str]:
-        return {**live_processes(str(res)), **live_processes(server)}
-
-    deadline = time.monotonic() + 30
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert left() == {}
+    assert processes_left(str(res), server) == {}
 
 
 def test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point(tmp_path):
@@ -145,9 +131,7 @@ def test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point(tmp_path):
     before = set(live_processes(f"sleep {SESSION_MARK}"))
     run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_session_helper", *SMALL)
     assert run.returncode == 0, run.stderr[-2000:]
-    deadline = time.monotonic() + 30
-    while (left := set(live_processes(f"sleep {SESSION_MARK}")) - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = processes_left(f"sleep {SESSION_MARK}", but=before)
     assert not left, f"orphaned helper processes: {left}"
 
 
@@ -155,16 +139,13 @@ def test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep(tmp_
     """The plug-in's atexit handler blocks forever (registered in the sweep's
     own process, which imports it): the sweep ends after its summary, the
     handlers bounded, with the sweep's exit status."""
-    run = matrix("-m", f"results_dir={tmp_path / 'res'}", "impl=tests.hostile_exit:hangs_at_exit", *SMALL,
-                 timeout=240)
+    run = run_matrix(tmp_path / "res", "impl=tests.hostile_exit:hangs_at_exit", *SMALL)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "exit handlers still running after 10s" in run.stderr, run.stderr[-2000:]
 
 
 def test_a_switch_that_is_not_a_boolean_is_one_line_before_anything_runs(tmp_path):
-    env = {**cli_env(), "NSA_CP_COMM_FORK_RANKS": "sometimes"}
-    run = subprocess.run([sys.executable, "-m", "matrix", "-m", f"results_dir={tmp_path / 'res'}", *SMALL], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = run_matrix(tmp_path / "res", *SMALL, env=cli_env(NSA_CP_COMM_FORK_RANKS="sometimes"), timeout=300)
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.strip() == ("error: NSA_CP_COMM_FORK_RANKS='sometimes': must be one of 0, false, no, off (off) "
                                   "or 1, true, yes, on (on)"), run.stderr

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from matrix.app.sweep import freeze_now
 from matrix.app.preflight import points
 
-from matrix_cli import REPO, cli_env, run_matrix
+from matrix_cli import REPO, run_matrix, run_python
 from matrix.store.runs import SCHEMA_VERSION
 
 SMALL = ("hidden_size=32", "dtype=float32", "warmup=0", "iters=2")
@@ -57,8 +57,7 @@ def test_now_on_the_command_line_is_written_out_once():
 def test_a_sweep_straddling_seconds_writes_one_folder_and_exits_0(tmp_path):
     """No results_dir given: the default, timestamped one, with a clock that
     ticks at every reading."""
-    cmd = [sys.executable, "-c", TICKING, "-m", "cp_size=1", "seq_lens=[8],[9],[10]", *SMALL]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
+    proc = run_python("-c", TICKING, "-m", "cp_size=1", "seq_lens=[8],[9],[10]", *SMALL, cwd=tmp_path)
     folders = sorted(p.name for p in (tmp_path / "results").iterdir())
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert len(folders) == 1, folders
@@ -102,9 +101,8 @@ def test_a_sweep_with_checked_rows_exits_0_and_composes_each_choice_of_groups_on
     composed every job before the sweep; Hydra's launcher composes the first
     once more, as it starts, not twice, and the second (another seq_lens
     only) from a copy of the first's (preflight.composed_once)."""
-    cmd = [sys.executable, "-c", COUNTING, "-m", "cp_size=1", "seq_lens=[8],[9]", "mlp_mode=FULL",
-           f"results_dir={tmp_path / 'res'}", *SMALL]
-    run = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    run = run_python("-c", COUNTING, "-m", "cp_size=1", "seq_lens=[8],[9]", "mlp_mode=FULL",
+                     f"results_dir={tmp_path / 'res'}", *SMALL)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "nothing was checked" not in run.stderr
     assert "composes: 1" in run.stderr.splitlines(), run.stderr[-2000:]

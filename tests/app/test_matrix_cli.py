@@ -3,32 +3,25 @@
 from __future__ import annotations
 
 import csv
-
+import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from matrix.app.config import GROUPS, KEYS, register
+from matrix.app.config import GROUPS, KEYS
 from matrix.app.repro_env import split
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS
 from nsa_cp_comm import engines
 
-from matrix_cli import REPO, run_matrix
+from matrix_cli import REPO, compose_config, run_matrix, run_python
 
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml"))
 LAYOUTS = sorted(p.stem for p in (REPO / "conf" / "layout").glob("*.yaml"))
 
 
-def _compose(*overrides: str):
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=True)
-
-
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_to_a_valid_sweep(preset):
-    cfg = _compose(f"+matrix={preset}")
+    cfg = compose_config(f"+matrix={preset}")
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     assert params, f"{preset} sweeps nothing"
     for key in params:
@@ -39,10 +32,10 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
 
 
 def test_default_preset_crosses_every_axis_without_duplicates():
-    params = OmegaConf.to_container(_compose("+matrix=default").hydra.sweeper.params)
+    params = OmegaConf.to_container(compose_config("+matrix=default").hydra.sweeper.params)
     assert params["cp_size"] == "1,2,4,8"
     # every layout of the default engine's splits (the others' are their engines': engine=vllm_0_33, vllm_ascend)
-    own = [n for n in LAYOUTS if _compose(f"+layout={n}").split in engines.get(engines.DEFAULT).strategies]
+    own = [n for n in LAYOUTS if compose_config(f"+layout={n}").split in engines.get(engines.DEFAULT).strategies]
     assert set(params["+layout"].split(",")) == set(own)
     assert set(params["moe_a2a_backend"].split(",")) == {"none", "deepep"}
     lens = params["seq_lens"]
@@ -50,7 +43,7 @@ def test_default_preset_crosses_every_axis_without_duplicates():
     assert "page_size" not in params and "shared_kv" not in params  # only via layouts, never crossed
     pages: dict[bool, set] = {}
     for name in own:
-        c = _compose(f"+layout={name}")
+        c = compose_config(f"+layout={name}")
         pages.setdefault(c.shared_kv, set()).add((c.page_size, c.split))
     assert pages[False] == {(1, "zigzag"), (1, "round_robin")}
     assert {p for p, _ in pages[True]} == {1, 16, 64}
@@ -110,16 +103,10 @@ def test_two_smoke_sweeps_compare_clean(tmp_path):
     """A/A of the smoke preset: its iters=3 can show no significant change, so
     compare gates the two runs' status and correctness, not their times, and
     exits 0, saying what to run to gate on time."""
-    import subprocess
-    import sys
-
-    from matrix_cli import cli_env
-
     for name in ("a", "b"):
         run = run_matrix(tmp_path / name, "+matrix=smoke")
         assert run.returncode == 0, run.stderr[-2000:]
-    cmp = subprocess.run([sys.executable, "-m", "matrix.compare", str(tmp_path / "a"), str(tmp_path / "b")], cwd=REPO,
-                         env=cli_env(), capture_output=True, text=True, timeout=240)
+    cmp = run_python("-m", "matrix.compare", str(tmp_path / "a"), str(tmp_path / "b"), timeout=240)
     assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-2000:]
     last = cmp.stdout.strip().splitlines()[-1]
     assert last.endswith("smoke-untimed=43 -> PASS") and "unverified=0" in last, last
@@ -199,13 +186,10 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     traceback from the parent or a rank, the interrupted point, and the exact
     command that finishes the sweep."""
     import os
-    import shlex
     import signal
-    import subprocess
-    import sys
     import time
 
-    from matrix_cli import cli_env, sweep_in_background
+    from matrix_cli import sweep_in_background
 
     def interrupted_sweep(res):
         """The sweep, SIGINT sent mid-point; whether it was still running then."""
@@ -236,8 +220,7 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     assert len(named) == 1 and named[0] not in written and "[64]" in written, (lines, written)
     hint = lines[1].split("finish the sweep with: ", 1)[1]
     assert shlex.split(hint)[:3] == ["python", "-m", "matrix"] and shlex.split(hint)[-1] == "resume=true"
-    again = subprocess.run([sys.executable, *shlex.split(hint)[1:]], cwd=REPO, env=cli_env(), capture_output=True,
-                           text=True, timeout=300)
+    again = run_python(*shlex.split(hint)[1:])
     assert again.returncode == 0, again.stderr[-2000:]
     assert "matrix summary: 3 points, 6 rows: ok 6" in again.stdout
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from matrix_cli import REPO, CliRun, cli_env, run_matrix
+from matrix_cli import REPO, CliRun, cli_env, run_matrix, run_python
 
 EXAMPLE = REPO / "examples" / "engine_comm"
 SMALL = ("hidden_size=32", "iters=1", "warmup=0")
@@ -216,16 +214,10 @@ def install_plugin(project: Path, site: Path) -> dict:
 
 
 def _with_site(site: Path) -> dict[str, str]:
+    """cli_env() with ``site`` first on the path (the ranks inherit it)."""
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     return env
-
-
-def run_with(site: Path, results: Path, *overrides: str, multirun: bool = True, timeout: float = 240) -> CliRun:
-    """run_matrix's command with ``site`` on the path (the ranks inherit it)."""
-    cmd = [sys.executable, "-m", "matrix", *(["-m"] if multirun else []), f"results_dir={results}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=_with_site(site), capture_output=True, text=True, timeout=timeout)
-    return CliRun(proc.returncode, proc.stdout, proc.stderr, results)
 
 
 def test_example_plugin_by_entry_point_and_by_reference(tmp_path):
@@ -235,7 +227,8 @@ def test_example_plugin_by_entry_point_and_by_reference(tmp_path):
     assert (ep_name, ref) == ("engine_comm", "engine_comm.adapter:impl")
     results = tmp_path / "res"
     # [1001,300] is uneven (padding), [1000] even (legacy's bits promised).
-    run = run_with(site, results, f"impl={ep_name},{ref},all", "cp_size=2", "seq_lens=[1001,300],[1000]", *SMALL)
+    run = run_matrix(results, f"impl={ep_name},{ref},all", "cp_size=2", "seq_lens=[1001,300],[1000]", *SMALL,
+                     env=_with_site(site))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = run.rows()
     origin = f"engine_comm.adapter {proj['version']}"
@@ -250,8 +243,7 @@ def test_example_plugin_by_entry_point_and_by_reference(tmp_path):
     assert {"padded", "legacy", ep_name} <= in_all, in_all  # discovered beside the built-in ones
     assert all(r["impl_origin"] == "nsa_cp_comm 0.1.0" for r in rows if r["impl"] == "padded")
 
-    report = subprocess.run([sys.executable, "-m", "matrix.report", str(results)], cwd=REPO, env=_with_site(site),
-                            capture_output=True, text=True, timeout=240)
+    report = run_python("-m", "matrix.report", str(results), env=_with_site(site), timeout=240)
     assert report.returncode == 0, report.stderr[-2000:]
     md = (results / "report.md").read_text()
     assert ep_name in md and "padded" in md
@@ -269,7 +261,7 @@ def test_broken_plugin_is_one_line_naming_its_entry_point(tmp_path):
     )
     install_plugin(project, site)
     results = tmp_path / "res"
-    run = run_with(site, results, "impl=all", "cp_size=2", *SMALL, multirun=False, timeout=120)
+    run = run_matrix(results, "impl=all", "cp_size=2", *SMALL, multirun=False, timeout=120, env=_with_site(site))
     assert run.returncode == 2, run.stderr[-2000:]
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "entry point broken = broken_plugin:impl" in lines[0], run.stderr

@@ -19,9 +19,9 @@ from pathlib import Path
 from matrix.app import repro_env
 from matrix.app.config import MatrixConfig, override_value
 from matrix.app.point import repro_command
-from matrix.app.repro_env import env_prefix, split
+from matrix.app.repro_env import env_prefix, join, split
 
-from matrix_cli import REPO, CliRun
+from matrix_cli import REPO, run_matrix
 
 PLUGIN = '''\
 import dataclasses
@@ -98,11 +98,10 @@ def test_a_plugins_repro_reruns_from_another_directory_in_a_clean_environment(tm
     run, resolved)."""
     ref = _plugin(tmp_path / "plug", "repro_env_plugin_c")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO), str(tmp_path / "plug")])}
-    cmd = [sys.executable, "-m", "matrix", f"results_dir={tmp_path / 'res'}", f"impl={ref}", "cp_size=2",
-           "seq_lens=[3,3]", "hidden_size=32", "iters=1", "warmup=0"]
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    first = run_matrix(tmp_path / "res", f"impl={ref}", "cp_size=2", "seq_lens=[3,3]", "hidden_size=32", "iters=1",
+                       "warmup=0", multirun=False, env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    (row,) = CliRun(0, "", "", tmp_path / "res").rows()
+    (row,) = first.rows()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     clean = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"])}
@@ -116,10 +115,6 @@ def test_a_newline_in_a_carried_variable_is_kept_in_the_repro():
     """A repro is one line of a row: a newline in an NSA_* variable is
     written in bash's $'...' form (not folded to a space), and read back
     whole; bash reads it the same."""
-    import subprocess
-
-    from matrix.app.repro_env import env_prefix, join, split
-
     value = "line one\nline 'two'\tend\\"
     command = join([*env_prefix("padded", {"NSA_NOTE": value}, "/"), "python", "-c", "x"])
     assert "\n" not in command and "$'NSA_NOTE=line one\\nline \\'two\\'\\tend\\\\'" in command, command

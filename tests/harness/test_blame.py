@@ -17,25 +17,19 @@ from __future__ import annotations
 
 import re
 
+from broken_impls import ref as B
 from nsa_cp_comm.harness.cpgroup import group_rank_of
 from nsa_cp_comm.harness.measure import point_on_rank, run_point
 from nsa_cp_comm.harness.spec import PointSpec
+from rank_tasks import by_impl
 
 # n = (298, 318, 384) on three ranks, (488, 512) on two: uneven, every slot distinct.
 UNEVEN = dict(seq_lens=(1000,), policy="zigzag_page", page_size=64)
 
 
-def B(name: str) -> str:
-    return f"tests.broken_impls:{name}"
-
-
 def point(cp: int, impls: tuple[str, ...], bystanders: int = 0) -> PointSpec:
     return PointSpec(**UNEVEN, cp_size=cp, bystanders=bystanders, impls=impls, hidden_size=32, dtype="bfloat16",
                      warmup=1, iters=2)
-
-
-def by_impl(results):
-    return {r.impl: r for r in results}
 
 
 def test_a_short_gather_fails_once_and_the_rest_is_not_run(rank_pool):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -22,9 +21,10 @@ from pathlib import Path
 import pytest
 
 import rank_tasks
+from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from orphan_drills import REAPER, _driver_env, _read_line, _reap, start_interrupted
+from orphan_drills import _driver_env, _read_line, _reap, end_drill, start_interrupted, start_reaper, stop
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
 START_S = 180.0
@@ -48,14 +48,9 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     SIGKILL the driver; each one's exit code (-9: SIGKILL) or None if it
     lives on, as ``{"server": .., "rank0": .., ...}``."""
     (tmp_path / "driver.py").write_text(DRIVER)
-    (tmp_path / "reaper.py").write_text(REAPER)
-    work = tmp_path / "work"
     env = dict(_driver_env())
     env.pop(forkserver.FORK_ENV, None)
-    reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
-                               str(tmp_path / "driver.py"), str(work), *([str(worker)] if worker else [])],
-                              cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL)
+    reaper = start_reaper(tmp_path, env, str(tmp_path / "work"), *([str(worker)] if worker else []))
     ended: dict[int, int] = {}
     said: list[str] = []
     named: dict[str, int] = {}
@@ -69,19 +64,12 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
         server, *rank_pids = map(int, said[0].split())
         named = {"server": server, **{f"rank{r}": pid for r, pid in enumerate(rank_pids)}}
         for pid in named.values():
-            os.kill(pid, signal.SIGSTOP)
+            stop(pid)
         os.kill(driver, signal.SIGKILL)
         _reap(reaper, ended, said, {driver, *named.values()}, DEATH_SIGNAL_S)
         assert ended.get(driver) == -signal.SIGKILL, (driver, ended)
     finally:
-        for pid in named.values():  # what outlived the drill
-            if pid not in ended:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        reaper.kill()
-        reaper.wait()
+        end_drill(reaper, named.values(), ended)
     return {name: ended.get(pid) for name, pid in named.items()}
 
 
@@ -216,8 +204,7 @@ def test_the_rank_start_benchmark_runs(tmp_path):
     """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
     env = dict(_driver_env())
     env.pop(forkserver.FORK_ENV, None)
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks" / "rank_start.py"),
-                          "--cp", "2", "--reps", "3"], env=env, capture_output=True, text=True, timeout=600)
+    run = run_python(str(REPO / "benchmarks" / "rank_start.py"), "--cp", "2", "--reps", "3", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()
     assert row[0] == "2" and len(row) == 6 and all("/" in cell for cell in row[3:]), run.stdout

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from matrix_cli import live_processes
-from orphan_drills import REAPER, _driver_env, _read_line, _reap, start_interrupted
+from matrix_cli import live_processes, processes_left, run_python
+from orphan_drills import _driver_env, _read_line, _reap, end_drill, read_text, start_interrupted, start_reaper, stop
 from nsa_cp_comm.harness import RankPool
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
 
-REPO = Path(__file__).resolve().parents[2]
 # How long a rank may take to notice that its starter is gone. With the death
 # signal armed from the first statements it is milliseconds; the bound is
 # generous for a loaded 2-core machine (a rank that had not yet reached those
@@ -61,18 +60,6 @@ exec "$DRILL_PYTHON" "${DRILL_WORKER:-$worker}" "$@"
 """
 
 
-def live_processes_mentioning(text: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose command line contains ``text``."""
-    return list(live_processes(text))
-
-
-def wait_until_gone(text: str, timeout_s: float) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while (left := live_processes_mentioning(text)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
-
-
 def _wait_for(what: str, condition, timeout_s: float = START_S):
     deadline = time.monotonic() + timeout_s
     while not (found := condition()):
@@ -81,23 +68,8 @@ def _wait_for(what: str, condition, timeout_s: float = START_S):
     return found
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 def _thread_names(pid: int) -> list[str]:
-    return [_read(t / "comm").strip() for t in Path(f"/proc/{pid}/task").glob("*")]
-
-
-def _stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and wait until the kernel shows it stopped: kill() returns
-    before the stop takes hold, and a rank whose driver is killed in that window
-    may still run (the drill saw rank 0 exit 1 instead of ending stopped)."""
-    os.kill(pid, signal.SIGSTOP)
-    _wait_for(f"pid {pid} stopped", lambda: _read(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()[:1] == ["T"])
+    return [read_text(t / "comm").strip() for t in Path(f"/proc/{pid}/task").glob("*")]
 
 
 def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | None]:
@@ -118,15 +90,13 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
     gate, work = tmp_path / "gate", tmp_path / "work"
     gate.mkdir()
     work.mkdir()
-    for name, text in (("driver.py", DRIVER), ("reaper.py", REAPER), ("rank-python", GATE)):
+    for name, text in (("driver.py", DRIVER), ("rank-python", GATE)):
         (tmp_path / name).write_text(text)
     (tmp_path / "rank-python").chmod(0o755)
     # The exec path's drill (CUDA ranks take it; tests/harness/test_forkserver.py drills the fork path)
     env = dict(_driver_env(), NSA_CP_COMM_FORK_RANKS="0", DRILL=str(gate), DRILL_HOLD="2", DRILL_PYTHON=sys.executable,
                DRILL_WRAPPER=str(tmp_path / "rank-python"), **({"DRILL_WORKER": str(worker)} if worker else {}))
-    reaper = subprocess.Popen([sys.executable, str(tmp_path / "reaper.py"), sys.executable,
-                               str(tmp_path / "driver.py"), str(work)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    reaper = start_reaper(tmp_path, env, str(work))
     ended: dict[int, int] = {}
     said: list[str] = []
     pids: dict[int, int] = {}
@@ -134,12 +104,12 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
     try:
         driver = int(_read_line(reaper, START_S) or 0)
         assert driver, "the drill's driver did not start"
-        pids = {r: int(_wait_for(f"rank {r} start", lambda r=r: _read(gate / f"rank{r}.pid"))) for r in range(3)}
-        _wait_for("rank 1 load torch", lambda: "/torch/" in _read(Path(f"/proc/{pids[1]}/maps")))
-        _stop(pids[1])
+        pids = {r: int(_wait_for(f"rank {r} start", lambda r=r: read_text(gate / f"rank{r}.pid"))) for r in range(3)}
+        _wait_for("rank 1 load torch", lambda: "/torch/" in read_text(f"/proc/{pids[1]}/maps"))
+        stop(pids[1])
         _wait_for("rank 0 in the rendezvous", lambda: any(work.glob(f"{STORE_PREFIX}*"))
                   and "gloo_tcp_loop" in _thread_names(pids[0]))
-        _stop(pids[0])
+        stop(pids[0])
         os.kill(driver, signal.SIGKILL)
         _reap(reaper, ended, said, {driver, pids[0], pids[1]}, DEATH_SIGNAL_S)
         (gate / "go").touch()
@@ -148,14 +118,7 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
         assert ended.get(driver) == -signal.SIGKILL, (driver, ended)
     finally:
         (gate / "go").touch()
-        for pid in [driver, *pids.values()]:  # what outlived the drill (a broken worker's ranks)
-            if pid and pid not in ended:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        reaper.kill()  # the ranks are ended above; the reaper's own children with it
-        reaper.wait()
+        end_drill(reaper, [driver, *pids.values()], ended)  # a broken worker's ranks outlive it
     return {r: ended.get(pid) for r, pid in pids.items()}
 
 
@@ -165,7 +128,7 @@ def test_sigkill_of_the_starter_at_fixed_points_of_rank_start_up_leaves_no_rank(
     their driver; a rank not yet running exits with ORPHAN_EXIT as it starts,
     before importing anything; none is left."""
     assert kill_drill(tmp_path) == {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: ORPHAN_EXIT}
-    assert wait_until_gone(str(tmp_path / "work"), GONE_WITHIN_S) == []
+    assert processes_left(str(tmp_path / "work"), timeout_s=GONE_WITHIN_S) == {}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
@@ -189,9 +152,8 @@ def test_a_rank_whose_starter_is_not_its_parent_exits_before_importing_anything_
     """The race the death signal cannot see: the starter died before the rank
     armed it (the rank then has another parent). The rank exits at once, with
     ORPHAN_EXIT, having imported neither torch nor the package."""
-    args = [sys.executable, "-X", "importtime", str(WORKER_PATH), "1", "0", "2", "gloo", "cpu",
-            str(tmp_path / "store"), "0", "1"]
-    run = subprocess.run(args, env=_driver_env(), capture_output=True, text=True, timeout=120)
+    run = run_python("-X", "importtime", str(WORKER_PATH), "1", "0", "2", "gloo", "cpu", str(tmp_path / "store"), "0",
+                     "1", env=_driver_env(), timeout=120)
     assert run.returncode == ORPHAN_EXIT, run.stderr[-2000:]
     imported = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if "|" in line]
     assert imported and not any(m.split(".")[0] in ("torch", "nsa_cp_comm", "numpy") for m in imported), imported
@@ -201,7 +163,7 @@ def test_a_rank_whose_starter_is_not_its_parent_exits_before_importing_anything_
 def test_an_interrupted_start_kills_the_started_ranks_and_removes_the_rendezvous(tmp_path, monkeypatch):
     monkeypatch.setenv("NSA_CP_COMM_FORK_RANKS", "0")  # exec'd ranks: still importing torch at the interrupt
     start_interrupted(tmp_path, 0.5)
-    assert wait_until_gone(str(tmp_path), 5.0) == []
+    assert processes_left(str(tmp_path), timeout_s=5.0) == {}
     assert list(tmp_path.glob(f"{STORE_PREFIX}*")) == []
 
 
@@ -258,7 +220,6 @@ def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_
     pool. The drill can fail: with a worker that does not become a subreaper
     the daemon goes to init and outlives the pool."""
     import rank_tasks
-    from matrix_cli import live_processes
     from nsa_cp_comm.harness import ranks
 
     seconds = 800_000 + os.getpid() % 90_000 + (0 if subreaper else 1)  # this test's own
@@ -277,10 +238,7 @@ def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_
             while len(live_processes(f"sleep {seconds}")) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert len(live_processes(f"sleep {seconds}")) == 2
-        deadline = time.monotonic() + 30
-        while live_processes(f"sleep {seconds}") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = live_processes(f"sleep {seconds}")
+        left = processes_left(f"sleep {seconds}")
         assert (left == {}) == subreaper, left
     finally:
         for pid in live_processes(f"sleep {seconds}"):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 import pytest
 
 import rank_tasks
-from matrix_cli import live_processes
+from matrix_cli import live_processes, processes_left
 from nsa_cp_comm.harness import RankPool
 from nsa_cp_comm.harness.rank_state import check_pool
 
@@ -231,10 +230,7 @@ def test_a_destroyed_group_is_found_and_a_tasks_helper_process_dies_with_its_ran
         assert not pool.alive
     finally:
         pool.close(graceful=False)
-    deadline = time.monotonic() + 30
-    while live_processes(helper) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert live_processes(helper) == {}
+    assert processes_left(helper) == {}
 
 
 def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch, tmp_path):

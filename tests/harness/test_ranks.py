@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rank_tasks
+from orphan_drills import read_text
 from nsa_cp_comm.harness import RankPool, RankResult, ranks, run_on_ranks
 from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
 
@@ -207,19 +208,12 @@ def test_the_oom_kill_counter_is_read_here(tmp_path):
         pytest.skip("no OOM-kill counter is readable on this machine")
     # the first candidate file holding the counter, read here by other means
     for path in ranks._oom_counter_files():
-        found = [line.split()[1] for line in _read(path).splitlines() if line.split()[:1] == ["oom_kill"]]
+        found = [line.split()[1] for line in read_text(path).splitlines() if line.split()[:1] == ["oom_kill"]]
         if found:
             assert n == int(found[0]), path
             break
     else:
         pytest.fail(f"oom_kill_count() gave {n}, but no candidate file holds an oom_kill line")
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL can start where a GPU is present")

@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 import nsa_cp_comm.roundtrip as roundtrip
 from nsa_cp_comm import alternatives, impls
-from nsa_cp_comm.harness.fold import fold_reports
 from nsa_cp_comm.harness.measure import point_on_rank, run_point
 from nsa_cp_comm.harness.spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from nsa_cp_comm.moe import ReferenceMoE, max_rel_err, tolerance
@@ -30,6 +29,7 @@ from nsa_cp_comm.roundtrip import (
     padded_gather_,
     padded_scatter,
 )
+from rank_tasks import by_impl, folded
 
 REPO = Path(__file__).resolve().parents[2]
 H = 32
@@ -349,10 +349,6 @@ def test_sumlen_and_a2a_on_gloo_ranks(pool3):
         assert received == sum(results[r].value[i]["rows_sent"] for r in range(3))
 
 
-def _by_impl(results):
-    return {r.impl: r for r in results}
-
-
 @pytest.mark.parametrize(
     "seq_lens,policy,page,dtype",
     [((900,), "zigzag_page", 64, "float32"), ((1001, 300), "zigzag", 1, "bfloat16"),
@@ -362,7 +358,7 @@ def test_full_mode_alternatives_through_run_point(pool3, seq_lens, policy, page,
     spec = PointSpec(seq_lens, 3, policy, page_size=page, hidden_size=H, dtype=dtype, warmup=1, iters=3,
                      impls=("padded", "legacy", "sumlen_allreduce", "allgatherv"))
     plan = spec.plan()
-    res = _by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
+    res = by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
     assert res["padded"].status == "ok" and res["padded"].correct
     assert res["legacy"].status == ("ok" if plan.is_even else "refused"), res["legacy"].reason
     s = res["sumlen_allreduce"]
@@ -386,7 +382,7 @@ def test_scattered_mode_a2a_through_run_point(pool3, seq_lens, policy, page, dty
     spec = PointSpec(seq_lens, 3, policy, page_size=page, mode="SCATTERED", hidden_size=H, dtype=dtype,
                      warmup=1, iters=3, impls=("padded", "legacy", "a2a"))
     plan = spec.plan()
-    res = _by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
+    res = by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
     for name in ("padded", "legacy"):
         assert res[name].status == "passthrough" and res[name].correct, res[name].reason
         assert res[name].rows_moved is None and not res[name].stats
@@ -405,7 +401,7 @@ def test_scattered_mode_a2a_through_run_point(pool3, seq_lens, policy, page, dty
 def test_a2a_in_full_mode_is_skipped(pool3):
     spec = PointSpec((900,), 3, "zigzag_page", page_size=64, hidden_size=H, dtype="float32", warmup=0, iters=1,
                      impls=("padded", "a2a"))
-    res = _by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
+    res = by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
     assert res["padded"].status == "ok"
     assert res["a2a"].status == "skipped" and "SCATTERED" in res["a2a"].reason
 
@@ -441,19 +437,15 @@ def test_checks_catch_broken_alternatives(pool3, monkeypatch):
     monkeypatch.setitem(impls.REGISTRY, "broken_sumlen", impls.get("sumlen_allreduce"))  # PointSpec validation
     full = PointSpec((900,), 3, "zigzag_page", page_size=64, hidden_size=H, dtype="float32", warmup=0, iters=1,
                      impls=("sumlen_allreduce", "broken_sumlen"))
-    got = pool3.run(_point_with_broken_impls, full, "gloo", timeout_s=TIMEOUT_S)
-    assert all(r.ok for r in got), [r.error for r in got]
-    res = _by_impl(fold_reports(full, full.plan(), [r.value for r in got]))
+    res = folded(full, pool3.run(_point_with_broken_impls, full, "gloo", timeout_s=TIMEOUT_S))
     assert res["sumlen_allreduce"].status == "ok"
     assert res["broken_sumlen"].status == "failed" and res["broken_sumlen"].failed_check == "gather_rows"
     scat = PointSpec((900,), 3, "zigzag_page", page_size=64, mode="SCATTERED", hidden_size=H, dtype="float32", warmup=0,
                      iters=1, impls=("a2a",))
-    got = pool3.run(_point_with_broken_impls, scat, "gloo", timeout_s=TIMEOUT_S)
-    assert all(r.ok for r in got), [r.error for r in got]
-    res = _by_impl(fold_reports(scat, scat.plan(), [r.value for r in got]))
+    res = folded(scat, pool3.run(_point_with_broken_impls, scat, "gloo", timeout_s=TIMEOUT_S))
     assert res["a2a"].status == "failed" and res["a2a"].failed_check == "reference_moe", res["a2a"].reason
     # and the pool's ranks are healthy again
-    ok = _by_impl(run_point(scat, pool3, timeout_s=TIMEOUT_S))
+    ok = by_impl(run_point(scat, pool3, timeout_s=TIMEOUT_S))
     assert ok["a2a"].status == "ok"
 
 
@@ -465,23 +457,15 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.mark.requires_gpu
-@needs_cuda
-def test_alternatives_nccl_cp1(tmp_path):
-    spec = PointSpec((1001, 300), 1, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3,
-                     impls=("padded", "legacy", "sumlen_allreduce", "allgatherv"))
-    with RankPool(1, backend="nccl", device="cuda", workdir=tmp_path) as pool:
-        res = _by_impl(run_point(spec, pool, timeout_s=TIMEOUT_S))
-    for name, r in res.items():
-        assert r.status == "ok" and r.correct, (name, r.reason)
-
-
-@pytest.mark.requires_gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="uneven NCCL allgatherv needs 2 GPUs")
-def test_allgatherv_nccl_uneven(tmp_path):
-    spec = PointSpec((1001, 300), 2, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3,
-                     impls=("padded", "sumlen_allreduce", "allgatherv"))
-    with RankPool(2, backend="nccl", device="cuda", workdir=tmp_path) as pool:
-        res = _by_impl(run_point(spec, pool, timeout_s=TIMEOUT_S))
+@pytest.mark.parametrize("cp, impls", [
+    pytest.param(1, ("padded", "legacy", "sumlen_allreduce", "allgatherv"), marks=needs_cuda, id="cp1"),
+    pytest.param(2, ("padded", "sumlen_allreduce", "allgatherv"), id="allgatherv_uneven",
+                 marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="uneven NCCL allgatherv needs 2 GPUs")),
+])
+def test_alternatives_on_nccl(tmp_path, cp, impls):
+    spec = PointSpec((1001, 300), cp, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3, impls=impls)
+    with RankPool(cp, backend="nccl", device="cuda", workdir=tmp_path) as pool:
+        res = by_impl(run_point(spec, pool, timeout_s=TIMEOUT_S))
     for name, r in res.items():
         assert r.status == "ok" and r.correct, (name, r.reason)
 
@@ -492,10 +476,10 @@ def test_alternatives_gloo_cuda_tensors(tmp_path):
     with RankPool(2, backend="gloo", device="cuda", workdir=tmp_path) as pool:
         full = PointSpec((1001, 300), 2, "zigzag", hidden_size=256, dtype="bfloat16", warmup=1, iters=3,
                          impls=("padded", "legacy", "sumlen_allreduce", "allgatherv"))
-        res = _by_impl(run_point(full, pool, timeout_s=TIMEOUT_S))
+        res = by_impl(run_point(full, pool, timeout_s=TIMEOUT_S))
         assert res["padded"].status == "ok" and res["sumlen_allreduce"].status == "ok", res
         assert res["allgatherv"].status == "skipped"
         scat = PointSpec((64,), 2, "zigzag_page", page_size=64, mode="SCATTERED", hidden_size=256,
                          dtype="bfloat16", warmup=1, iters=3, impls=("padded", "a2a"))
-        res = _by_impl(run_point(scat, pool, timeout_s=TIMEOUT_S))
+        res = by_impl(run_point(scat, pool, timeout_s=TIMEOUT_S))
         assert res["a2a"].status == "ok" and res["a2a"].correct, res["a2a"].reason

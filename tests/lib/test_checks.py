@@ -12,23 +12,18 @@ from __future__ import annotations
 import pytest
 
 import broken_impls
-from nsa_cp_comm.harness.fold import fold_reports
+from broken_impls import ref as B
 from nsa_cp_comm.harness.spec import PointSpec
+from rank_tasks import folded
 
 UNEVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag_page", page_size=64)  # n = (488, 512)
 EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500)
 
 
-def B(name: str) -> str:
-    """The reference that loads a broken implementation of the catalogue."""
-    return f"tests.broken_impls:{name}"
-
-
 def run(rank_pool, mutation="none", where=UNEVEN, impls=("padded", "legacy"), mode="FULL", dtype="bfloat16", topk=2):
     spec = PointSpec(**where, impls=impls, mode=mode, hidden_size=32, dtype=dtype, warmup=0, iters=1, topk=topk)
-    results = rank_pool(spec.cp_size).run(broken_impls.point_with_mutation, spec, "gloo", mutation, timeout_s=120)
-    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
-    return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}
+    return folded(spec, rank_pool(spec.cp_size).run(broken_impls.point_with_mutation, spec, "gloo", mutation,
+                                                    timeout_s=120))
 
 
 def test_healthy_points_pass(rank_pool):

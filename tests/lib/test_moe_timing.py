@@ -21,7 +21,7 @@ from nsa_cp_comm.harness.timing import (
     roundtrip_bandwidth,
     summarize,
 )
-from rank_tasks import TORCH_UNEVEN_TEXT
+from rank_tasks import TORCH_UNEVEN_TEXT, by_impl
 
 # -- ReferenceMoE -----------------------------------------------------------------
 
@@ -160,10 +160,6 @@ def small(**kw) -> PointSpec:
     base = dict(seq_lens=(1001, 300), cp_size=2, policy="zigzag", hidden_size=128, dtype="float32",
                 warmup=1, iters=3)
     return PointSpec(**{**base, **kw})
-
-
-def by_impl(results):
-    return {r.impl: r for r in results}
 
 
 def test_point_uneven_padded_correct_and_legacy_refuses(rank_pool):

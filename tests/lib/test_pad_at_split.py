@@ -19,9 +19,9 @@ from matrix.scale import plans
 from matrix.scale.workload import Batches
 from matrix_cli import run_matrix
 from nsa_cp_comm import impls
-from nsa_cp_comm.harness.fold import fold_reports
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 from nsa_cp_comm.harness.spec import PointSpec
+from rank_tasks import folded
 
 UNEVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag_page", page_size=64)  # n = (488, 512), P = 512
 EVEN = dict(seq_lens=(1000,), cp_size=2, policy="zigzag")  # n = (500, 500), P = 500
@@ -39,8 +39,7 @@ def run(rank_pool, mutation, where, topk=2):
                      iters=1, topk=topk)
     results = rank_pool(spec.cp_size).run(pad_at_split_tasks.point_with_mutation, spec, "gloo", mutation,
                                           timeout_s=120)
-    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
-    return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}, spec
+    return folded(spec, results), spec
 
 
 @pytest.mark.parametrize("where", [UNEVEN, EVEN, EMPTY, THREE, ROUND, SGLANG_THREE, SGLANG_ROUND],

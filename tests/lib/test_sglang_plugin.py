@@ -17,9 +17,9 @@ import torch
 import sglang_plugin_tasks as tasks
 from nsa_cp_comm import impls
 from nsa_cp_comm.harness.checks import shard_input
-from nsa_cp_comm.harness.fold import fold_reports
 from nsa_cp_comm.harness.spec import PointSpec
 from nsa_cp_comm.plan import plan_split
+from rank_tasks import folded
 
 tasks.importable()
 REF = tasks.REF
@@ -34,11 +34,7 @@ def _spec(lens, cp, policy="round_robin", engine=SGLANG, iters=2):
 
 def _run(rank_pool, cp, runs):
     results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
-    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
-    out = []
-    for k, (spec, _) in enumerate(runs):
-        out.append({r.impl: r for r in fold_reports(spec, spec.plan(), [r.value[k] for r in results])})
-    return out
+    return [folded(spec, results, k) for k, (spec, _) in enumerate(runs)]
 
 
 # (lens, cp, policy, engine) -> the plug-in's status, and what its reason says when skipped

@@ -17,24 +17,19 @@ import pytest
 import torch
 
 import broken_impls
-from nsa_cp_comm.harness.fold import fold_reports
+from broken_impls import ref as B
 from nsa_cp_comm.harness.spec import PointSpec
 from nsa_cp_comm.moe import SHARED_EXPERTS, ReferenceMoE, counted_cp_times, max_rel_err, tolerance
+from rank_tasks import folded
 
 PHRASE = "a replicated term counted cp times"
 UNEVEN = dict(seq_lens=(1001, 300), policy="zigzag")
 
 
-def B(name: str) -> str:
-    return f"tests.broken_impls:{name}"
-
-
 def run(rank_pool, impls, cp=2, shared="replicated", mutation="none", where=UNEVEN, dtype="bfloat16", mode="FULL"):
     spec = PointSpec(**where, cp_size=cp, impls=impls, hidden_size=32, dtype=dtype, warmup=0, iters=1,
                      shared_expert=shared, mode=mode)
-    results = rank_pool(cp).run(broken_impls.point_with_mutation, spec, "gloo", mutation, timeout_s=240)
-    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
-    return {r.impl: r for r in fold_reports(spec, spec.plan(), [r.value for r in results])}
+    return folded(spec, rank_pool(cp).run(broken_impls.point_with_mutation, spec, "gloo", mutation, timeout_s=240))
 
 
 # -- the model ---------------------------------------------------------------------

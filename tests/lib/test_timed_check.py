@@ -47,14 +47,6 @@ def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, 
     assert "the caller's rows changed during the round trip" in zeroed
 
 
-def test_without_the_check_every_cheat_would_pass(rank_pool):
-    # The verdicts above come from the check of every timed iteration: with it
-    # off, the same forms (padded's checked calls) are ok.
-    rows = _run(rank_pool, 2, (3, 3), verify=False)
-    for name in CHEATS:
-        assert rows[name].status == "ok", (name, rows[name].reason)
-
-
 def _check(cp=4, lens=(5, 3, 9), dtype=torch.bfloat16, impl="padded", rank=1, seed=3):
     plan = plan_split(lens, cp, policy="zigzag")
     shards = [torch.randn(n, 16).to(dtype) for n in plan.per_rank_tokens]
@@ -178,9 +170,13 @@ def test_a_dispatch_that_cheats_in_its_timed_calls_fails_and_a2a_passes(rank_poo
     assert "the caller's rows changed" in rows["tests.broken_impls:a2a_zeroes_caller"].reason
 
 
-def test_without_the_check_every_dispatch_cheat_would_pass(rank_pool):
-    rows = _run_dispatch(rank_pool, 2, (7, 4), verify=False)
-    for name in DISPATCH_CHEATS:
+@pytest.mark.parametrize("run, lens, cheats", [(_run, (3, 3), CHEATS), (_run_dispatch, (7, 4), DISPATCH_CHEATS)],
+                         ids=["round_trip", "dispatch"])
+def test_without_the_check_every_cheat_would_pass(rank_pool, run, lens, cheats):
+    # The verdicts above come from the check of every timed iteration: with it
+    # off, the same forms (padded's checked calls) are ok.
+    rows = run(rank_pool, 2, lens, verify=False)
+    for name in cheats:
         assert rows[name].status == "ok", (name, rows[name].reason)
 
 

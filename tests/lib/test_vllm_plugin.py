@@ -16,8 +16,8 @@ import pytest
 
 import vllm_plugin_tasks as tasks
 from nsa_cp_comm import impls
-from nsa_cp_comm.harness.fold import fold_reports
 from nsa_cp_comm.harness.spec import PointSpec
+from rank_tasks import folded
 
 tasks.importable()
 REF = tasks.REF
@@ -30,13 +30,9 @@ def _spec(lens, cp, policy=DCS, engine=VLLM, iters=2):
                      iters=iters, engine=engine)
 
 
-def _run(rank_pool, cp, runs, ok=True):
+def _run(rank_pool, cp, runs):
     results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
-    if not ok:
-        return results
-    assert all(r.ok for r in results), [(r.status, r.error) for r in results]
-    return [{r.impl: r for r in fold_reports(spec, spec.plan(), [r.value[k] for r in results])}
-            for k, (spec, _) in enumerate(runs)]
+    return [folded(spec, results, k) for k, (spec, _) in enumerate(runs)]
 
 
 # (lens, cp, policy, engine) -> the plug-in's status, or what its skip reason says

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from matrix_cli import REPO, run_python
 LIBRARY = REPO / "src" / "nsa_cp_comm"
 
 
@@ -156,8 +154,7 @@ def failing_alone(package: str, names: list[str], *path: Path) -> list[str]:
     """The modules of ``names`` that fail to import when each is the first of
     ``package`` imported (one interpreter; other libraries stay loaded)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))}
-    proc = subprocess.run([sys.executable, "-c", ALONE, package, *names], cwd=path[-1], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = run_python("-c", ALONE, package, *names, cwd=path[-1], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.split("\n")[:-1] if proc.stdout.strip() else []
 
@@ -185,8 +182,7 @@ def test_help_answers_without_importing_torch():
     schema, the presets and the library's pure-Python limits, never torch
     (seconds of imports on a loaded machine)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "matrix", "--help"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_python("-X", "importtime", "-m", "matrix", "--help", env=env)
     assert proc.returncode == 0 and "keys:" in proc.stdout, proc.stderr[-2000:]
     modules = imported(proc.stderr)
     assert {"matrix.app.help", "matrix.app.config", "nsa_cp_comm.harness.calibrate"} <= modules
@@ -214,8 +210,7 @@ def test_the_librarys_names_load_on_first_use():
         print(before, "torch" in sys.modules)
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_python("-c", probe, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["False", "True"]
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
-from matrix_cli import REPO, cli_env
+from matrix_cli import REPO, run_python
 
 README = (REPO / "README.md").read_text()
 
@@ -16,8 +14,7 @@ def test_readme_example_runs_as_written(tmp_path):
     code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(code)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=cli_env(), capture_output=True,
-                          text=True, timeout=120)
+    proc = run_python(str(script), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == [
         "(488, 512) 512 1024 False",

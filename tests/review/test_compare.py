@@ -3,9 +3,6 @@ noise, duplicates, big files and bad input."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +11,8 @@ from matrix.review import _review, compare
 from compare_rows import (FIRST, PASSTHROUGH, REFUSED, base_rows, changed, counts, make_row, marks, run,
                           summary, write_run)
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS, RESULTS_FILE
+from matrix_cli import run_python
 from report_rows import bench_review
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -393,14 +389,7 @@ def test_bad_input_exits_2_with_one_line(
 
 def test_module_entry_point(base: str, tmp_path: Path) -> None:
     new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.2))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "matrix.compare", base, new], cwd=REPO, env=env,
-        capture_output=True, text=True, timeout=120,
-    )
+    proc = run_python("-m", "matrix.compare", base, new, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.strip().splitlines()[-1].endswith("-> FAIL")
     assert "Traceback" not in proc.stderr

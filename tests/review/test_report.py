@@ -4,7 +4,6 @@ bad input as one line."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +13,7 @@ from matrix.review import _review, plots, report
 from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
 from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
-                         section, table_row)
+                         run_report, section, table_row)
 
 REPO = Path(__file__).resolve().parents[2]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
@@ -30,8 +29,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_report_writes_markdown_appendix_and_pngs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, appendix = md_of(run_dir)
+    md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     for name in PNGS:
         data = (run_dir / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 1000
@@ -46,8 +44,7 @@ def test_report_writes_markdown_appendix_and_pngs(run_dir: Path, capsys: pytest.
 
 
 def test_verdicts_count_every_status_and_explain_each(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, _ = md_of(run_dir)
+    md, _, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     verdicts = section(md, "Verdicts")
     header = table_row(verdicts, "status")
     assert header[:1] == ["status"] and header[-2:] == ["all", "meaning"]
@@ -67,8 +64,7 @@ def test_readers_use_the_status_column_only(tmp_path: Path, capsys: pytest.Captu
     rows = [make_row("legacy", status="error", correct=None, reason=f"RuntimeError: {TORCH_TEXT}"),
             make_row("legacy", cp=4, reason=f"note: {TORCH_TEXT}")]
     append(tmp_path, rows)
-    assert report.main([str(tmp_path)]) == 1
-    md, _ = md_of(tmp_path)
+    md, _, _ = run_report(tmp_path, code=1)
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
     assert table_row(verdicts, "refused")[-2] == "0"
@@ -83,8 +79,7 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
             make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
             make_row("legacy", cp=4), make_row("padded", cp=8, correct=None), make_row("legacy", cp=8, correct=None)]
     append(tmp_path, rows)
-    assert report.main([str(tmp_path)]) == 1
-    verdict = md_of(tmp_path)[0].splitlines()[2]
+    verdict = run_report(tmp_path, code=1)[0].splitlines()[2]
     assert verdict.startswith("**Verdict: FAIL**: 3 points, 6 rows"), verdict
     assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
     assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
@@ -95,8 +90,7 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path: Path,
 
 
 def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, appendix = md_of(run_dir)
+    md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     banner = md.index("**Verdict: FAIL**")
     assert "INCORRECT RESULTS: 2 rows of 2 points" in md.splitlines()[2]
     loud = md.index("### !!! INCORRECT RESULTS: 2 rows of 2 points !!!")
@@ -106,8 +100,7 @@ def test_incorrect_points_are_loud_and_first(run_dir: Path, capsys: pytest.Captu
 
 
 def test_failing_points_grouped_here_listed_in_appendix(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, appendix = md_of(run_dir)
+    md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     failing = section(md, "Verdicts")[section(md, "Verdicts").index("### Failed"):]
     assert "### Failed, error and timeout: 3 rows of 3 points" in failing
     assert "reference_moe" in failing and "ValueError: boom" in failing and "timed out after 60 s" in failing
@@ -127,8 +120,7 @@ def test_a_failing_folder_exits_1_with_its_verdict_and_reasons_in_the_json(
         run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A script or CI job that runs the report stops on a failing sweep; the
     files are written all the same, and report.json says why."""
-    assert report.main([str(run_dir)]) == 1
-    doc = json.loads((run_dir / "report.json").read_text())
+    _, _, doc = run_report(run_dir, code=1)
     assert doc["verdict"] == "FAIL"
     assert doc["reasons"] == [
         "incorrect results: 2 rows of 2 points (`correct` or `even_bitwise_equal` is False)",
@@ -140,15 +132,13 @@ def test_a_failing_folder_exits_1_with_its_verdict_and_reasons_in_the_json(
 
 
 def test_exit_zero_keeps_exit_0_on_a_failing_folder(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir), "--exit-zero"]) == 0
-    assert json.loads((run_dir / "report.json").read_text())["verdict"] == "FAIL"
+    assert run_report(run_dir, "--exit-zero")[2]["verdict"] == "FAIL"
     assert "verdict FAIL" not in capsys.readouterr().err
 
 
 def test_a_passing_folder_exits_0_with_verdict_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     append(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
-    assert report.main([str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "report.json").read_text())
+    _, _, doc = run_report(tmp_path)
     assert (doc["verdict"], doc["reasons"]) == ("PASS", [])
     assert "**Verdict: PASS**" in (tmp_path / "report.md").read_text()
 
@@ -156,8 +146,7 @@ def test_a_passing_folder_exits_0_with_verdict_pass(tmp_path: Path, capsys: pyte
 def test_a_folder_of_skipped_rows_says_nothing_checked_and_exits_0(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     append(tmp_path, [make_row(status="skipped", correct=None, reason="same effective configuration")])
-    assert report.main([str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "report.json").read_text())
+    _, _, doc = run_report(tmp_path)
     assert doc["verdict"] == "NOTHING CHECKED"
     assert doc["reasons"] == ["every row is skipped (1 row): no point was run"]
 
@@ -166,8 +155,7 @@ def test_a_folder_of_skipped_rows_says_nothing_checked_and_exits_0(tmp_path: Pat
 
 
 def test_claim_is_explained_and_checked(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, appendix = md_of(run_dir)
+    md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     claim = section(md, "Claim check")
     assert "`max_rank_len * cp` equals `ceil_align(sum(seq_lens), cp)`" in claim
     assert "extra rows" in claim and "must refuse" in claim  # why it matters
@@ -181,8 +169,7 @@ def test_claim_is_explained_and_checked(run_dir: Path, capsys: pytest.CaptureFix
 
 
 def test_latency_bandwidth_environment(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
-    md, appendix = md_of(run_dir)
+    md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     latency = section(md, "Latency")
     assert "`X/padded`: the median over the same points of each point's ratio" in latency
     # points, then by impl: legacy, padded, and legacy over padded (every even pair is padded = 1.1 x legacy)
@@ -227,8 +214,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.Capt
         make_row("legacy", seq_lens=(1024, 1024), p50=200.0, iqr=10.0),
     ]
     append(tmp_path, rows)
-    assert report.main([str(tmp_path)]) == 0
-    md, appendix = md_of(tmp_path)
+    md, appendix, _ = run_report(tmp_path)
     latency = section(md, "Latency")
     assert "1 of 2 ratios are" in latency and "noise" in latency
     ratios = appendix[appendix.index("## Each impl relative to padded (ratio"):]
@@ -246,8 +232,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path: Path, capsys: pytest.Capt
 def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     append(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
     append(tmp_path, [make_row()])  # the rerun of the error point
-    assert report.main([str(tmp_path)]) == 0
-    md, appendix = md_of(tmp_path)
+    md, appendix, _ = run_report(tmp_path)
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 point)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 point, 2 rows")
@@ -290,8 +275,7 @@ def test_file_from_before_refused_and_passthrough(tmp_path: Path, capsys: pytest
     rows = [{**r, **{k: RUN[k] for k in LAYOUT2_ENV}} for r in rows]
     rows[1]["is_even"], rows[2]["roundtrip_p50_us"] = False, 0.5
     pd.DataFrame(rows).reindex(columns=old_columns).to_csv(tmp_path / RESULTS_FILE, index=False)
-    assert report.main([str(tmp_path)]) == 0
-    md, _ = md_of(tmp_path)
+    md, _, _ = run_report(tmp_path)
     verdicts = section(md, "Verdicts")
     assert [table_row(verdicts, s)[-2] for s in ("ok", "refused", "passthrough")] == ["1", "1", "1"]
     assert ("Written before the refused/passthrough statuses: 1 ok row(s) read as passthrough, "
@@ -327,8 +311,7 @@ def test_default_sweep_report_fits_two_screens(tmp_path: Path, capsys: pytest.Ca
     sweep.loc[sweep.index[:7], "status"] = ["error", "error", "failed", "timeout", "error", "failed", "error"]
     sweep.loc[sweep.index[:7], "reason"] = [f"reason {i}" for i in range(7)]
     bench.write(sweep, tmp_path)
-    assert report.main([str(tmp_path)]) == 1  # its 7 failing rows: verdict FAIL
-    md, appendix = md_of(tmp_path)
+    md, appendix, _ = run_report(tmp_path, code=1)  # its 7 failing rows: verdict FAIL
     lines = md.rstrip().splitlines()
     assert lines[-1].endswith("(report_appendix.md)") and len(lines) <= 120, len(lines)
     for moved in ("## Sweep overrides", "## Each impl relative to padded per point", "## Plans where the claim fails",
@@ -395,8 +378,7 @@ def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureF
     bench = bench_review()
     bench.write(bench.synthesise(5_000, dup_frac=0.01), tmp_path)
     calls = column_wise(_review, "fmt")
-    assert report.main([str(tmp_path)]) == 1  # the synthesised error rows: verdict FAIL
-    md, appendix = md_of(tmp_path)
+    md, appendix, _ = run_report(tmp_path, code=1)  # the synthesised error rows: verdict FAIL
     assert len(md.splitlines()) <= 120 and "50 duplicate row(s) of 50 point(s)" in md
     assert calls["fmt"] < 100_000, calls  # table cells, capped lists: not every cell of 5k rows (~370k)
 
@@ -480,8 +462,7 @@ def test_each_impls_ratio_is_over_the_points_every_impl_was_timed_in_the_report_
     append(tmp_path, rows)
     with (tmp_path / "results.csv").open("a") as f:
         f.write("2,1,[7")  # a torn last line
-    assert report.main([str(tmp_path)]) == 0
-    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    summary = run_report(tmp_path)[2]["summary"]
     assert summary["ratio_to_reference"]["mine"]["n"] == 1
     assert summary["ratio_to_reference"]["mine"]["median"] == pytest.approx(1.0)
     first = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("**Verdict"))

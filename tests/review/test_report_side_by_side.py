@@ -6,14 +6,13 @@ report.md is rendered from report.json."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 import pytest
 
 from matrix.review import plots, report, report_doc, side_by_side
-from report_rows import _frame, append, make_row, md_of, section, table_row
+from report_rows import _frame, append, make_row, run_report, section, table_row
 
 DESIGN = dict(attn_pad_rows=0, moe_pad_rows=0)  # what a designs run's rows carry
 UNEVEN = dict(policy="zigzag_page", page=64, seq_lens=(1001, 300), padded_total=1536)
@@ -23,13 +22,6 @@ UNEVEN = dict(policy="zigzag_page", page=64, seq_lens=(1001, 300), padded_total=
 def no_pngs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plots are tested on their own: here they would only cost time."""
     monkeypatch.setattr(report.plots, "render_all", lambda df: {})
-
-
-def run_report(path: Path, *args: str, code: int = 0) -> tuple[str, str, dict]:
-    """The report of ``path``; ``code``: its exit code (1 where a row fails)."""
-    assert report.main([str(path), *args]) == code
-    md, appendix = md_of(path)
-    return md, appendix, json.loads((path / "report.json").read_text())
 
 
 def even_and_uneven(tmp_path: Path) -> Path:

@@ -8,9 +8,7 @@ the same plan (``RoundTripImpl.buffer_rows``, ``pad_at_split.padding_rows``).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +17,8 @@ from matrix.scale import plans
 from matrix.scale.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
 from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
+from matrix_cli import REPO, run_python
 
-REPO = Path(__file__).resolve().parents[2]
 hypothesis = pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -167,8 +165,8 @@ def test_workload_values_are_checked(cfg, needle):
 
 def test_cli_writes_stats_and_plot(tmp_path):
     """The one run through a fresh interpreter: ``python -m matrix.plans`` as typed."""
-    p = subprocess.run([sys.executable, "-m", "matrix.plans", "--batches", "300", "--cp", "2,8", "--policy", "zigzag",
-                        "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = run_python("-m", "matrix.plans", "--batches", "300", "--cp", "2,8", "--policy", "zigzag", "--out",
+                   str(tmp_path))
     assert p.returncode == 0, p.stderr
     out = json.loads((tmp_path / "plans.json").read_text())
     assert {(r["engine"], r["cp_size"], r["design"]) for r in out["rows"]} == {

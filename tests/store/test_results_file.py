@@ -27,7 +27,7 @@ from matrix.store.results import (
     torn_path,
 )
 
-from matrix_cli import REPO, read_table
+from matrix_cli import read_table, run_python
 
 
 def row(pid: str, status: str = "ok", impl: str = "padded", reason: str = "") -> dict[str, object]:
@@ -99,9 +99,7 @@ else:
 def _append_under_file_size_limit(results_dir: Path, limit: int) -> str:
     """append_rows in a process whose files may not grow past ``limit`` bytes:
     the kernel's short write, then EFBIG, as on a disk that fills mid-write."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
-    run = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, str(results_dir), str(limit)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = run_python("-c", FSIZE_SCRIPT, str(results_dir), str(limit), timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.strip()
 
@@ -339,7 +337,6 @@ def test_a_long_reason_is_cut_with_its_length_and_kept_whole_beside(tmp_path):
     """A 229 KB error message (a compiler log) made a row no reader could read."""
     long = "E" * 229_000
     append_rows(tmp_path, [row("a", status="error", reason=long)])
-    path = results_path(tmp_path)
     cell = latest_rows(tmp_path)["a"]["padded"]["reason"]
     assert len(cell) <= results.MAX_CELL_CHARS
     assert "[cut: 229000 characters; the whole text is in results.full-text.jsonl]" in cell
@@ -412,17 +409,11 @@ def test_a_side_file_that_is_not_writable_is_refused_up_front(tmp_path, monkeypa
 
 
 def _peak_rss_mb(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
-    import resource
-
     code = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
             "print(p.returncode); print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    from matrix_cli import cli_env
-
-    proc = subprocess.run([sys.executable, "-c", code, *cmd], cwd=REPO, env=cli_env(), capture_output=True,
-                          text=True, timeout=600)
+    proc = run_python("-c", code, *cmd, timeout=600)
     rc, line, rss = proc.stdout.strip().splitlines()
-    del resource
     return subprocess.CompletedProcess(cmd, int(rc), "", line), int(rss) / 1024
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from matrix.review import _review, compare, report
+from matrix.review import _review, report
 from matrix.store import results, runs
 from matrix.store.results import COLUMNS, PROVENANCE_COLUMNS, ResultsWriteError, SchemaError, append_rows, results_path
 from matrix.store.runs import META_COLUMNS, RUNS_FILE, SCHEMA_VERSION, read_runs
@@ -54,16 +54,6 @@ def _write_layout(results_dir: Path, rows: list[dict[str, object]], columns: lis
             writer.writerow({"run_id": tc.RUN["run_id"], **row})
     (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": version, **tc.RUN}) + "\n")
     return str(results_dir)
-
-
-def write_layout_3(results_dir: Path, rows: list[dict[str, object]]) -> str:
-    """Schema 3: a run_id, no engine column."""
-    return _write_layout(results_dir, rows, LAYOUT3_COLUMNS, 3)
-
-
-def write_layout_4(results_dir: Path, rows: list[dict[str, object]]) -> str:
-    """Schema 4: an engine column, no shared_expert."""
-    return _write_layout(results_dir, rows, LAYOUT4_COLUMNS, 4)
 
 
 def run_lines(results_dir: Path) -> list[dict[str, object]]:
@@ -154,36 +144,30 @@ def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path: Path)
     assert a.unknown_runs == {} == b.unknown_runs
 
 
-def test_rows_before_engines_read_as_the_seed_fix_engine_and_join_new_ones(tmp_path: Path, capsys) -> None:
-    """A file of layout 3 has no engine column: its rows were planned by the seed fix's engine, and
-    join a new run's rows of that engine, not of another."""
-    old = write_layout_3(tmp_path / "old", tc.base_rows())
-    assert runs.layout_version(results.read_header(results_path(tmp_path / "old"))) == 3
-    assert set(_review.load_run("OLD", old).latest["engine"].astype(str)) == {"seed_fix"}
+@pytest.mark.parametrize("version, columns, column, was, other", [
+    # Layout 3 has no engine column: its rows were planned by the seed fix's engine.
+    (3, LAYOUT3_COLUMNS, "engine", "seed_fix", "sglang_0_5_23"),
+    # Layout 4 has no shared_expert column: its reference MoE had no shared expert.
+    (4, LAYOUT4_COLUMNS, "shared_expert", "none", "replicated"),
+], ids=["engine", "shared_expert"])
+def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path: Path, capsys, version: int,
+                                                                     columns: list[str], column: str, was: str,
+                                                                     other: str) -> None:
+    """A file of a layout without ``column`` reads it as what its rows ran
+    (``was``), and its rows join a new run's rows of that value, not of another."""
+    old = _write_layout(tmp_path / "old", tc.base_rows(), columns, version)
+    assert runs.layout_version(results.read_header(results_path(tmp_path / "old"))) == version
+    assert set(_review.load_run("OLD", old).latest[column].astype(str)) == {was}
     code, out, err = tc.run([old, tc.write_run(tmp_path / "same", tc.base_rows())], capsys)
     assert code == 0 and tc.counts(out)["joined"] == "10", out + err
-    other = [{**r, "engine": "sglang_0_5_23"} for r in tc.base_rows()]
-    code, out, err = tc.run([old, tc.write_run(tmp_path / "other", other)], capsys)
-    assert tc.counts(out).get("joined", "0") == "0", out + err
-
-
-def test_rows_before_shared_experts_read_as_none_and_join_new_ones(tmp_path: Path, capsys) -> None:
-    """A file of layout 4 has no shared_expert column: its reference MoE had no
-    shared expert, and its rows join a new run's rows without one, not those with one."""
-    old = write_layout_4(tmp_path / "old", tc.base_rows())
-    assert runs.layout_version(results.read_header(results_path(tmp_path / "old"))) == 4
-    assert set(_review.load_run("OLD", old).latest["shared_expert"].astype(str)) == {"none"}
-    code, out, err = tc.run([old, tc.write_run(tmp_path / "same", tc.base_rows())], capsys)
-    assert code == 0 and tc.counts(out)["joined"] == "10", out + err
-    other = [{**r, "shared_expert": "replicated"} for r in tc.base_rows()]
-    code, out, err = tc.run([old, tc.write_run(tmp_path / "other", other)], capsys)
+    changed = [{**r, column: other} for r in tc.base_rows()]
+    code, out, err = tc.run([old, tc.write_run(tmp_path / "other", changed)], capsys)
     assert tc.counts(out).get("joined", "0") == "0", out + err
 
 
 def test_a_file_of_the_previous_layout_reports(tmp_path: Path, capsys) -> None:
-    old = write_layout_2(tmp_path, tr.mixed_rows())
-    assert report.main([old]) == 1  # the mixed rows fail: verdict FAIL
-    md, _ = tr.md_of(tmp_path)
+    write_layout_2(tmp_path, tr.mixed_rows())
+    md, _, _ = tr.run_report(tmp_path, code=1)  # the mixed rows fail: verdict FAIL
     env = tr.section(md, "Environment")
     assert "torch_version `2.13.0`" in env and "host `box1`" in env and "git_sha `abc1234`" in env
     assert "run(s) wrote these rows" not in env  # that layout kept no runs
@@ -224,8 +208,7 @@ def test_the_environment_check_flips_when_the_join_is_broken(tmp_path: Path, cap
     code, out, err = tc.run([base, new], capsys)
     assert warning not in err
     assert f"note: BASE={base}: 10 row(s) name a run_id with no line in {RUNS_FILE}" in out
-    assert report.main([new]) == 0
-    md = (Path(new) / report.REPORT_FILE).read_text()
+    md = tr.run_report(Path(new))[0]
     assert "host `box2`" not in tr.section(md, "Environment")
 
 
