@@ -30,8 +30,10 @@ import functools
 import importlib
 import importlib.metadata
 import numbers
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 from . import engines
@@ -447,6 +449,21 @@ def _materialise(ref: str, obj: object, module_name: str) -> Impl:
     return replace(obj, origin=obj.origin or _origin(module_name))
 
 
+def _beside_hint(module_name: str, exc: BaseException) -> str:
+    """Why a module in the working directory is not found: an installed console
+    command's path starts at its own bin folder, not at the working directory
+    (``python -m`` puts the working directory first)."""
+    top = module_name.split(".")[0]
+    cwd = Path.cwd()
+    if not (isinstance(exc, ModuleNotFoundError) and exc.name == top
+            and ((cwd / f"{top}.py").is_file() or (cwd / top / "__init__.py").is_file())):
+        return ""
+    if any(Path(p or ".").resolve() == cwd for p in sys.path):
+        return ""
+    return (f" ({top} is in the working directory, which this command does not import from: "
+            f"set PYTHONPATH=$PWD, or run python -m nsa_cp_matrix)")
+
+
 def load_reference(ref: str) -> Impl:
     """``package.module:attribute`` -> the implementation, named ``ref`` (so rows and
     ranks find it again by that name). Raises ImplError (one line)."""
@@ -456,7 +473,8 @@ def load_reference(ref: str) -> Impl:
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - ImportError or the module's own
-        raise ImplError(f"impl={ref}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+        raise ImplError(f"impl={ref}: cannot import {module_name}: {type(exc).__name__}: {exc}"
+                        f"{_beside_hint(module_name, exc)}") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

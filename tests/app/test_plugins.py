@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tomllib
 from pathlib import Path
 
@@ -339,3 +340,27 @@ def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_
     assert rows[f"{BROKEN}:prepare_raises"]["status"] == "error"
     assert "prepare" in rows[f"{BROKEN}:prepare_raises"]["reason"]
     assert rows["padded"]["status"] == "ok" and float(rows["padded"]["roundtrip_p50_us"]) > 0
+
+
+def test_a_module_in_the_working_directory_the_command_cannot_import_is_named_so(tmp_path, monkeypatch):
+    """An installed console command does not import from the working directory:
+    the refusal says so when the module is there, and only then."""
+    from nsa_cp_comm.impls import ImplError, load_reference
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(ImplError) as absent:
+        load_reference("mycomm_beside:impl")
+    assert "working directory" not in str(absent.value), absent.value
+    (tmp_path / "mycomm_beside.py").write_text("impl = None\n")
+    with pytest.raises(ImplError) as beside:
+        load_reference("mycomm_beside:impl")
+    msg = str(beside.value)
+    assert msg == ("impl=mycomm_beside:impl: cannot import mycomm_beside: ModuleNotFoundError: No module named "
+                   "'mycomm_beside' (mycomm_beside is in the working directory, which this command does not import "
+                   "from: set PYTHONPATH=$PWD, or run python -m nsa_cp_matrix)"), msg
+    # where the working directory is on the path, the module imports and no hint is owed
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImplError) as imported:
+        load_reference("mycomm_beside:impl")
+    assert "is not a RoundTripImpl" in str(imported.value)

@@ -39,7 +39,7 @@ CHAINS: dict[str, tuple[str, ...]] = {
     "example": ("python example.py",),
     "plans": ("python -m matrix.plans --workload lognormal --batches 100000 --cp 8,16,32,64,128 --out plans/",),
     "engine_comm": (
-        "pip install --no-deps -e examples/engine_comm",
+        'pip install --no-deps "git+https://github.com/nsa-cp-comm/nsa-cp-comm#subdirectory=examples/engine_comm"',
         "nsa-cp-matrix -m impl=engine_comm,padded cp_size=2,3 'seq_lens=[1001,300],[1000],[1,1]' hidden_size=512 "
         "results_dir=results/engine",
         "nsa-cp-matrix -m impl=engine_comm.adapter:impl,padded cp_size=2 'seq_lens=[1001,300]' hidden_size=512 results_dir=results/engine",
@@ -61,6 +61,12 @@ FEWER_POINTS: dict[str, str] = {
     # cp=3 has the chain's empty rank ([1,1]) and an uneven plan; the plug-in
     # at cp=2 is the next command's (and tests/app/test_plugins.py's).
     CHAINS["engine_comm"][1]: "cp_size=3",
+}
+# Run instead of the command as written: the repository a URL names is this
+# checkout, and the suite runs offline, so the doc's checkout form of the
+# same install (docs/plugins.md names both).
+CHECKOUT_FORM: dict[str, str] = {
+    CHAINS["engine_comm"][0]: "pip install --no-deps -e examples/engine_comm",
 }
 # Set in the environment a chain's commands run in (the commands stay as
 # written). None now: the review chain's compare must pass an A/A pair, and
@@ -105,15 +111,17 @@ ELSEWHERE: dict[str, str] = {
     "-m matrix.torchrun_point cp_size=16 +layout=zigzag 'seq_lens=[16384]' hidden_size=7168 dtype=bfloat16 "
     "results_dir=/shared/nsa-cp/cp16": "needs two nodes",
     'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
-    "pip install --no-deps -e examples/sglang_cp_plugin": "the engine_comm chain runs the same install of an "
+    'pip install --no-deps "git+https://github.com/nsa-cp-comm/nsa-cp-comm#subdirectory=examples/sglang_cp_plugin"':
+    "the engine_comm chain runs the same install of an "
     "example plug-in; tests/lib/test_sglang_plugin.py imports this one from the checkout",
     "nsa-cp-matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
     "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/lib/test_sglang_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
     "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
-    "pip install --no-deps -e examples/vllm_pcp_plugin": "the engine_comm chain runs the same install of an "
+    'pip install --no-deps "git+https://github.com/nsa-cp-comm/nsa-cp-comm#subdirectory=examples/vllm_pcp_plugin"':
+    "the engine_comm chain runs the same install of an "
     "example plug-in; tests/lib/test_vllm_plugin.py imports this one from the checkout",
-    "python -m matrix -m impl=vllm_pcp,pad_at_split engine=vllm_0_33 +layout=dual_chunk_swap,round_robin "
+    "nsa-cp-matrix -m impl=vllm_pcp,pad_at_split engine=vllm_0_33 +layout=dual_chunk_swap,round_robin "
     "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/lib/test_vllm_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason runs these plans (cp 2 and 3, an empty rank, "
     "even and uneven, another split) on warm ranks",
@@ -198,6 +206,7 @@ def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
     cwd = _fresh(tmp_path)
     try:
         for cmd in CHAINS[chain]:
+            cmd = CHECKOUT_FORM.get(cmd, cmd)
             proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd,
                           extra=ENVIRONMENT.get(chain))
             assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
@@ -239,3 +248,21 @@ def test_the_shared_environment_has_what_activation_promises():
     assert (ENV_BIN / "activate").exists() and pip.exists()
     proc = subprocess.run([str(pip), "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and str(ENV_BIN.parent) in proc.stdout
+
+
+def checkout_only(commands: list[str]) -> list[str]:
+    """Commands that run only from the repository root: the app by its checkout
+    name, or a pip install of one of the checkout's folders."""
+    return [c for c in commands if c.startswith(("python -m matrix ", "python -m matrix."))
+            or (c.startswith("pip install") and any(w.startswith("examples/") for w in shlex.split(c)))]
+
+
+def test_the_plugin_doc_runs_from_a_plugin_authors_folder():
+    """docs/plugins.md's reader stands in their own folder with the package
+    installed: its commands are the installed ones."""
+    assert checkout_only(readme_commands((REPO / "docs" / "plugins.md").read_text())) == []
+    # and the check sees both checkout forms, and passes the installed ones
+    url_form = CHAINS["engine_comm"][0]
+    seen = checkout_only(["python -m matrix -m impl=x", "pip install --no-deps -e examples/x", "nsa-cp-matrix -m",
+                          CHECKOUT_FORM[url_form], url_form])
+    assert seen == ["python -m matrix -m impl=x", "pip install --no-deps -e examples/x", CHECKOUT_FORM[url_form]]
