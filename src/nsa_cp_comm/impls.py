@@ -30,7 +30,6 @@ import functools
 import importlib
 import importlib.metadata
 import numbers
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -457,8 +456,6 @@ def _beside_hint(module_name: str, exc: BaseException) -> str:
     cwd = Path.cwd()
     if not (isinstance(exc, ModuleNotFoundError) and exc.name == top
             and ((cwd / f"{top}.py").is_file() or (cwd / top / "__init__.py").is_file())):
-        return ""
-    if any(Path(p or ".").resolve() == cwd for p in sys.path):
         return ""
     return (f" ({top} is in the working directory, which this command does not import from: "
             f"set PYTHONPATH=$PWD, or run python -m nsa_cp_matrix)")
