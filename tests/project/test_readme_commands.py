@@ -112,15 +112,15 @@ ELSEWHERE: dict[str, str] = {
     "results_dir=/shared/nsa-cp/cp16": "needs two nodes",
     'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "needs a SLURM allocation",
     'pip install --no-deps "git+https://github.com/nsa-cp-comm/nsa-cp-comm#subdirectory=examples/sglang_cp_plugin"':
-    "the engine_comm chain runs the same install of an "
-    "example plug-in; tests/lib/test_sglang_plugin.py imports this one from the checkout",
+    "the engine_comm chain runs the same install of an example plug-in (in its checkout form, CHECKOUT_FORM); "
+    "tests/lib/test_sglang_plugin.py imports this one from the checkout",
     "nsa-cp-matrix -m impl=sglang_cp,pad_at_split engine=sglang_0_5_23 +layout=round_robin,zigzag cp_size=2,3 "
     "'seq_lens=[7],[8],[1001,300]' hidden_size=64": "tests/lib/test_sglang_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason runs these plans (both strategies, "
     "cp 2 and 3, even and uneven) on warm ranks, without a second whole sweep in the slow set",
     'pip install --no-deps "git+https://github.com/nsa-cp-comm/nsa-cp-comm#subdirectory=examples/vllm_pcp_plugin"':
-    "the engine_comm chain runs the same install of an "
-    "example plug-in; tests/lib/test_vllm_plugin.py imports this one from the checkout",
+    "the engine_comm chain runs the same install of an example plug-in (in its checkout form, CHECKOUT_FORM); "
+    "tests/lib/test_vllm_plugin.py imports this one from the checkout",
     "nsa-cp-matrix -m impl=vllm_pcp,pad_at_split engine=vllm_0_33 +layout=dual_chunk_swap,round_robin "
     "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/lib/test_vllm_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason runs these plans (cp 2 and 3, an empty rank, "
