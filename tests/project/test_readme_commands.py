@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -179,15 +180,41 @@ def test_a_new_command_in_a_doc_is_seen():
     assert not set(readme_commands(text)) <= KNOWN
 
 
-def _shell(cmd: str, cwd: Path, timeout: float = 600, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _shell(cmd: str, cwd: Path, timeout: float = 600, extra: dict[str, str] | None = None,
+           bin_dir: Path = ENV_BIN) -> subprocess.CompletedProcess:
     env = {**os.environ, **(extra or {})}
-    env["PATH"] = os.pathsep.join([str(ENV_BIN), env.get("PATH", "")])  # what activation does
-    env["VIRTUAL_ENV"] = str(ENV_BIN.parent)
+    env["PATH"] = os.pathsep.join(dict.fromkeys([str(bin_dir), str(ENV_BIN), env.get("PATH", "")]))  # activation
+    env["VIRTUAL_ENV"] = str(bin_dir.parent)
     # This checkout's library, as its editable install gives it (the shared
     # environment's install may be of another checkout), and its app under the
     # installed name for the console commands (linked in by _fresh); nothing else.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(cwd)])
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def overlay(at: Path) -> Path:
+    """The bin folder of a virtual environment at ``at`` that sees every package
+    of the suite's own (a ``.pth`` adds that site folder) and installs into its
+    own: a chain's ``pip install`` lands there and leaves the suite's
+    environment as it was. The other tests, running beside it, read that
+    environment's entry points, and a process started before the install could
+    not import what it names. Its console commands are the suite's, run by its
+    interpreter."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True, timeout=120)
+    bin_dir = at / "bin"
+    site_dir = at / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site_dir / "_suite_env.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    for script in ENV_BIN.iterdir():
+        head, _, rest = script.read_bytes().partition(b"\n") if script.is_file() else (b"", b"", b"")
+        if head == b"#!" + bytes(ENV_BIN / "python") and not (bin_dir / script.name).exists():
+            (bin_dir / script.name).write_bytes(b"#!" + bytes(bin_dir / "python") + b"\n" + rest)
+            (bin_dir / script.name).chmod(0o755)
+    return bin_dir
+
+
+def installed() -> list[str]:
+    """The distributions and path files of the suite's environment."""
+    return sorted(n for n in os.listdir(sysconfig.get_paths()["purelib"]) if n.endswith((".dist-info", ".pth")))
 
 
 def _fresh(tmp_path: Path) -> Path:
@@ -204,18 +231,16 @@ def _fresh(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
     cwd = _fresh(tmp_path)
-    try:
-        for cmd in CHAINS[chain]:
-            cmd = CHECKOUT_FORM.get(cmd, cmd)
-            proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd,
-                          extra=ENVIRONMENT.get(chain))
-            assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
-    finally:
-        if chain == "engine_comm":
-            # The install ran in the scratch folder, which pytest deletes: leave
-            # the plug-in installed from the checkout, as the doc's command does,
-            # not pointing at a folder that is about to vanish.
-            _shell(f"pip install -q --no-deps -e {shlex.quote(str(REPO / 'examples' / 'engine_comm'))}", REPO)
+    installs = any(c.startswith("pip install") for c in CHAINS[chain])
+    bin_dir = overlay(tmp_path / "env") if installs else ENV_BIN
+    suite_site = installed()
+    for cmd in CHAINS[chain]:
+        cmd = CHECKOUT_FORM.get(cmd, cmd)
+        proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd,
+                      extra=ENVIRONMENT.get(chain), bin_dir=bin_dir)
+        assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+    if installs:  # into the overlay: the tests running beside this one see the environment they started with
+        assert installed() == suite_site
     if chain == "help_and_one_point":  # the default, timestamped results folder: one
         assert len(list((cwd / "results").iterdir())) == 1
 
