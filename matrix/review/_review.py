@@ -470,6 +470,18 @@ def frame_md(frame: pd.DataFrame, index: bool = False) -> str:
     return text.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
+def holds(series: pd.Series, value: bool = True) -> pd.Series:
+    """Plain-bool mask of cells equal to ``value``; empty cells never match."""
+    return series.eq(value).fillna(False).astype(bool)
+
+
+def layout_label(plans: pd.DataFrame) -> pd.Series:
+    """A plan's split layout as one label: the policy, and the page size where it matters."""
+    paged = plans["policy"].eq("zigzag_page")
+    policy = plans["policy"].map(lambda v: fmt(v) or "(empty)")
+    return policy.where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
+
+
 def m_stride(df: pd.DataFrame) -> pd.DataFrame:
     """The rows whose buffer is the plan's own, ``max_rank_len`` rows per rank:
     a row of an implementation with another stride (padded at the split to

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 
 from .. import command, doc_url
-from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, load_run, parse_bool, point_codes
+from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, holds, load_run, parse_bool, point_codes
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
-from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_beside
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
 from .coverage import BUILTIN_ORIGIN
 
@@ -110,23 +110,11 @@ def parse_threshold(text: str) -> float:
 
 
 def run_samples(run: Run) -> Samples:
-    """The samples beside each of the run's results files, merged."""
-    merged = Samples()
-    for f in run.files:
-        try:
-            one = read_samples(f.parent / SAMPLES_FILE)
-        except BadInputFile as exc:
-            raise InputError(f"{run.arg}={run.value}: {exc}") from None
-        merged.found |= one.found
-        merged.skipped_lines += one.skipped_lines
-        # files in order: a later file's line of a point decides, usable or not
-        for key in one.rejected:
-            merged.by_key.pop(key, None)
-        for key in one.by_key:
-            merged.rejected.pop(key, None)
-        merged.by_key.update(one.by_key)
-        merged.rejected.update(one.rejected)
-    return merged
+    """The samples beside each of the run's results files, merged (store.samples.read_beside)."""
+    try:
+        return read_beside(run.files)
+    except BadInputFile as exc:
+        raise InputError(f"{run.arg}={run.value}: {exc}") from None
 
 
 def smoke_preset(overrides: object) -> bool:
@@ -241,10 +229,6 @@ def _env_warnings(base: Run, new: Run) -> list[str]:
             was, now = ", ".join(b) or "(empty)", ", ".join(n) or "(empty)"
             lines.append(f"warning: environments differ: {col}: BASE {was} vs NEW {now}")
     return lines
-
-
-def _true(series: pd.Series) -> pd.Series:
-    return series.eq(True).fillna(False).astype(bool)
 
 
 def _spread(j: pd.DataFrame, metric: str) -> pd.Series:
@@ -371,7 +355,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     j["status_worse"] = both & sb.isin(GOOD) & failing
     j["failing_new"] = failing & ~j["status_worse"]
     j["status_changed"] = both & sb.ne(sn)
-    j["correctness_lost"] = both & _true(j["correct_base"]) & ~_true(j["correct_new"]) & ~new_skipped
+    j["correctness_lost"] = both & holds(j["correct_base"]) & ~holds(j["correct_new"]) & ~new_skipped
 
     both_ok = both & sb.eq("ok") & sn.eq("ok")
     sampled_b, sampled_n = _present(j["samples_base"]), _present(j["samples_new"])
@@ -380,7 +364,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     # never flag the row, so it does not count as tested.
     few = both_ok & with_samples & (fewest_samples(j) < MIN_SAMPLES)
     # ... unless both rows are the smoke preset's: not a timing, so not gated on time
-    j["smoke_untimed"] = few & _true(j["smoke_base"]) & _true(j["smoke_new"])
+    j["smoke_untimed"] = few & holds(j["smoke_base"]) & holds(j["smoke_new"])
     b, n = j["value_base"], j["value_new"]
     p50b, p50n = j["p50_base"], j["p50_new"]
     if metric == PAIRED:
@@ -487,12 +471,7 @@ def noise(j: pd.DataFrame, metric: str) -> dict[str, float]:
         out["between_p50"] = float(change.median())
         out["between_p90"] = float(change.quantile(0.9))
         out["points"] = len(change)
-    rel = []
-    for col in ("samples_base", "samples_new"):
-        for x in timed[col]:
-            if x is not None and len(x) >= 2 and np.median(x) > 0:
-                q1, q3 = np.percentile(x, [25, 75])
-                rel.append((q3 - q1) / np.median(x))
+    rel = [v for col in ("samples_base", "samples_new") for v in map(_spread_of, timed[col]) if math.isfinite(v)]
     if rel:
         out["within"] = float(np.median(rel))
     return out

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from ._review import fmt, m_stride
+from ._review import fmt, layout_label, m_stride
 from .side_by_side import group_keys
 
 LATENCY_PNG = "roundtrip_latency.png"
@@ -127,6 +127,18 @@ def _group_label(keys: tuple, names: list[str]) -> str:
     return " ".join(f"{n}={fmt(k)}" if n == "cp_size" else str(k) for n, k in zip(names, keys)).replace("cp_size", "cp")
 
 
+def _markers(rows: pd.DataFrame) -> dict[str, str]:
+    """A marker per impl of ``rows``, in name order."""
+    return {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(sorted(rows["impl"].unique()))}
+
+
+def _series(frame: pd.DataFrame, colour_keys: list[str], colors: dict[str, str], markers: dict[str, str]):
+    """Each (colour key, impl) series of ``frame``: its rows, colour, marker and impl."""
+    for keys, s in frame.groupby(colour_keys + ["impl"]):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        yield s, colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]], keys[-1]
+
+
 def _proxies(colors: dict[str, str], markers: dict[str, str], styles: dict[str, str] | None = None) -> list[list]:
     """Legend entries: one coloured line per colour key, one dark marker (and
     line style) per marker key, so N + M entries explain N x M series."""
@@ -153,18 +165,13 @@ def latency(df: pd.DataFrame):  # -> Figure
     apart = d[~d[COMMON].astype(bool)] if COMMON in d else d.iloc[:0]
     g = same.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
     g_apart = apart.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    impls = sorted(d["impl"].unique())
-    markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
-    styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(impls)}
-    for keys, s in g.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        label, impl = _group_label(keys[:-1], colour_keys), keys[-1]
+    markers = _markers(d)
+    styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(markers)}
+    for s, color, marker, impl in _series(g, colour_keys, colors, markers):
         s = s.sort_values("total_tokens")
-        ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=colors[label], linestyle=styles[impl],
-                marker=markers[impl], markersize=6)
-    for keys, s in g_apart.groupby(colour_keys + ["impl"]):
-        keys = keys if isinstance(keys, tuple) else (keys,)
-        color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        ax.plot(s["total_tokens"], s["roundtrip_p50_us"], color=color, linestyle=styles[impl], marker=marker,
+                markersize=6)
+    for s, color, marker, _ in _series(g_apart, colour_keys, colors, markers):
         ax.scatter(s["total_tokens"], s["roundtrip_p50_us"], facecolors="none", edgecolors=color, marker=marker,
                    s=36, linewidths=1.2)
     both = pd.concat([g, g_apart])
@@ -178,11 +185,6 @@ def latency(df: pd.DataFrame):  # -> Figure
     return _finish(fig, ax, None, groups_, title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
 
 
-def _layout(plans: pd.DataFrame) -> pd.Series:
-    paged = plans["policy"].eq("zigzag_page")
-    return plans["policy"].astype(str).where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
-
-
 def padding(df: pd.DataFrame):  # -> Figure
     fig, ax = _figure("Padding fraction of the gather buffer per cp size and layout")
     ax.set_xlabel("cp size")
@@ -193,7 +195,7 @@ def padding(df: pd.DataFrame):  # -> Figure
     )
     if plans.empty:
         return _finish(fig, ax, "plans with a padding fraction")
-    plans = plans.assign(layout=_layout(plans))
+    plans = plans.assign(layout=layout_label(plans))
     g = plans.groupby(["cp_size", "layout"])["padding_frac"].agg(["mean", "max"]).reset_index()
     cps, layouts = sorted(g["cp_size"].unique()), sorted(g["layout"].unique())
     top = float(g["max"].max()) or 0.05  # all zero: any visible scale
@@ -237,8 +239,7 @@ def busbw(df: pd.DataFrame):  # -> Figure
     same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
     colour_keys, colors = cp_colours(df)
     colors = _drawn(colors, d, colour_keys)
-    impls = sorted(d["impl"].unique())
-    markers = {impl: MARKERS[j % len(MARKERS)] for j, impl in enumerate(impls)}
+    markers = _markers(d)
     # hollow markers only where padding exists: elsewhere they would sit on the filled ones
     pads = d["busbw_useful_GBps"].notna() & d["bytes_useful"].notna() & d["bytes_useful"].lt(d["bytes_padded"])
     drawn = []
@@ -246,13 +247,9 @@ def busbw(df: pd.DataFrame):  # -> Figure
         padded = d[part].groupby(colour_keys + ["impl", "bytes_padded"])["busbw_padded_GBps"].median().reset_index()
         useful = d[part & pads].groupby(colour_keys + ["impl", "bytes_useful"])["busbw_useful_GBps"].median()
         useful = useful.reset_index()
-        for keys, s in padded.groupby(colour_keys + ["impl"]):
-            keys = keys if isinstance(keys, tuple) else (keys,)
-            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        for s, color, marker, _ in _series(padded, colour_keys, colors, markers):
             ax.scatter(s["bytes_padded"], s["busbw_padded_GBps"], color=color, marker=marker, s=30, alpha=alpha)
-        for keys, s in useful.groupby(colour_keys + ["impl"]):
-            keys = keys if isinstance(keys, tuple) else (keys,)
-            color, marker = colors[_group_label(keys[:-1], colour_keys)], markers[keys[-1]]
+        for s, color, marker, _ in _series(useful, colour_keys, colors, markers):
             ax.scatter(s["bytes_useful"], s["busbw_useful_GBps"], facecolors="none", edgecolors=color, marker=marker,
                        s=30, linewidths=1.2, alpha=alpha)
         drawn += [padded["bytes_padded"], useful["bytes_useful"]]

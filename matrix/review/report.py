@@ -35,8 +35,8 @@ from .. import command, count
 from . import coverage, designs, plots, report_doc
 from ..scale import nccl_tests, workload
 from ._review import (
-    BAD, POINT_KEY, STATUSES, InputError, Run, fmt, frame_md, load_run, m_stride, one_line, point_codes, typed,
-    world,
+    BAD, POINT_KEY, STATUSES, InputError, Run, fmt, frame_md, holds, layout_label, load_run, m_stride, one_line,
+    point_codes, typed, world,
 )
 from ..store.inputs import error_line
 from ..store.outputs import check_dir, write_atomic
@@ -114,11 +114,6 @@ Section = Callable[[pd.DataFrame, Derived], Part]
 
 
 # --- helpers
-
-
-def _is(series: pd.Series, value: bool) -> pd.Series:
-    """Plain-bool mask of cells equal to ``value``; empty cells never match."""
-    return series.eq(value).fillna(False).astype(bool)
 
 
 def timed(df: pd.DataFrame, metric: str = "roundtrip_p50_us") -> pd.Series:
@@ -272,7 +267,7 @@ def _ids(rows: pd.DataFrame) -> list[str]:
 
 
 def _incorrect(df: pd.DataFrame) -> pd.DataFrame:
-    return df[_is(df["correct"], False) | _is(df["even_bitwise_equal"], False)]
+    return df[holds(df["correct"], False) | holds(df["even_bitwise_equal"], False)]
 
 
 def _failing(df: pd.DataFrame) -> pd.DataFrame:
@@ -367,10 +362,10 @@ def claim(df: pd.DataFrame, derived: Derived) -> Part:
         return part
     summary = plans.groupby("policy").agg(
         plans=("claim_holds", "size"),
-        holds=("claim_holds", lambda s: int(_is(s, True).sum())),
-        fails=("claim_holds", lambda s: int(_is(s, False).sum())),
+        holds=("claim_holds", lambda s: int(holds(s, True).sum())),
+        fails=("claim_holds", lambda s: int(holds(s, False).sum())),
     )
-    fails = plans[_is(plans["claim_holds"], False)].sort_values(
+    fails = plans[holds(plans["claim_holds"], False)].sort_values(
         ["padding_frac", "policy", "cp_size", "page_size"], ascending=[False, True, True, True]
     )
     summary["max_padding_frac_when_failing"] = fails.groupby("policy")["padding_frac"].max()
@@ -400,10 +395,15 @@ def only_some(rows: pd.DataFrame, keys: list[str], metric: str = "roundtrip_p50_
     """The timed rows of points not every impl of their cp size was timed at:
     by ``keys`` (side_by_side.group_keys of all timed rows) and which impls
     were not timed there (and why), the points and each timed impl's median."""
-    t = rows.rename(columns={MISSING: "not timed there"})
-    out = t.groupby(keys + ["not timed there", "impl"])[metric].median().unstack("impl")
+    return by_impl(rows.rename(columns={MISSING: "not timed there"}), keys + ["not timed there"], metric)
+
+
+def by_impl(rows: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
+    """Each impl's median ``metric`` by ``keys`` (a column per impl), after a
+    ``points`` column: how many points each group holds."""
+    out = rows.groupby(keys + ["impl"])[metric].median().unstack("impl")
     out.columns.name = None
-    out.insert(0, "points", t.groupby(keys + ["not timed there"])[PAIR].nunique())
+    out.insert(0, "points", rows.groupby(keys)[PAIR].nunique())
     return out
 
 
@@ -423,12 +423,10 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
         return part
     keys = group_keys(rows)
     same, apart = rows[rows[COMMON]], rows[~rows[COMMON]]
-    by_impl = same.groupby(keys + ["impl"])["roundtrip_p50_us"].median().unstack("impl")
-    by_impl.columns.name = None
-    by_impl.insert(0, "points", same.groupby(keys)[PAIR].nunique())
+    medians = by_impl(same, keys, "roundtrip_p50_us")
     pairs, ref = derived.pairs, derived.reference
     for impl, r in pairs.groupby("impl"):
-        by_impl[f"{impl}/{ref}"] = r.groupby(keys)["ratio"].median()
+        medians[f"{impl}/{ref}"] = r.groupby(keys)["ratio"].median()
     n_same = int(same[PAIR].nunique())
     ratio = (f"; `X/{ref}`: the median over the same points of each point's ratio of X's round trip to {ref}'s "
              f"(the reference, `--reference`)" if len(pairs) else "")
@@ -437,7 +435,7 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
         f"every impl of the cp size was timed (like with like: all policies and batches; by policy in the "
         f"appendix){ratio}:",
         "",
-        *_whole(by_impl, index=True, name="latency", points=n_same, point_ids=_ids(same)),
+        *_whole(medians, index=True, name="latency", points=n_same, point_ids=_ids(same)),
         "",
     ]
     if len(apart):
@@ -557,12 +555,6 @@ def a2a_lines(df: pd.DataFrame) -> list[str]:
             f"comparable with them (dispatch + combine p50, median over points; by impl and cp size): {listed}.", ""]
 
 
-def _layout(plans: pd.DataFrame) -> pd.Series:
-    """A plan's split layout as one label: the policy, and the page size where it matters."""
-    paged = plans["policy"].eq("zigzag_page")
-    return plans["policy"].map(_label).where(~paged, plans["policy"] + " p" + plans["page_size"].map(fmt))
-
-
 def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     # cp=1 moves nothing: its bus bandwidth is 0 by definition, not a measurement
@@ -572,9 +564,7 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
         part.main += ["_(no point with cp > 1 has a bus bandwidth from every impl timed at its cp size)_", ""]
     else:
         keys = group_keys(same)
-        bw = same.groupby(keys + ["impl"])["busbw_padded_GBps"].median().unstack("impl")
-        bw.columns.name = None
-        bw.insert(0, "points", same.groupby(keys)[PAIR].nunique())
+        bw = by_impl(same, keys, "busbw_padded_GBps")
         padded = same[same["impl"].eq("padded")].groupby(keys)
         if "padded" in bw.columns:
             bw["padded: useful bytes"] = padded["busbw_useful_GBps"].median()
@@ -597,7 +587,7 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
                           *_whole(full, index=True, name="bandwidth_by_page", points=n_same), ""]
     plans = m_stride(df[df["padding_frac"].notna()]).drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
-        pad = plans.assign(layout=_layout(plans)).pivot_table(
+        pad = plans.assign(layout=layout_label(plans)).pivot_table(
             index="cp_size", columns="layout", values="padding_frac", aggfunc="mean"
         )
         pad.columns.name = None
@@ -705,10 +695,10 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
         out[plots.PADDING_PNG] = "Takeaway: no plan pads: every rank's shard has the same length."
     else:
         worst = plans.sort_values("padding_frac", ascending=False, kind="stable").iloc[0]
-        zero = plans.groupby(_layout(plans))["padding_frac"].max()
+        zero = plans.groupby(layout_label(plans))["padding_frac"].max()
         zero = sorted(k for k, v in zero.items() if v == 0)
         out[plots.PADDING_PNG] = (
-            f"Takeaway: the most padded plan is {_layout(worst.to_frame().T).iloc[0]} at cp={fmt(worst['cp_size'])} "
+            f"Takeaway: the most padded plan is {layout_label(worst.to_frame().T).iloc[0]} at cp={fmt(worst['cp_size'])} "
             f"with seq_lens {worst['seq_lens']}: {worst['padding_frac']:.0%} of the gather buffer is padding"
             + (f"; never padded: {', '.join(zero)}." if zero else "."))
     bw = df[timed(df, "busbw_padded_GBps") & df["cp_size"].gt(1) & round_trip(df) & df["impl"].eq("padded")
@@ -878,19 +868,12 @@ def _missed_targets(run: Run, df: pd.DataFrame) -> str:
     """The line on rows whose ``iters=auto`` calibration stopped at its cap
     short of its target (the samples beside the results say), or ``''``. The
     report does not gate on samples: an unreadable samples file is skipped."""
-    from ..store.inputs import BadInputFile
-    from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_samples
+    from ..store.samples import missed_target_line, read_beside
 
     lat = run.latest
     if "point_id" not in lat or "impl" not in lat:
         return ""
-    merged = Samples()
-    for f in run.files:
-        try:
-            merged.by_key.update(read_samples(f.parent / SAMPLES_FILE).by_key)
-        except BadInputFile:
-            continue
-    line = missed_target_line("**Calibration**", merged, zip(lat["point_id"].astype(str).str.strip(),
+    line = missed_target_line("**Calibration**", read_beside(run.files, skip_bad=True), zip(lat["point_id"].astype(str).str.strip(),
                                                                lat["impl"].astype(str).str.strip()))
     return f"{line}." if line else ""
 

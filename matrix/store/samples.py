@@ -216,6 +216,29 @@ def read_samples(path: Path) -> Samples:
     return out
 
 
+def read_beside(results_files: Iterable[Path], skip_bad: bool = False) -> Samples:
+    """The samples beside each results file, merged in order: a later file's
+    line of a point decides, usable or not. A file that cannot be read raises
+    inputs.BadInputFile, or is passed over with ``skip_bad``."""
+    merged = Samples()
+    for f in results_files:
+        try:
+            one = read_samples(f.parent / SAMPLES_FILE)
+        except inputs.BadInputFile:
+            if skip_bad:
+                continue
+            raise
+        merged.found |= one.found
+        merged.skipped_lines += one.skipped_lines
+        for key in one.rejected:
+            merged.by_key.pop(key, None)
+        for key in one.by_key:
+            merged.rejected.pop(key, None)
+        merged.by_key.update(one.by_key)
+        merged.rejected.update(one.rejected)
+    return merged
+
+
 def missed_target_line(label: str, samples: Samples, keys: Iterable[tuple[str, str]]) -> str:
     """One line on the rows of ``keys`` (point_id, impl) that ``iters=auto``
     stopped at a cap before its interval reached the target width (their
