@@ -109,6 +109,14 @@ def test_rank_indices_rejects_bad_rank(rank):
 
 GOOD = dict(seq_lens=[100, 200], cp_size=2, policy="zigzag")
 
+# the arguments other than seq_lens, each value shown as its repr
+BAD_VALUES = {
+    "cp_size": [0, -2, 2.0, True, "2"],
+    "page_size": [0, -64, 1.5, True],
+    "align": [3, 1, 0, -4, 4.0, True],
+    "policy": ["zigzag-page", "ZIGZAG", None],
+}
+
 BAD = [
     # (override, argument named, value shown)
     (dict(seq_lens=[]), "seq_lens", "[]"),
@@ -121,24 +129,7 @@ BAD = [
     (dict(seq_lens=None), "seq_lens", "None"),
     (dict(seq_lens="100"), "seq_lens", "'100'"),
     (dict(seq_lens=100), "seq_lens", "100"),
-    (dict(cp_size=0), "cp_size", "0"),
-    (dict(cp_size=-2), "cp_size", "-2"),
-    (dict(cp_size=2.0), "cp_size", "2.0"),
-    (dict(cp_size=True), "cp_size", "True"),
-    (dict(cp_size="2"), "cp_size", "'2'"),
-    (dict(page_size=0), "page_size", "0"),
-    (dict(page_size=-64), "page_size", "-64"),
-    (dict(page_size=1.5), "page_size", "1.5"),
-    (dict(page_size=True), "page_size", "True"),
-    (dict(align=3), "align", "3"),
-    (dict(align=1), "align", "1"),
-    (dict(align=0), "align", "0"),
-    (dict(align=-4), "align", "-4"),
-    (dict(align=4.0), "align", "4.0"),
-    (dict(align=True), "align", "True"),
-    (dict(policy="zigzag-page"), "policy", "'zigzag-page'"),
-    (dict(policy="ZIGZAG"), "policy", "'ZIGZAG'"),
-    (dict(policy=None), "policy", "None"),
+    *[({arg: value}, arg, repr(value)) for arg, values in BAD_VALUES.items() for value in values],
 ]
 
 
