@@ -1,6 +1,8 @@
 """What the example plug-ins' rank tasks share (tests/sglang_plugin_tasks.py,
 tests/vllm_plugin_tasks.py): the plug-in's folder on the path, and matrix
-points of the plug-in as it is or with one part broken."""
+points of the plug-in as it is or with one part broken; and, on the test's
+side (tests/lib/test_sglang_plugin.py, tests/lib/test_vllm_plugin.py), the
+points their tests run and how they run them."""
 
 from __future__ import annotations
 
@@ -31,4 +33,43 @@ def points(plugin: Path, ref: str, broken: Callable[[str, Any], Any], runs, back
             out.append(point_on_rank(spec, backend))
         finally:
             impls.REGISTRY[ref] = saved
+    return out
+
+
+# -- on the test's side ---------------------------------------------------------------
+
+def spec(ref: str, lens, cp: int, policy: str, engine: str, iters: int = 2):
+    """A small point of the plug-in ``ref`` alone: [T, 32] bfloat16, one warm-up."""
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    return PointSpec(tuple(lens), cp, policy=policy, impls=(ref,), hidden_size=32, dtype="bfloat16", warmup=1,
+                     iters=iters, engine=engine)
+
+
+def rows(rank_pool, tasks, cp: int, runs) -> list[dict]:
+    """Each ``(spec, variant)`` of ``runs``, all in one task (``tasks.points``, a
+    plug-in's rank task) on the warm pool of ``cp`` ranks: each point's rows by impl."""
+    from rank_tasks import folded
+
+    results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
+    return [folded(spec, results, k) for k, (spec, _) in enumerate(runs)]
+
+
+def ok_points_of_sweep(rank_pool, tasks, cp: int, cases, point) -> list[tuple]:
+    """A sweep of the plug-in ``tasks.REF`` as it is: each ``(lens, policy,
+    engine, want)`` of ``cases`` run as ``point(lens, cp, policy, engine)``. A
+    point whose ``want`` is not ``"ok"`` is checked here: skipped, with a reason
+    that names the plug-in and says ``want``, and nothing timed. The others are
+    the caller's to check: ``(row, plan, where)`` each."""
+    specs = [point(lens, cp, policy, engine) for lens, policy, engine, _ in cases]
+    found = rows(rank_pool, tasks, cp, [(s, "as_is") for s in specs])
+    out = []
+    for s, (lens, policy, engine, want), res in zip(specs, cases, found):
+        r = res[tasks.REF]
+        where = (lens, cp, policy, engine, r.status, r.reason)
+        if want == "ok":
+            out.append((r, s.plan(), where))
+        else:
+            assert r.status == "skipped" and r.reason.startswith(f"impl={tasks.REF}: ") and want in r.reason, where
+            assert not r.stats
     return out

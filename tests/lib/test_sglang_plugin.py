@@ -14,12 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import plugin_tasks
 import sglang_plugin_tasks as tasks
 from nsa_cp_comm import impls
 from nsa_cp_comm.harness.checks import shard_input
-from nsa_cp_comm.harness.spec import PointSpec
 from nsa_cp_comm.plan import plan_split
-from rank_tasks import folded
 
 tasks.importable()
 REF = tasks.REF
@@ -28,13 +27,7 @@ DEEPEP = "zigzag DSA CP runs its MoE through DeepEP"
 
 
 def _spec(lens, cp, policy="round_robin", engine=SGLANG, iters=2):
-    return PointSpec(tuple(lens), cp, policy=policy, impls=(REF,), hidden_size=32, dtype="bfloat16", warmup=1,
-                     iters=iters, engine=engine)
-
-
-def _run(rank_pool, cp, runs):
-    results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
-    return [folded(spec, results, k) for k, (spec, _) in enumerate(runs)]
+    return plugin_tasks.spec(REF, lens, cp, policy, engine, iters)
 
 
 # (lens, cp, policy, engine) -> the plug-in's status, and what its reason says when skipped
@@ -61,23 +54,16 @@ SWEEP = {
 
 @pytest.mark.parametrize("cp", sorted(SWEEP))
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason(rank_pool, cp):
-    specs = [_spec(lens, cp, policy, engine) for lens, policy, engine, _ in SWEEP[cp]]
-    rows = _run(rank_pool, cp, [(s, "as_is") for s in specs])
-    for spec, (lens, policy, engine, want), res in zip(specs, SWEEP[cp], rows):
-        r, plan = res[REF], spec.plan()
-        where = (lens, cp, policy, engine, r.status, r.reason)
-        if want == "ok":
-            assert r.status == "ok" and r.correct and r.failed_check == "", where
-            p, pas = impls.shard_len(plan), impls.get("pad_at_split")
-            # the engine's [P, H] shards, moved as the project's pad_at_split moves them
-            assert r.rows_moved == p * cp == pas.buffer_rows(plan), where
-            assert r.attn_pad_rows == p - min(plan.per_rank_tokens) == pas.stride(plan) - min(plan.per_rank_tokens)
-            assert r.stats["roundtrip"]["p50"] > 0
-            # legacy's bits checked exactly where no rank is padded
-            assert r.even_bitwise_equal is (True if p * cp == plan.total_tokens else None), where
-        else:
-            assert r.status == "skipped" and r.reason.startswith(f"impl={REF}: ") and want in r.reason, where
-            assert not r.stats
+    # the skipped points are checked in ok_points_of_sweep
+    for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
+        assert r.status == "ok" and r.correct and r.failed_check == "", where
+        p, pas = impls.shard_len(plan), impls.get("pad_at_split")
+        # the engine's [P, H] shards, moved as the project's pad_at_split moves them
+        assert r.rows_moved == p * cp == pas.buffer_rows(plan), where
+        assert r.attn_pad_rows == p - min(plan.per_rank_tokens) == pas.stride(plan) - min(plan.per_rank_tokens)
+        assert r.stats["roundtrip"]["p50"] > 0
+        # legacy's bits checked exactly where no rank is padded
+        assert r.even_bitwise_equal is (True if p * cp == plan.total_tokens else None), where
 
 
 BROKEN = [
@@ -95,7 +81,7 @@ BROKEN = [
 def test_broken_copies_of_the_plugin_fail(rank_pool):
     runs = [(_spec(lens, 3, iters=3), variant) for variant, lens, _ in BROKEN]
     runs.append((_spec((1001, 300), 3, policy="zigzag"), "no_refusal"))
-    rows = _run(rank_pool, 3, runs)
+    rows = plugin_tasks.rows(rank_pool, tasks, 3, runs)
     for (variant, lens, check), res in zip(BROKEN, rows):
         r = res[REF]
         assert (r.status, r.failed_check) == ("failed", check), (variant, r.status, r.failed_check, r.reason)

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import pytest
 
+import plugin_tasks
 import vllm_plugin_tasks as tasks
 from nsa_cp_comm import impls
-from nsa_cp_comm.harness.spec import PointSpec
-from rank_tasks import folded
 
 tasks.importable()
 REF = tasks.REF
@@ -26,13 +25,7 @@ DCS = "dual_chunk_swap"
 
 
 def _spec(lens, cp, policy=DCS, engine=VLLM, iters=2):
-    return PointSpec(tuple(lens), cp, policy=policy, impls=(REF,), hidden_size=32, dtype="bfloat16", warmup=1,
-                     iters=iters, engine=engine)
-
-
-def _run(rank_pool, cp, runs):
-    results = rank_pool(cp).run(tasks.points, runs, "gloo", timeout_s=300)
-    return [folded(spec, results, k) for k, (spec, _) in enumerate(runs)]
+    return plugin_tasks.spec(REF, lens, cp, policy, engine, iters)
 
 
 # (lens, cp, policy, engine) -> the plug-in's status, or what its skip reason says
@@ -58,20 +51,13 @@ SWEEP = {
 
 @pytest.mark.parametrize("cp", sorted(SWEEP))
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason(rank_pool, cp):
-    specs = [_spec(lens, cp, policy, engine) for lens, policy, engine, _ in SWEEP[cp]]
-    rows = _run(rank_pool, cp, [(s, "as_is") for s in specs])
-    for spec, (lens, policy, engine, want), res in zip(specs, SWEEP[cp], rows):
-        r, plan = res[REF], spec.plan()
-        where = (lens, cp, policy, engine, r.status, r.reason)
-        if want == "ok":
-            assert r.status == "ok" and r.correct and r.failed_check == "", where
-            p = impls.shard_len(plan)
-            assert p == max(plan.per_rank_tokens) and r.rows_moved == p * cp, where  # P = max n_r
-            assert r.stats["roundtrip"]["p50"] > 0
-            assert r.even_bitwise_equal is (True if plan.is_even else None), where
-        else:
-            assert r.status == "skipped" and r.reason.startswith(f"impl={REF}: ") and want in r.reason, where
-            assert not r.stats
+    # the skipped points are checked in ok_points_of_sweep
+    for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
+        assert r.status == "ok" and r.correct and r.failed_check == "", where
+        p = impls.shard_len(plan)
+        assert p == max(plan.per_rank_tokens) and r.rows_moved == p * cp, where  # P = max n_r
+        assert r.stats["roundtrip"]["p50"] > 0
+        assert r.even_bitwise_equal is (True if plan.is_even else None), where
 
 
 # variant -> the check each point fails (None: the point does not change under the break)
@@ -86,7 +72,7 @@ BROKEN = {
 @pytest.mark.parametrize("variant", sorted(BROKEN))
 def test_broken_copies_of_the_plugin_fail_where_the_break_shows(rank_pool, variant):
     cases = BROKEN[variant]
-    rows = _run(rank_pool, 2, [(_spec(lens, 2, iters=3), variant) for lens in cases])
+    rows = plugin_tasks.rows(rank_pool, tasks, 2, [(_spec(lens, 2, iters=3), variant) for lens in cases])
     for (lens, check), res in zip(cases.items(), rows):
         r = res[REF]
         if check is None:
