@@ -20,6 +20,17 @@ SMALL = dict(hidden_size=64, dtype="float32", warmup=1, iters=2)
 HOSTILE = "tests.hostile_impls"
 
 
+def _checked_point(pool, impls, seq_lens=(10, 6), **kw):
+    """The rows of a small zigzag point of ``impls`` on ``pool``, as a sweep
+    gets them: the point run, then the after-point check of its ranks."""
+    from matrix.app import point
+    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    spec = PointSpec(seq_lens, 2, "zigzag", impls=impls, **{**SMALL, **kw})
+    return point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+
+
 @pytest.mark.parametrize("how, named", [
     ("intra_threads", "intra-op threads is "),
     ("grad_mode", "grad mode is False (was True)"),
@@ -111,15 +122,10 @@ def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are
     ranks; the point's other implementations are rerun on fresh ranks (a
     second culprit among them blamed the same way, a row that fails its own
     check keeps it, an honest one is ok); the changed ranks are closed."""
-    from matrix.app import point
-    from nsa_cp_comm.harness.measure import run_point
-    from nsa_cp_comm.harness.spec import PointSpec
-
     pool = rank_pool(2)
     impls = (f"{HOSTILE}:sets_threads", f"{HOSTILE}:wraps_all_gather", "tests.broken_impls:wrong_order", "padded",
              f"{HOSTILE}:sets_matmul_precision", f"{HOSTILE}:slows_library_gather")
-    spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **SMALL)
-    rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
+    rows = {r.impl: r for r in _checked_point(pool, impls)}
     assert not pool.alive
     assert rows["tests.broken_impls:wrong_order"].failed_check == "gather_rows"
     assert rows["padded"].status == "ok", rows["padded"]
@@ -143,8 +149,7 @@ def test_a_plug_in_that_changes_its_ranks_gets_the_failed_row_and_the_others_are
     assert ("nsa_cp_comm.production.all_gather_into is tests.hostile_impls._slowing_gather.<locals>.slowed (was "
             "nsa_cp_comm.collectives.all_gather_into)") in slows.reason, slows.reason
     fresh = rank_pool(2)
-    ok = point._after_point_check(fresh, run_point(PointSpec((10, 6), 2, "zigzag", impls=("padded",), **SMALL), fresh,
-                                                   timeout_s=60), 60)
+    ok = _checked_point(fresh, ("padded",))
     assert [r.status for r in ok] == ["ok"] and fresh.alive, ok
 
 
@@ -154,14 +159,8 @@ def test_a_change_made_in_a_real_timed_turn_is_blamed_on_that_turn_alone(rank_po
     the point's other implementations are rerun on fresh ranks and pass.
     Without the look after timed turns, only the after-point check sees the
     change, and every row of the point fails, the built-ins' included."""
-    from matrix.app import point
-    from nsa_cp_comm.harness.measure import run_point
-    from nsa_cp_comm.harness.spec import PointSpec
-
-    pool = rank_pool(2)
     impls = (f"{HOSTILE}:changes_in_its_timed_loop", "padded", "legacy")
-    spec = PointSpec((10, 6), 2, "zigzag", impls=impls, **{**SMALL, "iters": 4})
-    rows = {r.impl: r for r in point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)}
+    rows = {r.impl: r for r in _checked_point(rank_pool(2), impls, iters=4)}
     late = rows[impls[0]]
     assert (late.status, late.failed_check) == ("failed", "rank_state"), late
     assert "found after its turn in iteration " in late.reason and "of the timed loop" in late.reason, late.reason
@@ -285,6 +284,7 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
     calls = []
 
     def flaky(kind, fails):
+        """From now on no pool is warm, and each start raises ``kind`` until ``fails`` starts have."""
         class Pool:
             alive = True
 
@@ -296,20 +296,17 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
             def close(self):
                 pass
 
-        return Pool
+        calls.clear()
+        monkeypatch.setattr(ranks, "_POOLS", {})
+        monkeypatch.setattr(ranks, "RankPool", Pool)
 
-    monkeypatch.setattr(ranks, "_POOLS", {})
-    monkeypatch.setattr(ranks, "RankPool", flaky(ranks.StartTimeout, 1))
+    flaky(ranks.StartTimeout, 1)
     assert ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1).alive
     assert len(calls) == 2
-    calls.clear()
-    monkeypatch.setattr(ranks, "_POOLS", {})
-    monkeypatch.setattr(ranks, "RankPool", flaky(ranks.StartTimeout, 2))
+    flaky(ranks.StartTimeout, 2)
     with pytest.raises(ranks.StartTimeout, match=r"tried 2 time\(s\), 5 s each"):
         ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_timeout_s=5, start_retries=1)
-    calls.clear()
-    monkeypatch.setattr(ranks, "_POOLS", {})
-    monkeypatch.setattr(ranks, "RankPool", flaky(RuntimeError, 1))
+    flaky(RuntimeError, 1)
     with pytest.raises(RuntimeError):  # a rank that failed to start is not slow: no second try
         ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
     assert len(calls) == 1
@@ -318,18 +315,14 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
 def _sweep_of_two(workdir, first, monkeypatch=None):
     """Two points as a sweep runs them (ranks from ranks.get_pool, the
     after-point check): ``first`` alone, then padded alone. Their rows."""
-    from matrix.app import point
     from nsa_cp_comm.harness import ranks
-    from nsa_cp_comm.harness.measure import run_point
-    from nsa_cp_comm.harness.spec import PointSpec
 
     rows = []
     try:
         for impls in ((first,), ("padded",)):
             pool = ranks.get_pool(2, backend="gloo", device="cpu", workdir=workdir)
             # uneven (651 and 650 rows): padding rows for zero_ to zero
-            spec = PointSpec((1001, 300), 2, "zigzag", impls=impls, **SMALL)
-            rows += point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+            rows += _checked_point(pool, impls, seq_lens=(1001, 300))
     finally:
         ranks.close_pools()
     return rows
@@ -372,13 +365,8 @@ def test_a_plug_in_that_leaves_its_process_changed_gets_the_blame_and_padded_bes
     """A mode entered, a nice level, a spinning thread, an NSA_* variable:
     each is found after the plug-in's own checks; padded, in the same point,
     is rerun on fresh ranks and ok."""
-    from matrix.app import point
-    from nsa_cp_comm.harness.measure import run_point
-    from nsa_cp_comm.harness.spec import PointSpec
-
     pool = rank_pool(2)
-    spec = PointSpec((10, 6), 2, "zigzag", impls=(f"{HOSTILE}:{name}", "padded"), **SMALL)
-    bad, padded = point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
+    bad, padded = _checked_point(pool, (f"{HOSTILE}:{name}", "padded"))
     assert (bad.status, bad.failed_check) == ("failed", "rank_state"), bad
     assert "found after its checks" in bad.reason and named in bad.reason, bad.reason
     assert padded.status == "ok", padded
