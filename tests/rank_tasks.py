@@ -363,16 +363,20 @@ def _wrapped(fn, name: str):
     return wrapped
 
 
+def _wrap_in_place(owner, name: str):
+    """``owner.name`` (its own, not inherited) replaced by its :func:`_wrapped`; returns the undo."""
+    saved = vars(owner)[name]
+    setattr(owner, name, _wrapped(getattr(owner, name), name))
+    return lambda: setattr(owner, name, saved)
+
+
 def _state_change(how: str):
     """Apply one change of a rank's recorded state; returns its undo."""
     from torch.distributed import distributed_c10d
 
     if how.startswith("wrap:"):  # wrap:<where>.<name>, where: dist, c10d or ProcessGroup
         where, _, name = how.removeprefix("wrap:").partition(".")
-        owner = {"dist": dist, "c10d": distributed_c10d, "ProcessGroup": dist.ProcessGroup}[where]
-        saved = vars(owner)[name]
-        setattr(owner, name, _wrapped(getattr(owner, name), name))
-        return lambda: setattr(owner, name, saved)
+        return _wrap_in_place({"dist": dist, "c10d": distributed_c10d, "ProcessGroup": dist.ProcessGroup}[where], name)
     if how == "intra_threads":
         before = torch.get_num_threads()
         torch.set_num_threads(before + 1)
@@ -418,9 +422,7 @@ def _state_change(how: str):
         except ModuleNotFoundError:  # module.Class.method
             module_name, _, cls = module_name.rpartition(".")
             owner, name = getattr(importlib.import_module(module_name), cls), rest
-        saved = vars(owner)[name]
-        setattr(owner, name, _wrapped(getattr(owner, name), name))
-        return lambda: setattr(owner, name, saved)
+        return _wrap_in_place(owner, name)
     if how == "nice":
         before = os.getpriority(os.PRIO_PROCESS, 0)
         os.nice(1)
@@ -445,10 +447,7 @@ def _state_change(how: str):
         setattr(torch.Tensor, name, _wrapped(getattr(torch.Tensor, name), name))
         return lambda: delattr(torch.Tensor, name)
     if how.startswith("torch:"):  # torch:<function>
-        name = how.removeprefix("torch:")
-        saved = vars(torch)[name]
-        setattr(torch, name, _wrapped(saved, name))
-        return lambda: setattr(torch, name, saved)
+        return _wrap_in_place(torch, how.removeprefix("torch:"))
     if how.startswith("code:"):  # code:<module>.<function>: its code object swapped, the function kept
         import importlib
 
@@ -457,22 +456,15 @@ def _state_change(how: str):
         saved = fn.__code__
         fn.__code__ = (lambda *a, **k: None).__code__.replace(co_name=name)
         return lambda: setattr(fn, "__code__", saved)
-    if how == "function_mode":
+    if how in ("function_mode", "dispatch_mode"):  # a mode that passes every call through, entered
         from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
 
-        class Tracing(TorchFunctionMode):
+        class Tracing(TorchFunctionMode if how == "function_mode" else TorchDispatchMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 return func(*args, **(kwargs or {}))
 
-        mode = Tracing()
-        mode.__enter__()
-        return lambda: mode.__exit__(None, None, None)
-    if how == "dispatch_mode":
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Tracing(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                return func(*args, **(kwargs or {}))
+            __torch_dispatch__ = __torch_function__  # the same pass-through, as the dispatch mode's hook
 
         mode = Tracing()
         mode.__enter__()
