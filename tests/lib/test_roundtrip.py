@@ -152,26 +152,25 @@ def test_round_trip_emits_no_deprecation_warning(rank_pool):
 
 # -- GPU (skipped without one) ---------------------------------------------------
 
-def _gpu_cases(cp: int) -> list[dict]:
-    return [c for c in cases_for(cp) if c["H"] <= 256][:12]
+def _round_trips_on_cuda(cp: int, backend: str, workdir, timeout_s: float) -> list[dict]:
+    """The first 12 of cp's cases with H <= 256, on CUDA tensors of fresh ranks: checked; the cases."""
+    cases = [c for c in cases_for(cp) if c["H"] <= 256][:12]
+    with RankPool(cp, backend=backend, device="cuda", workdir=workdir) as pool:
+        results = pool.run(rank_tasks.roundtrip_cases, cases, timeout_s=timeout_s)
+    check_findings(results, cases)
+    return cases
 
 
 @pytest.mark.requires_gpu
 @needs_cuda
 def test_nccl_cp1_round_trip_on_cuda(pool_workdir):
-    cases = _gpu_cases(1)
-    with RankPool(1, backend="nccl", device="cuda", workdir=pool_workdir) as pool:
-        results = pool.run(rank_tasks.roundtrip_cases, cases, timeout_s=120)
-    check_findings(results, cases)
+    _round_trips_on_cuda(1, "nccl", pool_workdir, timeout_s=120)
 
 
 @pytest.mark.requires_gpu
 @needs_cuda
 def test_gloo_cp2_round_trip_on_cuda_tensors(pool_workdir):
-    cases = _gpu_cases(2)
-    with RankPool(2, backend="gloo", device="cuda", workdir=pool_workdir) as pool:
-        results = pool.run(rank_tasks.roundtrip_cases, cases, timeout_s=180)
-    check_findings(results, cases)
+    cases = _round_trips_on_cuda(2, "gloo", pool_workdir, timeout_s=180)
     with RankPool(2, backend="gloo", device="cuda", workdir=pool_workdir) as pool:
         warned = pool.run(rank_tasks.warnings_of_roundtrip, cases[1], timeout_s=60)
     assert [r.value for r in warned] == [[], []]
