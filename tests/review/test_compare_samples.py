@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,14 @@ from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
 from compare_rows import make_row, marks, summary, write_run
 
 RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def _rng_of_this_test(request):
+    """Each test draws from its own seed: under xdist the tests a worker ran
+    before would otherwise decide what this one draws."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def _noisy(median: float, n: int = 16, spread: float = 0.05) -> list[float]:
@@ -303,9 +312,11 @@ def test_two_smoke_runs_still_fail_on_what_else_is_wrong(tmp_path: Path, capsys)
 
 def test_the_smoke_preset_timed_long_enough_for_the_test_keeps_the_power_rule(tmp_path: Path, capsys):
     """+matrix=smoke with more iterations asks for a gate: too noisy a row is unverified."""
-    wide = lambda: (list(100 * np.exp(0.8 * RNG.standard_normal(30))), _noisy(100, n=30, spread=0.01))  # noqa: E731
-    base = write_sampled(tmp_path / "b", {"p1": wide()}, overrides=SMOKE + " iters=30")
-    new = write_sampled(tmp_path / "n", {"p1": wide()}, overrides=SMOKE + " iters=30")
+    # one wide draw, reversed for NEW: an A/A pair no seed can make significant
+    wide = list(100 * np.exp(0.8 * RNG.standard_normal(30)))
+    control = _noisy(100, n=30, spread=0.01)
+    base = write_sampled(tmp_path / "b", {"p1": (wide, control)}, overrides=SMOKE + " iters=30")
+    new = write_sampled(tmp_path / "n", {"p1": (wide[::-1], control[::-1])}, overrides=SMOKE + " iters=30")
     code, out = gate(base, new, capsys)
     assert code == 1 and "underpowered=1" in summary(out) and "smoke-untimed" not in summary(out), out
     assert any(m.startswith("UNVERIFIED (low power: ") for m in marks(out))
