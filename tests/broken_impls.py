@@ -98,32 +98,31 @@ drops_last_row = RoundTripImpl("drops_last_row", _short_gather, _scatter, doc="g
 
 
 # --- scatter_chunk: the wrong rows back ----------------------------------------
-def _packed_offset_scatter(full, plan, group):
-    # Mistake: sums the whole buffer, then slices this rank's rows at the
-    # packed offset sum(n_<r) (the allgatherv layout) although the buffer is
-    # rank-major padded (rank r at r*m). Right only while no earlier rank is short.
-    rank = dist.get_rank(group)
-    summed = full.clone()
-    dist.all_reduce(summed, group=group)
-    start = plan.rank_offset(rank)
-    return summed[start : start + plan.per_rank_tokens[rank]]
+def _summed_rows_at(start_of):
+    """A scatter that sums the whole buffer, then slices this rank's rows
+    from row ``start_of(rank, plan)``."""
+
+    def scatter(full, plan, group):
+        rank = dist.get_rank(group)
+        summed = full.clone()
+        dist.all_reduce(summed, group=group)
+        start = start_of(rank, plan)
+        return summed[start : start + plan.per_rank_tokens[rank]]
+
+    return scatter
 
 
+# Mistake: this rank's rows sliced at the packed offset sum(n_<r) (the
+# allgatherv layout) although the buffer is rank-major padded (rank r at
+# r*m). Right only while no earlier rank is short.
+_packed_offset_scatter = _summed_rows_at(lambda rank, plan: plan.rank_offset(rank))
 wrong_chunk = RoundTripImpl("wrong_chunk", _gather, _packed_offset_scatter, doc="scatter slices the packed offset")
 
-
-def _neighbour_scatter(full, plan, group):
-    # Mistake: this rank's rows sliced from the next rank's slot (a slot index
-    # off by one). With the CP group in reverse world order, on some ranks
-    # that slot is the one the global rank names; on others it is not.
-    rank, m = dist.get_rank(group), plan.max_rank_len
-    summed = full.clone()
-    dist.all_reduce(summed, group=group)
-    start = (rank + 1) % plan.cp_size * m
-    return summed[start : start + plan.per_rank_tokens[rank]]
-
-
-neighbour_scatter = RoundTripImpl("neighbour_scatter", _gather, _neighbour_scatter,
+# Mistake: this rank's rows sliced from the next rank's slot (a slot index
+# off by one). With the CP group in reverse world order, on some ranks
+# that slot is the one the global rank names; on others it is not.
+_next_slot_scatter = _summed_rows_at(lambda rank, plan: (rank + 1) % plan.cp_size * plan.max_rank_len)
+neighbour_scatter = RoundTripImpl("neighbour_scatter", _gather, _next_slot_scatter,
                                   doc="scatter returns the next rank's slot")
 
 
@@ -190,13 +189,16 @@ def _refuse(plan):
         raise ValueError(f"output tensor size must be equal to world_size times input tensor size ({plan.per_rank_tokens})")
 
 
-def _c10d_check_then_refuse(local, plan, group):
-    # Mistake: "agree on the row count first", through distributed_c10d
-    # (not torch.distributed's own name), and only then refuse.
-    n = torch.tensor([float(local.shape[0])], device=local.device)
-    c10d.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
-    _refuse(plan)
-    return _gather(local, plan, group)
+def _check_then_refuse(all_reduce_max):
+    # Mistake: "agree on the row count first" (``all_reduce_max(n, group)``),
+    # and only then refuse.
+    def gather(local, plan, group):
+        n = torch.tensor([float(local.shape[0])], device=local.device)
+        all_reduce_max(n, group)
+        _refuse(plan)
+        return _gather(local, plan, group)
+
+    return gather
 
 
 def _c10d_refusing_scatter(full, plan, group):
@@ -204,23 +206,15 @@ def _c10d_refusing_scatter(full, plan, group):
     return _scatter(full, plan, group)
 
 
+# Through distributed_c10d (not torch.distributed's own name).
 refuses_late_c10d = RoundTripImpl(
-    "refuses_late_c10d", _c10d_check_then_refuse, _c10d_refusing_scatter, needs_even=True,
-    doc="refuses an uneven plan after an all-reduce through distributed_c10d",
+    "refuses_late_c10d", _check_then_refuse(lambda n, group: c10d.all_reduce(n, op=dist.ReduceOp.MAX, group=group)),
+    _c10d_refusing_scatter, needs_even=True, doc="refuses an uneven plan after an all-reduce through distributed_c10d",
 )
-
-
-def _functional_check_then_refuse(local, plan, group):
-    # The same mistake through the functional collectives (as compiled code issues them).
-    n = torch.tensor([float(local.shape[0])], device=local.device)
-    funcol.all_reduce(n, "max", group).wait()
-    _refuse(plan)
-    return _gather(local, plan, group)
-
-
+# The same mistake through the functional collectives (as compiled code issues them).
 refuses_late_functional = RoundTripImpl(
-    "refuses_late_functional", _functional_check_then_refuse, _c10d_refusing_scatter, needs_even=True,
-    doc="refuses an uneven plan after a functional all-reduce",
+    "refuses_late_functional", _check_then_refuse(lambda n, group: funcol.all_reduce(n, "max", group).wait()),
+    _c10d_refusing_scatter, needs_even=True, doc="refuses an uneven plan after a functional all-reduce",
 )
 
 
@@ -434,36 +428,33 @@ def _every_other(form, plan, hidden, dtype, device, group):
     return dataclasses.replace(form, gather=_counted(form.gather, lambda n: n % 2 == 1))
 
 
-def _rare_corruption(form, plan, hidden, dtype, device, group):
-    # One call in ten returns a scatter output with one element changed.
-    calls, scatter = [0], form.scatter
+def _corrupting(when, element):
+    """A cheat whose scatter output, on the calls ``when(count)`` picks
+    (counting from 1), has element ``element`` changed by one."""
 
-    def corrupt(*args):
-        calls[0] += 1
-        out = scatter(*args)
-        if calls[0] % 10 == 7 and out.numel():
-            out.view(-1)[-1] += 1
-        return out
+    def cheat(form, plan, hidden, dtype, device, group):
+        calls, scatter = [0], form.scatter
 
-    return dataclasses.replace(form, scatter=corrupt)
+        def corrupt(*args):
+            calls[0] += 1
+            out = scatter(*args)
+            if when(calls[0]) and out.numel():
+                out.view(-1)[element] += 1
+            return out
 
+        return dataclasses.replace(form, scatter=corrupt)
+
+    return cheat
+
+
+# One call in ten returns a scatter output with one element changed.
+_rare_corruption = _corrupting(lambda n: n % 10 == 7, -1)
 
 # The timed loop of tests/lib/test_timed_check.py: one warm-up and 12 timed iterations.
 LOOP_CALLS = 13
 
-
-def _last_only(form, plan, hidden, dtype, device, group):
-    # Right on every call but the timed loop's last: one element changed there.
-    calls, scatter = [0], form.scatter
-
-    def corrupt(*args):
-        calls[0] += 1
-        out = scatter(*args)
-        if calls[0] == LOOP_CALLS and out.numel():
-            out.view(-1)[0] += 1
-        return out
-
-    return dataclasses.replace(form, scatter=corrupt)
+# Right on every call but the timed loop's last: one element changed there.
+_last_only = _corrupting(lambda n: n == LOOP_CALLS, 0)
 
 
 CHEATS = {
@@ -593,11 +584,7 @@ def _neighbour_scatter(full, plan, group):
     # buffer and slice "my" rows, with the slot counted from 1: the next rank's.
     if plan.is_even:
         return _scatter(full, plan, group)
-    rank, cp, m = dist.get_rank(group), plan.cp_size, plan.max_rank_len
-    summed = full.clone()
-    dist.all_reduce(summed, group=group)
-    start = ((rank + 1) % cp) * m
-    return summed[start : start + plan.per_rank_tokens[rank]]
+    return _next_slot_scatter(full, plan, group)
 
 
 neighbour_rows = RoundTripImpl("neighbour_rows", _gather, _neighbour_scatter,

@@ -351,20 +351,17 @@ FAULTS: tuple[FaultCase, ...] = (
     *(
         FaultCase(
             f"impl={BROKEN}:{f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
-            "a point on RankPool ranks (`python -m matrix`)",
-            f"status `{s}`, reason `{r}`; all of the point's processes gone; the next point runs normally",
-            "test_injected_fault_costs_one_row",
+            where,
+            f"status `{s}`, reason `{r}`; {after}",
+            test,
         )
-        for f, (t, s, r) in POOL_FAULTS.items()
-    ),
-    *(
-        FaultCase(
-            f"impl={BROKEN}:{f}" + (f" timeout_s={t:g}" if s == "timeout" else ""),
-            "a point on torchrun ranks (`matrix.app.torchrun_point`)",
-            f"status `{s}`, reason `{r}`; torchrun exits 1",
-            "test_torchrun_fault_costs_one_row",
+        for faults, where, after, test in (
+            (POOL_FAULTS, "a point on RankPool ranks (`python -m matrix`)",
+             "all of the point's processes gone; the next point runs normally", "test_injected_fault_costs_one_row"),
+            (TORCHRUN_FAULTS, "a point on torchrun ranks (`matrix.app.torchrun_point`)", "torchrun exits 1",
+             "test_torchrun_fault_costs_one_row"),
         )
-        for f, (t, s, r) in TORCHRUN_FAULTS.items()
+        for f, (t, s, r) in faults.items()
     ),
     FaultCase(
         f"impl={BROKEN}:raise_rank with padded at the same point (a rank that raises in one implementation's "

@@ -15,13 +15,16 @@ the plan classes it covers (matrix/scale/plan_classes.py):
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from matrix.review import coverage, report
+from matrix.review import coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
+from matrix_cli import run_matrix
 from nsa_cp_comm.plan import plan_split
+from report_rows import append, make_row
 
 BROKEN = "tests.broken_impls"
 BUGS = ("new_empty_padding", "neighbour_rows", "local_sized_buffer")  # the last errors: its ranks restart
@@ -112,8 +115,6 @@ def test_plugins_right_on_even_plans_only_fail_the_preset_at_each_cp(rank_pool, 
 
     impls = [f"{BROKEN}:{name}" for name in BUGS]
     even = resolve({**_cfg(cp, "even", "padded")}).spec
-    from dataclasses import replace
-
     results = run_point(replace(even, impls=(*impls, "padded")), rank_pool(cp), timeout_s=60)
     assert [(r.impl, r.status) for r in results] == [(i, "ok") for i in (*impls, "padded")], \
         [(r.impl, r.status, r.reason) for r in results]
@@ -131,17 +132,14 @@ def test_plugins_right_on_even_plans_only_fail_the_preset_at_each_cp(rank_pool, 
 
 def _rows(plugin_classes: dict[int, list[str]], impl: str = f"{BROKEN}:neighbour_rows",
           origin: str = "tests.broken_impls (no installed distribution)") -> list[dict]:
-    from report_rows import make_row
-
     rows = []
     for cp, kinds in plugin_classes.items():
         for kind in kinds:
             plan = _plan(kind, cp)
-            lens = tuple(plan.seq_lens)
-            common = dict(cp=cp, seq_lens=lens, padded_total=plan.padded_total, plan_class=plan_classes.label(plan),
-                          policy=plan.policy, page=plan.page_size)
-            rows.append(make_row(impl, impl_origin=origin, **{**common, "is_even": plan.is_even}))
-            rows.append(make_row("padded", **{**common, "is_even": plan.is_even}))
+            common = dict(cp=cp, seq_lens=tuple(plan.seq_lens), padded_total=plan.padded_total, policy=plan.policy,
+                          plan_class=plan_classes.label(plan), page=plan.page_size, is_even=plan.is_even)
+            rows.append(make_row(impl, impl_origin=origin, **common))
+            rows.append(make_row("padded", **common))
     return rows
 
 
@@ -151,11 +149,7 @@ def _loaded(path):
 
 
 def _report(tmp_path, rows) -> str:
-    from report_rows import append
-
     append(tmp_path, rows)
-    from matrix.review import report_doc
-
     return report_doc.markdown(report.render(*_loaded(tmp_path)))[0]  # without the plots
 
 
@@ -182,8 +176,6 @@ def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tm
     assert "WARNING" not in md
     # no outside implementation: the classes in the appendix only
     assert "## Plan classes covered" not in md
-    from matrix.review import report_doc
-
     appendix = report_doc.markdown(report.render(*_loaded(tmp_path / "b")))[1]
     assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", appendix)
 
@@ -192,11 +184,8 @@ def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
     rows = _rows({3: ["empty_rank"]})
     for r in rows:
         r["plan_class"] = ""
-    from report_rows import append
-
     append(tmp_path, rows)
-    run = report.load_run("RESULTS", str(tmp_path), report.READ)
-    df = report.prepare(run)
+    _, df = _loaded(tmp_path)
     assert set(coverage.plan_classes(df)) == {"uneven_by_one+empty_rank"}
     assert coverage.warnings(df) == []
 
@@ -215,8 +204,6 @@ def test_the_preset_through_the_cli_fails_each_bug_at_its_largest_cp(tmp_path):
     preset is held to it in-process above, and cp 2 and 3 fail each bug on
     warm ranks. Each buggy plug-in that fails a check fails there, and the
     report warns of none of them."""
-    from matrix_cli import run_matrix
-
     impls = ",".join(f"{BROKEN}:{name}" for name in CLI_BUGS)
     run = run_matrix(tmp_path / "res", "+matrix=conformance", f"impl={impls}", "+plan_class=uneven_by_one",
                      "+conformance_cp=largest", multirun=False, timeout=600)
@@ -239,8 +226,6 @@ def test_the_preset_through_the_cli_fails_each_bug_at_its_largest_cp(tmp_path):
 def test_a_bystander_point_is_a_point_of_its_own(tmp_path):
     # The same configuration with and without a bystander: two points (as
     # point_id says), neither read as a duplicate of the other.
-    from report_rows import append
-
     rows = _rows({2: ["even", "uneven_by_one"]})
     append(tmp_path, rows + [{**r, "bystanders": 1} for r in rows])
     run, df = _loaded(tmp_path)
@@ -283,11 +268,10 @@ def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(t
     """At cp 3, where it refused every plan, there was no warning and the
     sweep exited 0; the one that refused every uneven plan was warned about
     in the report only."""
-    from matrix_cli import run_matrix
-
     res = tmp_path / "res"
-    run = run_matrix(res, f"impl={SKIPPERS}", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32", "iters=5",
-                     "warmup=0", "dtype=float32")
+    sweep = (f"impl={SKIPPERS}", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32", "iters=5", "warmup=0",
+             "dtype=float32")
+    run = run_matrix(res, *sweep)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     summary_line = next(ln for ln in run.stdout.splitlines() if ln.startswith("matrix summary:"))
     assert "failed 0, error 0, timeout 0" in summary_line, summary_line
@@ -299,8 +283,7 @@ def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(t
     assert not any("skips_cp3` ran no uneven" in ln or "cp=2" in ln and "skips_cp3" in ln for ln in lines), lines
     assert lines[-1] == "coverage: 2 gap(s): exit 1 (allow_skipped=true passes them)"
     # the same sweep, finished, allowed: exit 0, the gaps still listed
-    again = run_matrix(res, f"impl={SKIPPERS}", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32", "iters=5",
-                       "warmup=0", "dtype=float32", "resume=true", "allow_skipped=true")
+    again = run_matrix(res, *sweep, "resume=true", "allow_skipped=true")
     assert again.returncode == 0, again.stdout[-3000:]
     assert "coverage: 2 gap(s): allowed (allow_skipped=true)" in again.stdout
     # and the report warns of both

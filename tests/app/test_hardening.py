@@ -120,6 +120,20 @@ def _listing(tmp: Path) -> list[str]:
     return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
 
 
+def _one_line_exit_2_nothing_written(code: int, out: str, err: str, case, tmp: Path, before: list[str],
+                                     keep: dict[Path, bytes] | None = None) -> str:
+    """Exit 2, nothing on stdout, the case's one line on stderr (returned), and
+    under ``tmp`` no file written (``before`` its listing) or changed (``keep``)."""
+    assert code == 2, (code, err[-2000:])
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and table.matches(lines[0], case.expect), err[:2000]
+    assert _listing(tmp) == before  # nothing written, not even a directory
+    for path, data in (keep or {}).items():
+        assert path.read_bytes() == data
+    return lines[0]
+
+
 @pytest.mark.parametrize("case", table.CLI, ids=lambda c: table.cli_doc(c))
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys, monkeypatch):
     import matrix.app.sweep as cli
@@ -135,14 +149,8 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
         raise AssertionError("the Hydra app started")
 
     monkeypatch.setattr(cli, "task", lambda machine_checked: hydra_started)
-    assert cli.main(["-m", f"results_dir={tmp_path / 'res'}", *args]) == 2
-    out, err = capsys.readouterr()
-    assert out == ""
-    lines = err.splitlines()
-    assert len(lines) == 1 and table.matches(lines[0], case.expect), err
-    assert _listing(tmp_path) == before  # nothing written, not even a directory
-    for path, data in keep.items():
-        assert path.read_bytes() == data
+    code = cli.main(["-m", f"results_dir={tmp_path / 'res'}", *args])
+    _one_line_exit_2_nothing_written(code, *capsys.readouterr(), case, tmp_path, before, keep)
     # The table says which check catches it: each value alone, or the composed points.
     try:
         validate_overrides(args)
@@ -175,13 +183,7 @@ def test_cli_bad_input_through_the_real_cli(which, tmp_path):
     keep = _setup(case, tmp_path)
     before = _listing(tmp_path)
     run = run_matrix(tmp_path / "res", *_args(case, tmp_path), timeout=120)
-    assert run.returncode == 2, run.stderr[-2000:]
-    assert run.stdout == ""
-    lines = run.stderr.splitlines()
-    assert len(lines) == 1 and table.matches(lines[0], case.expect), run.stderr
-    assert _listing(tmp_path) == before
-    for path, data in keep.items():
-        assert path.read_bytes() == data
+    _one_line_exit_2_nothing_written(run.returncode, run.stdout, run.stderr, case, tmp_path, before, keep)
 
 
 # --- bad files and output folders: one line, exit 2, before any work --------------------
@@ -302,13 +304,8 @@ def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path,
         finally:
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old)
-        out, err = capsys.readouterr()
-        assert code == 2, (code, err[-2000:])
-        assert out == ""
-        lines = err.splitlines()
-        assert len(lines) == 1 and table.matches(lines[0], case.expect), err[:2000]
-        assert len(lines[0]) < 1100  # matrix.store.inputs.ERROR_CHARS_MAX and the stated length
-        assert _listing(tmp_path) == before  # nothing written
+        line = _one_line_exit_2_nothing_written(code, *capsys.readouterr(), case, tmp_path, before)
+        assert len(line) < 1100  # matrix.store.inputs.ERROR_CHARS_MAX and the stated length
     finally:
         if mounted is not None:
             umount(mounted)

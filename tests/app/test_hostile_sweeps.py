@@ -39,14 +39,20 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 
 
+def _helpers_end_with_the_point(tmp_path, impl: str, mark: str) -> None:
+    """A sweep of ``impl``, whose helper processes' command lines hold ``sleep mark``:
+    none is left once the sweep ends."""
+    before = set(live_processes(f"sleep {mark}"))
+    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:{impl}", *SMALL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    left = processes_left(f"sleep {mark}", but=before)
+    assert not left, f"orphaned helper processes: {left}"
+
+
 def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):
     from hostile_impls import SLEEP_MARK
 
-    before = set(live_processes(f"sleep {SLEEP_MARK}"))
-    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_helper", *SMALL)
-    assert run.returncode == 0, run.stderr[-2000:]
-    left = processes_left(f"sleep {SLEEP_MARK}", but=before)
-    assert not left, f"orphaned helper processes: {left}"
+    _helpers_end_with_the_point(tmp_path, "spawns_helper", SLEEP_MARK)
 
 
 def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_path):
@@ -60,12 +66,11 @@ def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_
 
 
 def test_relative_results_dir_with_hydra_chdir_keeps_every_row_in_one_place(tmp_path):
-    run = run_matrix(Path("rel"), "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]", "hidden_size=16",
-                     "warmup=0", "iters=1", cwd=tmp_path, timeout=300)
+    sweep = ("hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]", "hidden_size=16", "warmup=0", "iters=1")
+    run = run_matrix(Path("rel"), *sweep, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.csv")) == [Path("rel/results.csv")]
-    again = run_matrix(Path("rel"), "hydra.job.chdir=true", "cp_size=1,2", "seq_lens=[10]", "hidden_size=16",
-                       "warmup=0", "iters=1", "resume=true", cwd=tmp_path, timeout=300)
+    again = run_matrix(Path("rel"), *sweep, "resume=true", cwd=tmp_path, timeout=300)
     assert again.returncode == 0 and "4 rows" in again.stdout, again.stdout[-2000:]
 
 
@@ -128,11 +133,7 @@ def test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point(tmp_path):
     group: the rank is its subreaper and kills its descendants, so it ends too."""
     from hostile_impls import SESSION_MARK
 
-    before = set(live_processes(f"sleep {SESSION_MARK}"))
-    run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:spawns_session_helper", *SMALL)
-    assert run.returncode == 0, run.stderr[-2000:]
-    left = processes_left(f"sleep {SESSION_MARK}", but=before)
-    assert not left, f"orphaned helper processes: {left}"
+    _helpers_end_with_the_point(tmp_path, "spawns_session_helper", SESSION_MARK)
 
 
 def test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep(tmp_path):

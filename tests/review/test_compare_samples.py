@@ -49,6 +49,14 @@ def gate(base: str, new: str, capsys, *extra: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+def _edit_line(folder: str, edit) -> None:
+    """The one line of ``folder``'s samples file, changed in place by ``edit(line)``."""
+    f = Path(folder) / SAMPLES_FILE
+    line = json.loads(f.read_text())
+    edit(line)
+    f.write_text(json.dumps(line) + "\n")
+
+
 def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path: Path, capsys):
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
@@ -130,13 +138,8 @@ def test_runs_that_timed_nothing_are_not_said_to_predate_samples(tmp_path: Path,
 
 
 def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr: float | None = 5.0) -> str:
-    """One padded row (p50 the median of ``rt``) and its samples line."""
-    path = tmp_path / name
-    row = make_row("padded", p50=float(np.median(rt)), point_id="p1", roundtrip_iqr_us=iqr,
-                   timestamp="2026-01-01T00:00:00+00:00")
-    write_run(path, [row])
-    append_samples(path, [row], [{"roundtrip": rt, "control": ctl}])
-    return str(path)
+    """One padded row (p50 the median of ``rt``, spread ``iqr``) and its samples line."""
+    return write_sampled(tmp_path / name, {"p1": (rt, ctl)}, roundtrip_iqr_us=iqr)
 
 
 DAMAGES = ["line missing", "empty control", "NaN", "all NaN", "unreadable line", "truncated file", "file deleted",
@@ -147,17 +150,15 @@ def _break(path: str, how: str) -> None:
     """A samples file whose one line is unusable, as a crashed writer, a copy
     or a hand leaves it."""
     f = Path(path) / SAMPLES_FILE
-    line = json.loads(f.read_text())
+    nan = float("nan")
     if how == "line missing":
         f.write_text("")
     elif how == "empty control":
-        f.write_text(json.dumps({**line, "control_us": []}) + "\n")
+        _edit_line(path, lambda line: line.update(control_us=[]))
     elif how == "NaN":  # not JSON's, Python's json writes it anyway
-        f.write_text(json.dumps({**line, "roundtrip_us": [float("nan")] + line["roundtrip_us"][1:]}) + "\n")
+        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] + line["roundtrip_us"][1:]))
     elif how == "all NaN":
-        nan = float("nan")
-        f.write_text(json.dumps({**line, "roundtrip_us": [nan] * line["iters"], "control_us": [nan] * line["iters"]})
-                     + "\n")
+        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] * line["iters"], control_us=[nan] * line["iters"]))
     elif how == "unreadable line":
         f.write_text('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n')
     elif how == "truncated file":
@@ -165,9 +166,9 @@ def _break(path: str, how: str) -> None:
     elif how == "file deleted":
         f.unlink()
     elif how == "line of another run":
-        f.write_text(json.dumps({**line, "timestamp": "2025-06-01T00:00:00+00:00"}) + "\n")
+        _edit_line(path, lambda line: line.update(timestamp="2025-06-01T00:00:00+00:00"))
     else:
-        f.write_text(json.dumps({**line, "schema_version": 99}) + "\n")
+        _edit_line(path, lambda line: line.update(schema_version=99))
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -425,10 +426,8 @@ def _aa(tmp_path: Path, n: int, spread: float, calibration: bool = False) -> tup
         rt = [c * (1 + spread * z) for c, z in zip(ctl, np.abs(rng.standard_normal(n)))]
         path = write_sampled(tmp_path / name, {"p1": (rt, ctl)})
         if calibration:
-            f = Path(path) / SAMPLES_FILE
-            line = json.loads(f.read_text())
-            line["calibration"] = {"iters": n, "ci_width": 0.3, "target": 0.1, "reached": False}
-            f.write_text(json.dumps(line) + "\n")
+            _edit_line(path, lambda line: line.update(calibration={"iters": n, "ci_width": 0.3, "target": 0.1,
+                                                                    "reached": False}))
         paths.append(path)
     return paths[0], paths[1]
 
@@ -479,8 +478,7 @@ def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path:
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100))})
     for path, load in ((base, 2.0), (new, 19.5)):
-        f = Path(path) / SAMPLES_FILE
-        f.write_text(json.dumps({**json.loads(f.read_text()), "load_1m": load}) + "\n")
+        _edit_line(path, lambda line: line.update(load_1m=load))
     code, out = gate(base, new, capsys)
     mark = next(m for m in marks(out) if m.startswith("REGRESSED"))
     assert code == 1 and "significant: p=" in mark
@@ -488,10 +486,7 @@ def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path:
     assert 1.7 < ratio < 2.3 and mark.endswith(", 1-minute load BASE 2.0 NEW 19.5"), mark
     # a line without its load: the run's, from runs.jsonl
     for path in (base, new):
-        f = Path(path) / SAMPLES_FILE
-        line = json.loads(f.read_text())
-        line.pop("load_1m")
-        f.write_text(json.dumps(line) + "\n")
+        _edit_line(path, lambda line: line.pop("load_1m"))
     with (Path(new) / "runs.jsonl").open() as f:
         run = json.loads(f.readline())
     (Path(new) / "runs.jsonl").write_text(json.dumps({**run, "load_1m": 7.25}) + "\n")
@@ -521,10 +516,7 @@ def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path: Path,
     assert "the widest stopped at 30%" in notes[0]
     # reached: no line
     for path in (base, new):
-        f = Path(path) / SAMPLES_FILE
-        line = json.loads(f.read_text())
-        line["calibration"]["reached"] = True
-        f.write_text(json.dumps(line) + "\n")
+        _edit_line(path, lambda line: line["calibration"].update(reached=True))
     _, out = gate(base, new, capsys)
     assert "missed its interval width target" not in out
 

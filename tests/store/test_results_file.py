@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import errno
 import io
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from matrix.store import results
-from matrix.store.folder import completed_point_ids, latest_rows
+from matrix.store.folder import Folder, completed_point_ids, latest_rows
 from matrix.store.results import (
     COLUMNS,
     ResultsPathError,
@@ -232,14 +233,20 @@ def test_resume_reads_a_file_with_bytes_that_are_not_utf8(tmp_path):
     assert completed_point_ids(tmp_path) == {"a", "b"}
 
 
+def _quote_row_b(path: Path) -> str:
+    """Row b (line 3) given a ``"`` that is never closed; returns that line."""
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace(",b,", ',"b,', 1)
+    path.write_text("".join(lines))
+    return lines[2]
+
+
 def test_a_stray_quote_sets_its_line_aside_and_merges_no_rows(tmp_path, capsys):
     """One ``"`` in a middle row used to join the rows after it into one record
     (a fake point, and the real one called "already in results")."""
     append_rows(tmp_path, [row("a"), row("b"), row("c"), row("d")])
     path = results_path(tmp_path)
-    lines = path.read_text().splitlines(keepends=True)
-    lines[2] = lines[2].replace(",b,", ',"b,', 1)  # row b: a quote that is never closed
-    path.write_text("".join(lines))
+    _quote_row_b(path)
     read = results.read_rows(path)
     assert [r["point_id"] for _, r in read.rows] == ["a", "c", "d"]
     assert read.malformed == [3]
@@ -255,9 +262,7 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
 
     append_rows(tmp_path, [row("a"), row("b"), row("c")])
     path = results_path(tmp_path)
-    lines = path.read_text().splitlines(keepends=True)
-    bad = lines[2].replace(",b,", ',"b,', 1)
-    path.write_text("".join(lines[:2] + [bad] + lines[3:]))
+    bad = _quote_row_b(path)
     assert completed_point_ids(tmp_path) == {"a", "c"}
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(f"1 malformed row(s) set aside (line 3): not whole rows of this schema; "
@@ -273,8 +278,7 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
 def test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were(tmp_path, monkeypatch, capsys):
     append_rows(tmp_path, [row("a"), row("b")])
     path = results_path(tmp_path)
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:2] + [lines[2].replace(",b,", ',"b,', 1)]))
+    _quote_row_b(path)
     before = path.read_bytes()
 
     def full(p, data):
@@ -291,8 +295,7 @@ def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
     """A sweep appending while a resume rewrote the file: its rows go to the new file."""
     append_rows(tmp_path, [row("a"), row("b")])
     path = results_path(tmp_path)
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(lines[:2] + [lines[2].replace(",b,", ',"b,', 1)]))
+    _quote_row_b(path)
     real = results._open_for_append
     opened = []
 
@@ -340,8 +343,6 @@ def test_a_long_reason_is_cut_with_its_length_and_kept_whole_beside(tmp_path):
     cell = latest_rows(tmp_path)["a"]["padded"]["reason"]
     assert len(cell) <= results.MAX_CELL_CHARS
     assert "[cut: 229000 characters; the whole text is in results.full-text.jsonl]" in cell
-    import json
-
     kept = [json.loads(x) for x in (tmp_path / results.FULL_TEXT_FILE).read_text().splitlines()]
     assert kept == [{"point_id": "a", "impl": "padded", "column": "reason", "chars": 229_000, "text": long}]
     assert completed_point_ids(tmp_path) == set()  # readable: the error point runs again
@@ -375,8 +376,6 @@ SIDE_FILES = ("results.csv", "runs.jsonl", "samples.jsonl")
 
 @pytest.mark.parametrize("name", SIDE_FILES)
 def test_a_side_file_that_is_no_regular_file_is_refused_up_front(tmp_path, name):
-    from matrix.store.folder import Folder
-
     append_rows(tmp_path, [row("a")])
     (tmp_path / "samples.jsonl").write_text("")
     Folder(tmp_path).check()  # regular files pass
@@ -392,8 +391,6 @@ def test_a_side_file_that_is_no_regular_file_is_refused_up_front(tmp_path, name)
 
 
 def test_a_side_file_that_is_not_writable_is_refused_up_front(tmp_path, monkeypatch):
-    from matrix.store.folder import Folder
-
     (tmp_path / "runs.jsonl").write_text("")
     Folder(tmp_path).check()
     real = os.open
@@ -432,14 +429,11 @@ def test_a_results_file_of_one_gigabyte_line_is_refused_with_its_size_not_read(t
     fresh.mkdir()
     results_path(fresh).touch()
     os.truncate(results_path(fresh), 1 << 30)  # no header at all: the sweep refuses before any point
-    from matrix.store.folder import Folder
-
     with pytest.raises(ResultsPathError, match=r"first line is longer than 64 MiB \(the file is 1073741824 bytes\)"):
         Folder(fresh).check()
 
 
 def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path):
-    from matrix.store.folder import Folder
     from matrix.store.runs import read_runs
     from matrix.store.samples import read_samples
 

@@ -33,25 +33,25 @@ LAYOUT3_COLUMNS = [c for c in COLUMNS if c not in LAYOUT4_NEW]
 LAYOUT4_COLUMNS = [c for c in COLUMNS if c not in LAYOUT5_NEW]
 
 
-def write_layout_2(results_dir: Path, rows: list[dict[str, object]], **env: object) -> str:
-    """``rows`` as a results.csv of schema 2 (the environment of ``tc.RUN``, changed by ``env``, in each row)."""
+def _write_csv(results_dir: Path, columns: list[str], rows: list[dict[str, object]]) -> None:
+    """``rows`` as the results.csv of ``columns`` (other keys dropped), as an older writer left it."""
     results_dir.mkdir(parents=True, exist_ok=True)
     with results_path(results_dir).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=LAYOUT2_COLUMNS, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
-        for row in rows:
-            writer.writerow({**{k: tc.RUN[k] for k in runs.LAYOUT2_ENV}, **env, **row})
+        writer.writerows(rows)
+
+
+def write_layout_2(results_dir: Path, rows: list[dict[str, object]], **env: object) -> str:
+    """``rows`` as a results.csv of schema 2 (the environment of ``tc.RUN``, changed by ``env``, in each row)."""
+    env = {**{k: tc.RUN[k] for k in runs.LAYOUT2_ENV}, **env}
+    _write_csv(results_dir, LAYOUT2_COLUMNS, [{**env, **row} for row in rows])
     return str(results_dir)
 
 
 def _write_layout(results_dir: Path, rows: list[dict[str, object]], columns: list[str], version: int) -> str:
     """``rows`` as a results.csv of ``columns`` (each naming tc.RUN's run_id) and its runs.jsonl of ``version``."""
-    results_dir.mkdir(parents=True, exist_ok=True)
-    with results_path(results_dir).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({"run_id": tc.RUN["run_id"], **row})
+    _write_csv(results_dir, columns, [{"run_id": tc.RUN["run_id"], **row} for row in rows])
     (results_dir / RUNS_FILE).write_text(json.dumps({"schema_version": version, **tc.RUN}) + "\n")
     return str(results_dir)
 
