@@ -159,13 +159,6 @@ def bound_cells(rows: list[Mapping[str, object]]) -> tuple[list[dict[str, object
     return bounded, full
 
 
-def _append_full_texts(path: Path, records: list[dict[str, object]]) -> None:
-    """Append the whole texts of cut cells beside the results file."""
-    if not records:
-        return
-    _append_side(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in records).encode())
-
-
 def _append_side(side: Path, data: bytes) -> int:
     """Append ``data`` to a file beside the results (outputs.append_whole); return its
     former size, for undoing. ResultsWriteError, with the file as it was, when that fails."""
@@ -332,13 +325,6 @@ def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
     return tuple(records[0]) == COLUMNS if first_line else len(records[0]) == len(COLUMNS)
 
 
-def _set_aside(path: Path, fragment: bytes) -> int:
-    """Append ``fragment`` (and a newline) to :func:`torn_path`; return that
-    file's former size, for undoing. ResultsWriteError, with the side file
-    as it was, when that write fails."""
-    return _append_side(torn_path(path), fragment + b"\n")
-
-
 def _truncate(fd: int, size: int) -> None:
     """Cut the file back to ``size``; nothing to do for what is not a regular file."""
     try:
@@ -375,7 +361,7 @@ def _mend_tail(fd: int, path: Path, size: int) -> _Tail:
     fragment = os.pread(fd, size - start, start)
     if _is_whole_row(fragment, first_line=start == 0):
         return _Tail(size, prefix=b"\n")
-    side_size = _set_aside(path, fragment)
+    side_size = _append_side(torn_path(path), fragment + b"\n")
     os.ftruncate(fd, start)
     return _Tail(start, torn=fragment, side_size=side_size)
 
@@ -407,11 +393,6 @@ def _write_or_undo(fd: int, path: Path, data: bytes, tail: _Tail) -> None:
     except OSError as exc:
         _undo(fd, path, tail)
         raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(path, exc)) from None
-
-
-def _warn_torn(path: Path, torn: bytes) -> None:
-    print(f"warning: {path} ended in a torn line ({len(torn)} bytes); it was moved to {torn_path(path)}",
-          file=sys.stderr, flush=True)
 
 
 def _with_run_id(rows: list[Mapping[str, object]], run: Mapping[str, object] | None) -> list[Mapping[str, object]]:
@@ -458,13 +439,15 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
                 record_run(results_dir, run)
             except OSError as exc:
                 raise ResultsWriteError(runs_path(results_dir), exc) from None
-        _append_full_texts(path, full_texts)
+        if full_texts:  # the whole texts of cut cells, beside the results file
+            _append_side(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in full_texts).encode())
         tail = _mend_tail(fd, path, size)
         data = tail.prefix + _render(rows, header=tail.keep == 0).encode()
         # One write(2): a kill lands before or after it, never inside a line.
         _write_or_undo(fd, path, data, tail)
         if tail.torn:
-            _warn_torn(path, tail.torn)
+            print(f"warning: {path} ended in a torn line ({len(tail.torn)} bytes); it was moved to {torn_path(path)}",
+                  file=sys.stderr, flush=True)
     finally:
         os.close(fd)
     return path
@@ -595,7 +578,7 @@ def set_aside_malformed(path: Path) -> list[int]:
         kept = b"".join(kept)
         warning = read.warning(path)
         try:
-            side_size = _set_aside(path, moved[:-1])
+            side_size = _append_side(torn_path(path), moved)
             try:
                 write_atomic(path, kept)
             except OSError:
