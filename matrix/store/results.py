@@ -159,15 +159,19 @@ def bound_cells(rows: list[Mapping[str, object]]) -> tuple[list[dict[str, object
     return bounded, full
 
 
-def _append_side(side: Path, data: bytes) -> int:
-    """Append ``data`` to a file beside the results (outputs.append_whole); return its
+def append_beside(side: Path, data: bytes, *, lock: bool = False, sync: bool = True) -> int:
+    """Append ``data`` to a file beside the results (outputs.append_whole; ``lock``:
+    under an exclusive lock of the file's own), creating its directory; return its
     former size, for undoing. ResultsWriteError, with the file as it was, when that fails."""
     try:
+        side.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(side, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
     try:
-        return append_whole(fd, data)
+        if lock:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return append_whole(fd, data, sync=sync)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
     finally:
@@ -361,7 +365,7 @@ def _mend_tail(fd: int, path: Path, size: int) -> _Tail:
     fragment = os.pread(fd, size - start, start)
     if _is_whole_row(fragment, first_line=start == 0):
         return _Tail(size, prefix=b"\n")
-    side_size = _append_side(torn_path(path), fragment + b"\n")
+    side_size = append_beside(torn_path(path), fragment + b"\n")
     os.ftruncate(fd, start)
     return _Tail(start, torn=fragment, side_size=side_size)
 
@@ -440,7 +444,7 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
             except OSError as exc:
                 raise ResultsWriteError(runs_path(results_dir), exc) from None
         if full_texts:  # the whole texts of cut cells, beside the results file
-            _append_side(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in full_texts).encode())
+            append_beside(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in full_texts).encode())
         tail = _mend_tail(fd, path, size)
         data = tail.prefix + _render(rows, header=tail.keep == 0).encode()
         # One write(2): a kill lands before or after it, never inside a line.
@@ -578,7 +582,7 @@ def set_aside_malformed(path: Path) -> list[int]:
         kept = b"".join(kept)
         warning = read.warning(path)
         try:
-            side_size = _append_side(torn_path(path), moved)
+            side_size = append_beside(torn_path(path), moved)
             try:
                 write_atomic(path, kept)
             except OSError:
