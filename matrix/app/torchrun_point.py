@@ -23,6 +23,7 @@ failed point, 2 a bad configuration (one line on stderr, from rank 0).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -84,12 +85,10 @@ class _Outcomes:
         self.world = world
 
     def post(self, rank: int, outcome: tuple[str, Any, str, str]) -> None:
-        try:
+        with contextlib.suppress(Exception):  # rank 0 reports a silent rank as crashed
             self.store.set(f"outcome/{rank}", pickle.dumps(outcome))
             if outcome[0] != "ok":
                 self.store.add("failed", 1)
-        except Exception:  # noqa: BLE001 - rank 0 reports a silent rank as crashed
-            pass
 
     def peer_failed(self) -> bool:
         try:
@@ -98,10 +97,8 @@ class _Outcomes:
             return True
 
     def done(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.store.set("done", b"1")
-        except Exception:  # noqa: BLE001
-            pass
 
     def wait_done(self, timeout_s: float) -> None:
         """Stay up (and connected) until rank 0 has every outcome: a failed rank

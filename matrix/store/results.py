@@ -12,6 +12,7 @@ lock before the run's first row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -331,10 +332,8 @@ def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
 
 def _truncate(fd: int, size: int) -> None:
     """Cut the file back to ``size``; nothing to do for what is not a regular file."""
-    try:
+    with contextlib.suppress(OSError):
         os.ftruncate(fd, size)
-    except OSError:
-        pass
 
 
 @dataclass(frozen=True)
