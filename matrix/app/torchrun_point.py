@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, one_line_error
 
@@ -64,8 +64,7 @@ def config_of(argv: list[str]) -> dict[str, Any]:
     for ov in OverridesParser.create().parse_overrides(argv):
         if ov.is_sweep_override():
             raise ConfigError(f"{ov.input_line}: one point per torchrun run, no sweeps")
-    found = list(points(argv))
-    (cfg, _), = found
+    (cfg, _), = points(argv)
     validate(cfg)
     return cfg
 
@@ -189,7 +188,7 @@ def _rank_results(got: dict[int, tuple[str, Any, str, str]], world: int) -> list
     return out
 
 
-def _exit(code: int) -> None:
+def _exit(code: int) -> NoReturn:
     # No interpreter teardown: a thread may still sit inside a collective.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -301,7 +300,6 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
         dist.destroy_process_group()
         return 0
     _exit(code)
-    return code  # pragma: no cover
 
 
 if __name__ == "__main__":
