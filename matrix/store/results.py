@@ -239,6 +239,11 @@ def read_header(path: Path) -> list[str] | None:
     return next(csv.reader([first.decode("utf-8-sig", "replace")]), None)
 
 
+def _first_five(items: list) -> str:
+    """The first five of ``items``, and `` ...`` when there are more."""
+    return ", ".join(map(str, items[:5])) + (" ..." if len(items) > 5 else "")
+
+
 def check_schema(path: Path) -> None:
     """Raise SchemaError (one line) when ``path`` holds another schema's rows."""
     header = read_header(path)
@@ -246,11 +251,7 @@ def check_schema(path: Path) -> None:
         return
     missing = [c for c in COLUMNS if c not in header]
     extra = [c for c in header if c not in COLUMNS]
-    parts = []
-    if missing:
-        parts.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    if extra:
-        parts.append(f"unknown {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    parts = [f"{what} {_first_five(cols)}" for what, cols in (("missing", missing), ("unknown", extra)) if cols]
     detail = "; ".join(parts) or "columns in another order"
     version = layout_version(header)
     older = (f", schema {version} of an earlier version (this one writes {SCHEMA_VERSION}; report and compare "
@@ -506,9 +507,8 @@ class Rows:
         """One line on the rows set aside, or "" when there are none."""
         if not self.malformed:
             return ""
-        shown = ", ".join(map(str, self.malformed[:5])) + (" ..." if len(self.malformed) > 5 else "")
-        return (f"warning: {path}: {len(self.malformed)} malformed row(s) set aside (line {shown}): "
-                "not whole rows of this schema")
+        return (f"warning: {path}: {len(self.malformed)} malformed row(s) set aside "
+                f"(line {_first_five(self.malformed)}): not whole rows of this schema")
 
 
 def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, int, list[str]]:
