@@ -181,10 +181,9 @@ def _rank_results(got: dict[int, tuple[str, Any, str, str]], world: int) -> list
         if r in got:
             status, value, error, doing = got[r]
             out.append(RankResult(r, status, value=value, error=error, doing=doing))
-        elif stopped:
-            out.append(RankResult(r, "crashed", error="no report: torchrun stopped the point after a rank exited"))
         else:
-            out.append(RankResult(r, "crashed", error="no report: the process died"))
+            why = "torchrun stopped the point after a rank exited" if stopped else "the process died"
+            out.append(RankResult(r, "crashed", error=f"no report: {why}"))
     return out
 
 
