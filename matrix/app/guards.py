@@ -52,13 +52,11 @@ class _Guarded:
 
 
 def guard() -> None:
-    """Wrap ``sys.stdout`` (once)."""
     if not isinstance(sys.stdout, _Guarded):
         sys.stdout = _Guarded(sys.stdout)
 
 
 def closed() -> bool:
-    """Whether a write to stdout found the pipe closed."""
     return isinstance(sys.stdout, _Guarded) and sys.stdout.closed_pipe
 
 

@@ -122,7 +122,6 @@ def quote(arg: str) -> str:
 
 
 def join(parts: list[str]) -> str:
-    """``shlex.join`` with :func:`quote`."""
     return " ".join(quote(p) for p in parts)
 
 
