@@ -212,18 +212,16 @@ def check_writable(path_value: str, key: str = "results_dir") -> None:
         if too_long:
             raise _fail(key, path_value, f"a name in the path is {len(too_long[0])} characters, over the 255 a file system allows")
         probe = path
-        while not probe.exists():
-            if probe.parent == probe:
-                break
+        while not probe.exists() and probe.parent != probe:
             probe = probe.parent
         ok = probe.exists() and probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
-        if probe.exists() and ok and probe != path and Path("/proc") in (probe, *probe.parents):
+        if ok and probe != path and Path("/proc") in (probe, *probe.parents):
             ok = False  # /proc and /sys say writable, and refuse every mkdir
     except OSError as exc:
         raise _fail(key, path_value, f"cannot be used: {exc.strerror or exc}") from None
-    if probe.exists() and not ok:
-        raise _fail(key, path_value, f"{probe} is not a writable directory")
     if probe.exists():
+        if not ok:
+            raise _fail(key, path_value, f"{probe} is not a writable directory")
         # Permission bits are not the answer everywhere (/sys says writable to
         # root and refuses every mkdir, as does a read-only mount): make a
         # directory where the run will make its own, and take it away again.
@@ -475,7 +473,6 @@ def register_resolvers() -> None:
 # module through matrix.point before anything resolves the config.
 register_resolvers()
 # --- end cluster launchers ---
-
 
 
 def _visit_list_container(self: Any, ctx: Any) -> list[Any]:

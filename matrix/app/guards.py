@@ -13,6 +13,7 @@ was running, the command that resumes the sweep, and rank processes reaped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -26,12 +27,10 @@ class _Guarded:
 
     def _drop(self) -> None:
         self.closed_pipe = True
-        try:
+        with contextlib.suppress(OSError, ValueError):
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, self._stream.fileno())
             os.close(null)
-        except (OSError, ValueError):
-            pass
 
     def write(self, text: str) -> int:
         if not self.closed_pipe:
@@ -53,13 +52,11 @@ class _Guarded:
 
 
 def guard() -> None:
-    """Wrap ``sys.stdout`` (once)."""
     if not isinstance(sys.stdout, _Guarded):
         sys.stdout = _Guarded(sys.stdout)
 
 
 def closed() -> bool:
-    """Whether a write to stdout found the pipe closed."""
     return isinstance(sys.stdout, _Guarded) and sys.stdout.closed_pipe
 
 

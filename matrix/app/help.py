@@ -103,6 +103,17 @@ def _group(name: str) -> list[str]:
     return [f"  {plus}{name}={p.stem:<16} {_comment(p)}" for p in sorted((CONF_DIR / name).glob("*.yaml"))]
 
 
+# The config groups help lists, each under its heading.
+LISTED_GROUPS: tuple[tuple[str, str], ...] = (
+    ("matrix", "presets (sweeps; run without -m):"),
+    ("layout", "layouts (split settings; sweep several with -m +layout=a,b):"),
+    ("plan_class",
+     "plan classes (seq_lens and split giving a plan of that class at the point's cp; -m +plan_class=a,b):"),
+    ("workload", "workloads (request lengths drawn or read; each batch a point):"),
+    ("engine", "engines (whose split and padding rules the plans follow; sweep with -m engine=a,b):"),
+)
+
+
 def text() -> str:
     defaults = MatrixConfig()
     width = max(len(f.name) for f in fields(MatrixConfig))
@@ -137,21 +148,7 @@ def text() -> str:
         "keys:",
         *keys,
         "",
-        "presets (sweeps; run without -m):",
-        *_group("matrix"),
-        "",
-        "layouts (split settings; sweep several with -m +layout=a,b):",
-        *_group("layout"),
-        "",
-        "plan classes (seq_lens and split giving a plan of that class at the point's cp; -m +plan_class=a,b):",
-        *_group("plan_class"),
-        "",
-        "workloads (request lengths drawn or read; each batch a point):",
-        *_group("workload"),
-        "",
-        "engines (whose split and padding rules the plans follow; sweep with -m engine=a,b):",
-        *_group("engine"),
-        "",
+        *(line for name, heading in LISTED_GROUPS for line in (heading, *_group(name), "")),
         f"review: {console('report')} RESULTS_DIR; {console('compare')} BASE_DIR NEW_DIR",
         f"Hydra's own help: {cli} --hydra-help",
     ])

@@ -46,16 +46,22 @@ REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch
 NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 
+def _stable_id(key: dict[str, Any], engine: str, shared_expert: str, bystanders: int) -> str:
+    """``key`` hashed, with the keys added after the first ids only where they are set."""
+    if engine != engines.DEFAULT:  # the default engine's points keep their ids
+        key["engine"] = engine
+    if shared_expert != "none":  # points without a shared expert keep the ids they had
+        key["shared_expert"] = shared_expert
+    if bystanders:  # a world larger than the CP group makes another point
+        key["bystanders"] = bystanders
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
     key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k not in ("engine", "shared_expert")}
-    if cfg.get("engine", engines.DEFAULT) != engines.DEFAULT:  # the default engine's points keep their ids
-        key["engine"] = cfg["engine"]
-    if cfg.get("shared_expert", "none") != "none":  # points without a shared expert keep the ids they had
-        key["shared_expert"] = cfg["shared_expert"]
-    if cfg.get("bystanders", 0):  # a world larger than the CP group makes another point
-        key["bystanders"] = cfg["bystanders"]
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return _stable_id(key, cfg.get("engine", engines.DEFAULT), cfg.get("shared_expert", "none"),
+                      cfg.get("bystanders", 0))
 
 
 def effective_id(res: Resolved) -> str:
@@ -68,13 +74,7 @@ def effective_id(res: Resolved) -> str:
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
     }
-    if spec.engine != engines.DEFAULT:
-        key["engine"] = spec.engine
-    if spec.shared_expert != "none":
-        key["shared_expert"] = spec.shared_expert
-    if spec.bystanders:
-        key["bystanders"] = spec.bystanders
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return _stable_id(key, spec.engine, spec.shared_expert, spec.bystanders)
 
 
 def repro_command(cfg: Mapping[str, Any]) -> str:
@@ -93,7 +93,6 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     return repro_join(parts)  # shlex.join's quoting; a newline kept, in bash's $'...' form
 
 
-
 def environment() -> dict[str, Any]:
     """This process's run (matrix.runs): its ``run_id`` and what is the same
     for every row it writes. Computed once per process; a forked child that
@@ -108,12 +107,10 @@ def _environment(pid: int) -> dict[str, Any]:
         # other repository would otherwise report that one's).
         if not (REPO / ".git").exists():
             raise OSError("not a checkout")
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+
+        sha, dirty = git("rev-parse", "--short=12", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
         sha = f"{sha}-dirty" if sha and dirty else sha
     except (OSError, subprocess.SubprocessError):
         sha = ""

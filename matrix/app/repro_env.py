@@ -53,9 +53,8 @@ def import_root(module_name: str) -> str | None:
     (or module) was imported from; None for a built-in or unknown module."""
     top = module_name.split(".")[0]
     module = sys.modules.get(top)
-    locations: list[str] = []
     if module is not None:
-        locations = list(getattr(module, "__path__", []) or [])
+        locations: list[str] = list(getattr(module, "__path__", []) or [])
         if not locations and getattr(module, "__file__", None):
             return os.path.normpath(os.path.dirname(os.path.abspath(module.__file__)))
     else:
@@ -123,7 +122,6 @@ def quote(arg: str) -> str:
 
 
 def join(parts: list[str]) -> str:
-    """``shlex.join`` with :func:`quote`."""
     return " ".join(quote(p) for p in parts)
 
 

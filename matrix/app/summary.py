@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .. import count
 from ..review.coverage import gap_lines, gaps
 from ..store.folder import latest_rows
 from ..store.results import BAD_STATUSES, STATUS_VALUES, results_path
@@ -139,24 +140,21 @@ def render(counts: Counter[str], files: list[str], *, single: bool = False) -> s
     rows = sum(counts[s] for s in ORDER if s != "missing")
     parts = ", ".join(f"{s} {counts[s]}" for s in ORDER
                       if s != "missing" and (counts[s] or s in ("ok", "failed", "error", "timeout")))
-    line = f"matrix summary: {_n(points, 'point')}, {_n(rows, 'row')}: {parts}"
+    line = f"matrix summary: {count(points, 'point')}, {count(rows, 'row')}: {parts}"
     failing_rows = sum(counts[s] for s in BAD_STATUSES)
     if failing_rows:
-        line += f"; failed, error or timeout: {_n(failing_rows, 'row')} of {_n(counts['failing points'], 'point')}"
+        line += (f"; failed, error or timeout: {count(failing_rows, 'row')} of "
+                 f"{count(counts['failing points'], 'point')}")
     if counts["missing"]:
-        line += f"; missing {_n(counts['missing'], 'point')} (wrote no row)"
+        line += f"; missing {count(counts['missing'], 'point')} (wrote no row)"
     if single:
         line += " (a single point: sweep with -m key=a,b or a preset such as +matrix=smoke)"
     if counts["unflaggable rows"]:
-        line += (f"\nsamples too few: {_n(counts['unflaggable rows'], 'timed row')} with fewer than {MIN_SAMPLES} "
+        line += (f"\nsamples too few: {count(counts['unflaggable rows'], 'timed row')} with fewer than {MIN_SAMPLES} "
                  f"iterations: no change in them can be significant, and compare fails them as unverified "
                  f"(between two runs of the smoke preset it gates their status and correctness only); "
                  f"time with iters={MIN_SAMPLES} or more, or iters=auto")
     return line + (f"\nresults: {', '.join(files)}" if files else "")
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 # What the sweep's exit status says (pytest's codes where they mean the same).

@@ -23,6 +23,7 @@ failed point, 2 a bad configuration (one line on stderr, from rank 0).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, one_line_error
 
@@ -63,8 +64,7 @@ def config_of(argv: list[str]) -> dict[str, Any]:
     for ov in OverridesParser.create().parse_overrides(argv):
         if ov.is_sweep_override():
             raise ConfigError(f"{ov.input_line}: one point per torchrun run, no sweeps")
-    found = list(points(argv))
-    (cfg, _), = found
+    (cfg, _), = points(argv)
     validate(cfg)
     return cfg
 
@@ -84,12 +84,10 @@ class _Outcomes:
         self.world = world
 
     def post(self, rank: int, outcome: tuple[str, Any, str, str]) -> None:
-        try:
+        with contextlib.suppress(Exception):  # rank 0 reports a silent rank as crashed
             self.store.set(f"outcome/{rank}", pickle.dumps(outcome))
             if outcome[0] != "ok":
                 self.store.add("failed", 1)
-        except Exception:  # noqa: BLE001 - rank 0 reports a silent rank as crashed
-            pass
 
     def peer_failed(self) -> bool:
         try:
@@ -98,10 +96,8 @@ class _Outcomes:
             return True
 
     def done(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.store.set("done", b"1")
-        except Exception:  # noqa: BLE001
-            pass
 
     def wait_done(self, timeout_s: float) -> None:
         """Stay up (and connected) until rank 0 has every outcome: a failed rank
@@ -185,14 +181,13 @@ def _rank_results(got: dict[int, tuple[str, Any, str, str]], world: int) -> list
         if r in got:
             status, value, error, doing = got[r]
             out.append(RankResult(r, status, value=value, error=error, doing=doing))
-        elif stopped:
-            out.append(RankResult(r, "crashed", error="no report: torchrun stopped the point after a rank exited"))
         else:
-            out.append(RankResult(r, "crashed", error="no report: the process died"))
+            why = "torchrun stopped the point after a rank exited" if stopped else "the process died"
+            out.append(RankResult(r, "crashed", error=f"no report: {why}"))
     return out
 
 
-def _exit(code: int) -> None:
+def _exit(code: int) -> NoReturn:
     # No interpreter teardown: a thread may still sit inside a collective.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -304,7 +299,6 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
         dist.destroy_process_group()
         return 0
     _exit(code)
-    return code  # pragma: no cover
 
 
 if __name__ == "__main__":

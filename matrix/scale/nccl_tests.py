@@ -22,6 +22,7 @@ output that uses it says so.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +159,7 @@ def curve_points(path: Path, points: dict[str, list[tuple[int, float]]]) -> tupl
     pts = points[placement]
     if not pts:
         raise _fail(path, "no result has an in_place or out_of_place time")
-    seen: dict[int, int] = {}
-    for size, _ in pts:
-        seen[size] = seen.get(size, 0) + 1
+    seen = Counter(size for size, _ in pts)
     repeated = [s for s, n in seen.items() if n > 1]
     if repeated:
         raise _fail(path, f"size {repeated[0]} has {seen[repeated[0]]} {placement} times (results repeat "

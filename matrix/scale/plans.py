@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from nsa_cp_comm import engines
-from nsa_cp_comm.plan import POLICIES
+from nsa_cp_comm.plan import POLICIES, ceil_align
 
 from .. import command
 from ..store.inputs import error_line
@@ -54,10 +54,6 @@ CP_MAX = 1024
 CHUNK = 8192  # batches per vectorised step: bounds memory at cp=128 to tens of MB
 PLOT = "plans_overhead.png"
 ITEMSIZE = {"bfloat16": 2, "float32": 4}
-
-
-def _ceil_align(a: np.ndarray, b: int) -> np.ndarray:
-    return -(-a // b) * b
 
 
 def _block_counts(rem: np.ndarray, batch: np.ndarray, nb: int, n: int, cp: int) -> np.ndarray:
@@ -79,7 +75,7 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
     nb = len(batches)
     starts = batches.starts()
     sums = np.add.reduceat(batches.lens, starts)
-    total = _ceil_align(sums, align) if pad_batch else sums
+    total = ceil_align(sums, align) if pad_batch else sums
     if policy == "round_robin":
         q, rem = np.divmod(total, cp)
         return q[:, None] + (np.arange(cp)[None, :] < rem[:, None])
@@ -148,7 +144,7 @@ def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align
     refused = np.asarray(rules.refuses(shortest, raw, cp, policy), dtype=bool) & np.ones(len(raw), dtype=bool)
     costs = engines.design_costs(rules, raw, tot, mx, mn, cp, policy, refused)
     return {
-        "raw": raw, "total": tot, "max": mx, "min": mn, "physical": _ceil_align(mx, rules.split_align(policy, cp)),
+        "raw": raw, "total": tot, "max": mx, "min": mn, "physical": ceil_align(mx, rules.split_align(policy, cp)),
         "refused": refused, "costs": costs,
         "rows": {d: costs[d]["rows"] for d in DESIGNS},
         "attn_pad": {d: costs[d]["attn_pad_processed"] + costs[d]["attn_pad_masked"] for d in DESIGNS},

@@ -89,10 +89,9 @@ class Workload:
     path: str = ""
 
     def describe(self) -> str:
-        if self.kind == "lognormal":
-            return (f"lognormal(mean={self.mean:g}, sigma={self.sigma:g}, max_len={self.max_len}), "
-                    f"budget {self.budget} tokens/batch, {self.batches} batches, seed {self.seed}")
-        return f"trace {self.path}, budget {self.budget} tokens/batch, {self.batches} batches, seed {self.seed}"
+        what = (f"lognormal(mean={self.mean:g}, sigma={self.sigma:g}, max_len={self.max_len})"
+                if self.kind == "lognormal" else f"trace {self.path}")
+        return f"{what}, budget {self.budget} tokens/batch, {self.batches} batches, seed {self.seed}"
 
 
 def _int(name: str, value: object, lo: int, hi: int) -> int:
@@ -282,7 +281,7 @@ def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
         sizes, _ = _pack(arr, budget, len(arr))
         return arr, sizes
     arr, sizes, ids = _group(arr, batch_ids, label)
-    totals = np.add.reduceat(arr, np.concatenate(([0], np.cumsum(sizes)[:-1])))
+    totals = Batches(arr, sizes).totals()
     over = np.flatnonzero(totals > budget)
     if len(over):
         b = int(over[0])

@@ -155,11 +155,7 @@ class Folder:
         if self._header is None:
             self._header = fields or []
             return
-        if fields is None or len(fields) != len(self._header):
-            self.malformed.append(self._lines)
-            return
-        row = dict(zip(self._header, fields))
-        if row_problem(row):
+        if fields is None or len(fields) != len(self._header) or row_problem(row := dict(zip(self._header, fields))):
             self.malformed.append(self._lines)
             return
         pid = row.get("point_id")
@@ -169,7 +165,6 @@ class Folder:
                 self._effective.setdefault(row["effective_id"], {})[pid] = None
 
     def warning(self) -> str:
-        """One line on the rows set aside, or ""."""
         return Rows(self._header or [], [], self.malformed).warning(self.path)
 
     def _settled(self) -> Folder:
@@ -191,7 +186,6 @@ class Folder:
         return bool(rows) and all((s := row.get("status") or "") and s not in RERUN_STATUSES for row in rows.values())
 
     def completed(self) -> set[str]:
-        """Every point :meth:`done` holds for."""
         return {pid for pid in self._settled().latest if self.done(pid)}
 
     def earlier_same_effective(self, eid: str, pid: str) -> dict[str, str] | None:
@@ -228,5 +222,4 @@ def latest_rows(results_dir: str | os.PathLike[str], warn: bool = True) -> dict[
 
 
 def completed_point_ids(results_dir: str | os.PathLike[str]) -> set[str]:
-    """:meth:`Folder.completed` of the folder's index."""
     return Folder.of(results_dir).completed()

@@ -42,9 +42,7 @@ ERROR_CHARS_MAX = 1000  # a whole error line
 def cut(value: object, limit: int = MESSAGE_CHARS_MAX) -> str:
     """``repr(value)``, cut to about ``limit`` characters with the whole length stated."""
     text = repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def error_line(message: object, limit: int = ERROR_CHARS_MAX) -> str:

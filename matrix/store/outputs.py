@@ -13,6 +13,7 @@ one ``write(2)``, all of them or none.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -60,10 +61,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
         os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
         if isinstance(exc, OSError):
             raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
         raise
@@ -84,9 +83,7 @@ def append_whole(fd: int, data: bytes, sync: bool = True) -> int:
         if sync:
             os.fsync(fd)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(fd, size)  # no part of a line left behind
-        except OSError:
-            pass
         raise
     return size

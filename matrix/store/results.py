@@ -12,6 +12,7 @@ lock before the run's first row.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import fcntl
@@ -159,22 +160,19 @@ def bound_cells(rows: list[Mapping[str, object]]) -> tuple[list[dict[str, object
     return bounded, full
 
 
-def _append_full_texts(path: Path, records: list[dict[str, object]]) -> None:
-    """Append the whole texts of cut cells beside the results file."""
-    if not records:
-        return
-    _append_side(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in records).encode())
-
-
-def _append_side(side: Path, data: bytes) -> int:
-    """Append ``data`` to a file beside the results (outputs.append_whole); return its
+def append_beside(side: Path, data: bytes, *, lock: bool = False, sync: bool = True) -> int:
+    """Append ``data`` to a file beside the results (outputs.append_whole; ``lock``:
+    under an exclusive lock of the file's own), creating its directory; return its
     former size, for undoing. ResultsWriteError, with the file as it was, when that fails."""
     try:
+        side.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(side, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
     try:
-        return append_whole(fd, data)
+        if lock:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        return append_whole(fd, data, sync=sync)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
     finally:
@@ -241,6 +239,11 @@ def read_header(path: Path) -> list[str] | None:
     return next(csv.reader([first.decode("utf-8-sig", "replace")]), None)
 
 
+def _first_five(items: list) -> str:
+    """The first five of ``items``, and `` ...`` when there are more."""
+    return ", ".join(map(str, items[:5])) + (" ..." if len(items) > 5 else "")
+
+
 def check_schema(path: Path) -> None:
     """Raise SchemaError (one line) when ``path`` holds another schema's rows."""
     header = read_header(path)
@@ -248,11 +251,7 @@ def check_schema(path: Path) -> None:
         return
     missing = [c for c in COLUMNS if c not in header]
     extra = [c for c in header if c not in COLUMNS]
-    parts = []
-    if missing:
-        parts.append(f"missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    if extra:
-        parts.append(f"unknown {', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}")
+    parts = [f"{what} {_first_five(cols)}" for what, cols in (("missing", missing), ("unknown", extra)) if cols]
     detail = "; ".join(parts) or "columns in another order"
     version = layout_version(header)
     older = (f", schema {version} of an earlier version (this one writes {SCHEMA_VERSION}; report and compare "
@@ -332,19 +331,10 @@ def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
     return tuple(records[0]) == COLUMNS if first_line else len(records[0]) == len(COLUMNS)
 
 
-def _set_aside(path: Path, fragment: bytes) -> int:
-    """Append ``fragment`` (and a newline) to :func:`torn_path`; return that
-    file's former size, for undoing. ResultsWriteError, with the side file
-    as it was, when that write fails."""
-    return _append_side(torn_path(path), fragment + b"\n")
-
-
 def _truncate(fd: int, size: int) -> None:
     """Cut the file back to ``size``; nothing to do for what is not a regular file."""
-    try:
+    with contextlib.suppress(OSError):
         os.ftruncate(fd, size)
-    except OSError:
-        pass
 
 
 @dataclass(frozen=True)
@@ -375,7 +365,7 @@ def _mend_tail(fd: int, path: Path, size: int) -> _Tail:
     fragment = os.pread(fd, size - start, start)
     if _is_whole_row(fragment, first_line=start == 0):
         return _Tail(size, prefix=b"\n")
-    side_size = _set_aside(path, fragment)
+    side_size = append_beside(torn_path(path), fragment + b"\n")
     os.ftruncate(fd, start)
     return _Tail(start, torn=fragment, side_size=side_size)
 
@@ -407,11 +397,6 @@ def _write_or_undo(fd: int, path: Path, data: bytes, tail: _Tail) -> None:
     except OSError as exc:
         _undo(fd, path, tail)
         raise (exc if isinstance(exc, ResultsWriteError) else ResultsWriteError(path, exc)) from None
-
-
-def _warn_torn(path: Path, torn: bytes) -> None:
-    print(f"warning: {path} ended in a torn line ({len(torn)} bytes); it was moved to {torn_path(path)}",
-          file=sys.stderr, flush=True)
 
 
 def _with_run_id(rows: list[Mapping[str, object]], run: Mapping[str, object] | None) -> list[Mapping[str, object]]:
@@ -458,13 +443,15 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
                 record_run(results_dir, run)
             except OSError as exc:
                 raise ResultsWriteError(runs_path(results_dir), exc) from None
-        _append_full_texts(path, full_texts)
+        if full_texts:  # the whole texts of cut cells, beside the results file
+            append_beside(path.with_name(FULL_TEXT_FILE), "".join(json.dumps(r) + "\n" for r in full_texts).encode())
         tail = _mend_tail(fd, path, size)
         data = tail.prefix + _render(rows, header=tail.keep == 0).encode()
         # One write(2): a kill lands before or after it, never inside a line.
         _write_or_undo(fd, path, data, tail)
         if tail.torn:
-            _warn_torn(path, tail.torn)
+            print(f"warning: {path} ended in a torn line ({len(tail.torn)} bytes); it was moved to {torn_path(path)}",
+                  file=sys.stderr, flush=True)
     finally:
         os.close(fd)
     return path
@@ -520,9 +507,8 @@ class Rows:
         """One line on the rows set aside, or "" when there are none."""
         if not self.malformed:
             return ""
-        shown = ", ".join(map(str, self.malformed[:5])) + (" ..." if len(self.malformed) > 5 else "")
-        return (f"warning: {path}: {len(self.malformed)} malformed row(s) set aside (line {shown}): "
-                "not whole rows of this schema")
+        return (f"warning: {path}: {len(self.malformed)} malformed row(s) set aside "
+                f"(line {_first_five(self.malformed)}): not whole rows of this schema")
 
 
 def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, int, list[str]]:
@@ -595,7 +581,7 @@ def set_aside_malformed(path: Path) -> list[int]:
         kept = b"".join(kept)
         warning = read.warning(path)
         try:
-            side_size = _set_aside(path, moved[:-1])
+            side_size = append_beside(torn_path(path), moved)
             try:
                 write_atomic(path, kept)
             except OSError:

@@ -32,7 +32,6 @@ or of another run of its point is one compare cannot verify
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -43,8 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from . import inputs
-from .outputs import append_whole
-from .results import ResultsWriteError
+from .results import append_beside
 from .runs import SCHEMA_VERSION
 
 SAMPLES_FILE = "samples.jsonl"
@@ -88,21 +86,8 @@ def append_samples(results_dir: str | os.PathLike[str], rows: Sequence[Mapping[s
     """Append one point's sample lines in one ``write(2)`` under an exclusive lock.
     Raises OSError as the results append does (the caller reports it)."""
     data = lines_for(rows, samples, calibration).encode()
-    if not data:
-        return
-    path = samples_path(results_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ResultsWriteError(path, exc) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        append_whole(fd, data, sync=False)
-    except OSError as exc:
-        raise ResultsWriteError(path, exc) from None
-    finally:
-        os.close(fd)
+    if data:
+        append_beside(samples_path(results_dir), data, lock=True, sync=False)
 
 
 @dataclass
