@@ -117,11 +117,6 @@ def run_samples(run: Run) -> Samples:
         raise InputError(f"{run.arg}={run.value}: {exc}") from None
 
 
-def smoke_preset(overrides: object) -> bool:
-    """Whether a row's ``overrides`` cell names the smoke preset."""
-    return not SMOKE_OVERRIDES.isdisjoint(str(overrides).split())
-
-
 def _column(lat: pd.DataFrame, name: str) -> list[str]:
     return lat[name].astype(str).str.strip().tolist() if name in lat else [""] * len(lat)
 
@@ -156,7 +151,7 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
     frame["samples_why"] = [why for _, why in found]
     lines = [samples.line(pid, impl) for pid, impl in zip(pids, impls)]
     frame["auto"] = [bool(line.get("calibration")) for line in lines]
-    frame["smoke"] = [smoke_preset(o) for o in _column(lat, "overrides")]
+    frame["smoke"] = [not SMOKE_OVERRIDES.isdisjoint(str(o).split()) for o in _column(lat, "overrides")]
     run_load = pd.to_numeric(lat["load_1m"], errors="coerce").to_numpy() if "load_1m" in lat else [math.nan] * len(lat)
     frame["load"] = [_number(line.get("load_1m")) if line.get("load_1m") is not None else _number(rl)
                      for line, rl in zip(lines, run_load)]
@@ -211,24 +206,6 @@ def check_metric(run: Run, metric: str) -> None:
         where = f"cp_size={first['cp_size']} seq_lens={first['seq_lens']} impl={first['impl']}"
         raise InputError(f"{run.arg}={run.value}: bad data: {metric}={text[bad].iloc[0]} in {int(bad.sum())} "
                          f"row(s) (first: {where}); a time or size is a finite number >= 0")
-
-
-def columns_read(metric: str) -> tuple[str, ...]:
-    """The schema columns compare reads (the rest of a file is skipped)."""
-    value = () if metric == PAIRED else (metric,)
-    return (*CONFIG_COLUMNS, "status", "correct", *value, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
-            "load_1m", "overrides", "impl_origin", *ENV_COLUMNS)
-
-
-def _env_warnings(base: Run, new: Run) -> list[str]:
-    lines = []
-    for col in ENV_COLUMNS:
-        b = sorted({str(v).strip() for v in base.latest[col].unique()} - {""})
-        n = sorted({str(v).strip() for v in new.latest[col].unique()} - {""})
-        if b != n:
-            was, now = ", ".join(b) or "(empty)", ", ".join(n) or "(empty)"
-            lines.append(f"warning: environments differ: {col}: BASE {was} vs NEW {now}")
-    return lines
 
 
 def _spread(j: pd.DataFrame, metric: str) -> pd.Series:
@@ -611,17 +588,6 @@ def evidence(j: pd.DataFrame) -> pd.Series:
                      + j["load_base"].map(load) + " NEW " + j["load_new"].map(load), index=j.index, dtype=object)
 
 
-def _change(values: pd.Series) -> pd.Series:
-    def one(v: float) -> str:
-        if pd.isna(v):
-            return ""
-        if math.isinf(v):
-            return "+inf%" if v > 0 else "-inf%"
-        return f"{v:+.1f}%"
-
-    return values.map(one)
-
-
 def _cells(col: pd.Series) -> pd.Series:
     """A canonical key column shown as numbers when every cell is one (right-aligned)."""
     num = pd.to_numeric(col, errors="coerce")
@@ -630,25 +596,13 @@ def _cells(col: pd.Series) -> pd.Series:
     return col
 
 
-def varying(j: pd.DataFrame) -> list[str]:
-    return [c for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) > 1]
-
-
 def table(j: pd.DataFrame, mark: pd.Series, columns: list[str]) -> str:
     """The markdown table of ``j``'s rows: the configuration ``columns``, base,
     new, change, spread, mark."""
     shown = pd.DataFrame({c: _cells(j[c]) for c in columns}, index=j.index)
-    shown["base"] = j["value_base"]
-    shown["new"] = j["value_new"]
-    shown["change"] = _change(j["change_pct"])
-    shown["spread"] = j["spread"]
-    shown["mark"] = mark
-    return frame_md(shown)
-
-
-def common_config(j: pd.DataFrame) -> str:
-    same = [f"{c}={j[c].iloc[0]}" for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) == 1]
-    return f"common to all rows: {', '.join(same)}" if same else ""
+    change = j["change_pct"].map(lambda v: "" if pd.isna(v) else f"{v:+.1f}%")  # +inf% and -inf% too
+    return frame_md(shown.assign(base=j["value_base"], new=j["value_new"], change=change, spread=j["spread"],
+                                 mark=mark))
 
 
 def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, columns: list[str],
@@ -741,18 +695,23 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(f"--metric={args.metric}: unknown metric; one of {', '.join(METRICS)}")
         threshold = parse_threshold(args.fail_above)
         metric = args.metric
-        wanted = columns_read(metric) + ((ABSOLUTE_FALLBACK,) if metric == PAIRED else ())
-        base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
         # the CSV column the gate may read: the metric, or the paired metric's fallback
         column = ABSOLUTE_FALLBACK if metric == PAIRED else metric
+        # the schema columns compare reads (the rest of a file is skipped)
+        wanted = (*CONFIG_COLUMNS, "status", "correct", column, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
+                  "load_1m", "overrides", "impl_origin", *ENV_COLUMNS)
+        base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
         check_metric(base, column), check_metric(new, column)
         sb, sn = run_samples(base), run_samples(new)
     except InputError as exc:
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
 
-    for warning in _env_warnings(base, new):
-        print(warning, file=sys.stderr)
+    for col in ENV_COLUMNS:
+        b, n = (sorted({str(v).strip() for v in run.latest[col].unique()} - {""}) for run in (base, new))
+        if b != n:
+            print(f"warning: environments differ: {col}: BASE {', '.join(b) or '(empty)'} vs NEW "
+                  f"{', '.join(n) or '(empty)'}", file=sys.stderr)
     notes = [f"note: {run.arg}={run.value}: {smp.skipped_lines} unreadable line(s) of {SAMPLES_FILE} skipped"
              for run, smp in ((base, sb), (new, sn)) if smp.skipped_lines]
     if metric == PAIRED:
@@ -766,8 +725,9 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [*base.notes(), *new.notes(), *notes, rule_line(metric, threshold, j),
              *noise_lines(j, metric, threshold)]
-    common, cols = common_config(j), varying(j)
-    lines += [common] if common else []
+    same = [f"{c}={j[c].iloc[0]}" for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) == 1]
+    lines += [f"common to all rows: {', '.join(same)}"] if same else []
+    cols = [c for c in CONFIG_COLUMNS if j[c].nunique(dropna=False) > 1]
     if len(j) <= LIST_LIMIT or args.list_all:
         lines += ["", *_listing(j, args, threshold, cols, True, "rows")]
     else:

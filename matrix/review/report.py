@@ -133,8 +133,7 @@ def timed_round_trips(df: pd.DataFrame) -> pd.DataFrame:
     which impls were not timed there and why."""
     rows = df[timed(df) & round_trip(df)]
     mask = common(rows, PAIR)
-    rows = rows.assign(**{COMMON: mask})
-    return rows.assign(**{MISSING: missing_label(df, rows, ~mask, PAIR)})
+    return rows.assign(**{COMMON: mask, MISSING: missing_label(df, rows, ~mask, PAIR)})
 
 
 def ref_ratio(pairs: pd.DataFrame) -> dict[str, dict]:
@@ -142,11 +141,8 @@ def ref_ratio(pairs: pd.DataFrame) -> dict[str, dict]:
     impl was timed, cp > 1 (at cp=1 nothing moves; explained apart): median and
     quartiles, and how many points."""
     r = pairs[pairs["cp_size"].gt(1)].dropna(subset=["ratio"])
-    out = {}
-    for impl, s in r.groupby("impl")["ratio"]:
-        out[str(impl)] = {"n": len(s), "median": float(s.median()), "q1": float(s.quantile(0.25)),
-                          "q3": float(s.quantile(0.75))}
-    return out
+    return {str(impl): {"n": len(s), "median": float(s.median()), "q1": float(s.quantile(0.25)),
+                        "q3": float(s.quantile(0.75))} for impl, s in r.groupby("impl")["ratio"]}
 
 
 def _ratio_words(derived: Derived) -> str:
@@ -190,20 +186,18 @@ def verdict_line(df: pd.DataFrame, derived: Derived) -> str:
     """The report's first line: what a reviewer acts on."""
     points = int(df[PAIR].nunique())
     bad, failing = _incorrect(df), _failing(df)
-    state, _ = verdict(df)
     parts = [f"{count(points, 'point')}, {count(len(df), 'row')} (a row: one point and one impl)"]
     parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
                  else "correct everywhere checked")
     parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
                  else "none failed, errored or timed out")
     parts.append(_ratio_words(derived))
-    return f"**Verdict: {state}**: " + "; ".join(parts) + "."
+    return f"**Verdict: {verdict(df)[0]}**: " + "; ".join(parts) + "."
 
 
 def _rows_of_points(rows: pd.DataFrame) -> str:
     """``3 rows of 2 points``: rows counted as rows, the points they fall on as points."""
-    n, points = len(rows), int(rows[PAIR].nunique())
-    return f"{n} row{'s' if n != 1 else ''} of {points} point{'s' if points != 1 else ''}"
+    return f"{count(len(rows), 'row')} of {count(int(rows[PAIR].nunique()), 'point')}"
 
 
 def _label(value: object) -> str:
@@ -658,9 +652,9 @@ def environment(df: pd.DataFrame, derived: Derived) -> Part:
     if len(runs):
         part.appendix += [f"## Runs ({len(runs)}: the processes that wrote the rows, from runs.jsonl)", "",
                           *_whole(runs, index=True, name="runs"), ""]
-    part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```"]
-    part.appendix += [f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()]
-    part.appendix += ["```", ""]
+    part.appendix += [f"## Sweep overrides ({len(overrides)} distinct; points, then the override string)", "", "```",
+                      *(f"{n:>6}  {o if o.strip() else '(empty)'}" for o, n in overrides.head(APPENDIX_ROWS).items()),
+                      "```", ""]
     return part
 
 
@@ -771,11 +765,6 @@ def merged_lines(df: pd.DataFrame) -> list[str]:
     return out
 
 
-def derive(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE) -> Derived:
-    rows = timed_round_trips(df)
-    return Derived(pairs=ratios(df, reference, rows), plans=_plans(df), reference=reference, timed=rows)
-
-
 def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[list, list]:
     """The report's and the appendix's blocks after the header, section by section."""
     lines: list = []
@@ -821,11 +810,10 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
     """The report as a document (report_doc): what report.json holds and report.md is rendered from."""
     counted = (f"{count(len(run.raw), 'row')} read; the latest of each point and impl: {count(len(df), 'row')} of "
                f"{count(df[PAIR].nunique(), 'point')}")
-    if len(run.files) == 1:
-        source = f"Source: `{run.files[0]}` ({counted})."
-    else:
-        source = f"Source: {len(run.files)} files under `{run.value}` ({counted})."
-    derived = derive(df, reference)
+    source = (f"Source: `{run.files[0]}` ({counted})." if len(run.files) == 1
+              else f"Source: {len(run.files)} files under `{run.value}` ({counted}).")
+    rows = timed_round_trips(df)
+    derived = Derived(pairs=ratios(df, reference, rows), plans=_plans(df), reference=reference, timed=rows)
     lines = ["# nsa-cp-comm matrix report", "", verdict_line(df, derived), "", source]
     lines += merged_lines(df)
     if run.duplicates:
@@ -848,7 +836,6 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
     if len(run.files) > 1:
         appendix += ["## Files read", "", *(f"- `{f}`" for f in run.files), ""]
     doc = report_doc.document(lines, appendix)
-    rows = derived.timed
     state, reasons = verdict(df)
     doc["verdict"], doc["reasons"] = state, reasons
     doc["summary"] = {
@@ -899,9 +886,7 @@ def write(out: Path, doc: dict, pngs: dict[str, bytes]) -> list[Path]:
     the appendix are rendered from the document report.json holds."""
     out.mkdir(parents=True, exist_ok=True)
     markdown, appendix = report_doc.markdown(doc)
-    written = []
-    for name, data in pngs.items():
-        written.append(write_atomic(out / name, data))
+    written = [write_atomic(out / name, data) for name, data in pngs.items()]
     write_atomic(out / JSON_FILE, json.dumps(doc, indent=1, allow_nan=False) + "\n")
     write_atomic(out / APPENDIX_FILE, appendix)
     write_atomic(out / REPORT_FILE, markdown)
@@ -928,14 +913,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_reference(run: Run, name: str) -> None:
-    """--reference names an impl of the run (by any of its names)."""
-    impls = sorted(set(run.latest["impl"].astype(str).str.strip()))
-    if name not in impls:
-        shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
-        raise InputError(f"--reference={name}: no row of RESULTS has this impl (impls: {shown})")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns 0, 1 when the verdict is FAIL (unless
     ``--exit-zero``; the files are written either way), or 2 on bad input
@@ -957,10 +934,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out is not None else run.home
         where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
         check_dir(out, where, InputError)  # before the report is built
-        reference = args.reference if args.reference is not None else DEFAULT_REFERENCE
-        if args.reference is not None:
-            _check_reference(run, args.reference)
-        doc, pngs = build(run, model, reference)
+        if args.reference is not None:  # an impl of the run (by any of its names)
+            impls = sorted(set(run.latest["impl"].astype(str).str.strip()))
+            if args.reference not in impls:
+                shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
+                raise InputError(f"--reference={args.reference}: no row of RESULTS has this impl (impls: {shown})")
+        doc, pngs = build(run, model, DEFAULT_REFERENCE if args.reference is None else args.reference)
         try:
             written = write(out, doc, pngs)
         except OSError as exc:
