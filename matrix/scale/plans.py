@@ -86,10 +86,6 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
     padded[starts + batches.sizes - 1] += total - sums  # the last request takes the batch's padding
     batch = np.repeat(np.arange(nb, dtype=np.int64), batches.sizes)
     n = 2 * cp
-    if policy == "zigzag":
-        q, rem = np.divmod(padded, n)
-        base = 2 * np.bincount(batch, weights=q, minlength=nb).astype(np.int64)
-        return base[:, None] + _block_counts(rem, batch, nb, n, cp)
     if policy == "dual_chunk_swap":
         # chunks of c = ceil(q / n): chunks 0..f-1 full, chunk f holds the rest
         # p < c (when f < n). Rank k gets chunk k (c if k < f) and chunk
@@ -105,7 +101,9 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
         out += np.bincount(batch[has] * cp + owner, weights=part[has], minlength=nb * cp).astype(np.int64).reshape(nb, cp)
         return out
     # zigzag_page: whole pages per block (an even split of the pages); the block
-    # holding the last page is short by the page's unused tail, the ones after it empty
+    # holding the last page is short by the page's unused tail, the ones after it empty.
+    # zigzag is its split with pages of one token.
+    page_size = 1 if policy == "zigzag" else page_size
     pages = -(-padded // page_size)
     qp, remp = np.divmod(pages, n)
     base = 2 * np.bincount(batch, weights=qp, minlength=nb).astype(np.int64)
@@ -307,14 +305,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     args = parse(argv)
     cps = _ints("--cp", args.cp, 1, CP_MAX)
-    policies = [p.strip() for p in args.policy.split(",")]
-    for p in policies:
-        if p not in POLICIES:
-            raise SystemExit(_usage(f"--policy={p}: must be one of {', '.join(POLICIES)}"))
-    names = [e.strip() for e in args.engine.split(",")]
-    for e in names:
-        if e not in engines.NAMES:
-            raise SystemExit(_usage(f"--engine={e}: must be one of {', '.join(engines.NAMES)}"))
+    policies, names = [p.strip() for p in args.policy.split(",")], [e.strip() for e in args.engine.split(",")]
+    for flag, given, known in (("--policy", policies, POLICIES), ("--engine", names, engines.NAMES)):
+        for v in given:
+            if v not in known:
+                raise SystemExit(_usage(f"{flag}={v}: must be one of {', '.join(known)}"))
     pairs = [(e, p) for e in names for p in policies if p in engines.get(e).strategies]
     if not pairs:
         raise SystemExit(_usage(f"--policy={args.policy}: no engine of --engine={args.engine} has any of these splits"))
