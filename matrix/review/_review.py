@@ -105,9 +105,7 @@ class Run:
     def home(self) -> Path:
         """Where outputs belong by default: next to the CSV, or the given directory
         when several CSVs were concatenated."""
-        if len(self.files) == 1:
-            return self.files[0].parent
-        return Path(self.value)
+        return self.files[0].parent if len(self.files) == 1 else Path(self.value)
 
     @property
     def latest_config(self) -> pd.DataFrame:
@@ -125,11 +123,8 @@ class Run:
         keys = self.raw[POINT_KEY]
         # points as configurations: the impls of one point count once
         where = self.config.loc[keys.duplicated(keep=False), [c for c in self.config.columns if c != "impl"]]
-        points = len(where.drop_duplicates())
-        return (
-            f"{self.duplicates} duplicate row(s) of {points} point(s) dropped: "
-            "the last row in file order of each point and impl (the latest run) is used"
-        )
+        return (f"{self.duplicates} duplicate row(s) of {len(where.drop_duplicates())} point(s) dropped: "
+                "the last row in file order of each point and impl (the latest run) is used")
 
     def unknown_runs_note(self) -> str:
         """One sentence on rows whose run has no metadata, or "" when there are none."""
@@ -263,9 +258,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
-        raise InputError(
-            f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})"
-        )
+        raise InputError(f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})")
     if _INJECTED_COLUMN in frame.columns:
         injected = ~frame[_INJECTED_COLUMN].astype(str).str.strip().isin(["", "none"])
         frame = frame[~injected.to_numpy()].drop(columns=_INJECTED_COLUMN).reset_index(drop=True)
@@ -333,11 +326,7 @@ BASE_COLUMNS: frozenset[str] = frozenset(CONFIG_COLUMNS + REQUIRED_COLUMNS + ("i
 
 
 def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in counts:
-        for key, n in c.items():
-            out[key] = out.get(key, 0) + n
-    return out
+    return dict(sum(map(collections.Counter, counts), collections.Counter()))  # every count is positive
 
 
 def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:

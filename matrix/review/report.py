@@ -354,14 +354,11 @@ def claim(df: pd.DataFrame, derived: Derived) -> Part:
     if plans.empty:
         part.main.append("_(no row has a claim verdict)_")
         return part
-    summary = plans.groupby("policy").agg(
-        plans=("claim_holds", "size"),
-        holds=("claim_holds", lambda s: int(holds(s, True).sum())),
-        fails=("claim_holds", lambda s: int(holds(s, False).sum())),
-    )
-    fails = plans[holds(plans["claim_holds"], False)].sort_values(
-        ["padding_frac", "policy", "cp_size", "page_size"], ascending=[False, True, True, True]
-    )
+    summary = plans.groupby("policy").agg(plans=("claim_holds", "size"),
+                                          holds=("claim_holds", lambda s: int(holds(s, True).sum())),
+                                          fails=("claim_holds", lambda s: int(holds(s, False).sum())))
+    fails = plans[holds(plans["claim_holds"], False)].sort_values(["padding_frac", "policy", "cp_size", "page_size"],
+                                                                  ascending=[False, True, True, True])
     summary["max_padding_frac_when_failing"] = fails.groupby("policy")["padding_frac"].max()
     part.main += [*_whole(summary, index=True, name="claim", points=int(plans[PAIR].nunique())), ""]
     cols = ["policy", "cp_size", "page_size", "seq_lens", "total_tokens", "max_rank_len", "padded_total",
@@ -491,17 +488,11 @@ def ratio_lines(df: pd.DataFrame, derived: Derived, part: Part) -> list:
         words = _ratio_words(derived)
         return [f"{words[0].upper()}{words[1:]}.", ""]
     lines: list = _cp1_lines(derived.timed[derived.timed[COMMON]])
-    aggregates = dict(
-        points=("ratio", "size"),
-        impl_us=("value", "median"),
-        reference_us=("reference", "median"),
-        ratio_median=("ratio", "median"),
-        ratio_min=("ratio", "min"),
-        ratio_max=("ratio", "max"),
-        within_noise=("noise", "sum"),
-    )
+    aggregates = dict(points=("ratio", "size"), impl_us=("value", "median"), reference_us=("reference", "median"),
+                      ratio_median=("ratio", "median"), ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
+                      within_noise=("noise", "sum"))
     keys = group_keys(pairs)
-    names = {"impl_us": "impl_us", "reference_us": f"{ref}_us"}
+    names = {"reference_us": f"{ref}_us"}
     summary = pairs.groupby(keys + ["impl"]).agg(**aggregates).rename(columns=names)
     part.appendix += [f"## Each impl relative to {ref} (ratio = impl / {ref} round-trip p50, on the points every "
                       "impl of the cp size was timed)", "",
@@ -571,11 +562,8 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
                       f"only the tokens' bytes; `mean padding_frac` over the same points){aside}:", "",
                       *_whole(bw, index=True, name="bandwidth", points=n_same, point_ids=_ids(same)), ""]
         full = same.groupby(keys + ["impl", "page_size"]).agg(
-            points=("busbw_padded_GBps", "size"),
-            busbw_padded_GBps=("busbw_padded_GBps", "median"),
-            busbw_useful_GBps=("busbw_useful_GBps", "median"),
-            padding_frac=("padding_frac", "mean"),
-        )
+            points=("busbw_padded_GBps", "size"), busbw_padded_GBps=("busbw_padded_GBps", "median"),
+            busbw_useful_GBps=("busbw_useful_GBps", "median"), padding_frac=("padding_frac", "mean"))
         part.appendix += ["## Bus bandwidth (GB/s) by cp size, impl and page size (median over the points every "
                           "impl of the cp size was timed; padding_frac: mean)", "",
                           *_whole(full, index=True, name="bandwidth_by_page", points=n_same), ""]
@@ -678,12 +666,9 @@ def plot_takeaways(df: pd.DataFrame, derived: Derived) -> dict[str, str]:
     else:
         text = f"Takeaway: {_ratio_words(derived)}"
     apart = rows[~rows[COMMON]] if len(rows) else rows
-    if len(apart):
-        text += (f"; {count(int(apart[PAIR].nunique()), 'point')} timed by only some impls ({_missing_words(apart)}) "
-                 "are hollow markers without a line.")
-    else:
-        text += "."
-    out[plots.LATENCY_PNG] = text
+    out[plots.LATENCY_PNG] = text + (f"; {count(int(apart[PAIR].nunique()), 'point')} timed by only some impls "
+                                     f"({_missing_words(apart)}) are hollow markers without a line." if len(apart)
+                                     else ".")
     plans = derived.plans
     if plans.empty or not plans["padding_frac"].gt(0).any():
         out[plots.PADDING_PNG] = "Takeaway: no plan pads: every rank's shard has the same length."
