@@ -191,9 +191,7 @@ def declared_name(name: str) -> str:
         other = impls.REGISTRY.get(declared)
     except (impls.ImplError, ValueError):
         return name
-    if other is not None and impls.origin(other) != impls.origin(impl):
-        return name
-    return declared
+    return name if other is not None and impls.origin(other) != impls.origin(impl) else declared
 
 
 def row_names(names: list[str]) -> dict[str, str]:

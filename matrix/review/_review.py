@@ -399,9 +399,7 @@ def canonical(value: object) -> str:
         f = float(s)
     except ValueError:
         return "".join(s.split())
-    if math.isfinite(f) and f == int(f):
-        return str(int(f))
-    return repr(f)
+    return str(int(f)) if math.isfinite(f) and f == int(f) else repr(f)
 
 
 # --- markdown tables (tabulate through DataFrame.to_markdown; cells pre-formatted)

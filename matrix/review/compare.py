@@ -184,9 +184,7 @@ def declared_names(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame,
             refs = {n for n in here if ":" in n and n not in theirs.get(origin, set())}
             if len(plain) == 1 and len(refs) == 1 and not (plain & here):
                 mapping[refs.pop()] = plain.pop()
-        if not mapping:
-            return frame
-        return frame.assign(impl=frame["impl"].astype(str).map(lambda n: mapping.get(n, n)))
+        return frame.assign(impl=frame["impl"].astype(str).map(lambda n: mapping.get(n, n))) if mapping else frame
 
     if "origin" not in base or "origin" not in new:
         return base, new

@@ -234,9 +234,7 @@ def read_header(path: Path) -> list[str] | None:
     if len(first) > ROW_BYTES_MAX and not first.endswith(b"\n"):
         raise ResultsPathError(f"results_dir={path.parent}: {path.name}: its first line is longer than "
                                f"{inputs.mib(ROW_BYTES_MAX)} (the file is {path.stat().st_size} bytes): no results header")
-    if not first.endswith(b"\n"):
-        return None
-    return next(csv.reader([first.decode("utf-8-sig", "replace")]), None)
+    return next(csv.reader([first.decode("utf-8-sig", "replace")]), None) if first.endswith(b"\n") else None
 
 
 def _first_five(items: list) -> str:

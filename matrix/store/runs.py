@@ -166,6 +166,4 @@ def cell(value: object) -> str:
     """A metadata field as the text a results cell would hold."""
     if value is None:
         return ""
-    if isinstance(value, (list, tuple)):
-        return " ".join(map(str, value))
-    return str(value)
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
