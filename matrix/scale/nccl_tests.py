@@ -72,7 +72,6 @@ def _bytes(n: float) -> str:
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
         n /= 1024
-    return str(n)
 
 
 def _fail(path: Path, why: str) -> NcclTestsError:
@@ -105,18 +104,12 @@ def _nranks(path: Path, config: object) -> int:
     return n
 
 
-def _parse_file(path: Path) -> object:
-    """The file's JSON, read as matrix.inputs reads every input: a regular file
-    of at most :data:`MAX_BYTES` (a FIFO or /dev/zero refused, not waited on),
-    nesting and numbers bounded; NcclTestsError (one line) otherwise."""
-    label = f"--nccl-tests={path}"
-    return inputs.loads_json(inputs.read_bytes(path, label, MAX_BYTES, NcclTestsError), label, NcclTestsError)
-
-
 def read(path: Path | str) -> Curve:
     """One nccl-tests JSON file as a :class:`Curve`; NcclTestsError (one line) otherwise."""
-    path = Path(path)
-    data = _parse_file(path)
+    path, label = Path(path), f"--nccl-tests={path}"
+    # read as matrix.inputs reads every input: a regular file of at most MAX_BYTES (a FIFO
+    # or /dev/zero refused, not waited on), nesting and numbers bounded
+    data = inputs.loads_json(inputs.read_bytes(path, label, MAX_BYTES, NcclTestsError), label, NcclTestsError)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or not data["results"]:
         raise _fail(path, "no results list (write it with nccl-tests' -J FILE)")
     op = _op(path, data)

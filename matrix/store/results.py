@@ -167,16 +167,14 @@ def append_beside(side: Path, data: bytes, *, lock: bool = False, sync: bool = T
     try:
         side.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(side, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if lock:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            return append_whole(fd, data, sync=sync)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ResultsWriteError(side, exc) from None
-    try:
-        if lock:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        return append_whole(fd, data, sync=sync)
-    except OSError as exc:
-        raise ResultsWriteError(side, exc) from None
-    finally:
-        os.close(fd)
 
 
 def _render(rows: Iterable[Mapping[str, object]], header: bool) -> str:
