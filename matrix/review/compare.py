@@ -386,9 +386,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     significant_better = pd.Series(p_better < ALPHA, index=j.index)
     supported_worse = (tested & significant_worse) | (~tested & beyond_spread)
     supported_better = (tested & significant_better) | (~tested & beyond_spread)
-    j["timed"] = timed
-    j["tested"] = tested
-    j["fallback"] = fallback
+    j["timed"], j["tested"], j["fallback"] = timed, tested, fallback
     j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
     j["improved"] = timed & (worse_by < 0) & beyond_threshold & supported_better
     # A tested row the gate could not have flagged at its threshold is no pass.
@@ -443,9 +441,7 @@ def noise(j: pd.DataFrame, metric: str) -> dict[str, float]:
     with np.errstate(divide="ignore", invalid="ignore"):
         change = (timed["value_new"] / timed["value_base"] - 1).abs().replace([np.inf], np.nan).dropna()
     if len(change):
-        out["between_p50"] = float(change.median())
-        out["between_p90"] = float(change.quantile(0.9))
-        out["points"] = len(change)
+        out.update(between_p50=float(change.median()), between_p90=float(change.quantile(0.9)), points=len(change))
     rel = [v for col in ("samples_base", "samples_new") for v in map(_spread_of, timed[col]) if math.isfinite(v)]
     if rel:
         out["within"] = float(np.median(rel))
@@ -547,13 +543,6 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
     basis = f"{ABSOLUTE_FALLBACK}, neither run kept samples: "
     base_was = pd.Series(np.where(j["_merge"].eq("right_only"), "no row", sb), index=j.index)
     by_spread = ~j["tested"] & ~fb
-    spread_rule_marks = [
-        when(j["regressed"] & fb, f"REGRESSED ({basis}beyond {pct} and the spread)"),
-        when(j["regressed"] & by_spread & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
-        when(j["regressed"] & by_spread & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
-        when(j["within_noise"] & fb, f"within noise ({basis}beyond {pct} but not the spread " + spread + ")"),
-        when(j["within_noise"] & by_spread, "within noise (beyond " + pct + " but not the spread " + spread + ")"),
-    ]
     parts = [
         when(j["missing"], "MISSING in NEW (allowed)" if allow_missing else "MISSING in NEW"),
         when(j["only_new"], "only in NEW"),
@@ -562,7 +551,12 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
         when(j["status_changed"] & ~j["status_worse"] & ~j["failing_new"], "status " + sb + "->" + sn),
         when(j["correctness_lost"], "CORRECTNESS LOST (correct " + cb + "->" + cn + ")"),
         when(j["regressed"] & j["tested"], "REGRESSED (beyond " + pct + ", significant: p=" + pval + ")"),
-        *spread_rule_marks,
+        # the spread rule's
+        when(j["regressed"] & fb, f"REGRESSED ({basis}beyond {pct} and the spread)"),
+        when(j["regressed"] & by_spread & j["spread"].notna(), f"REGRESSED (beyond {pct} and the spread)"),
+        when(j["regressed"] & by_spread & j["spread"].isna(), f"REGRESSED (beyond {pct}; no spread)"),
+        when(j["within_noise"] & fb, f"within noise ({basis}beyond {pct} but not the spread " + spread + ")"),
+        when(j["within_noise"] & by_spread, "within noise (beyond " + pct + " but not the spread " + spread + ")"),
         when(j["within_noise"] & j["tested"], "within noise (beyond " + pct + " but not significant: p=" + pval + ")"),
         when(j["regressed"], evidence(j)),
         when(j["improved"] & fb, f"improved ({ABSOLUTE_FALLBACK}, neither run kept samples)"),

@@ -77,11 +77,6 @@ def outside(df: pd.DataFrame) -> pd.Series:
     return ~origin.str.startswith(BUILTIN_ORIGIN) & (origin.ne("") | df["impl"].astype(str).str.contains(":"))
 
 
-def _ran(df: pd.DataFrame) -> pd.DataFrame:
-    rows = df[df["status"].ne("skipped")]
-    return rows.assign(_classes=plan_classes(rows).str.split(SEPARATOR, regex=False))
-
-
 # What a gap is.
 RAN_NOTHING = "ran nothing"
 NO_UNEVEN = "ran no uneven plan"
@@ -172,7 +167,8 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     bystander counts they ran with, and whether any plan was uneven."""
     import pandas as pd
 
-    rows = _ran(df)
+    rows = df[df["status"].ne("skipped")]
+    rows = rows.assign(_classes=plan_classes(rows).str.split(SEPARATOR, regex=False))
     if rows.empty:
         return pd.DataFrame()
     flat = rows[["impl", "cp_size", "_classes"]].explode("_classes")

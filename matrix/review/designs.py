@@ -56,10 +56,6 @@ def _layout(p: pd.DataFrame) -> pd.Series:
     return out.where(p["policy"].ne("zigzag_page"), "zigzag_page/" + p["page_size"].astype("Int64").astype(str))
 
 
-def _masks_attention(p: pd.DataFrame) -> pd.Series:
-    return _engine_of(p).map(lambda e: engines.get(e).attn_pad_masked if e in engines.NAMES else False)
-
-
 def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
     """Markdown lines answering "which design is cheaper, where, by how much",
     per engine (``table``: how a table becomes a block; the report keeps it as records)."""
@@ -76,7 +72,7 @@ def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
     if p.empty:
         return lines + ["No point has both designs `ok`: nothing to compare (see Verdicts)."]
     p = p.assign(layout=_layout(p), engine=_engine_of(p))
-    masked = _masks_attention(p)
+    masked = _engine_of(p).map(lambda e: engines.get(e).attn_pad_masked if e in engines.NAMES else False)
     p["attn_processed_b"] = p["attn_pad_rows_b"].where(~masked, 0)
     p["attn_masked_b"] = p["attn_pad_rows_b"].where(masked, 0)
     spread = np.fmax(p["roundtrip_iqr_us_a"].fillna(0), p["roundtrip_iqr_us_b"].fillna(0))

@@ -161,10 +161,9 @@ def latency(df: pd.DataFrame):  # -> Figure
         return _finish(fig, ax, "timed ok points")
     colour_keys, colors = cp_colours(df)
     colors = _drawn(colors, d, colour_keys)
-    same = d[d[COMMON].astype(bool)] if COMMON in d else d
-    apart = d[~d[COMMON].astype(bool)] if COMMON in d else d.iloc[:0]
-    g = same.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
-    g_apart = apart.groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+    same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
+    g, g_apart = (d[part].groupby(colour_keys + ["impl", "total_tokens"])["roundtrip_p50_us"].median().reset_index()
+                  for part in (same, ~same))
     markers = _markers(d)
     styles = {impl: STYLES[j % len(STYLES)] for j, impl in enumerate(markers)}
     for s, color, marker, impl in _series(g, colour_keys, colors, markers):
