@@ -293,15 +293,10 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     bad = _incorrect(df)
     cols = POINT + ["status", "correct", "even_bitwise_equal", "failed_check", "max_rel_err"]
     if len(bad):
-        part.main += [
-            f"### !!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!",
-            "",
-            "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
-            "(an even plan where the padded algorithm's bytes differ from legacy's):",
-            "",
-            *_head(bad[cols], "incorrect points", points=int(bad[PAIR].nunique())),
-            "",
-        ]
+        part.main += [f"### !!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!", "",
+                      "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
+                      "(an even plan where the padded algorithm's bytes differ from legacy's):", "",
+                      *_head(bad[cols], "incorrect points", points=int(bad[PAIR].nunique())), ""]
         part.appendix += ["## Incorrect points", "", *_whole(bad[cols + ["reason"]], name="incorrect_points_detail"),
                           ""]
         repros = [r for r in bad["repro"].head(APPENDIX_ROWS) if r.strip()]
@@ -421,29 +416,18 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
     n_same = int(same[PAIR].nunique())
     ratio = (f"; `X/{ref}`: the median over the same points of each point's ratio of X's round trip to {ref}'s "
              f"(the reference, `--reference`)" if len(pairs) else "")
-    part.main += [
-        f"Round-trip (gather + reduce-scatter) p50 in us by impl, median over the {count(n_same, 'point')} where "
-        f"every impl of the cp size was timed (like with like: all policies and batches; by policy in the "
-        f"appendix){ratio}:",
-        "",
-        *_whole(medians, index=True, name="latency", points=n_same, point_ids=_ids(same)),
-        "",
-    ]
+    part.main += [f"Round-trip (gather + reduce-scatter) p50 in us by impl, median over the {count(n_same, 'point')} "
+                  "where every impl of the cp size was timed (like with like: all policies and batches; by policy in "
+                  f"the appendix){ratio}:", "",
+                  *_whole(medians, index=True, name="latency", points=n_same, point_ids=_ids(same)), ""]
     if len(apart):
         n_apart = int(apart[PAIR].nunique())
-        part.main += [
-            f"Timed by only some impls, so in no comparison: {count(n_apart, 'point')} "
-            f"({_missing_words(apart)}); each impl's median there:", "",
-            *_head(only_some(apart, keys), "groups", index=True, name="latency_only_some", points=n_apart,
-                   point_ids=_ids(apart)),
-            "",
-        ]
-    by_policy = (
-        same.assign(policy=same["policy"].map(_label))
-        .groupby(keys + ["impl", "policy"])["roundtrip_p50_us"]
-        .median()
-        .unstack("policy")
-    )
+        part.main += [f"Timed by only some impls, so in no comparison: {count(n_apart, 'point')} "
+                      f"({_missing_words(apart)}); each impl's median there:", "",
+                      *_head(only_some(apart, keys), "groups", index=True, name="latency_only_some", points=n_apart,
+                             point_ids=_ids(apart)), ""]
+    by_policy = (same.assign(policy=same["policy"].map(_label)).groupby(keys + ["impl", "policy"])["roundtrip_p50_us"]
+                 .median().unstack("policy"))
     by_policy.columns.name = None
     part.appendix += ["## Round-trip p50 (us) by cp size, impl and policy (median over the points every impl of "
                       "the cp size was timed)", "",
@@ -451,11 +435,9 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
     local = rows[rows["impl"].eq("padded") & rows["local_p50_us"].notna()]
     if len(local):
         share = (local["local_p50_us"] / local["roundtrip_p50_us"]).median()
-        part.main += [
-            f"The padded path's local work (zeroing pad rows, copying the shard into its slot) is a median "
-            f"{share:.0%} of its round trip ({count(len(local), 'point')}; `local_p50_us` / `roundtrip_p50_us`).",
-            "",
-        ]
+        part.main += [f"The padded path's local work (zeroing pad rows, copying the shard into its slot) is a median "
+                      f"{share:.0%} of its round trip ({count(len(local), 'point')}; `local_p50_us` / "
+                      "`roundtrip_p50_us`).", ""]
     part.main += ratio_lines(df, derived, part)
     return part
 
@@ -471,14 +453,11 @@ def _cp1_lines(same: pd.DataFrame) -> list[str]:
     ok = padded.notna() & legacy.notna()
     if not ok.any():
         return []
-    return [
-        f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
-        f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
-        f"straight from the shard. That copy is the padded path's extra cost there: padded/legacy "
-        f"{(padded / legacy)[ok].median():.2f} with it, {((padded - local) / legacy)[ok].median():.2f} without "
-        f"(median over {count(int(ok.sum()), 'point')}). The verdict's ratio counts cp > 1 only.",
-        "",
-    ]
+    return [f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
+            f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
+            f"straight from the shard. That copy is the padded path's extra cost there: padded/legacy "
+            f"{(padded / legacy)[ok].median():.2f} with it, {((padded - local) / legacy)[ok].median():.2f} without "
+            f"(median over {count(int(ok.sum()), 'point')}). The verdict's ratio counts cp > 1 only.", ""]
 
 
 def ratio_lines(df: pd.DataFrame, derived: Derived, part: Part) -> list:
