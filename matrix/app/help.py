@@ -119,10 +119,10 @@ def text() -> str:
     width = max(len(f.name) for f in fields(MatrixConfig))
     keys = []
     for f in fields(MatrixConfig):
-        default = override_value(getattr(defaults, f.name))
         allowed = _allowed(f.name)
         keys.append(f"  {f.name:<{width}}  {MEANING.get(f.name, '')}")
-        keys.append(f"  {'':<{width}}  default {default}" + (f"; {allowed}" if allowed else ""))
+        keys.append(f"  {'':<{width}}  default {override_value(getattr(defaults, f.name))}"
+                    + (f"; {allowed}" if allowed else ""))
     app, cli = " ".join(command()), console()
     # The installed command throughout; the module form, which a checkout
     # without the install runs, once.

@@ -230,11 +230,9 @@ def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] |
         return every_impl(res, "skipped", res.skip)
     earlier = Folder.of(cfg["results_dir"]).earlier_same_effective(effective_id(res), point_id(cfg))
     if earlier is not None:
-        why = (
-            f"same effective configuration as point {earlier.get('point_id')} "
-            f"({earlier.get('overrides') or 'no overrides'}), which ran: policy={res.policy}, page_size={res.page_size}"
-        )
-        return every_impl(res, "skipped", why)
+        return every_impl(res, "skipped", f"same effective configuration as point {earlier.get('point_id')} "
+                          f"({earlier.get('overrides') or 'no overrides'}), which ran: policy={res.policy}, "
+                          f"page_size={res.page_size}")
     return None
 
 

@@ -66,8 +66,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     ``gpus``: GPUs the point's ranks can use, one per rank (default: this
     machine's; matrix.torchrun_point passes the whole allocation's)."""
     cp = cfg["cp_size"]
-    if gpus is None:
-        gpus = machine_gpus()[0]
+    gpus = machine_gpus()[0] if gpus is None else gpus
     device, backend = cfg["device"], cfg["backend"]
     world = cp + cfg.get("bystanders", 0)  # every rank of the world holds a GPU
     if backend == "nccl" and gpus < world:
@@ -85,9 +84,8 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     derived = mlp_mode(cfg["moe_a2a_backend"]).value
     mode = derived if cfg["mlp_mode"] == "auto" else cfg["mlp_mode"]
     impls = impls_for(cfg["impl"], mode)
-    skip = ""
-    if mode != derived:
-        skip = f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, which needs {derived}"
+    skip = (f"mlp_mode={mode} contradicts moe_a2a_backend={cfg['moe_a2a_backend']}, which needs {derived}"
+            if mode != derived else "")
     page = cfg["page_size"] if policy == "zigzag_page" else 1
     align = cfg["align"] if cfg["align"] is not None else cp
     engine = engines.get(cfg.get("engine", engines.DEFAULT))
@@ -102,8 +100,7 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
             seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"], engine=planner.name,
-            shared_expert=cfg.get("shared_expert", "none"),
-        )
+            shared_expert=cfg.get("shared_expert", "none"))
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None
     return Resolved(policy, mode, backend, device, impls, align, page, skip, spec, bool(cfg.get("force", False)))

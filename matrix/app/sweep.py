@@ -122,10 +122,8 @@ def dry_run(points: list[Point]) -> str:
                 note = f"  -> skipped: same effective configuration as point {seen[eid]}"
             else:
                 seen[eid] = i
-        lines.append(
-            f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
-            f"impls={','.join(res.impls)}{note}"
-        )
+        lines.append(f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
+                     f"impls={','.join(res.impls)}{note}")
     from .budget import sweep_estimate
 
     # Points as the summary and the report count them (a configuration, its

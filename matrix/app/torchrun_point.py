@@ -203,9 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         local_world = _env("LOCAL_WORLD_SIZE")
         cfg = config_of(argv)
         if cfg["cp_size"] != world:
-            raise ConfigError(
-                f"cp_size={cfg['cp_size']}: torchrun started {world} ranks (nnodes x nproc-per-node); they must be equal"
-            )
+            raise ConfigError(f"cp_size={cfg['cp_size']}: torchrun started {world} ranks (nnodes x nproc-per-node); "
+                              "they must be equal")
         import torch
 
         from .resolve import resolve

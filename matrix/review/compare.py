@@ -98,14 +98,12 @@ def parse_threshold(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise InputError(f"--fail-above={text}: must be a finite, non-negative percentage (5%) or fraction (0.05)")
     if not s.endswith("%") and value >= 1:
-        raise InputError(
-            f"--fail-above={text}: a bare number must be a fraction below 1 (0.05); write {s}% for a percentage"
-        )
+        raise InputError(f"--fail-above={text}: a bare number must be a fraction below 1 (0.05); write {s}% for a "
+                         "percentage")
     if value > MAX_THRESHOLD:
-        raise InputError(
-            f"--fail-above={text}: over {MAX_THRESHOLD * 100:g}%, the gate could flag nothing sensible (a time more "
-            f"than {1 + MAX_THRESHOLD:g}x slower; no bandwidth drops by more than 100%); use at most {MAX_THRESHOLD * 100:g}%"
-        )
+        raise InputError(f"--fail-above={text}: over {MAX_THRESHOLD * 100:g}%, the gate could flag nothing sensible (a "
+                         f"time more than {1 + MAX_THRESHOLD:g}x slower; no bandwidth drops by more than 100%); use at "
+                         f"most {MAX_THRESHOLD * 100:g}%")
     return value
 
 

@@ -109,8 +109,7 @@ def section(df: pd.DataFrame, pair_key: str, table=frame_md) -> list:
         f"{worst['seq_lens']}. {attn} "
         f"In time, `padded` is faster beyond the spread on {fast_a}, `pad_at_split` on {fast_b}, a tie on "
         f"{n - fast_a - fast_b} (median ratio pad_at_split/padded {p['time_ratio'].median():.3f}; on CPU/gloo "
-        f"the time is this machine's, not a GPU's: the bytes and rows carry over, the times do not)."
-    )
+        f"the time is this machine's, not a GPU's: the bytes and rows carry over, the times do not).")
     lines += [answer, "", "By engine, cp size and layout:", "", table(summary)]
     return lines
 

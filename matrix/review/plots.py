@@ -190,8 +190,7 @@ def padding(df: pd.DataFrame):  # -> Figure
     ax.set_ylabel("padding fraction 1 − T / (m·cp)   (bar: mean over batches, tick: max)")
     # the buffer of m = max_rank_len rows per rank, as the axis says
     plans = m_stride(df[df["padding_frac"].notna() & df["cp_size"].notna()]).drop_duplicates(
-        subset=["policy", "cp_size", "page_size", "seq_lens", "align"]
-    )
+        subset=["policy", "cp_size", "page_size", "seq_lens", "align"])
     if plans.empty:
         return _finish(fig, ax, "plans with a padding fraction")
     plans = plans.assign(layout=layout_label(plans))

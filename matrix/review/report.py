@@ -484,18 +484,15 @@ def ratio_lines(df: pd.DataFrame, derived: Derived, part: Part) -> list:
     with_spread = pairs["spread"].notna()
     noise = int(pairs["noise"].sum())
     if with_spread.any():
-        lines.append(
-            f"A ratio is noise when |impl - {ref}| is within the spread (mean `{SPREAD}` of the two rows): "
-            f"{noise} of {int(with_spread.sum())} ratios are ({'all' if noise == with_spread.sum() else 'see'} "
-            "`within_noise` in the appendix); read those as no difference, not as a speed-up or a slow-down."
-        )
+        lines.append(f"A ratio is noise when |impl - {ref}| is within the spread (mean `{SPREAD}` of the two rows): "
+                     f"{noise} of {int(with_spread.sum())} ratios are "
+                     f"({'all' if noise == with_spread.sum() else 'see'} `within_noise` in the appendix); read those "
+                     "as no difference, not as a speed-up or a slow-down.")
         if not with_spread.all():
             lines.append(f"{int((~with_spread).sum())} pair(s) carry no spread: noise cannot be told apart there.")
     else:
-        lines.append(
-            f"No row carries a spread (`{SPREAD}`): ratios near 1 cannot be told apart from noise "
-            "(CPU runs with few iterations vary by tens of percent)."
-        )
+        lines.append(f"No row carries a spread (`{SPREAD}`): ratios near 1 cannot be told apart from noise "
+                     "(CPU runs with few iterations vary by tens of percent).")
     shown = pairs[[*keys[:-1], "cp_size", "impl", "policy", "page_size", "seq_lens", PID, "value", "reference",
                    "ratio", "spread", "noise"]].rename(columns={"value": "impl_us", "reference": f"{ref}_us",
                                                             PID: "point"})
@@ -548,9 +545,8 @@ def bandwidth(df: pd.DataFrame, derived: Derived) -> Part:
                           *_whole(full, index=True, name="bandwidth_by_page", points=n_same), ""]
     plans = m_stride(df[df["padding_frac"].notna()]).drop_duplicates(subset=PLAN_KEY)
     if not plans.empty:
-        pad = plans.assign(layout=layout_label(plans)).pivot_table(
-            index="cp_size", columns="layout", values="padding_frac", aggfunc="mean"
-        )
+        pad = plans.assign(layout=layout_label(plans)).pivot_table(index="cp_size", columns="layout",
+                                                                   values="padding_frac", aggfunc="mean")
         pad.columns.name = None
         part.main += ["Mean padding fraction `1 - total_tokens / padded_total` over the batches, by cp size "
                       "and layout:", "", *_whole(pad, index=True, name="padding", points=len(plans))]
@@ -687,10 +683,8 @@ def duplicates(run: Run) -> list[str]:
     first = dup[POINT_KEY].drop_duplicates().head(APPENDIX_ROWS)
     dup = dup[dup[POINT_KEY].isin(first)]
     dup = dup.assign(status=dup["status"].str.strip().astype(object))
-    grouped = dup.groupby(POINT_KEY, sort=False).agg(
-        rows=("status", "size"), statuses=("status", " -> ".join),
-        **{c: (c, "last") for c in POINT},
-    )
+    grouped = dup.groupby(POINT_KEY, sort=False).agg(rows=("status", "size"), statuses=("status", " -> ".join),
+                                                     **{c: (c, "last") for c in POINT})
     grouped["used"] = "the last"
     more = keys[keys.duplicated(keep=False)].nunique() - len(grouped)
     tail = ["", f"... {more} more points with duplicates not listed"] if more > 0 else []

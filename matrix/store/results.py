@@ -252,10 +252,8 @@ def check_schema(path: Path) -> None:
     version = layout_version(header)
     older = (f", schema {version} of an earlier version (this one writes {SCHEMA_VERSION}; report and compare "
              "still read it)") if version < SCHEMA_VERSION else ""
-    raise SchemaError(
-        f"results_dir={path.parent}: {path.name} has another schema ({detail}{older}); "
-        "use a new results_dir or move the old file away"
-    )
+    raise SchemaError(f"results_dir={path.parent}: {path.name} has another schema ({detail}{older}); "
+                      "use a new results_dir or move the old file away")
 
 
 def torn_path(path: Path) -> Path:
