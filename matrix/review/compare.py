@@ -310,8 +310,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     # one integer per configuration, numbered over both runs at once, to join on
     config = pd.concat([base[list(CONFIG_COLUMNS)], new[list(CONFIG_COLUMNS)]], ignore_index=True)
     codes = point_codes(config)
-    base = base.assign(key=codes[: len(base)])
-    new = new.assign(key=codes[len(base):])
+    base, new = base.assign(key=codes[: len(base)]), new.assign(key=codes[len(base):])
     values = ["key", "value", "status", "correct", "iqr", "p50", "samples", "samples_why", "auto", "load", "smoke"]
     j = base[values].merge(new[values], on="key", how="outer", suffixes=("_base", "_new"), indicator=True)
     config = config.assign(key=codes).drop_duplicates("key")
@@ -380,10 +379,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     beyond_threshold = worse_by.abs() > threshold * b.abs()
     beyond_spread = spread.isna() | (worse_by.abs() > spread)
     p_worse, p_better = _pvalues(j, tested, higher_is_better(metric))
-    significant_worse = pd.Series(p_worse < ALPHA, index=j.index)
-    significant_better = pd.Series(p_better < ALPHA, index=j.index)
-    supported_worse = (tested & significant_worse) | (~tested & beyond_spread)
-    supported_better = (tested & significant_better) | (~tested & beyond_spread)
+    supported_worse = (tested & pd.Series(p_worse < ALPHA, index=j.index)) | (~tested & beyond_spread)
+    supported_better = (tested & pd.Series(p_better < ALPHA, index=j.index)) | (~tested & beyond_spread)
     j["timed"], j["tested"], j["fallback"] = timed, tested, fallback
     j["regressed"] = timed & (worse_by > 0) & beyond_threshold & supported_worse
     j["improved"] = timed & (worse_by < 0) & beyond_threshold & supported_better
@@ -411,8 +408,7 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
 def _pvalues(j: pd.DataFrame, tested: pd.Series, higher_better: bool) -> tuple[np.ndarray, np.ndarray]:
     """Adjusted p-values (NaN where not tested) that the metric got worse, and
     that it got better, per joined row; each family adjusted on its own."""
-    worse = np.full(len(j), np.nan)
-    better = np.full(len(j), np.nan)
+    worse, better = np.full(len(j), np.nan), np.full(len(j), np.nan)
     for i in np.flatnonzero(tested.to_numpy()):
         base, new = j["samples_base"].iat[i], j["samples_new"].iat[i]
         up, down = p_greater(base, new), p_greater(new, base)
@@ -531,8 +527,7 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
         return pd.Series(np.where(mask, text, ""), index=j.index, dtype=object)
 
     sb, sn = j["status_base"].fillna("-"), j["status_new"].fillna("-")
-    cb = j["correct_base"].astype(object).map(fmt).replace("", "-")
-    cn = j["correct_new"].astype(object).map(fmt).replace("", "-")
+    cb, cn = (j[c].astype(object).map(fmt).replace("", "-") for c in ("correct_base", "correct_new"))
     spread = j["spread"].map(fmt)
     pval = j["p_value"].map(lambda v: "" if pd.isna(v) else f"{v:.2g}")
     no_timing = j["_merge"].eq("both") & ~j["timed"] & ~j["unverified"] & ~j["smoke_untimed"]

@@ -201,8 +201,7 @@ def _rows_of_points(rows: pd.DataFrame) -> str:
 
 
 def _label(value: object) -> str:
-    text = fmt(value)
-    return text if text else "(empty)"
+    return fmt(value) or "(empty)"
 
 
 def _name(what: str) -> str:

@@ -245,19 +245,16 @@ def table(rows: list[dict]) -> str:
         cols.insert(cols.index("collectives_per_layer"), "moe_pad_masked_p99")
     if any("predicted_collective_us_p50" in r for r in rows):
         cols += ["predicted_collective_us_p50", "predicted_collective_us_p99"]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for c in cols:
-            v = r.get(c, "")
-            if v is None:
-                cells.append("-")
-            elif c.startswith("overhead") or c == "refused_frac":
-                cells.append(f"{100 * v:.2f}%")
-            else:
-                cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+
+    def cell(c: str, v) -> str:
+        if v is None:
+            return "-"
+        if c.startswith("overhead") or c == "refused_frac":
+            return f"{100 * v:.2f}%"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+                      *("| " + " | ".join(cell(c, r.get(c, "")) for c in cols) + " |" for r in rows)])
 
 
 def _ints(name: str, text: str, lo: int, hi: int) -> list[int]:
