@@ -84,6 +84,15 @@ def _legacy_refusal(call) -> tuple[str, float]:
     return "", time.perf_counter() - t0
 
 
+def raised(call) -> str:
+    """``"Type: message"`` of what ``call()`` raised, ``""`` if nothing."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
 def roundtrip_cases(cases: list[dict]) -> list[dict]:
     """For each case: padded gather (plain and zero-copy) byte-exact, exact
     integer reduce-scatter, MoE round trip vs the single-process reference,
@@ -239,14 +248,7 @@ def validation_messages(cp: int) -> dict:
         "legacy_scatter_uneven": lambda: legacy_scatter(torch.zeros(uneven.total_tokens, H, device=device), uneven),
         "communicator_impl": lambda: CPLayerCommunicator(even, ScatterMode.FULL, impl="fast"),
     }
-    out = {}
-    for label, call in calls.items():
-        try:
-            call()
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            out[label] = f"{type(exc).__name__}: {exc}"
-        else:
-            out[label] = ""
+    out = {label: raised(call) for label, call in calls.items()}
     # Nobody entered a collective above: this one completes on every rank.
     t = torch.ones(1, device=device)
     dist.all_reduce(t)
@@ -381,26 +383,22 @@ def _state_change(how: str):
         before = torch.get_num_threads()
         torch.set_num_threads(before + 1)
         return lambda: torch.set_num_threads(before)
-    if how == "grad_mode":
-        torch.set_grad_enabled(False)
-        return lambda: torch.set_grad_enabled(True)
-    # the flags torch.use_deterministic_algorithms sets, without the seconds it
-    # spends importing inductor's config on its first call
-    if how == "deterministic":
-        torch._C._set_deterministic_algorithms(True)
-        return lambda: torch._C._set_deterministic_algorithms(False)
-    if how == "deterministic_warn_only":
-        torch._C._set_deterministic_algorithms(False, warn_only=True)
-        return lambda: torch._C._set_deterministic_algorithms(False)
-    if how == "flush_denormal":
-        torch.set_flush_denormal(True)
-        return lambda: torch.set_flush_denormal(False)
-    if how == "default_dtype":
-        torch.set_default_dtype(torch.float64)
-        return lambda: torch.set_default_dtype(torch.float32)
-    if how == "default_device":
-        torch.set_default_device("meta")
-        return lambda: torch.set_default_device(None)
+    determinism = torch._C._set_deterministic_algorithms
+    toggles = {  # how: (change, undo)
+        "grad_mode": (lambda: torch.set_grad_enabled(False), lambda: torch.set_grad_enabled(True)),
+        # the flags torch.use_deterministic_algorithms sets, without the seconds it
+        # spends importing inductor's config on its first call
+        "deterministic": (lambda: determinism(True), lambda: determinism(False)),
+        "deterministic_warn_only": (lambda: determinism(False, warn_only=True), lambda: determinism(False)),
+        "flush_denormal": (lambda: torch.set_flush_denormal(True), lambda: torch.set_flush_denormal(False)),
+        "default_dtype": (lambda: torch.set_default_dtype(torch.float64),
+                          lambda: torch.set_default_dtype(torch.float32)),
+        "default_device": (lambda: torch.set_default_device("meta"), lambda: torch.set_default_device(None)),
+    }
+    if how in toggles:
+        change, undo = toggles[how]
+        change()
+        return undo
     if how == "matmul_precision":
         before = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("medium" if before != "medium" else "high")
