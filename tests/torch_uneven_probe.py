@@ -25,6 +25,7 @@ upgrade).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -167,14 +168,7 @@ def rank_main(rank: int, trial: Trial, store_path: str) -> None:
             data: dict = {"out_rows": out.shape[0]}
             if trial.op == "gather":
                 # Which rank's value landed in each row, as runs (value, count).
-                col = out[:, 0].cpu().tolist()
-                runs: list[list[float]] = []
-                for v in col:
-                    if runs and runs[-1][0] == v:
-                        runs[-1][1] += 1
-                    else:
-                        runs.append([v, 1])
-                data["runs"] = runs
+                data["runs"] = [[v, len(list(g))] for v, g in itertools.groupby(out[:, 0].cpu().tolist())]
             elif out.shape[0]:
                 src = (out[:, 0].cpu() / trial.cp).tolist()
                 data["source_rows"] = [int(src[0]), int(src[-1])]
@@ -275,9 +269,8 @@ def run_trial(trial: Trial, *, hang_s: float | None = None, start_timeout_s: flo
         for r, p in enumerate(procs):
             evs = at_deadline[r]
             kinds = [e["event"] for e in evs]
-            tail = errs[r].read_text(errors="replace")[-2000:]
             rc = p.returncode
-            res = RankOutcome(r, "", returncode=rc, stderr_tail=tail)
+            res = RankOutcome(r, "", returncode=rc, stderr_tail=errs[r].read_text(errors="replace")[-2000:])
             last = next((e for e in evs if e["event"] in ("raised", "returned")), None)
             if last is not None:
                 res.outcome = last["event"]
