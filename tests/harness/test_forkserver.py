@@ -48,8 +48,7 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     SIGKILL the driver; each one's exit code (-9: SIGKILL) or None if it
     lives on, as ``{"server": .., "rank0": .., ...}``."""
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = dict(_driver_env())
-    env.pop(forkserver.FORK_ENV, None)
+    env = {k: v for k, v in _driver_env().items() if k != forkserver.FORK_ENV}
     reaper = start_reaper(tmp_path, env, str(tmp_path / "work"), *([str(worker)] if worker else []))
     ended: dict[int, int] = {}
     said: list[str] = []
@@ -202,8 +201,7 @@ def test_a_forked_rank_that_ends_while_its_server_is_stopped_is_read_from_the_ke
 
 def test_the_rank_start_benchmark_runs(tmp_path):
     """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
-    env = dict(_driver_env())
-    env.pop(forkserver.FORK_ENV, None)
+    env = {k: v for k, v in _driver_env().items() if k != forkserver.FORK_ENV}
     run = run_python(str(REPO / "benchmarks" / "rank_start.py"), "--cp", "2", "--reps", "3", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()
@@ -247,8 +245,6 @@ def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec
     the pool's ranks start by exec (children of the starter) and work; a
     fresh server takes its place (before: every later start a StartTimeout
     after twice the start bound)."""
-    import signal
-
     monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
     monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
     monkeypatch.setenv("NSA_TEST_STOPPED_SERVER", uuid.uuid4().hex)  # a server of this test's own
