@@ -7,8 +7,9 @@ import torch
 import torch.distributed as dist
 
 from nsa_cp_comm import legacy_gather, padded_buffer, padded_gather, padded_gather_, padded_scatter, plan_split
+from nsa_cp_comm.agree import _all_dtypes, agree, agreed
 from nsa_cp_comm.harness.checks import checked_group
-from nsa_cp_comm.collectives import all_gather_into
+from nsa_cp_comm.collectives import _BOOKKEEPING, all_gather_into
 from nsa_cp_comm.harness.ranks import rank_device
 from rank_tasks import raised
 
@@ -91,8 +92,6 @@ def mismatched_collective_on_checked_group() -> str:
 def every_dtype_on_every_rank() -> dict[str, str]:
     """Every rank passes the same tensor of each torch dtype to the agreement
     check: ``{dtype: error text}`` for the dtypes it refused (none should be)."""
-    from nsa_cp_comm.agree import _all_dtypes, agree
-
     plan = plan_split([10], 2, policy="zigzag")
     n = plan.per_rank_tokens[dist.get_rank()]
     refused = {}
@@ -113,9 +112,6 @@ def inside_agreed(label: str) -> dict:
     rank's error text, "exchanges": the agreement's collectives inside the
     block (bookkeeping), "after": the all-reduce after it}``. Rank 1 is the
     odd one out where the label says so."""
-    from nsa_cp_comm.collectives import _BOOKKEEPING
-    from nsa_cp_comm.agree import agreed
-
     rank = dist.get_rank()
     odd = rank == 1
     plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)

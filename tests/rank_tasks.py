@@ -10,9 +10,14 @@ side, turn the ranks' findings of a point into its rows.
 
 from __future__ import annotations
 
+import importlib
 import os
+import signal
+import subprocess
+import threading
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,7 +36,7 @@ from nsa_cp_comm import (
     plan_split,
 )
 from nsa_cp_comm.moe import max_rel_err, tolerance
-from nsa_cp_comm.harness.ranks import rank_device
+from nsa_cp_comm.harness.ranks import announce, rank_device
 
 # torch's NCCL text for mismatched all-gather sizes (docs/design.md, section 3), spelled out here
 # rather than taken from the library, so a changed text fails the tests.
@@ -292,8 +297,6 @@ def cpus() -> list[int]:
 
 def parent_pid(pid: int) -> int:
     """A live process's parent (read in the test process, not a rank task)."""
-    from pathlib import Path
-
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
@@ -309,8 +312,6 @@ def raise_on_last_others_in_collective() -> int:
 def hang_on_one_and_stop_the_last() -> int:
     """Rank 1 hangs (sleeps), the last rank stops itself (SIGSTOP) and rank 0
     waits in an all-reduce that neither joins."""
-    import signal
-
     if dist.get_rank() == 1:
         while True:
             time.sleep(3600)
@@ -344,8 +345,6 @@ def leave_rank_changed(*hows: str, helper_s: int = 987653) -> None:
         elif how == "default_device":
             torch.set_default_device("meta")
         elif how == "start_helper":
-            import subprocess
-
             subprocess.Popen(["sleep", str(helper_s)])
         elif how == "interop_threads":
             torch.set_num_interop_threads(torch.get_num_interop_threads() + 3)  # once per process: no way back
@@ -412,8 +411,6 @@ def _state_change(how: str):
         setattr(owner, name, not saved)
         return lambda: setattr(owner, name, saved)
     if how.startswith("lib:"):  # lib:module.attribute, or lib:module.Class.method
-        import importlib
-
         module_name, _, rest = how.removeprefix("lib:").rpartition(".")
         try:
             owner, name = importlib.import_module(module_name), rest
@@ -431,8 +428,6 @@ def _state_change(how: str):
         os.sched_setaffinity(0, {min(before)} if len(before) > 1 else {(min(before) + 1) % (os.cpu_count() or 1)})
         return lambda: os.sched_setaffinity(0, before)
     if how == "thread":
-        import threading
-
         stop = threading.Event()
         t = threading.Thread(target=stop.wait, name="spinner", daemon=True)
         t.start()
@@ -447,8 +442,6 @@ def _state_change(how: str):
     if how.startswith("torch:"):  # torch:<function>
         return _wrap_in_place(torch, how.removeprefix("torch:"))
     if how.startswith("code:"):  # code:<module>.<function>: its code object swapped, the function kept
-        import importlib
-
         module_name, _, name = how.removeprefix("code:").rpartition(".")
         fn = getattr(importlib.import_module(module_name), name)
         saved = fn.__code__
@@ -500,8 +493,6 @@ def part_in_two_groups() -> int:
     """Rank 0 announces one place and waits in an all-reduce on a second group,
     the others another place and an all-reduce on the world: each waits in a
     collective its peers never enter (no mismatch check sees it)."""
-    from nsa_cp_comm.harness.ranks import announce
-
     other = dist.new_group(list(range(dist.get_world_size())))
     t = torch.ones(1)
     if dist.get_rank() == 0:
@@ -516,8 +507,6 @@ def part_in_two_groups() -> int:
 def slow_rank_then_join(seconds: float) -> int:
     """Rank 0 computes (sleeps) at its own place while the others wait in an
     all-reduce at the next one, then joins them: slow, not parted."""
-    from nsa_cp_comm.harness.ranks import announce
-
     if dist.get_rank() == 0:
         announce("place a")
         time.sleep(seconds)
@@ -530,8 +519,6 @@ def slow_rank_then_join(seconds: float) -> int:
 def daemonize_sleep(seconds: int) -> int:
     """Start ``sleep SECONDS`` as a daemon does: in a session of its own, its
     parent (a shell) gone at once, so it is nobody's child but a subreaper's."""
-    import subprocess
-
     subprocess.run(["sh", "-c", f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 &"], check=True)
     return os.getpid()
 
