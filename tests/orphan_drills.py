@@ -18,6 +18,10 @@ import pytest
 from matrix_cli import REPO, cli_env
 from nsa_cp_comm.harness import RankPool
 
+# Bounds of the drills: a rank's start-up on a loaded machine, and the time
+# the kernel's death signal gets to end a rank (it is sent as the driver dies).
+START_S = 180.0
+DEATH_SIGNAL_S = 10.0
 
 # Starts the driver and reaps, as the subreaper, the driver and every rank it
 # orphans: one line "PID EXITCODE" per process that ended (-N: signal N).

@@ -24,11 +24,10 @@ import rank_tasks
 from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from orphan_drills import _driver_env, _read_line, _reap, end_drill, start_interrupted, start_reaper, stop
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, start_interrupted,
+                           start_reaper, stop)
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
-START_S = 180.0
-DEATH_SIGNAL_S = 10.0
 
 # A sweep-like driver on the fork path: prints the server's pid and its 3 ranks', then sleeps.
 DRIVER = """\

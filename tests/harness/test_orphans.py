@@ -21,7 +21,8 @@ import pytest
 
 import rank_tasks
 from matrix_cli import live_processes, processes_left, run_python
-from orphan_drills import _driver_env, _read_line, _reap, end_drill, read_text, start_interrupted, start_reaper, stop
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, read_text,
+                           start_interrupted, start_reaper, stop)
 from nsa_cp_comm.harness import RankPool, ranks
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
@@ -31,10 +32,6 @@ from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_st
 # generous for a loaded 2-core machine (a rank that had not yet reached those
 # statements must first finish starting the interpreter).
 GONE_WITHIN_S = 30.0
-# Bounds of the drill: a rank's start-up on a loaded machine, and the time
-# the kernel's death signal gets to end a rank (it is sent as the driver dies).
-START_S = 180.0
-DEATH_SIGNAL_S = 10.0
 
 # A sweep-like driver: torch loaded, 3 ranks started through the drill's gate.
 DRIVER = """\
