@@ -4,6 +4,7 @@ and a rank start interrupted in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -56,10 +57,8 @@ def end_drill(reaper: subprocess.Popen, pids: Iterable[int], ended: dict[int, in
     the reaper: its own children go with it."""
     for pid in pids:
         if pid and pid not in ended:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     reaper.kill()
     reaper.wait()
 

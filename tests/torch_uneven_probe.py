@@ -25,6 +25,7 @@ upgrade).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -186,11 +187,7 @@ def rank_main(rank: int, trial: Trial, store_path: str) -> None:
 
 def _events(path: Path) -> list[dict]:
     out = []
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
+    for line in path.read_text().splitlines():  # created before its rank started
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -201,14 +198,10 @@ def _events(path: Path) -> list[dict]:
 def _kill(proc: subprocess.Popen) -> None:
     """Kill a rank we started, and anything it started (its own session)."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a zombie we cannot reap
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a zombie we cannot reap
-        pass
 
 
 def run_trial(trial: Trial, *, hang_s: float | None = None, start_timeout_s: float = 180.0,

@@ -11,6 +11,7 @@ Where ranks outnumber the CPUs, each is bound to one (``machine.rank_cpus``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -257,10 +258,8 @@ def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec
             assert [rank_tasks.parent_pid(p) for p in pool.pids] == [os.getpid()] * 2
             assert all(r.ok for r in pool.run(rank_tasks.environment_variable, "HOME", timeout_s=60))
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(server.proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
     err = capfd.readouterr().err
     assert f"warning: the rank fork server (pid {server.proc.pid}) does not answer: it is stopped (SIGSTOP?); " \
            "it is replaced, and these ranks start by exec" in err, err
