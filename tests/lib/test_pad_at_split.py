@@ -67,21 +67,16 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
     assert r.even_bitwise_equal is (True if plan.is_even and p * plan.cp_size == plan.total_tokens else None)
 
 
-@pytest.mark.parametrize(
-    "mutation,where,check",
-    [
-        ("dirty_padding", UNEVEN, "padding_zero"),
-        ("dirty_padding", THREE, "padding_zero"),
-        ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
-        # P > every n_r: the padding kept is not the rows of another rank either
-        ("keeps_padding", THREE, "scatter_chunk"),
-        ("mutates_input", EVEN, "input_mutated"),
-        # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
-        ("wrong_p_everywhere", THREE, "physical_len"),
-        ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
-        ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
-    ],
-)
+@pytest.mark.parametrize("mutation,where,check", [
+    ("dirty_padding", UNEVEN, "padding_zero"), ("dirty_padding", THREE, "padding_zero"),
+    ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
+    # P > every n_r: the padding kept is not the rows of another rank either
+    ("keeps_padding", THREE, "scatter_chunk"),
+    ("mutates_input", EVEN, "input_mutated"),
+    # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
+    ("wrong_p_everywhere", THREE, "physical_len"), ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
+    ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
+])
 def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
     res, _ = run(rank_pool, mutation, where)
     r = res["pad_at_split"]
