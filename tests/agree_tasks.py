@@ -7,9 +7,11 @@ import torch
 import torch.distributed as dist
 
 from nsa_cp_comm import legacy_gather, padded_buffer, padded_gather, padded_gather_, padded_scatter, plan_split
+from nsa_cp_comm.agree import _all_dtypes, agree, agreed
 from nsa_cp_comm.harness.checks import checked_group
-from nsa_cp_comm.collectives import all_gather_into
+from nsa_cp_comm.collectives import _BOOKKEEPING, all_gather_into
 from nsa_cp_comm.harness.ranks import rank_device
+from rank_tasks import raised
 
 H = 8
 
@@ -24,33 +26,33 @@ def _cases(rank: int):
     plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
     other = plan_split([1002], 2, policy="zigzag_page", page_size=64)
     odd = rank == 1
-    n = plan.per_rank_tokens[rank]
+    n, m = plan.per_rank_tokens[rank], plan.padded_total
+
+    def buf():  # a usable buffer of its own for each case
+        return padded_buffer(plan, H, dtype=torch.float32)[0]
+
     return {
-        "one_row_too_many": (padded_gather, (_local(plan, rank, rows=n + (1 if odd else 0)), plan)),
-        "hidden_size": (padded_gather, (_local(plan, rank, h=H + (1 if odd else 0)), plan)),
+        "one_row_too_many": (padded_gather, (_local(plan, rank, rows=n + odd), plan)),
+        "hidden_size": (padded_gather, (_local(plan, rank, h=H + odd), plan)),
         "dtype_int32": (padded_gather, (_local(plan, rank, dtype=torch.int32 if odd else torch.float32), plan)),
         "plan_differs": (padded_gather, (_local(other if odd else plan, rank), other if odd else plan)),
         "numpy": (padded_gather, (np.ones((n, H), dtype=np.float32) if odd else _local(plan, rank), plan)),
         "list": (padded_gather, ([[1.0] * H] * n if odd else _local(plan, rank), plan)),
         "none": (padded_gather, (None if odd else _local(plan, rank), plan)),
         "meta": (padded_gather, (_local(plan, rank, device=torch.device("meta")) if odd else _local(plan, rank), plan)),
-        "scatter_rows": (padded_scatter, (torch.zeros(plan.padded_total + (1 if odd else 0), H), plan)),
+        "scatter_rows": (padded_scatter, (torch.zeros(m + odd, H), plan)),
         # layout: decided on the odd rank, refused on every rank before the collective
-        "expanded_full_rank0": (padded_gather_, (torch.ones(1, H).expand(plan.padded_total, H) if rank == 0
-                                                 else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
-        "strided_full": (padded_gather_, (torch.zeros(H, plan.padded_total).t() if odd
-                                          else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
-        "overlapping_full": (padded_gather_, (torch.zeros(plan.padded_total + H).as_strided((plan.padded_total, H), (1, 1))
-                                              if odd else padded_buffer(plan, H, dtype=torch.float32)[0], plan)),
+        "expanded_full_rank0": (padded_gather_, (torch.ones(1, H).expand(m, H) if rank == 0 else buf(), plan)),
+        "strided_full": (padded_gather_, (torch.zeros(H, m).t() if odd else buf(), plan)),
+        "overlapping_full": (padded_gather_, (torch.zeros(m + H).as_strided((m, H), (1, 1)) if odd else buf(), plan)),
         # unchecked (the timed loop's form): the rank's own check, before the collective
         "unchecked_expanded_every_rank": (lambda full, plan: padded_gather_(full, plan, check=False),
-                                          (torch.ones(1, H).expand(plan.padded_total, H), plan)),
-        "requires_grad_full": (padded_gather_, (padded_buffer(plan, H, dtype=torch.float32)[0].requires_grad_(odd),
-                                                plan)),
+                                          (torch.ones(1, H).expand(m, H), plan)),
+        "requires_grad_full": (padded_gather_, (buf().requires_grad_(odd), plan)),
         "requires_grad_local": (padded_gather, (_local(plan, rank).requires_grad_(odd), plan)),
-        "requires_grad_scatter": (padded_scatter, (torch.zeros(plan.padded_total, H, requires_grad=odd), plan)),
-        "legacy_rows": (legacy_gather, (_local(plan := plan_split([1000], 2, policy="zigzag"), rank,
-                                               rows=500 + (1 if odd else 0)), plan)),
+        "requires_grad_scatter": (padded_scatter, (torch.zeros(m, H, requires_grad=odd), plan)),
+        "legacy_rows": (legacy_gather, (_local(plan := plan_split([1000], 2, policy="zigzag"), rank, rows=500 + odd),
+                                        plan)),
     }
 
 
@@ -68,12 +70,7 @@ def bad_input_on_one_rank(label: str) -> dict:
     afterwards still completes (no rank was left inside one)."""
     rank = dist.get_rank()
     fn, args = _cases(rank)[label]
-    try:
-        fn(*args)
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        error = f"{type(exc).__name__}: {exc}"
-    else:
-        error = ""
+    error = raised(lambda: fn(*args))
     t = torch.ones(1)
     dist.all_reduce(t)
     return {"error": error, "after": int(t.item())}
@@ -95,8 +92,6 @@ def mismatched_collective_on_checked_group() -> str:
 def every_dtype_on_every_rank() -> dict[str, str]:
     """Every rank passes the same tensor of each torch dtype to the agreement
     check: ``{dtype: error text}`` for the dtypes it refused (none should be)."""
-    from nsa_cp_comm.agree import _all_dtypes, agree
-
     plan = plan_split([10], 2, policy="zigzag")
     n = plan.per_rank_tokens[dist.get_rank()]
     refused = {}
@@ -117,9 +112,6 @@ def inside_agreed(label: str) -> dict:
     rank's error text, "exchanges": the agreement's collectives inside the
     block (bookkeeping), "after": the all-reduce after it}``. Rank 1 is the
     odd one out where the label says so."""
-    from nsa_cp_comm.collectives import _BOOKKEEPING
-    from nsa_cp_comm.agree import agreed
-
     rank = dist.get_rank()
     odd = rank == 1
     plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)

@@ -3,9 +3,12 @@ whose times differ between the ranks (a scripted clock: no wall-time noise)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch.distributed as dist
 
+from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.calibrate import Calibrator
 from nsa_cp_comm.harness.timing import Clock, Steps, timed_loop
 
@@ -47,10 +50,6 @@ def calibrated_loop(noisy_ranks: tuple[int, ...], max_iters: int) -> dict[str, o
 def slow_loop(sleep_s: float, cap_s: float) -> dict[str, object]:
     """Iterations of ``sleep_s`` each (rank 1 twice as slow) under a hard cap
     of ``cap_s``: the loop must end on both ranks together, before the floor."""
-    import time
-
-    from nsa_cp_comm.harness import calibrate
-
     rank = dist.get_rank()
 
     def fn(i: int) -> None:

@@ -4,6 +4,7 @@ and a rank start interrupted in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -18,6 +19,10 @@ import pytest
 from matrix_cli import REPO, cli_env
 from nsa_cp_comm.harness import RankPool
 
+# Bounds of the drills: a rank's start-up on a loaded machine, and the time
+# the kernel's death signal gets to end a rank (it is sent as the driver dies).
+START_S = 180.0
+DEATH_SIGNAL_S = 10.0
 
 # Starts the driver and reaps, as the subreaper, the driver and every rank it
 # orphans: one line "PID EXITCODE" per process that ended (-N: signal N).
@@ -52,10 +57,8 @@ def end_drill(reaper: subprocess.Popen, pids: Iterable[int], ended: dict[int, in
     the reaper: its own children go with it."""
     for pid in pids:
         if pid and pid not in ended:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     reaper.kill()
     reaper.wait()
 

@@ -10,9 +10,14 @@ side, turn the ranks' findings of a point into its rows.
 
 from __future__ import annotations
 
+import importlib
 import os
+import signal
+import subprocess
+import threading
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,7 +36,7 @@ from nsa_cp_comm import (
     plan_split,
 )
 from nsa_cp_comm.moe import max_rel_err, tolerance
-from nsa_cp_comm.harness.ranks import rank_device
+from nsa_cp_comm.harness.ranks import announce, rank_device
 
 # torch's NCCL text for mismatched all-gather sizes (docs/design.md, section 3), spelled out here
 # rather than taken from the library, so a changed text fails the tests.
@@ -82,6 +87,15 @@ def _legacy_refusal(call) -> tuple[str, float]:
     except ValueError as exc:
         return str(exc), time.perf_counter() - t0
     return "", time.perf_counter() - t0
+
+
+def raised(call) -> str:
+    """``"Type: message"`` of what ``call()`` raised, ``""`` if nothing."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def roundtrip_cases(cases: list[dict]) -> list[dict]:
@@ -239,14 +253,7 @@ def validation_messages(cp: int) -> dict:
         "legacy_scatter_uneven": lambda: legacy_scatter(torch.zeros(uneven.total_tokens, H, device=device), uneven),
         "communicator_impl": lambda: CPLayerCommunicator(even, ScatterMode.FULL, impl="fast"),
     }
-    out = {}
-    for label, call in calls.items():
-        try:
-            call()
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            out[label] = f"{type(exc).__name__}: {exc}"
-        else:
-            out[label] = ""
+    out = {label: raised(call) for label, call in calls.items()}
     # Nobody entered a collective above: this one completes on every rank.
     t = torch.ones(1, device=device)
     dist.all_reduce(t)
@@ -290,8 +297,6 @@ def cpus() -> list[int]:
 
 def parent_pid(pid: int) -> int:
     """A live process's parent (read in the test process, not a rank task)."""
-    from pathlib import Path
-
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
@@ -307,8 +312,6 @@ def raise_on_last_others_in_collective() -> int:
 def hang_on_one_and_stop_the_last() -> int:
     """Rank 1 hangs (sleeps), the last rank stops itself (SIGSTOP) and rank 0
     waits in an all-reduce that neither joins."""
-    import signal
-
     if dist.get_rank() == 1:
         while True:
             time.sleep(3600)
@@ -342,8 +345,6 @@ def leave_rank_changed(*hows: str, helper_s: int = 987653) -> None:
         elif how == "default_device":
             torch.set_default_device("meta")
         elif how == "start_helper":
-            import subprocess
-
             subprocess.Popen(["sleep", str(helper_s)])
         elif how == "interop_threads":
             torch.set_num_interop_threads(torch.get_num_interop_threads() + 3)  # once per process: no way back
@@ -381,26 +382,22 @@ def _state_change(how: str):
         before = torch.get_num_threads()
         torch.set_num_threads(before + 1)
         return lambda: torch.set_num_threads(before)
-    if how == "grad_mode":
-        torch.set_grad_enabled(False)
-        return lambda: torch.set_grad_enabled(True)
-    # the flags torch.use_deterministic_algorithms sets, without the seconds it
-    # spends importing inductor's config on its first call
-    if how == "deterministic":
-        torch._C._set_deterministic_algorithms(True)
-        return lambda: torch._C._set_deterministic_algorithms(False)
-    if how == "deterministic_warn_only":
-        torch._C._set_deterministic_algorithms(False, warn_only=True)
-        return lambda: torch._C._set_deterministic_algorithms(False)
-    if how == "flush_denormal":
-        torch.set_flush_denormal(True)
-        return lambda: torch.set_flush_denormal(False)
-    if how == "default_dtype":
-        torch.set_default_dtype(torch.float64)
-        return lambda: torch.set_default_dtype(torch.float32)
-    if how == "default_device":
-        torch.set_default_device("meta")
-        return lambda: torch.set_default_device(None)
+    determinism = torch._C._set_deterministic_algorithms
+    toggles = {  # how: (change, undo)
+        "grad_mode": (lambda: torch.set_grad_enabled(False), lambda: torch.set_grad_enabled(True)),
+        # the flags torch.use_deterministic_algorithms sets, without the seconds it
+        # spends importing inductor's config on its first call
+        "deterministic": (lambda: determinism(True), lambda: determinism(False)),
+        "deterministic_warn_only": (lambda: determinism(False, warn_only=True), lambda: determinism(False)),
+        "flush_denormal": (lambda: torch.set_flush_denormal(True), lambda: torch.set_flush_denormal(False)),
+        "default_dtype": (lambda: torch.set_default_dtype(torch.float64),
+                          lambda: torch.set_default_dtype(torch.float32)),
+        "default_device": (lambda: torch.set_default_device("meta"), lambda: torch.set_default_device(None)),
+    }
+    if how in toggles:
+        change, undo = toggles[how]
+        change()
+        return undo
     if how == "matmul_precision":
         before = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("medium" if before != "medium" else "high")
@@ -414,8 +411,6 @@ def _state_change(how: str):
         setattr(owner, name, not saved)
         return lambda: setattr(owner, name, saved)
     if how.startswith("lib:"):  # lib:module.attribute, or lib:module.Class.method
-        import importlib
-
         module_name, _, rest = how.removeprefix("lib:").rpartition(".")
         try:
             owner, name = importlib.import_module(module_name), rest
@@ -433,8 +428,6 @@ def _state_change(how: str):
         os.sched_setaffinity(0, {min(before)} if len(before) > 1 else {(min(before) + 1) % (os.cpu_count() or 1)})
         return lambda: os.sched_setaffinity(0, before)
     if how == "thread":
-        import threading
-
         stop = threading.Event()
         t = threading.Thread(target=stop.wait, name="spinner", daemon=True)
         t.start()
@@ -449,8 +442,6 @@ def _state_change(how: str):
     if how.startswith("torch:"):  # torch:<function>
         return _wrap_in_place(torch, how.removeprefix("torch:"))
     if how.startswith("code:"):  # code:<module>.<function>: its code object swapped, the function kept
-        import importlib
-
         module_name, _, name = how.removeprefix("code:").rpartition(".")
         fn = getattr(importlib.import_module(module_name), name)
         saved = fn.__code__
@@ -502,8 +493,6 @@ def part_in_two_groups() -> int:
     """Rank 0 announces one place and waits in an all-reduce on a second group,
     the others another place and an all-reduce on the world: each waits in a
     collective its peers never enter (no mismatch check sees it)."""
-    from nsa_cp_comm.harness.ranks import announce
-
     other = dist.new_group(list(range(dist.get_world_size())))
     t = torch.ones(1)
     if dist.get_rank() == 0:
@@ -518,8 +507,6 @@ def part_in_two_groups() -> int:
 def slow_rank_then_join(seconds: float) -> int:
     """Rank 0 computes (sleeps) at its own place while the others wait in an
     all-reduce at the next one, then joins them: slow, not parted."""
-    from nsa_cp_comm.harness.ranks import announce
-
     if dist.get_rank() == 0:
         announce("place a")
         time.sleep(seconds)
@@ -532,8 +519,6 @@ def slow_rank_then_join(seconds: float) -> int:
 def daemonize_sleep(seconds: int) -> int:
     """Start ``sleep SECONDS`` as a daemon does: in a session of its own, its
     parent (a shell) gone at once, so it is nobody's child but a subreaper's."""
-    import subprocess
-
     subprocess.run(["sh", "-c", f"setsid sleep {seconds} </dev/null >/dev/null 2>&1 &"], check=True)
     return os.getpid()
 

@@ -25,6 +25,8 @@ upgrade).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import signal
@@ -167,14 +169,7 @@ def rank_main(rank: int, trial: Trial, store_path: str) -> None:
             data: dict = {"out_rows": out.shape[0]}
             if trial.op == "gather":
                 # Which rank's value landed in each row, as runs (value, count).
-                col = out[:, 0].cpu().tolist()
-                runs: list[list[float]] = []
-                for v in col:
-                    if runs and runs[-1][0] == v:
-                        runs[-1][1] += 1
-                    else:
-                        runs.append([v, 1])
-                data["runs"] = runs
+                data["runs"] = [[v, len(list(g))] for v, g in itertools.groupby(out[:, 0].cpu().tolist())]
             elif out.shape[0]:
                 src = (out[:, 0].cpu() / trial.cp).tolist()
                 data["source_rows"] = [int(src[0]), int(src[-1])]
@@ -192,11 +187,7 @@ def rank_main(rank: int, trial: Trial, store_path: str) -> None:
 
 def _events(path: Path) -> list[dict]:
     out = []
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return out
-    for line in text.splitlines():
+    for line in path.read_text().splitlines():  # created before its rank started
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -207,14 +198,10 @@ def _events(path: Path) -> list[dict]:
 def _kill(proc: subprocess.Popen) -> None:
     """Kill a rank we started, and anything it started (its own session)."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a zombie we cannot reap
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a zombie we cannot reap
-        pass
 
 
 def run_trial(trial: Trial, *, hang_s: float | None = None, start_timeout_s: float = 180.0,
@@ -275,9 +262,8 @@ def run_trial(trial: Trial, *, hang_s: float | None = None, start_timeout_s: flo
         for r, p in enumerate(procs):
             evs = at_deadline[r]
             kinds = [e["event"] for e in evs]
-            tail = errs[r].read_text(errors="replace")[-2000:]
             rc = p.returncode
-            res = RankOutcome(r, "", returncode=rc, stderr_tail=tail)
+            res = RankOutcome(r, "", returncode=rc, stderr_tail=errs[r].read_text(errors="replace")[-2000:])
             last = next((e for e in evs if e["event"] in ("raised", "returned")), None)
             if last is not None:
                 res.outcome = last["event"]

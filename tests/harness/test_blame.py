@@ -15,11 +15,18 @@ says only what the evidence shows.
 
 from __future__ import annotations
 
+import json
 import re
 
+import torch
+
 from broken_impls import ref as B
+from matrix.app import torchrun_point
+from nsa_cp_comm.harness import RankPool, checks, measure
+from nsa_cp_comm.harness.blame import AT_CHECKS, AT_TIMED, announce_place, diagnose, failed_run
 from nsa_cp_comm.harness.cpgroup import group_rank_of
 from nsa_cp_comm.harness.measure import point_on_rank, run_point
+from nsa_cp_comm.harness.rank_result import RankResult
 from nsa_cp_comm.harness.spec import PointSpec
 from rank_tasks import by_impl
 
@@ -89,8 +96,6 @@ def test_a_raising_implementation_costs_its_own_row(rank_pool):
 
 
 def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdir):
-    from nsa_cp_comm.harness import RankPool
-
     for culprit, status, says in (
         ("raise_in_loop", "error", "RuntimeError: injected fault in the timed loop"),
         ("hang_in_loop", "timeout", "where they waited: "),
@@ -110,8 +115,6 @@ def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdi
 
 
 def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
-    from nsa_cp_comm.harness import RankPool
-
     started = [RankPool(3, workdir=pool_workdir)]
 
     def fresh() -> RankPool:  # kept: the second point has a world of three ranks too
@@ -151,15 +154,10 @@ def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
 
 
 def _at(at, impl="", detail=""):
-    import json
-
     return json.dumps({"at": list(at), "impl": impl, "detail": detail})
 
 
 def test_the_earliest_place_names_the_culprit_and_what_it_did():
-    from nsa_cp_comm.harness.blame import AT_CHECKS, AT_TIMED, diagnose, failed_run
-    from nsa_cp_comm.harness.rank_result import RankResult
-
     spec = point(3, ("padded", "legacy"))  # group rank r is world rank 2 - r
     late = dict(status="timeout", error="no answer within 8s")
     results = [
@@ -195,9 +193,6 @@ def test_the_earliest_place_names_the_culprit_and_what_it_did():
 
 
 def test_a_reason_numbers_ranks_as_the_cp_group_does():
-    from nsa_cp_comm.harness.blame import diagnose
-    from nsa_cp_comm.harness.rank_result import RankResult
-
     spec = point(2, ("padded",), bystanders=1)  # world 0 is bystander 0; group rank r is world rank 2 - r
     got = diagnose(spec, [RankResult(0, "error", error="OSError: y"), RankResult(1, "ok", value={}),
                           RankResult(2, "error", error="ValueError: x")])
@@ -205,10 +200,6 @@ def test_a_reason_numbers_ranks_as_the_cp_group_does():
 
 
 def test_returned_rows_are_found_wherever_they_are_in_the_gathered_buffer(monkeypatch):
-    import torch
-
-    from nsa_cp_comm.harness import checks
-
     monkeypatch.setattr(checks, "_SEARCH_ROWS", 3)  # searched in blocks: matches across a block's edge too
     full = torch.randn(20, 4).to(torch.bfloat16)
     for at, k in [(0, 5), (7, 5), (15, 5), (19, 1), (0, 20)]:
@@ -221,14 +212,6 @@ def test_a_rank_torchrun_started_reports_the_place_it_failed_in(monkeypatch):
     """Ranks torchrun started have no pool to read their place markers: each
     reports the place it last announced with its failure, so the failure is
     blamed on the implementation whose turn it was."""
-    import json
-
-    import torch
-
-    from matrix.app import torchrun_point
-    from nsa_cp_comm.harness import measure
-    from nsa_cp_comm.harness.blame import AT_TIMED, announce_place
-
     def failing(spec, backend):
         announce_place((AT_TIMED, 3), "legacy", "iteration 2")
         raise RuntimeError("boom")

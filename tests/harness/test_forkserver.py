@@ -11,6 +11,7 @@ Where ranks outnumber the CPUs, each is bound to one (``machine.rank_cpus``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,11 +25,10 @@ import rank_tasks
 from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from orphan_drills import _driver_env, _read_line, _reap, end_drill, start_interrupted, start_reaper, stop
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, start_interrupted,
+                           start_reaper, stop)
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
-START_S = 180.0
-DEATH_SIGNAL_S = 10.0
 
 # A sweep-like driver on the fork path: prints the server's pid and its 3 ranks', then sleeps.
 DRIVER = """\
@@ -48,8 +48,7 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     SIGKILL the driver; each one's exit code (-9: SIGKILL) or None if it
     lives on, as ``{"server": .., "rank0": .., ...}``."""
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = dict(_driver_env())
-    env.pop(forkserver.FORK_ENV, None)
+    env = {k: v for k, v in _driver_env().items() if k != forkserver.FORK_ENV}
     reaper = start_reaper(tmp_path, env, str(tmp_path / "work"), *([str(worker)] if worker else []))
     ended: dict[int, int] = {}
     said: list[str] = []
@@ -202,8 +201,7 @@ def test_a_forked_rank_that_ends_while_its_server_is_stopped_is_read_from_the_ke
 
 def test_the_rank_start_benchmark_runs(tmp_path):
     """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
-    env = dict(_driver_env())
-    env.pop(forkserver.FORK_ENV, None)
+    env = {k: v for k, v in _driver_env().items() if k != forkserver.FORK_ENV}
     run = run_python(str(REPO / "benchmarks" / "rank_start.py"), "--cp", "2", "--reps", "3", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     row = run.stdout.splitlines()[-1].split()
@@ -247,8 +245,6 @@ def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec
     the pool's ranks start by exec (children of the starter) and work; a
     fresh server takes its place (before: every later start a StartTimeout
     after twice the start bound)."""
-    import signal
-
     monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
     monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
     monkeypatch.setenv("NSA_TEST_STOPPED_SERVER", uuid.uuid4().hex)  # a server of this test's own
@@ -262,10 +258,8 @@ def test_a_stopped_fork_server_is_named_and_replaced_and_the_ranks_start_by_exec
             assert [rank_tasks.parent_pid(p) for p in pool.pids] == [os.getpid()] * 2
             assert all(r.ok for r in pool.run(rank_tasks.environment_variable, "HOME", timeout_s=60))
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(server.proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
     err = capfd.readouterr().err
     assert f"warning: the rank fork server (pid {server.proc.pid}) does not answer: it is stopped (SIGSTOP?); " \
            "it is replaced, and these ranks start by exec" in err, err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
+import rank_tasks
 from matrix_cli import live_processes, processes_left, run_python
-from orphan_drills import _driver_env, _read_line, _reap, end_drill, read_text, start_interrupted, start_reaper, stop
-from nsa_cp_comm.harness import RankPool
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, read_text,
+                           start_interrupted, start_reaper, stop)
+from nsa_cp_comm.harness import RankPool, ranks
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
 
@@ -29,10 +32,6 @@ from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_st
 # generous for a loaded 2-core machine (a rank that had not yet reached those
 # statements must first finish starting the interpreter).
 GONE_WITHIN_S = 30.0
-# Bounds of the drill: a rank's start-up on a loaded machine, and the time
-# the kernel's death signal gets to end a rank (it is sent as the driver dies).
-START_S = 180.0
-DEATH_SIGNAL_S = 10.0
 
 # A sweep-like driver: torch loaded, 3 ranks started through the drill's gate.
 DRIVER = """\
@@ -171,8 +170,6 @@ def test_an_abandoned_rank_exits_when_its_pipe_closes(tmp_path):
     """A rank waiting in the rendezvous whose starter dropped it (its pipe
     closed) without killing it, e.g. interrupted between starting it and
     recording it, exits by itself."""
-    import socket
-
     ours, theirs = socket.socketpair()
     args = [sys.executable, str(WORKER_PATH), str(os.getpid()), "0", "2", "gloo", "cpu",
             str(tmp_path / "store"), str(theirs.fileno()), "1"]
@@ -191,8 +188,6 @@ def test_an_abandoned_rank_exits_when_its_pipe_closes(tmp_path):
 
 
 def test_stale_rendezvous_files_of_dead_starters_are_removed(tmp_path):
-    import socket
-
     host = socket.gethostname()
     dead = tmp_path / f"{STORE_PREFIX}{host}-999999999-abc"  # no such pid (above pid_max)
     live = tmp_path / f"{STORE_PREFIX}{host}-{os.getpid()}-def"
@@ -219,9 +214,6 @@ def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_
     rank, a child subreaper, it is in the rank's tree and killed with the
     pool. The drill can fail: with a worker that does not become a subreaper
     the daemon goes to init and outlives the pool."""
-    import rank_tasks
-    from nsa_cp_comm.harness import ranks
-
     seconds = 800_000 + os.getpid() % 90_000 + (0 if subreaper else 1)  # this test's own
     if not subreaper:
         source = WORKER_PATH.read_text()

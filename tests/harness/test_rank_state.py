@@ -6,15 +6,26 @@ RNG from (seed, rank), whatever ran before it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
 import pytest
 
 import rank_tasks
+from matrix.app import budget, point
+from matrix.app.config import MatrixConfig
 from matrix_cli import live_processes, processes_left
-from nsa_cp_comm.harness import RankPool
-from nsa_cp_comm.harness.rank_state import check_pool
+from nsa_cp_comm.harness import RankPool, ranks
+from nsa_cp_comm.harness.blame import state_change
+from nsa_cp_comm.harness.cpgroup import group_rank_of
+from nsa_cp_comm.harness.fold import ImplResult
+from nsa_cp_comm.harness.machine import Machine
+from nsa_cp_comm.harness.measure import run_point
+from nsa_cp_comm.harness.rank_result import RankResult
+from nsa_cp_comm.harness.rank_state import STATE_KEY, check_pool
+from nsa_cp_comm.harness.spec import PointSpec
+from nsa_cp_comm.harness.steps import CONTROL
 
 SMALL = dict(hidden_size=64, dtype="float32", warmup=1, iters=2)
 HOSTILE = "tests.hostile_impls"
@@ -23,10 +34,6 @@ HOSTILE = "tests.hostile_impls"
 def _checked_point(pool, impls, seq_lens=(10, 6), **kw):
     """The rows of a small zigzag point of ``impls`` on ``pool``, as a sweep
     gets them: the point run, then the after-point check of its ranks."""
-    from matrix.app import point
-    from nsa_cp_comm.harness.measure import run_point
-    from nsa_cp_comm.harness.spec import PointSpec
-
     spec = PointSpec(seq_lens, 2, "zigzag", impls=impls, **{**SMALL, **kw})
     return point._after_point_check(pool, run_point(spec, pool, timeout_s=60), 60)
 
@@ -104,8 +111,6 @@ def test_a_warm_pool_passes_and_a_changed_rank_is_found_and_its_pool_closed(rank
 
 
 def test_a_point_is_seeded_from_its_seed_and_rank_whatever_ran_before(rank_pool):
-    from nsa_cp_comm.harness.spec import PointSpec
-
     pool = rank_pool(2)
     spec = PointSpec((10, 6), 2, "zigzag", impls=("padded",), seed=3, **SMALL)
     draws = {noise: [r.value for r in pool.run(rank_tasks.rand_after_point, spec, pool.backend, noise, timeout_s=60)]
@@ -172,13 +177,6 @@ def test_a_change_made_in_a_timed_turn_is_blamed_on_that_turn():
     """Ranks whose reports say where their state first changed: the earliest
     step over the ranks names the culprit; a change after the A/A control's
     turn is no implementation's."""
-    from nsa_cp_comm.harness.blame import state_change
-    from nsa_cp_comm.harness.cpgroup import group_rank_of
-    from nsa_cp_comm.harness.rank_result import RankResult
-    from nsa_cp_comm.harness.rank_state import STATE_KEY
-    from nsa_cp_comm.harness.spec import PointSpec
-    from nsa_cp_comm.harness.steps import CONTROL
-
     spec = PointSpec((10, 6), 2, "zigzag", impls=("padded", "legacy"), **SMALL)
 
     def found(impl, seq, what="grad mode is False (was True)"):
@@ -197,10 +195,6 @@ def test_ranks_that_do_not_answer_the_state_check_give_error_rows_not_a_check():
     """A stand-in pool whose state check raised on one rank (the pool then
     closes itself): ``error`` rows without a ``failed_check``, since nothing was
     compared; a row that had already failed keeps its own."""
-    from matrix.app import point
-    from nsa_cp_comm.harness.fold import ImplResult
-    from nsa_cp_comm.harness.rank_result import RankResult
-
     class AnswerlessPool:
         alive = True
 
@@ -235,12 +229,6 @@ def test_a_destroyed_group_is_found_and_a_tasks_helper_process_dies_with_its_ran
 def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch, tmp_path):
     """Start-up has its own bound: startup_timeout_s, else the budget's for the
     world on this machine under its load; a timed-out start is retried once."""
-    import dataclasses
-
-    from matrix.app import budget, point
-    from matrix.app.config import MatrixConfig
-    from nsa_cp_comm.harness import ranks
-
     seen = {}
 
     def fake_pool(*args, **kwargs):
@@ -261,12 +249,6 @@ def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch,
 
 
 def test_the_start_up_bound_grows_with_the_world_and_the_load():
-    import dataclasses
-
-    from matrix.app import budget, point
-    from matrix.app.config import MatrixConfig
-    from nsa_cp_comm.harness.machine import Machine
-
     two_cores = dataclasses.replace(budget.this_machine(), cores=2)
     cfg = {**dataclasses.asdict(MatrixConfig()), "seq_lens": [10], "hidden_size": 64}
     small = point.resolve({**cfg, "cp_size": 2})
@@ -279,8 +261,6 @@ def test_the_start_up_bound_grows_with_the_world_and_the_load():
 
 
 def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch, tmp_path):
-    from nsa_cp_comm.harness import ranks
-
     calls = []
 
     def flaky(kind, fails):
@@ -315,8 +295,6 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
 def _sweep_of_two(workdir, first, monkeypatch=None):
     """Two points as a sweep runs them (ranks from ranks.get_pool, the
     after-point check): ``first`` alone, then padded alone. Their rows."""
-    from nsa_cp_comm.harness import ranks
-
     rows = []
     try:
         for impls in ((first,), ("padded",)):
@@ -347,8 +325,6 @@ def test_a_plug_in_that_fools_the_state_check_still_leaves_the_next_point_fresh_
     bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
     assert bad.status == "ok", bad  # fooled
     assert padded.status == "ok", padded
-    from nsa_cp_comm.harness import ranks
-
     monkeypatch.setattr(ranks.RankPool, "ran_outside_code", property(lambda self: False, lambda self, v: None), raising=False)
     bad, padded = _sweep_of_two(pool_workdir, f"{HOSTILE}:hidden_noop_zero")
     assert bad.status == "ok", bad

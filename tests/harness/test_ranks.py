@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import rank_tasks
+from matrix_cli import live_processes
 from orphan_drills import read_text
 from nsa_cp_comm.harness import RankPool, RankResult, ranks, run_on_ranks
 from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
@@ -111,20 +112,12 @@ def test_run_on_ranks_one_shot_leaves_nothing_running(pool_workdir):
     assert not list(pool_workdir.glob(".rendezvous-*")), "rendezvous file left behind"
 
 
-@pytest.mark.parametrize(
-    "kwargs,match",
-    [
-        (dict(world_size=0), "world_size=0"),
-        (dict(world_size=True), "world_size=True"),
-        (dict(world_size=2.0), "world_size=2.0"),
-        (dict(world_size=2, backend="mpi"), "backend='mpi'"),
-        (dict(world_size=2, device="tpu"), "device='tpu'"),
-        (dict(world_size=2, start_timeout_s=float("nan")), "start_timeout_s=nan must be a positive finite number"),
-        (dict(world_size=2, start_timeout_s=float("inf")), "start_timeout_s=inf must be a positive finite number"),
-        (dict(world_size=2, start_timeout_s=0), "start_timeout_s=0 must be a positive finite number"),
-        (dict(world_size=2, start_timeout_s=True), "start_timeout_s=True must be a positive finite number"),
-    ],
-)
+@pytest.mark.parametrize("kwargs,match", [
+    *[(dict(world_size=bad), f"world_size={bad}") for bad in (0, True, 2.0)],
+    (dict(world_size=2, backend="mpi"), "backend='mpi'"), (dict(world_size=2, device="tpu"), "device='tpu'"),
+    *[(dict(world_size=2, start_timeout_s=bad), f"start_timeout_s={bad} must be a positive finite number")
+      for bad in (float("nan"), float("inf"), 0, True)],
+])
 def test_bad_pool_arguments(kwargs, match, tmp_path):
     ws = kwargs.pop("world_size")
     with pytest.raises(ValueError, match=match) as info:
@@ -221,15 +214,7 @@ def test_failed_start_raises_and_leaves_no_process(tmp_path):
     with pytest.raises(RuntimeError, match=r"starting 1 nccl/cpu ranks failed: rank 0 error"):
         RankPool(1, backend="nccl", device="cpu", workdir=tmp_path)
     # the rank's command line names its rendezvous file under tmp_path
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if str(tmp_path).encode() in cmd:
-            left.append(pid)
-    assert left == []
+    assert live_processes(str(tmp_path)) == {}
 
 
 def test_rank_device_outside_a_task():
@@ -306,10 +291,6 @@ def test_a_pool_whose_folder_turned_read_only_closes_without_a_traceback(tmp_pat
     """A results folder made read-only under the sweep: the pool's rendezvous
     and marker files cannot be removed, and are left there (the sweep ends
     with its own line and resume hint, not a traceback from close)."""
-    from pathlib import Path
-
-    from nsa_cp_comm.harness import RankPool
-
     pool = RankPool(1, backend="gloo", device="cpu", workdir=tmp_path)
     real_unlink = Path.unlink
 

@@ -4,10 +4,16 @@ collective (the all-reduce after it completes). Real gloo ranks."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+import torch
 
 import agree_tasks
-from nsa_cp_comm.agree import NOT_A_TENSOR, USABLE, fingerprint, verdict
+import nsa_cp_comm.agree as agree
+from nsa_cp_comm.agree import NOT_A_TENSOR, USABLE, _all_dtypes, _dtype_code, _dtype_text, fingerprint, verdict
 from nsa_cp_comm.plan import plan_split
 
 CASES = {
@@ -34,21 +40,24 @@ CASES = {
 }
 
 
+def answered(results) -> list:
+    """Each rank's answer; every rank must have answered."""
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    return [r.value for r in results]
+
+
 @pytest.mark.parametrize("label", sorted(CASES))
 def test_bad_input_on_one_rank_is_the_same_error_on_every_rank(rank_pool, label):
-    results = rank_pool(2).run(agree_tasks.bad_input_on_one_rank, label, timeout_s=60)
-    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-    errors = [r.value["error"] for r in results]
+    answers = answered(rank_pool(2).run(agree_tasks.bad_input_on_one_rank, label, timeout_s=60))
+    errors = [v["error"] for v in answers]
     assert errors[0] == errors[1], errors  # the same text on every rank
     assert errors[0].startswith("ValueError: ") and CASES[label] in errors[0], errors[0]
     assert "\n" not in errors[0]
-    assert [r.value["after"] for r in results] == [2, 2]  # nobody was left in a collective
+    assert [v["after"] for v in answers] == [2, 2]  # nobody was left in a collective
 
 
 def test_a_tensor_that_requires_grad_is_usable_with_grad_mode_off(rank_pool):
-    results = rank_pool(2).run(agree_tasks.grad_off_on_every_rank, timeout_s=60)
-    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-    assert [r.value for r in results] == [[80], [80]]
+    assert answered(rank_pool(2).run(agree_tasks.grad_off_on_every_rank, timeout_s=60)) == [[80], [80]]
 
 
 def test_the_layout_verdict_rests_on_the_layout_kind(monkeypatch):
@@ -56,15 +65,10 @@ def test_the_layout_verdict_rests_on_the_layout_kind(monkeypatch):
     expanded buffer on one rank reads as usable, every rank enters the
     collective and torch raises on that rank only, mid-collective. The
     rank test above sees the verdict only through this field."""
-    import torch
-
-    import nsa_cp_comm.agree as agree
-
     plan = plan_split([10], 2, policy="zigzag")
     m = plan.padded_total
     expanded = torch.ones(1, 4).expand(m, 4)
-    prints = [agree.fingerprint("f", expanded, plan, m, in_place=True), agree.fingerprint("f", torch.ones(m, 4), plan, m,
-                                                                                         in_place=True)]
+    prints = [agree.fingerprint("f", t, plan, m, in_place=True) for t in (expanded, torch.ones(m, 4))]
     assert prints[0][0] == agree.EXPANDED and "f on rank 0 is expanded" in agree.verdict("f", prints)
     # the out-of-place forms copy their input: an expanded local is fine there
     assert agree.fingerprint("f", expanded, plan, m)[0] == agree.USABLE
@@ -81,16 +85,12 @@ def test_the_layout_verdict_rests_on_the_layout_kind(monkeypatch):
 
 def test_correctness_group_turns_a_mismatched_collective_into_an_error(rank_pool):
     """Without the consistency wrapper gloo aborts the process (SIGABRT)."""
-    results = rank_pool(2).run(agree_tasks.mismatched_collective_on_checked_group, timeout_s=90)
-    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-    for r in results:
-        assert r.value.startswith("RuntimeError: Detected mismatch between collectives"), r.value
+    for value in answered(rank_pool(2).run(agree_tasks.mismatched_collective_on_checked_group, timeout_s=90)):
+        assert value.startswith("RuntimeError: Detected mismatch between collectives"), value
 
 
 def test_verdict_is_decided_from_the_fingerprints_alone():
     plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
-    import torch
-
     good = [fingerprint("g", torch.ones(n, 4), plan, n) for n in plan.per_rank_tokens]
     assert all(p[0] == USABLE for p in good) and verdict("g", good) is None
     bad = [good[0], fingerprint("g", [1, 2], plan, 512)]
@@ -105,10 +105,6 @@ def test_verdict_is_decided_from_the_fingerprints_alone():
 def test_dtype_codes_are_the_same_in_every_process_and_distinct():
     """String hashing differs between processes: codes from it made ranks that
     all passed int16 (or float8, complex64) 'disagree on dtype'."""
-    import os
-    import subprocess
-    import sys
-
     code = ("from nsa_cp_comm.agree import _all_dtypes, _dtype_code; "
             "print(sorted((str(d), _dtype_code(d)) for d in set(_all_dtypes())))")
     outs = set()
@@ -117,17 +113,13 @@ def test_dtype_codes_are_the_same_in_every_process_and_distinct():
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout)
     assert len(outs) == 1, "dtype codes differ between processes"
-    from nsa_cp_comm.agree import _all_dtypes, _dtype_code, _dtype_text
-
     dtypes = set(_all_dtypes())
     assert len({_dtype_code(d) for d in dtypes}) == len(dtypes)
     assert all(_dtype_text(_dtype_code(d)) == str(d) for d in dtypes)
 
 
 def test_every_dtype_on_every_rank_agrees(rank_pool):
-    results = rank_pool(2).run(agree_tasks.every_dtype_on_every_rank, timeout_s=60)
-    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-    assert [r.value for r in results] == [{}, {}]
+    assert answered(rank_pool(2).run(agree_tasks.every_dtype_on_every_rank, timeout_s=60)) == [{}, {}]
 
 
 def test_an_agreed_block_costs_one_exchange_and_still_refuses_what_differs(rank_pool):
@@ -139,10 +131,9 @@ def test_an_agreed_block_costs_one_exchange_and_still_refuses_what_differs(rank_
     pool = rank_pool(2)
 
     def run(label):
-        results = pool.run(agree_tasks.inside_agreed, label, timeout_s=60)
-        assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-        assert [r.value["after"] for r in results] == [2, 2]
-        return [r.value for r in results]
+        answers = answered(pool.run(agree_tasks.inside_agreed, label, timeout_s=60))
+        assert [v["after"] for v in answers] == [2, 2]
+        return answers
 
     covered = run("covered")
     assert [v["error"] for v in covered] == ["", ""] and [v["exchanges"] for v in covered] == [0, 0]

@@ -8,8 +8,6 @@ gloo ranks, through the matrix path (``run_point``) where it can.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,7 +29,6 @@ from nsa_cp_comm.roundtrip import (
 )
 from rank_tasks import by_impl, folded
 
-REPO = Path(__file__).resolve().parents[2]
 H = 32
 TIMEOUT_S = 120.0
 
@@ -301,18 +298,11 @@ def _alternatives_on_rank(cases):
         experts = moe.experts_of(rank, cp)
         x_recv, handle = alternatives.a2a_dispatch(local, idx, weight, len(experts))
         a2a_out = alternatives.a2a_combine(alternatives.a2a_experts(moe, x_recv, handle, experts), handle)
-        out.append(
-            dict(
-                gather_exact=bitwise_equal(full, gathered),
-                sumlen_shape=tuple(res.shape),
-                sumlen_err=max_rel_err(res, ref) if res.shape == ref.shape else float("inf"),
-                a2a_shape=tuple(a2a_out.shape),
-                a2a_dtype=str(a2a_out.dtype),
-                a2a_err=max_rel_err(a2a_out, ref) if a2a_out.shape == ref.shape else float("inf"),
-                rows_sent=handle.rows_sent,
-                rows_received=handle.rows_received,
-            )
-        )
+        out.append(dict(gather_exact=bitwise_equal(full, gathered), sumlen_shape=tuple(res.shape),
+                        sumlen_err=max_rel_err(res, ref) if res.shape == ref.shape else float("inf"),
+                        a2a_shape=tuple(a2a_out.shape), a2a_dtype=str(a2a_out.dtype),
+                        a2a_err=max_rel_err(a2a_out, ref) if a2a_out.shape == ref.shape else float("inf"),
+                        rows_sent=handle.rows_sent, rows_received=handle.rows_received))
     return out
 
 

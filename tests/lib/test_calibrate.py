@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from matrix.app.config import ConfigError, MatrixConfig, validate, validate_value
+from matrix.review.compare import DEFAULT_THRESHOLD, parse_threshold
 from matrix.store.samples import lines_for
+from matrix_cli import run_matrix
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.calibrate import decide, median_ci, relative_width
+from nsa_cp_comm.harness.significance import POWER_MIN, power, resolved_change
 from nsa_cp_comm.harness.spec import PointSpec
 
 import calibrate_tasks
@@ -72,9 +75,6 @@ def test_the_hard_cap_bounds_the_floor_too():
 def test_the_power_asked_for_is_compares():
     """The loop asks for the change and power compare's gate judges by: twice
     its default threshold, and no less power than compare requires."""
-    from matrix.review.compare import DEFAULT_THRESHOLD, parse_threshold
-    from nsa_cp_comm.harness.significance import POWER_MIN, power, resolved_change
-
     assert calibrate.GATE_CHANGE == pytest.approx(resolved_change(parse_threshold(DEFAULT_THRESHOLD)))
     assert calibrate.POWER_TARGET >= POWER_MIN
     xs = np.random.default_rng(3).lognormal(0, 0.5, 80)
@@ -153,8 +153,6 @@ def test_the_time_cap_is_shortened_only_by_seconds_within_it(monkeypatch, tmp_pa
     with pytest.raises(ConfigError, match=r"^NSA_CP_AUTO_MAX_S='ten': must be seconds"):
         validate(cfg)
     validate({**cfg, "iters": 8})  # read only where iters=auto
-    from matrix_cli import run_matrix
-
     run = run_matrix(tmp_path / "r", "cp_size=2", "hidden_size=64", "iters=auto", multirun=False)
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert run.returncode == 2 and lines == ["error: NSA_CP_AUTO_MAX_S='ten': must be seconds in (0, 30]"], run.stderr

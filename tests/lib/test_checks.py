@@ -35,17 +35,11 @@ def test_healthy_points_pass(rank_pool):
     assert even["legacy"].status == "ok"
 
 
-@pytest.mark.parametrize(
-    "broken,where,check",
-    [
-        ("offset_by_one", UNEVEN, "gather_rows"),
-        ("offset_by_one", EVEN, "gather_rows"),
-        ("dirty_padding", UNEVEN, "padding_zero"),
-        ("chunk_off_by_one", UNEVEN, "scatter_chunk"),
-        ("chunk_off_by_one", EVEN, "scatter_chunk"),
-        ("mutates_input", UNEVEN, "input_mutated"),
-    ],
-)
+@pytest.mark.parametrize("broken,where,check", [
+    ("offset_by_one", UNEVEN, "gather_rows"), ("offset_by_one", EVEN, "gather_rows"),
+    ("dirty_padding", UNEVEN, "padding_zero"), ("chunk_off_by_one", UNEVEN, "scatter_chunk"),
+    ("chunk_off_by_one", EVEN, "scatter_chunk"), ("mutates_input", UNEVEN, "input_mutated"),
+])
 def test_broken_padded_path_fails_its_check(rank_pool, broken, where, check):
     res = run(rank_pool, where=where, impls=(B(broken), "legacy"))[B(broken)]
     assert res.status == "failed" and res.correct is False, res

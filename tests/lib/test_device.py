@@ -5,6 +5,8 @@ without a GPU through a recording stand-in for torch.cuda's calls."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -76,8 +78,6 @@ def test_timed_loop_syncs_the_steps_device(monkeypatch):
 @pytest.mark.requires_gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="requires a CUDA GPU")
 def test_clock_on_a_real_gpu_from_a_thread_that_never_set_the_device():
-    import threading
-
     dev = torch.device("cuda", torch.cuda.device_count() - 1)
     box = {}
 

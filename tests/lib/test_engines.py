@@ -14,13 +14,17 @@ caught. ``HYPOTHESIS_PROFILE=fuzz`` runs thousands of batches (tests/conftest.py
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from matrix.app.config import MatrixConfig, validate
+from matrix.app.resolve import resolve
 from matrix.scale import plans
 from matrix.scale.workload import Batches
 from nsa_cp_comm import engines
+from nsa_cp_comm import plan as plan_mod
 from nsa_cp_comm.plan import POLICIES, ceil_align
 
 pytest.importorskip("hypothesis", reason="the property tests need hypothesis (the test extra)")
@@ -236,8 +240,6 @@ def test_a_wrong_chunk_size_or_padding_placement_is_caught(monkeypatch):
     blocks (zigzag's) instead of ceil-sized chunks, and the contiguous split with slices of
     ``T // tp + 1`` instead of ``ceil(T / tp)`` (on [6] at tp 3: ranks (3, 3, 0), the padding a
     whole rank where the engine has none)."""
-    from nsa_cp_comm import plan as plan_mod
-
     assert mismatches(VLLM, [5], 2, "dual_chunk_swap", 1) == []
     assert mismatches(ASCEND, [6], 3, "contiguous", 1) == []
     monkeypatch.setattr(plan_mod, "_chunk_blocks", plan_mod._even_blocks)
@@ -289,8 +291,6 @@ def test_the_issue_example_and_the_refusal_share():
 
 
 def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
-    from pathlib import Path
-
     conf = Path(__file__).resolve().parents[2] / "conf" / "engine"
     assert sorted(p.stem for p in conf.glob("*.yaml")) == sorted(engines.NAMES)
     for name in engines.NAMES:
@@ -304,9 +304,6 @@ def test_every_engine_has_its_yaml_and_its_module_cites_its_source():
 # -- a matrix point follows its engine --------------------------------------------------------
 
 def _resolved(**cfg):
-    from matrix.app.config import MatrixConfig, validate
-    from matrix.app.resolve import resolve
-
     full = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r", **cfg}
     validate(full)
     return resolve(full, gpus=0)

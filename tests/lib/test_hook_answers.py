@@ -51,9 +51,8 @@ def test_a_row_stride_is_held_to_its_range():
 
 def test_without_the_check_a_stride_of_zero_breaks_the_fold(monkeypatch):
     monkeypatch.setattr(impls, "_valid_stride", lambda impl, plan, stride: stride)
-    assert impls.hook_error(_impl("stride_zero"), "gloo", PLAN).startswith("impl 'tests.broken_impls:stride_zero': "
-                                                                          "its answers about the plan raised "
-                                                                          "ZeroDivisionError")
+    assert impls.hook_error(_impl("stride_zero"), "gloo", PLAN).startswith(
+        "impl 'tests.broken_impls:stride_zero': its answers about the plan raised ZeroDivisionError")
     with pytest.raises(ZeroDivisionError):
         _impl("stride_zero").plan_columns(PLAN)
 

@@ -4,12 +4,13 @@ through measure.run_point on real ranks."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from nsa_cp_comm import ReferenceMoE
-from nsa_cp_comm.harness import RankPool
+from nsa_cp_comm.harness import RankPool, timing
 from nsa_cp_comm.harness.measure import PointSpec, run_point
 from nsa_cp_comm.moe import max_rel_err, tolerance
 from nsa_cp_comm.harness.timing import (
@@ -139,10 +140,6 @@ def test_phases_fold_to_collective_and_roundtrip():
 
 
 def test_cpu_clock_reads_perf_counter_in_microseconds(monkeypatch):
-    from types import SimpleNamespace
-
-    from nsa_cp_comm.harness import timing
-
     ticks = iter([10.0, 10.25])
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
     clock = Clock(torch.device("cpu"))
@@ -225,19 +222,11 @@ def test_point_needs_a_pool_of_its_world_size(rank_pool):
         run_point(small(cp_size=3, num_experts=6), rank_pool(2), timeout_s=10)
 
 
-@pytest.mark.parametrize(
-    "kw,match",
-    [
-        (dict(dtype="float16"), "dtype='float16'"),
-        (dict(impls=("fast",)), "impl='fast'"),
-        (dict(hidden_size=0), "hidden_size=0"),
-        (dict(iters=0), "iters=0"),
-        (dict(warmup=-1), "warmup=-1"),
-        (dict(num_experts=3), "num_experts=3"),
-        (dict(topk=5), "topk=5"),
-        (dict(mode="HALF"), "HALF"),
-    ],
-)
+@pytest.mark.parametrize("kw,match", [
+    (dict(dtype="float16"), "dtype='float16'"), (dict(impls=("fast",)), "impl='fast'"),
+    (dict(hidden_size=0), "hidden_size=0"), (dict(iters=0), "iters=0"), (dict(warmup=-1), "warmup=-1"),
+    (dict(num_experts=3), "num_experts=3"), (dict(topk=5), "topk=5"), (dict(mode="HALF"), "HALF"),
+])
 def test_point_spec_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
         small(**kw)

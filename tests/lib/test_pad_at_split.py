@@ -12,13 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import pad_at_split_tasks
+from matrix.app.config import MatrixConfig, validate
+from matrix.app.point import build_rows
+from matrix.app.resolve import resolve
+from matrix.review import designs, report
+from matrix.review._review import m_stride
 from matrix.scale import plans
 from matrix.scale.workload import Batches
 from matrix_cli import run_matrix
 from nsa_cp_comm import impls
+from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 from nsa_cp_comm.harness.spec import PointSpec
 from rank_tasks import folded
@@ -60,21 +67,16 @@ def test_pad_at_split_passes_every_check(rank_pool, where):
     assert r.even_bitwise_equal is (True if plan.is_even and p * plan.cp_size == plan.total_tokens else None)
 
 
-@pytest.mark.parametrize(
-    "mutation,where,check",
-    [
-        ("dirty_padding", UNEVEN, "padding_zero"),
-        ("dirty_padding", THREE, "padding_zero"),
-        ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
-        # P > every n_r: the padding kept is not the rows of another rank either
-        ("keeps_padding", THREE, "scatter_chunk"),
-        ("mutates_input", EVEN, "input_mutated"),
-        # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
-        ("wrong_p_everywhere", THREE, "physical_len"),
-        ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
-        ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
-    ],
-)
+@pytest.mark.parametrize("mutation,where,check", [
+    ("dirty_padding", UNEVEN, "padding_zero"), ("dirty_padding", THREE, "padding_zero"),
+    ("stride_m", THREE, "gather_rows"),  # m = 434 < P = 438
+    # P > every n_r: the padding kept is not the rows of another rank either
+    ("keeps_padding", THREE, "scatter_chunk"),
+    ("mutates_input", EVEN, "input_mutated"),
+    # P = ceil_align(434, 3) = 435 where the rule gives 438, consistently everywhere: only the engine's rule sees it
+    ("wrong_p_everywhere", THREE, "physical_len"), ("wrong_p_everywhere", SGLANG_THREE, "physical_len"),
+    ("bits_always", THREE, "even_bitwise"),  # even, but P = 438 > 434: not legacy's buffer
+])
 def test_broken_pad_at_split_fails_its_check(rank_pool, mutation, where, check):
     res, _ = run(rank_pool, mutation, where)
     r = res["pad_at_split"]
@@ -118,8 +120,6 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
     skipped = rows[("sglang_0_5_23", "zigzag_page", "pad_at_split")]
     assert skipped["status"] == "skipped" and "SGLang 0.5.23 has no zigzag_page split" in skipped["reason"]
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
-    from matrix.review import report
-
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
     assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
                         "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
@@ -136,11 +136,6 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
     """``padded_total``, ``padding_frac`` and ``claim_holds`` are the buffer each
     implementation moves: ``m * cp`` for the padded communicator, ``P * cp`` for
     pad_at_split (and a padded shard), not the plan's ``max_rank_len`` for all."""
-    from matrix.app.config import MatrixConfig, validate
-    from matrix.app.point import build_rows
-    from matrix.app.resolve import resolve
-    from nsa_cp_comm.harness.fold import ImplResult
-
     cfg = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "designs", "results_dir": "r",
            "cp_size": 3, "seq_lens": [1001, 300]}  # THREE: the batch padded to 1302, n = 434 = m, P = 438
     validate(cfg)
@@ -154,10 +149,6 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
     assert pas["padding_frac"] == pytest.approx(1 - 1302 / 1314)
     assert rows["padded"]["max_rank_len"] == pas["max_rank_len"] == 434  # the plan's own
     # the report's plan sections (the claim, the padding table) read the padded communicator's m * cp buffer
-    import pandas as pd
-
-    from matrix.review._review import m_stride
-
     df = pd.DataFrame([pas, rows["padded"]])
     assert list(m_stride(df)["impl"]) == ["padded"]
 
@@ -165,10 +156,6 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
 def test_the_report_sets_each_engines_plugins_beside_its_rules():
     """An engine's implementations are listed under that engine with its rules;
     a run of the default engine alone has no such section."""
-    import pandas as pd
-
-    from matrix.review import designs
-
     rows = pd.DataFrame([
         {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "dual_chunk_swap", "page_size": 1, "cp_size": 2,
          "status": "ok"},

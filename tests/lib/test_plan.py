@@ -16,13 +16,9 @@ from nsa_cp_comm import POLICIES, plan_split
 
 def test_zigzag_page_single_request_1000_tokens():
     plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
-    assert plan.total_tokens == 1000
-    assert plan.blocks == ((256, 256, 256, 232),)
-    assert plan.per_rank_tokens == (488, 512)
-    assert plan.max_rank_len == 512
-    assert plan.padded_total == 1024
-    assert plan.is_even is False
-    assert plan.claim_holds is False
+    assert (plan.total_tokens, plan.blocks, plan.per_rank_tokens) == (1000, ((256, 256, 256, 232),), (488, 512))
+    assert (plan.max_rank_len, plan.padded_total) == (512, 1024)
+    assert plan.is_even is False and plan.claim_holds is False
     assert plan.padding_frac == pytest.approx(1 - 1000 / 1024)
     # rank 0 holds blocks 0 and 3, rank 1 blocks 1 and 2
     assert plan.rank_indices(0) == tuple(range(0, 256)) + tuple(range(768, 1000))
@@ -31,14 +27,10 @@ def test_zigzag_page_single_request_1000_tokens():
 
 def test_zigzag_two_requests_1001_300():
     plan = plan_split([1001, 300], 2, policy="zigzag")
-    assert plan.total_tokens == 1302
-    assert plan.padded_lens == (1001, 301)
+    assert (plan.total_tokens, plan.padded_lens) == (1302, (1001, 301))
     assert plan.blocks == ((251, 250, 250, 250), (76, 75, 75, 75))
-    assert plan.per_rank_tokens == (652, 650)
-    assert plan.max_rank_len == 652
-    assert plan.padded_total == 1304
-    assert not plan.is_even
-    assert not plan.claim_holds
+    assert (plan.per_rank_tokens, plan.max_rank_len, plan.padded_total) == ((652, 650), 652, 1304)
+    assert not plan.is_even and not plan.claim_holds
     # local order: prev blocks of every request, then next blocks
     r0 = plan.rank_indices(0)
     assert r0 == (tuple(range(0, 251)) + tuple(range(1001, 1077))
@@ -58,9 +50,7 @@ def test_padding_lengthens_only_the_last_request():
 def test_round_robin_owner_is_token_mod_cp():
     plan = plan_split([3, 4], 3, policy="round_robin")
     assert plan.total_tokens == 9
-    assert plan.rank_indices(0) == (0, 3, 6)
-    assert plan.rank_indices(1) == (1, 4, 7)
-    assert plan.rank_indices(2) == (2, 5, 8)
+    assert [plan.rank_indices(r) for r in range(3)] == [(0, 3, 6), (1, 4, 7), (2, 5, 8)]
     # per-request counts: request 0 = tokens 0..2, request 1 = tokens 3..8
     assert plan.blocks == ((1, 1, 1), (2, 2, 2))
     plan = plan_split([2, 7], 3, policy="round_robin")
@@ -84,8 +74,7 @@ def test_zigzag_page_last_page_block_shortened_and_later_blocks_empty():
     # 72 tokens = 5 pages of 16 over 8 blocks: blocks 0..3 one full page each,
     # block 4 holds the last (8-token) page, blocks 5..7 are empty
     plan = plan_split([70], 4, policy="zigzag_page", page_size=16, align=4)
-    assert plan.total_tokens == 72
-    assert plan.blocks == ((16, 16, 16, 16, 8, 0, 0, 0),)
+    assert plan.total_tokens == 72 and plan.blocks == ((16, 16, 16, 16, 8, 0, 0, 0),)
     assert plan.per_rank_tokens == (16, 16, 16, 24)
 
 
@@ -139,9 +128,7 @@ def test_bad_input_names_argument_and_value(override, arg, shown):
     seq_lens, cp = kw.pop("seq_lens"), kw.pop("cp_size")
     with pytest.raises(ValueError) as info:
         plan_split(seq_lens, cp, **kw)
-    msg = str(info.value)
-    assert arg in msg, msg
-    assert shown in msg, msg
+    assert arg in str(info.value) and shown in str(info.value), str(info.value)
 
 
 def test_bad_policy_message_lists_valid_ones():

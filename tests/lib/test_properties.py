@@ -34,6 +34,7 @@ from nsa_cp_comm import (
     padded_scatter,
     plan_split,
 )
+from rank_tasks import int_partial
 
 
 @dataclass(frozen=True)
@@ -311,12 +312,6 @@ def _rows(case: dict, plan: CPPlan, rank: int) -> torch.Tensor:
     return x
 
 
-def _partial(case: dict, plan: CPPlan, rank: int) -> torch.Tensor:
-    # small integers: the sum is exact in any reduction order
-    g = torch.Generator().manual_seed(case["seed"] * 7919 + rank)
-    return torch.randint(-8, 9, (plan.padded_total, case["H"]), generator=g).to(torch.float32)
-
-
 def roundtrip_task(case: dict) -> list[str]:
     """On every rank: gather (plain and zero-copy) and scatter, each compared
     with what this rank computes alone from the plan. Returns the failures."""
@@ -345,8 +340,9 @@ def roundtrip_task(case: dict) -> list[str]:
     if plan.is_even and not torch.equal(legacy_gather(local, plan), buf):
         fails.append("even plan: the padded buffer is not legacy's [T, H] bit for bit")
 
-    want = sum(_partial(case, plan, q) for q in range(cp))[rank * m: rank * m + n]
-    out = padded_scatter(_partial(case, plan, rank), plan)
+    # small integers: the sum is exact in any reduction order
+    want = sum(int_partial(case, plan, q) for q in range(cp))[rank * m: rank * m + n]
+    out = padded_scatter(int_partial(case, plan, rank), plan)
     if tuple(out.shape) != (n, case["H"]) or not torch.equal(out, want):
         fails.append(f"padded_scatter gave {tuple(out.shape)}, want the summed rows [{rank * m}, {rank * m + n})")
     return fails
@@ -361,7 +357,8 @@ ROUNDTRIP_EXAMPLES = max(4, settings.default.max_examples // 10)
        hidden=st.sampled_from([1, 8, 33]), seed=st.integers(0, 2**16))
 def test_padded_round_trip_on_gloo_ranks(rank_pool, b, hidden, seed):
     # the round trip takes the plan's own padding; align is a plan property
-    case = dict(seq_lens=b.seq_lens, cp=b.cp, policy=b.policy, page_size=b.page_size, H=hidden, seed=seed)
+    case = dict(seq_lens=b.seq_lens, cp=b.cp, policy=b.policy, page_size=b.page_size, H=hidden, seed=seed,
+                dtype="float32")
     results = rank_pool(b.cp).run(roundtrip_task, case, timeout_s=120)
     assert [r.status for r in results] == ["ok"] * b.cp, [(r.rank, r.status, r.error) for r in results]
     problems = [f"rank {r.rank}: {msg}" for r in results for msg in r.value]

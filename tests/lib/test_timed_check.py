@@ -9,17 +9,22 @@ import torch
 
 import broken_impls
 from nsa_cp_comm.harness import PointSpec, run_point
+from nsa_cp_comm.harness.measure import point_on_rank
+from nsa_cp_comm.harness.phases import PHASES_KEY, PhaseClock
 from nsa_cp_comm.harness.verify import TimedCheck, _amplitude
 from nsa_cp_comm.impls import get
 from nsa_cp_comm.plan import plan_split
 
 CHEATS = tuple(f"tests.broken_impls:{name}" for name in broken_impls.CHEATS)
+DISPATCH_CHEATS = tuple(f"tests.broken_impls:{name}" for name in broken_impls.DISPATCH_CHEATS)
 HONEST = ("padded", "legacy", "pad_at_split", "padded_zero_copy", "sumlen_allreduce")
 
 
-def _run(rank_pool, cp, lens, *, verify=True, dtype="bfloat16"):
-    spec = PointSpec(lens, cp, policy="zigzag", impls=(*HONEST, *CHEATS), hidden_size=32, dtype=dtype, warmup=1,
-                     iters=12)
+def _run(rank_pool, cp, lens, *, verify=True, dtype="bfloat16", dispatch=False):
+    """A point's rows: the honest implementations and the cheats (``dispatch``: a2a's, SCATTERED)."""
+    kw = (dict(mode="SCATTERED", impls=("a2a", *DISPATCH_CHEATS), iters=6) if dispatch
+          else dict(impls=(*HONEST, *CHEATS), iters=12))
+    spec = PointSpec(lens, cp, policy="zigzag", hidden_size=32, dtype=dtype, warmup=1, **kw)
     return {r.impl: r for r in run_point(spec, rank_pool(cp), timeout_s=120, verify=verify)}
 
 
@@ -129,9 +134,6 @@ def test_a_wrong_gather_a_wrong_scatter_and_a_changed_caller_are_each_counted():
 
 def test_a_point_reports_where_its_time_went(rank_pool):
     # benchmarks/point_phases.py reads these: each phase's seconds and collectives.
-    from nsa_cp_comm.harness.measure import point_on_rank
-    from nsa_cp_comm.harness.phases import PHASES_KEY, PhaseClock
-
     spec = PointSpec((5, 3), 2, policy="zigzag", impls=("padded", "legacy"), hidden_size=16, warmup=1, iters=2)
     for r in rank_pool(2).run(point_on_rank, spec, "gloo", timeout_s=120):
         phases = r.value[PHASES_KEY]
@@ -151,18 +153,9 @@ def test_a_point_reports_where_its_time_went(rank_pool):
 
 # --- dispatch implementations (SCATTERED mode) ---------------------------------------
 
-DISPATCH_CHEATS = tuple(f"tests.broken_impls:{name}" for name in broken_impls.DISPATCH_CHEATS)
-
-
-def _run_dispatch(rank_pool, cp, lens, *, verify=True, dtype="bfloat16"):
-    spec = PointSpec(lens, cp, policy="zigzag", mode="SCATTERED", impls=("a2a", *DISPATCH_CHEATS), hidden_size=32,
-                     dtype=dtype, warmup=1, iters=6)
-    return {r.impl: r for r in run_point(spec, rank_pool(cp), timeout_s=120, verify=verify)}
-
-
 @pytest.mark.parametrize("cp, lens, dtype", [(2, (7, 4), "bfloat16"), (4, (1001, 300), "float32")])
 def test_a_dispatch_that_cheats_in_its_timed_calls_fails_and_a2a_passes(rank_pool, cp, lens, dtype):
-    rows = _run_dispatch(rank_pool, cp, lens, dtype=dtype)
+    rows = _run(rank_pool, cp, lens, dtype=dtype, dispatch=True)
     _honest_pass_cheats_fail(rows, ("a2a",), DISPATCH_CHEATS)
     assert "received rows are not" in rows["tests.broken_impls:a2a_memoised"].reason
     assert "routing weights" in rows["tests.broken_impls:a2a_cached_routing"].reason
@@ -170,12 +163,12 @@ def test_a_dispatch_that_cheats_in_its_timed_calls_fails_and_a2a_passes(rank_poo
     assert "the caller's rows changed" in rows["tests.broken_impls:a2a_zeroes_caller"].reason
 
 
-@pytest.mark.parametrize("run, lens, cheats", [(_run, (3, 3), CHEATS), (_run_dispatch, (7, 4), DISPATCH_CHEATS)],
+@pytest.mark.parametrize("dispatch, lens, cheats", [(False, (3, 3), CHEATS), (True, (7, 4), DISPATCH_CHEATS)],
                          ids=["round_trip", "dispatch"])
-def test_without_the_check_every_cheat_would_pass(rank_pool, run, lens, cheats):
+def test_without_the_check_every_cheat_would_pass(rank_pool, dispatch, lens, cheats):
     # The verdicts above come from the check of every timed iteration: with it
     # off, the same forms (padded's checked calls) are ok.
-    rows = run(rank_pool, 2, lens, verify=False)
+    rows = _run(rank_pool, 2, lens, verify=False, dispatch=dispatch)
     for name in cheats:
         assert rows[name].status == "ok", (name, rows[name].reason)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 import plugin_tasks
+from matrix_cli import run_matrix
 import vllm_plugin_tasks as tasks
 from nsa_cp_comm import impls
 
@@ -88,8 +89,6 @@ def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path):
     """vLLM #53573: the rank a 1-token prefill leaves empty skips the gather its
     peer entered; the row names the rank and what it skipped, and the point
     where no rank is empty is ok (a sweep, as a plug-in author runs it)."""
-    from matrix_cli import run_matrix
-
     run = run_matrix(tmp_path / "res", "impl=tests.vllm_plugin_tasks:skip_on_empty,padded", "engine=vllm_0_33",
                      "+layout=dual_chunk_swap", "cp_size=2", "seq_lens=[1],[7]", "hidden_size=32", "iters=1",
                      "warmup=0", "timeout_s=120")
