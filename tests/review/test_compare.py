@@ -232,12 +232,9 @@ def test_bandwidth_noise_is_relative(tmp_path, capsys):
 
 def test_rows_without_timings_never_gate_on_the_metric(base, tmp_path, capsys):
     # stray values on refused/passthrough rows are not measurements
-    rows = changed(REFUSED, roundtrip_p50_us=1.0)
-    rows[PASSTHROUGH] = {**rows[PASSTHROUGH], "roundtrip_p50_us": 1.0}
-    b = write_run(tmp_path / "b", rows)
-    rows = changed(REFUSED, roundtrip_p50_us=100.0)
-    rows[PASSTHROUGH] = {**rows[PASSTHROUGH], "roundtrip_p50_us": 100.0}
-    n = write_run(tmp_path / "n", rows)
+    b, n = (write_run(tmp_path / name, [{**r, "roundtrip_p50_us": p50} if i in (REFUSED, PASSTHROUGH) else r
+                                        for i, r in enumerate(base_rows())])
+            for name, p50 in (("b", 1.0), ("n", 100.0)))
     code, out, _ = run([b, n], capsys)
     assert code == 0 and counts(out)["regressed"] == "0"
 
