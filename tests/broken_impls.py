@@ -25,6 +25,7 @@ PointSpec's ``impls`` (tests/lib/test_checks.py), or in the padded path's place
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -219,19 +220,10 @@ refuses_late_functional = RoundTripImpl(
 
 
 # --- group: the default group or the global rank -------------------------------
-def _default_group_gather(local, plan, group):
-    # Mistake: the group argument ignored; every collective on the default
-    # group, whose rank order is not the CP group's.
-    return _gather(local, plan, None)
-
-
-def _default_group_scatter(full, plan, group):
-    return _scatter(full, plan, None)
-
-
-default_group = RoundTripImpl(
-    "default_group", _default_group_gather, _default_group_scatter, doc="talks on the default group"
-)
+# Mistake: the group argument ignored; every collective on the default
+# group, whose rank order is not the CP group's.
+default_group = RoundTripImpl("default_group", lambda local, plan, group: _gather(local, plan, None),
+                              lambda full, plan, group: _scatter(full, plan, None), doc="talks on the default group")
 
 
 def _global_rank_scatter(full, plan, group):
@@ -333,18 +325,12 @@ def _packed_slot(plan, rank):
     return plan.rank_offset(rank)
 
 
-def _reused_prepare(plan, hidden, dtype, device, group):
-    return _reused_form(plan, hidden, dtype, device, group, slot_at=_padded_slot)
-
-
-def _diverging_prepare(plan, hidden, dtype, device, group):
-    return _reused_form(plan, hidden, dtype, device, group, slot_at=_packed_slot)
-
-
-reused_buffer = RoundTripImpl("reused_buffer", _gather, _scatter, prepare=_reused_prepare,
-                              doc="a production form with reused buffers, the same as its checked calls")
-diverging_form = RoundTripImpl("diverging_form", _gather, _scatter, prepare=_diverging_prepare,
-                               doc="a production form whose reused buffer takes the rows at the packed offset")
+reused_buffer = RoundTripImpl(
+    "reused_buffer", _gather, _scatter, prepare=functools.partial(_reused_form, slot_at=_padded_slot),
+    doc="a production form with reused buffers, the same as its checked calls")
+diverging_form = RoundTripImpl(
+    "diverging_form", _gather, _scatter, prepare=functools.partial(_reused_form, slot_at=_packed_slot),
+    doc="a production form whose reused buffer takes the rows at the packed offset")
 
 
 # --- timed forms that cheat: right when checked, wrong when timed -----------------

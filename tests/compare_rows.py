@@ -19,12 +19,10 @@ def make_row(impl: str = "padded", cp: int = 2, seq_lens: str = "[512,512]", p50
         cp_size=cp, page_size=1, seq_lens=seq_lens, shared_kv=False, split="zigzag", align=cp,
         moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo", device="cpu", hidden_size=256,
         dtype="float32", num_experts=4, topk=2, warmup=1, iters=5, seed=0, flush_l2=False, engine="seed_fix",
-        shared_expert="none",
-        policy="zigzag", is_even=True, claim_holds=True, status=status, reason="",
+        shared_expert="none", policy="zigzag", is_even=True, claim_holds=True, status=status, reason="",
         correct={"ok": True, "refused": True, "passthrough": True, "failed": False}.get(status),
         roundtrip_p50_us=p50 if timed else None, busbw_padded_GBps=1e4 / p50 if timed else None,
-        roundtrip_iqr_us=1.0 if timed else None,
-        device_name="cpu", overrides="cp_size=2,4",
+        roundtrip_iqr_us=1.0 if timed else None, device_name="cpu", overrides="cp_size=2,4",
     )
     row.update(extra)
     assert set(row) <= set(COLUMNS)

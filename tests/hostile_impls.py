@@ -7,6 +7,7 @@ tests/harness/test_rank_state.py runs the state-changing ones on a warm pool).""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import torch
@@ -16,6 +17,20 @@ from nsa_cp_comm.impls import RoundTripImpl
 from tests.broken_impls import _gather, _scatter
 
 LONG_MESSAGE_CHARS = 229_000
+
+
+def _gathering(effect, *, after=False):
+    """The padded gather, with ``effect()`` called before it (or after it)."""
+
+    def gather(local, plan, group):
+        if not after:
+            effect()
+        out = _gather(local, plan, group)
+        if after:
+            effect()
+        return out
+
+    return gather
 
 
 def _long_error_gather(local, plan, group):
@@ -29,13 +44,13 @@ SLEEP_MARK = "987654"
 _started: list[subprocess.Popen] = []
 
 
-def _spawning_gather(local, plan, group):
+def _sleep_once(mark: str, new_session: bool) -> None:
     if not _started:  # a helper daemon, started once per rank and never waited for
-        _started.append(subprocess.Popen(["sleep", SLEEP_MARK], start_new_session=False))
-    return _gather(local, plan, group)
+        _started.append(subprocess.Popen(["sleep", mark], start_new_session=new_session))
 
 
-spawns_helper = RoundTripImpl("spawns_helper", _spawning_gather, _scatter, doc="leaves a sleep running")
+spawns_helper = RoundTripImpl("spawns_helper", _gathering(lambda: _sleep_once(SLEEP_MARK, False)), _scatter,
+                              doc="leaves a sleep running")
 
 
 def _float64_scatter(full, plan, group):
@@ -50,14 +65,14 @@ sets_float64 = RoundTripImpl("sets_float64", _gather, _float64_scatter, doc="set
 _THREADS: list[int] = []
 
 
-def _threads_gather(local, plan, group):
+def _set_threads() -> None:
     if not _THREADS:  # 7, unless the rank started with 7
         _THREADS.append(5 if torch.get_num_threads() == 7 else 7)
     torch.set_num_threads(_THREADS[0])  # a global changed and never restored
-    return _gather(local, plan, group)
 
 
-sets_threads = RoundTripImpl("sets_threads", _threads_gather, _scatter, doc="sets torch's intra-op threads to 7")
+sets_threads = RoundTripImpl("sets_threads", _gathering(_set_threads), _scatter,
+                             doc="sets torch's intra-op threads to 7")
 
 
 def _wrap_all_gather() -> None:
@@ -78,21 +93,11 @@ def _wrap_all_gather() -> None:
             setattr(module, ALL_GATHER_NAME, traced)
 
 
-def _wrapping_gather(local, plan, group):
-    _wrap_all_gather()
-    return _gather(local, plan, group)
-
-
-wraps_all_gather = RoundTripImpl("wraps_all_gather", _wrapping_gather, _scatter,
+wraps_all_gather = RoundTripImpl("wraps_all_gather", _gathering(_wrap_all_gather), _scatter,
                                  doc="wraps torch.distributed's all-gather on its first call")
-
-
-def _precision_gather(local, plan, group):
-    torch.set_float32_matmul_precision("medium")  # TF32-class matmuls from now on, never restored
-    return _gather(local, plan, group)
-
-
-sets_matmul_precision = RoundTripImpl("sets_matmul_precision", _precision_gather, _scatter,
+# TF32-class matmuls from now on, never restored
+sets_matmul_precision = RoundTripImpl("sets_matmul_precision",
+                                      _gathering(lambda: torch.set_float32_matmul_precision("medium")), _scatter,
                                       doc="sets torch's float32 matmul precision to medium")
 
 
@@ -131,9 +136,7 @@ def _late_change_form(plan, hidden, dtype, device, group):
     def scatter():
         calls.append(1)
         if len(calls) == 2:
-            if not _THREADS:
-                _THREADS.append(5 if torch.get_num_threads() == 7 else 7)
-            torch.set_num_threads(_THREADS[0])
+            _set_threads()
         return form.scatter()
 
     return dataclasses.replace(form, scatter=scatter)
@@ -200,48 +203,28 @@ enters_function_mode = RoundTripImpl("enters_function_mode", _traced_gather, _sc
                                      doc="enters a TorchFunctionMode and never leaves it")
 
 
-def _nice_gather(local, plan, group):
-    import os
-
-    out = _gather(local, plan, group)
+def _renice() -> None:
     if os.getpriority(os.PRIO_PROCESS, 0) < 19:
         os.nice(19)
-    return out
 
 
-renices_rank = RoundTripImpl("renices_rank", _nice_gather, _scatter, doc="os.nice(19) on its rank")
+renices_rank = RoundTripImpl("renices_rank", _gathering(_renice, after=True), _scatter,
+                             doc="os.nice(19) on its rank")
 
 
-def _spinning_gather(local, plan, group):
+def _spin() -> None:
     import threading
 
-    out = _gather(local, plan, group)
     if not any(t.name == "hostile-spinner" for t in threading.enumerate()):
         threading.Thread(target=lambda: [None for _ in iter(int, 1)], name="hostile-spinner", daemon=True).start()
-    return out
 
 
-leaves_thread_spinning = RoundTripImpl("leaves_thread_spinning", _spinning_gather, _scatter,
+leaves_thread_spinning = RoundTripImpl("leaves_thread_spinning", _gathering(_spin, after=True), _scatter,
                                        doc="starts a thread that spins forever")
-
-
-def _env_gather(local, plan, group):
-    import os
-
-    os.environ["NSA_CP_AUTO_MAX_S"] = "0.5"
-    return _gather(local, plan, group)
-
-
-leaks_env = RoundTripImpl("leaks_env", _env_gather, _scatter, doc="sets NSA_CP_AUTO_MAX_S=0.5 in its rank")
+leaks_env = RoundTripImpl("leaks_env", _gathering(lambda: os.environ.update(NSA_CP_AUTO_MAX_S="0.5")), _scatter,
+                          doc="sets NSA_CP_AUTO_MAX_S=0.5 in its rank")
 
 SESSION_MARK = "876543"
-
-
-def _session_gather(local, plan, group):
-    if not _started:  # a daemon in a session of its own, never waited for
-        _started.append(subprocess.Popen(["sleep", SESSION_MARK], start_new_session=True))
-    return _gather(local, plan, group)
-
-
-spawns_session_helper = RoundTripImpl("spawns_session_helper", _session_gather, _scatter,
-                                      doc="leaves a sleep running in a new session")
+# a daemon in a session of its own, never waited for
+spawns_session_helper = RoundTripImpl("spawns_session_helper", _gathering(lambda: _sleep_once(SESSION_MARK, True)),
+                                      _scatter, doc="leaves a sleep running in a new session")

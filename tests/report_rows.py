@@ -25,19 +25,10 @@ def bench_review():
     return mod
 
 
-def make_row(
-    impl: str = "padded",
-    policy: str = "zigzag",
-    cp: int = 2,
-    page: int = 1,
-    seq_lens: tuple[int, ...] = (512, 512),
-    p50: float | None = 100.0,
-    status: str = "ok",
-    correct: bool | None = True,
-    padded_total: int | None = None,
-    iqr: float | None = None,
-    **extra: object,
-) -> dict[str, object]:
+def make_row(impl: str = "padded", policy: str = "zigzag", cp: int = 2, page: int = 1,
+             seq_lens: tuple[int, ...] = (512, 512), p50: float | None = 100.0, status: str = "ok",
+             correct: bool | None = True, padded_total: int | None = None, iqr: float | None = None,
+             **extra: object) -> dict[str, object]:
     """One schema row; plan numbers are given, not computed (keeps the test independent of the planner)."""
     total = sum(seq_lens)
     padded = total if padded_total is None else padded_total

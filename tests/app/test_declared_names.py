@@ -6,10 +6,6 @@ reference-named rows with a newer run's declared name."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from matrix.review import compare
 from matrix.app.point import declared_name, row_names
 from nsa_cp_comm import impls
@@ -60,8 +56,7 @@ def _rows(impl: str, origin: str) -> list[dict[str, object]]:
     return [make_row(impl, impl_origin=origin), make_row("padded", impl_origin="nsa_cp_comm 0.1.0")]
 
 
-def test_compare_joins_a_reference_named_run_with_a_declared_named_one(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]):
+def test_compare_joins_a_reference_named_run_with_a_declared_named_one(tmp_path, capsys):
     origin = "engine_comm.adapter 0.3.1"
     old = write_run(tmp_path / "old", _rows("engine_comm.adapter:impl", origin))
     new = write_run(tmp_path / "new", _rows("engine_comm", origin))

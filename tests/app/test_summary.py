@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from matrix.app import summary
 
 from compare_rows import make_row, write_run
 
 
-def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Path) -> None:
+def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path):
     """Two failing rows of one point are one failing point; a point without a row is one missing point."""
     write_run(tmp_path, [make_row("padded", status="error", point_id="p1"),
                          make_row("legacy", status="timeout", point_id="p1"),
@@ -24,7 +22,7 @@ def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path: Pat
     assert summary.render(counts, []) == "matrix summary: 1 point, 2 rows: ok 2, failed 0, error 0, timeout 0"
 
 
-def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
+def test_rows_too_few_to_be_significant_are_named(tmp_path):
     """The smoke preset's iters=3 can never fail compare's test: the summary says so;
     iters=auto and 5 or more are silent, as are rows that were not timed."""
     write_run(tmp_path, [make_row("padded", point_id="p1", iters=3), make_row("legacy", point_id="p1", iters=3),
@@ -39,7 +37,7 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path: Path) -> None:
     assert "samples too few" not in summary.render(counts, [])
 
 
-def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row() -> None:
+def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row():
     from matrix.app.summary import CUT_MARK, REASON_CHARS, clipped, describe
 
     short = "rank 1 never entered _ALLGATHER_BASE"
@@ -53,7 +51,7 @@ def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row() -
     assert long.startswith(kept) and long[len(kept)] == " "
 
 
-def test_a_point_swept_over_its_impls_is_one_point(tmp_path: Path) -> None:
+def test_a_point_swept_over_its_impls_is_one_point(tmp_path):
     """`impl=mine,padded` under -m makes a job per point and impl (two point
     ids); the summary counts the configuration once, as the report does."""
     write_run(tmp_path, [make_row("padded", point_id="a1"), make_row("legacy", status="error", point_id="a2"),
@@ -67,7 +65,7 @@ def test_a_point_swept_over_its_impls_is_one_point(tmp_path: Path) -> None:
         "failed, error or timeout: 1 row of 1 point; missing 1 point (wrote no row)")
 
 
-def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path: Path) -> None:
+def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path):
     """The conformance preset swept over two impls, cut to 2 configurations:
     its dry run, its closing summary and its report (report.md's verdict line,
     report.json) all say 2 points and 4 rows (a point: a configuration; a row:

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -214,22 +215,14 @@ def test_every_session_runs_in_the_one_shared_environment():
     assert NOX.STAMP.parent == NOX.SHARED_ENV
 
 
-class FakeSession:
-    def __init__(self, posargs=()):
-        self.posargs = list(posargs)
-        self.env = {}
-        self.calls = []
-
-    def run(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-
-
 @pytest.fixture
 def fake(monkeypatch):
+    """A session of the noxfile run on a stand-in: its one run call, ``(args, kwargs)``."""
     monkeypatch.setattr(NOX, "shared_python", lambda session: "PY")
 
     def call(session_name, *posargs):
-        s = FakeSession(posargs)
+        s = types.SimpleNamespace(posargs=list(posargs), env={}, calls=[])
+        s.run = lambda *args, **kwargs: s.calls.append((args, kwargs))
         getattr(NOX, session_name)(s)
         assert len(s.calls) == 1 and s.calls[0][0][0] == "PY"
         return s.calls[0]

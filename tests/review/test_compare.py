@@ -23,7 +23,7 @@ def base(tmp_path: Path) -> str:
 # --- no change
 
 
-def test_run_against_itself_passes(base: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_against_itself_passes(base, capsys):
     code, out, err = run([base, base], capsys)
     assert code == 0, out
     assert summary(out) == (
@@ -38,23 +38,18 @@ def test_run_against_itself_passes(base: str, capsys: pytest.CaptureFixture[str]
 # --- missing points
 
 
-def test_missing_point_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_point_fails_unless_allowed(base, tmp_path, capsys):
     new = write_run(tmp_path / "new", base_rows()[1:])
     code, out, _ = run([base, new], capsys)
     assert code == 1
     assert counts(out)["missing"] == "1" and summary(out).endswith("FAIL")
     assert "MISSING in NEW" in marks(out) and "FAIL: 1 row(s) of 1 point(s) trip a gate (missing 1)" in out
-
-
-def test_missing_point_allowed(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    new = write_run(tmp_path / "new", base_rows()[1:])
     code, out, _ = run([base, new, "--allow-missing"], capsys)
     assert code == 0
     assert "missing=1 (allowed)" in summary(out) and "MISSING in NEW (allowed)" in marks(out)
 
 
-def test_point_only_in_new_gates_only_when_failing(base: str, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_point_only_in_new_gates_only_when_failing(base, tmp_path, capsys):
     slow = write_run(tmp_path / "slow", base_rows() + [make_row("padded", 8, p50=1e6)])  # a new point, slow
     code, out, _ = run([base, slow], capsys)
     assert code == 0
@@ -83,8 +78,7 @@ def test_point_only_in_new_gates_only_when_failing(base: str, tmp_path: Path,
         (PASSTHROUGH, "ok", 0),
     ],
 )
-def test_status_change(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], index: int, new_status: str,
-                       code: int) -> None:
+def test_status_change(base, tmp_path, capsys, index, new_status, code):
     rows = base_rows()
     old = rows[index]
     rows[index] = make_row(old["impl"], old["cp_size"], old["seq_lens"], status=new_status,
@@ -97,7 +91,7 @@ def test_status_change(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[
     assert f"{word} {old['status']}->{new_status}" in out
 
 
-def test_bad_to_good_passes_and_bad_to_bad_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_to_good_passes_and_bad_to_bad_fails(tmp_path, capsys):
     """A row failing in NEW fails the gate whatever BASE had: both runs broken is no pass."""
     errors = [make_row(status="error"), make_row(cp=4, status="timeout"), make_row(cp=8, status="skipped")]
     base = write_run(tmp_path / "base", errors)
@@ -119,7 +113,7 @@ def test_bad_to_good_passes_and_bad_to_bad_fails(tmp_path: Path, capsys: pytest.
 # --- correctness
 
 
-def test_correctness_loss_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_correctness_loss_fails(base, tmp_path, capsys):
     new = write_run(tmp_path / "new", changed(2, correct=False))  # status still ok
     code, out, _ = run([base, new], capsys)
     assert code == 1
@@ -127,7 +121,7 @@ def test_correctness_loss_fails(base: str, tmp_path: Path, capsys: pytest.Captur
     assert "CORRECTNESS LOST (correct True->False)" in out
 
 
-def test_skipped_point_is_no_correctness_loss(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_skipped_point_is_no_correctness_loss(base, tmp_path, capsys):
     new = write_run(tmp_path / "new", changed(2, status="skipped", correct=None, roundtrip_p50_us=None))
     code, out, _ = run([base, new], capsys)
     assert code == 0 and counts(out)["correctness-lost"] == "0"
@@ -136,7 +130,7 @@ def test_skipped_point_is_no_correctness_loss(base: str, tmp_path: Path, capsys:
 # --- the metric: threshold and spread
 
 
-def test_20_percent_slower_fails(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_20_percent_slower_fails(base, tmp_path, capsys):
     new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.2))
     code, out, _ = run([base, new], capsys)
     assert code == 1
@@ -151,8 +145,7 @@ def _without_spread(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     return [{**r, "roundtrip_iqr_us": None} for r in rows]
 
 
-def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path, capsys):
     base = write_run(tmp_path / "b", _without_spread(base_rows()))
     new = write_run(tmp_path / "n", _without_spread(changed(FIRST, roundtrip_p50_us=210.0 * 1.2)))
     code, out, _ = run([base, new, "--metric", "roundtrip_p50_us"], capsys)
@@ -161,8 +154,7 @@ def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path: Path
     assert compare.main([base, new, "--metric", "roundtrip_p50_us", "--fail-above", "25%"]) == 0
 
 
-def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path, capsys):
     """Absolute times move with the load: without samples, and no spread to
     judge them by, a row is neither a pass nor a fail but unverified."""
     base = write_run(tmp_path / "b", _without_spread(base_rows()))
@@ -180,10 +172,13 @@ def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path: Pat
     assert "unverified (allowed: neither run kept samples.jsonl; roundtrip_p50_us without a spread)" in marks(out)
 
 
-def test_4_percent_slower_passes(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.04))
+@pytest.mark.parametrize("factor, shown, count, value", [(1.04, "+4.0%", "regressed", "0"),
+                                                        (0.5, "-50.0%", "improved", "1")],
+                         ids=["4_percent_slower_passes", "faster_is_improved_not_failed"])
+def test_within_the_threshold_or_faster_passes(base, tmp_path, capsys, factor, shown, count, value):
+    new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * factor))
     code, out, _ = run([base, new], capsys)
-    assert code == 0 and "+4.0%" in out and counts(out)["regressed"] == "0"
+    assert code == 0 and shown in out and counts(out)[count] == value
 
 
 def _spread_runs(tmp_path: Path, iqr_base: float | None, iqr_new: float | None, factor: float) -> tuple[str, str]:
@@ -192,7 +187,7 @@ def _spread_runs(tmp_path: Path, iqr_base: float | None, iqr_new: float | None, 
     return write_run(tmp_path / "b", rows), write_run(tmp_path / "n", new_rows)
 
 
-def test_regression_beyond_threshold_and_spread_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_regression_beyond_threshold_and_spread_fails(tmp_path, capsys):
     base, new = _spread_runs(tmp_path, 10.0, 20.0, 1.2)  # +42 us against a spread of 15 us
     code, out, _ = run([base, new], capsys)
     assert code == 1 and counts(out)["regressed"] == "1"
@@ -200,7 +195,7 @@ def test_regression_beyond_threshold_and_spread_fails(tmp_path: Path, capsys: py
     assert "mean roundtrip_iqr_us of the two rows" in out  # the rule is named
 
 
-def test_regression_within_spread_is_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_regression_within_spread_is_noise(tmp_path, capsys):
     base, new = _spread_runs(tmp_path, 40.0, 60.0, 1.2)  # +42 us against a spread of 50 us
     code, out, _ = run([base, new], capsys)
     assert code == 0
@@ -208,7 +203,7 @@ def test_regression_within_spread_is_noise(tmp_path: Path, capsys: pytest.Captur
     assert "within noise (roundtrip_p50_us, neither run kept samples: beyond 5% but not the spread 50)" in out
 
 
-def test_spread_of_one_side_is_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_spread_of_one_side_is_used(tmp_path, capsys):
     # a BASE written before the spread column: NEW's spread still guards
     base, new = _spread_runs(tmp_path, None, 50.0, 1.2)
     assert run([base, new], capsys)[0] == 0
@@ -216,7 +211,7 @@ def test_spread_of_one_side_is_used(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert run([base, new], capsys)[0] == 1
 
 
-def test_bandwidth_regresses_by_dropping(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bandwidth_regresses_by_dropping(base, tmp_path, capsys):
     slower = write_run(tmp_path / "drop", changed(FIRST, busbw_padded_GBps=1e4 / 210.0 * 0.8))
     faster = write_run(tmp_path / "rise", changed(FIRST, busbw_padded_GBps=1e4 / 210.0 * 1.2))
     assert compare.main([base, slower, "--metric", "busbw_padded_GBps"]) == 1
@@ -224,7 +219,7 @@ def test_bandwidth_regresses_by_dropping(base: str, tmp_path: Path, capsys: pyte
     assert counts(capsys.readouterr().out)["improved"] == "1"
 
 
-def test_bandwidth_noise_is_relative(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bandwidth_noise_is_relative(tmp_path, capsys):
     # a 20% drop of bandwidth; round-trip spread 30% of p50 -> noise, 10% -> a regression
     for rel, code in ((0.3, 0), (0.1, 1)):
         d = tmp_path / str(rel)
@@ -235,22 +230,17 @@ def test_bandwidth_noise_is_relative(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "roundtrip_iqr_us / roundtrip_p50_us" in out
 
 
-def test_rows_without_timings_never_gate_on_the_metric(base: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_rows_without_timings_never_gate_on_the_metric(base, tmp_path, capsys):
     # stray values on refused/passthrough rows are not measurements
-    rows = changed(REFUSED, roundtrip_p50_us=1.0)
-    rows[PASSTHROUGH] = {**rows[PASSTHROUGH], "roundtrip_p50_us": 1.0}
-    b = write_run(tmp_path / "b", rows)
-    rows = changed(REFUSED, roundtrip_p50_us=100.0)
-    rows[PASSTHROUGH] = {**rows[PASSTHROUGH], "roundtrip_p50_us": 100.0}
-    n = write_run(tmp_path / "n", rows)
+    b, n = (write_run(tmp_path / name, [{**r, "roundtrip_p50_us": p50} if i in (REFUSED, PASSTHROUGH) else r
+                                        for i, r in enumerate(base_rows())])
+            for name, p50 in (("b", 1.0), ("n", 100.0)))
     code, out, _ = run([b, n], capsys)
     assert code == 0 and counts(out)["regressed"] == "0"
 
 
 @pytest.mark.parametrize("metric", ["roundtrip_vs_control", "roundtrip_p50_us", "busbw_padded_GBps"])
-def test_a_timing_missing_on_one_side_is_unverified(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    metric: str) -> None:
+def test_a_timing_missing_on_one_side_is_unverified(base, tmp_path, capsys, metric):
     """An ok row of NEW without its time passed as "no timing"; measured on
     neither side (bandwidth where nothing moves), there is nothing to verify."""
     column = "roundtrip_p50_us" if metric == "roundtrip_vs_control" else metric
@@ -264,18 +254,11 @@ def test_a_timing_missing_on_one_side_is_unverified(base: str, tmp_path: Path, c
     assert code == 0 and counts(out)["unverified"] == "0" and "no timing" in marks(out)
 
 
-def test_faster_is_improved_not_failed(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 0.5))
-    code, out, _ = run([base, new], capsys)
-    assert code == 0 and counts(out)["improved"] == "1" and "-50.0%" in out
-
-
 # --- one row per point
 
 
 @pytest.mark.parametrize("order, code", [("bad_then_good", 0), ("good_then_bad", 1)])
-def test_last_row_per_point_is_used(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], order: str,
-                                    code: int) -> None:
+def test_last_row_per_point_is_used(base, tmp_path, capsys, order, code):
     bad = {**base_rows()[FIRST], "roundtrip_p50_us": 210.0 * 2}
     good = base_rows()[FIRST]
     rerun = [bad, good] if order == "bad_then_good" else [good, bad]
@@ -287,8 +270,7 @@ def test_last_row_per_point_is_used(base: str, tmp_path: Path, capsys: pytest.Ca
             "and impl (the latest run) is used") in out
 
 
-def test_duplicates_of_two_impls_of_one_point_are_one_point(base: str, tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_duplicates_of_two_impls_of_one_point_are_one_point(base, tmp_path, capsys):
     """Padded and legacy of one configuration rerun: 2 rows of 1 point, not "of 2 point(s)"."""
     rows = base_rows()
     assert all(rows[0][k] == rows[2][k] for k in CONFIG_COLUMNS if k != "impl" and k in rows[0])
@@ -300,7 +282,7 @@ def test_duplicates_of_two_impls_of_one_point_are_one_point(base: str, tmp_path:
 # --- big runs
 
 
-def test_big_run_lists_only_marked_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_big_run_lists_only_marked_points(tmp_path, capsys):
     rows = [make_row(cp=2, seed=s, p50=100.0) for s in range(compare.LIST_LIMIT + 50)]
     base = write_run(tmp_path / "b", rows)
     rows[7] = {**rows[7], "roundtrip_p50_us": 150.0}
@@ -314,7 +296,7 @@ def test_big_run_lists_only_marked_points(tmp_path: Path, capsys: pytest.Capture
     assert len(marks(out)) == compare.LIST_LIMIT + 50 + 1
 
 
-def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureFixture[str], column_wise) -> None:
+def test_big_file_is_handled_column_wise(tmp_path, capsys, column_wise):
     """No per-row Python: row iteration is forbidden, and per-cell helpers run
     once per distinct value (or per listed row), not once per row."""
     bench = bench_review()
@@ -331,7 +313,7 @@ def test_big_file_is_handled_column_wise(tmp_path: Path, capsys: pytest.CaptureF
 # --- environment, spelling, bad input, entry point
 
 
-def test_environment_difference_warns(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_environment_difference_warns(base, tmp_path, capsys):
     new = write_run(tmp_path / "new", base_rows(), run_id="new00001", host="box2", torch_version="2.14.0")
     code, _, err = run([base, new], capsys)
     assert code == 0
@@ -339,7 +321,7 @@ def test_environment_difference_warns(base: str, tmp_path: Path, capsys: pytest.
     assert "torch_version: BASE 2.13.0 vs NEW 2.14.0" in err
 
 
-def test_csv_files_and_numeric_spelling_join(base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_csv_files_and_numeric_spelling_join(base, tmp_path, capsys):
     # "[512, 512]" and "2.0" join with "[512,512]" and "2": formatting is not a configuration change
     rows = [
         {**r, "seq_lens": str(r["seq_lens"]).replace(",", ", "), "cp_size": float(r["cp_size"])} for r in base_rows()
@@ -349,36 +331,30 @@ def test_csv_files_and_numeric_spelling_join(base: str, tmp_path: Path, capsys: 
     assert code == 0 and counts(out)["joined"] == "10"
 
 
-def _bad(tmp_path: Path, base: str) -> dict[str, tuple[list[str], str]]:
+# argv and the start of the error line, per case ({t}: the test's folder, {base}: the base run)
+BAD = {
+    "missing_base": (["{t}/nope", "{base}"], "BASE={t}/nope: no such file or directory"),
+    "missing_new": (["{base}", "{t}/nope"], "NEW={t}/nope: no such file or directory"),
+    "no_columns": (["{base}", "{t}/other.csv"], "NEW={t}/other.csv: not a results table"),
+    "empty_run": (["{t}/empty", "{base}"], "BASE={t}/empty: no rows"),
+    "torn": (["{base}", "{t}/torn.csv"], "NEW={t}/torn.csv: no rows (empty run; 1 malformed row(s) set aside)"),
+    "unknown_metric": (["{base}", "{base}", "--metric", "speed"], "--metric=speed: unknown metric"),
+    "bad_threshold": (["{base}", "{base}", "--fail-above", "abc"], "--fail-above=abc: not a percentage"),
+    "negative_threshold": (["{base}", "{base}", "--fail-above=-5%"], "--fail-above=-5%: must be"),
+    "percent_without_sign": (["{base}", "{base}", "--fail-above", "5"], "--fail-above=5: a bare number"),
+    # a threshold no regression could cross: 1e6% passed a 3x slowdown silently
+    "threshold_over_100": (["{base}", "{base}", "--fail-above=1e6%"],
+                           "--fail-above=1e6%: over 100%, the gate could flag nothing sensible"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_exits_2_with_one_line(base, tmp_path, capsys, case):
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / RESULTS_FILE).write_text(",".join(COLUMNS) + "\n")
     (tmp_path / "torn.csv").write_text(",".join(COLUMNS) + '\n"unterminated\n')
-    return {
-        "missing_base": ([str(tmp_path / "nope"), base], f"BASE={tmp_path / 'nope'}: no such file or directory"),
-        "missing_new": ([base, str(tmp_path / "nope")], f"NEW={tmp_path / 'nope'}: no such file or directory"),
-        "no_columns": ([base, str(tmp_path / "other.csv")], f"NEW={tmp_path / 'other.csv'}: not a results table"),
-        "empty_run": ([str(tmp_path / "empty"), base], f"BASE={tmp_path / 'empty'}: no rows"),
-        "torn": ([base, str(tmp_path / "torn.csv")], f"NEW={tmp_path / 'torn.csv'}: no rows (empty run; 1 malformed row(s) set aside)"),
-        "unknown_metric": ([base, base, "--metric", "speed"], "--metric=speed: unknown metric"),
-        "bad_threshold": ([base, base, "--fail-above", "abc"], "--fail-above=abc: not a percentage"),
-        "negative_threshold": ([base, base, "--fail-above=-5%"], "--fail-above=-5%: must be"),
-        "percent_without_sign": ([base, base, "--fail-above", "5"], "--fail-above=5: a bare number"),
-        # a threshold no regression could cross: 1e6% passed a 3x slowdown silently
-        "threshold_over_100": ([base, base, "--fail-above=1e6%"], "--fail-above=1e6%: over 100%, the gate could "
-                               "flag nothing sensible"),
-    }
-
-
-@pytest.mark.parametrize(
-    "case",
-    ["missing_base", "missing_new", "no_columns", "empty_run", "torn", "unknown_metric", "bad_threshold",
-     "negative_threshold", "percent_without_sign", "threshold_over_100"],
-)
-def test_bad_input_exits_2_with_one_line(
-    base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
-) -> None:
-    argv, expected = _bad(tmp_path, base)[case]
+    argv, expected = ([a.format(t=tmp_path, base=base) for a in BAD[case][0]], BAD[case][1].format(t=tmp_path))
     before = sorted(tmp_path.rglob("*"))
     code, out, err = run(argv, capsys)
     assert code == 2
@@ -387,7 +363,7 @@ def test_bad_input_exits_2_with_one_line(
     assert sorted(tmp_path.rglob("*")) == before
 
 
-def test_module_entry_point(base: str, tmp_path: Path) -> None:
+def test_module_entry_point(base, tmp_path):
     new = write_run(tmp_path / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.2))
     proc = run_python("-m", "matrix.compare", base, new, timeout=120)
     assert proc.returncode == 1, proc.stderr
@@ -401,8 +377,7 @@ def test_module_entry_point(base: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("which", ["new", "base"])
 @pytest.mark.parametrize("value, shown", [(float("nan"), "nan"), (-50.0, "-50.0"), (float("inf"), "inf"),
                                           ("fast", "fast")])
-def test_a_nan_or_impossible_metric_is_bad_data(tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str,
-                                                value: object, shown: str) -> None:
+def test_a_nan_or_impossible_metric_is_bad_data(tmp_path, capsys, which, value, shown):
     """A NaN in NEW passed unmarked; a negative latency counted as improved."""
     good = write_run(tmp_path / "good", base_rows())
     bad = write_run(tmp_path / "bad", changed(FIRST, roundtrip_p50_us=value))

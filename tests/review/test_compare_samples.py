@@ -57,7 +57,7 @@ def _edit_line(folder: str, edit) -> None:
     f.write_text(json.dumps(line) + "\n")
 
 
-def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path: Path, capsys):
+def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path, capsys):
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
     code, out = gate(base, new, capsys)
@@ -66,7 +66,7 @@ def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path: Pa
     assert "roundtrip_vs_control" in out and "Mann-Whitney" in out
 
 
-def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path: Path, capsys):
+def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path, capsys):
     """Every absolute time doubled (a busy machine), the paired ratio unchanged."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(200))})
@@ -76,7 +76,7 @@ def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path: Path, ca
     assert absolute == 1 and "REGRESSED" in out_abs  # what the absolute metric would have said
 
 
-def test_beyond_the_threshold_but_too_noisy_to_judge_is_unverified_not_noise(tmp_path: Path, capsys):
+def test_beyond_the_threshold_but_too_noisy_to_judge_is_unverified_not_noise(tmp_path, capsys):
     """Medians 30% apart over 8 samples that overlap: "within noise" and PASS
     before, though a 15% change could not have been flagged on such samples."""
     spread = [50, 300, 80, 250, 100, 400, 60, 200]
@@ -90,7 +90,7 @@ def test_beyond_the_threshold_but_too_noisy_to_judge_is_unverified_not_noise(tmp
     assert gate(base, new, capsys, "--allow-unverified")[0] == 0
 
 
-def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path: Path, capsys):
+def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path, capsys):
     """A bimodal row whose median jumps between its modes (+100%) while the
     rank test sees the mixture barely move: within noise, and the test had
     the power to see 15% on these samples."""
@@ -104,7 +104,7 @@ def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path: 
     assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
 
 
-def test_significant_but_within_the_threshold_passes(tmp_path: Path, capsys):
+def test_significant_but_within_the_threshold_passes(tmp_path, capsys):
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100, spread=0.001), [100.0] * 16)})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(105, spread=0.001), [100.0] * 16)})
     code, out = gate(base, new, capsys)
@@ -113,7 +113,7 @@ def test_significant_but_within_the_threshold_passes(tmp_path: Path, capsys):
     assert tighter == 1  # the same samples gate once the threshold is below the change
 
 
-def test_runs_without_samples_fall_back_to_absolute_times_and_say_so(tmp_path: Path, capsys):
+def test_runs_without_samples_fall_back_to_absolute_times_and_say_so(tmp_path, capsys):
     base = write_run(tmp_path / "b", [make_row(p50=100.0, point_id="p1")])
     new = write_run(tmp_path / "n", [make_row(p50=300.0, point_id="p1")])
     code, out = gate(base, new, capsys)
@@ -125,7 +125,7 @@ def test_runs_without_samples_fall_back_to_absolute_times_and_say_so(tmp_path: P
     assert "1 row(s) without samples on both sides: on roundtrip_p50_us" in out and "Mann-Whitney" not in out
 
 
-def test_runs_that_timed_nothing_are_not_said_to_predate_samples(tmp_path: Path, capsys):
+def test_runs_that_timed_nothing_are_not_said_to_predate_samples(tmp_path, capsys):
     """Both runs entirely failed: the note said "written before samples were
     kept", and the rule line claimed the size rule; now each says what is so."""
     base = write_run(tmp_path / "b", [make_row(status="failed", point_id="p1"), make_row(cp=4, status="error")])
@@ -174,8 +174,7 @@ def _break(path: str, how: str) -> None:
 @pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize("side", ["base", "new"])
 @pytest.mark.parametrize("iqr", [5.0, 13620.0, None], ids=["quiet", "loaded", "no-spread"])
-def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path: Path, capsys, how: str, side: str,
-                                                                         iqr: float | None):
+def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path, capsys, how, side, iqr):
     """3x slower, its samples unusable on one side: it fell back to
     roundtrip_p50_us and its spread, which at load 16-22 (IQR 13.6 ms on a
     3.7 ms point) swallowed +200% and passed. Whatever the spread, the row
@@ -207,7 +206,7 @@ def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path
     ("line of another run", "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01"),
     ("line newer than the reader", "its samples.jsonl line is unusable (schema_version 99, newer than"),
 ])
-def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path: Path, capsys, how: str, why: str):
+def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path, capsys, how, why):
     base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
     new = _one_point(tmp_path, "n", _noisy(100), _noisy(100))
     _break(new, how)
@@ -215,7 +214,7 @@ def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path: Path, 
     assert code == 1 and any(m.startswith(f"UNVERIFIED (samples missing, NEW: {why}") for m in marks(out)), marks(out)
 
 
-def test_only_runs_that_both_kept_no_samples_fall_back_and_the_verdict_says_so(tmp_path: Path, capsys):
+def test_only_runs_that_both_kept_no_samples_fall_back_and_the_verdict_says_so(tmp_path, capsys):
     """One side's file deleted: unverified (above). Both: a folder older than
     the samples, gated on absolute times, and every mark says so."""
     base = _one_point(tmp_path, "b", _noisy(100), _noisy(100), iqr=5.0)
@@ -227,7 +226,7 @@ def test_only_runs_that_both_kept_no_samples_fall_back_and_the_verdict_says_so(t
 
 
 @pytest.mark.parametrize("extra", [[], ["--allow-missing"], ["--allow-missing", "--allow-unverified"]])
-def test_nothing_joined_fails(tmp_path: Path, capsys, extra: list[str]):
+def test_nothing_joined_fails(tmp_path, capsys, extra):
     """iters=12 against iters=20: no row joins; "joined=0 -> PASS" before."""
     base = write_run(tmp_path / "b", [make_row(iters=12), make_row("legacy", iters=12)])
     new = write_run(tmp_path / "n", [make_row(iters=20), make_row("legacy", iters=20)])
@@ -239,7 +238,7 @@ def test_nothing_joined_fails(tmp_path: Path, capsys, extra: list[str]):
     assert gate(base, new, capsys, "--allow-missing")[0] == 0
 
 
-def test_nothing_ran_in_both_fails(tmp_path: Path, capsys):
+def test_nothing_ran_in_both_fails(tmp_path, capsys):
     base = write_run(tmp_path / "b", [make_row(), make_row("legacy")])
     new = write_run(tmp_path / "n", [make_row(status="skipped", p50=None, correct=None)] * 1
                     + [make_row("legacy", status="skipped", p50=None, correct=None)])
@@ -249,7 +248,7 @@ def test_nothing_ran_in_both_fails(tmp_path: Path, capsys):
     assert gate(base, new, capsys)[0] == 0
 
 
-def test_the_noise_measured_is_stated_and_a_too_fine_threshold_warned(tmp_path: Path, capsys):
+def test_the_noise_measured_is_stated_and_a_too_fine_threshold_warned(tmp_path, capsys):
     # every point moved 10% one way or the other, within samples too broad to tell
     runs_b = {f"p{i}": (_noisy(100, spread=0.4), _noisy(100, spread=0.01)) for i in range(6)}
     runs_n = {f"p{i}": (_noisy(100 * (1 + 0.1 * (-1) ** i), spread=0.4), _noisy(100, spread=0.01)) for i in range(6)}
@@ -259,7 +258,7 @@ def test_the_noise_measured_is_stated_and_a_too_fine_threshold_warned(tmp_path: 
     assert "warning: --fail-above=1% is finer than these runs resolve" in out
 
 
-def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path: Path, capsys):
+def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path, capsys):
     # iters=3 (the smoke preset): the smallest p-value is 0.05, so a 3x slowdown
     # could never be flagged; the rows are unverified, which the exit says
     base = write_sampled(tmp_path / "b", {"p1": ([100.0, 101, 99], [100.0] * 3)})
@@ -279,7 +278,7 @@ def test_samples_too_few_to_be_significant_fail_the_gate(tmp_path: Path, capsys)
 SMOKE = "cp_size=1 +layout=zigzag seq_lens=[1000] moe_a2a_backend=none +matrix=smoke results_dir=r"
 
 
-def test_two_smoke_runs_pass_with_their_times_not_gated_and_say_what_gates_them(tmp_path: Path, capsys):
+def test_two_smoke_runs_pass_with_their_times_not_gated_and_say_what_gates_them(tmp_path, capsys):
     """The smoke preset (iters=3) checks that every path runs: between two of
     its runs a 3x slowdown cannot be significant, so the time is not gated and
     the compare says what to run to gate it; as any other row's, it would be
@@ -297,7 +296,7 @@ def test_two_smoke_runs_pass_with_their_times_not_gated_and_say_what_gates_them(
     assert code == 1 and "UNVERIFIED (3 sample(s) a side" in out and "smoke-untimed" not in summary(out)
 
 
-def test_two_smoke_runs_still_fail_on_what_else_is_wrong(tmp_path: Path, capsys):
+def test_two_smoke_runs_still_fail_on_what_else_is_wrong(tmp_path, capsys):
     three = lambda v: ([v, v + 1, v - 1], [100.0] * 3)  # noqa: E731
     base = write_sampled(tmp_path / "b", {"p1": three(100.0), "p2": three(100.0)}, overrides=SMOKE)
     # NEW's second row errored: status worse, whatever the smoke preset
@@ -311,7 +310,7 @@ def test_two_smoke_runs_still_fail_on_what_else_is_wrong(tmp_path: Path, capsys)
     assert code == 1 and "status-worse=1" in summary(out) and "smoke-untimed=1" in summary(out), out
 
 
-def test_the_smoke_preset_timed_long_enough_for_the_test_keeps_the_power_rule(tmp_path: Path, capsys):
+def test_the_smoke_preset_timed_long_enough_for_the_test_keeps_the_power_rule(tmp_path, capsys):
     """+matrix=smoke with more iterations asks for a gate: too noisy a row is unverified."""
     # one wide draw, reversed for NEW: an A/A pair no seed can make significant
     wide = list(100 * np.exp(0.8 * RNG.standard_normal(30)))
@@ -323,7 +322,7 @@ def test_the_smoke_preset_timed_long_enough_for_the_test_keeps_the_power_rule(tm
     assert any(m.startswith("UNVERIFIED (low power: ") for m in marks(out))
 
 
-def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path: Path, capsys):
+def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path, capsys):
     # up to 2000 a side: C(2n, n) is past a float from n = 515
     rng = np.random.default_rng(3)
     many = lambda: (list(100 + rng.random(1200)), [100.0] * 1200)  # noqa: E731
@@ -333,7 +332,7 @@ def test_samples_as_many_as_iters_auto_takes_compare_without_overflow(tmp_path: 
     assert smallest_p(2000) == 0.0 and smallest_p(5) == pytest.approx(1 / 252)
 
 
-def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path: Path, capsys):
+def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path, capsys):
     """The latest line of a point decides: an unusable one after a good one
     leaves the row without evidence (the good one is an earlier run's)."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
@@ -406,7 +405,7 @@ def test_the_docs_name_the_correction_the_code_applies():
         assert "Benjamini-Hochberg" in text and "Holm" not in text and "family-wise" not in text.lower()
 
 
-def test_samples_sidecar_round_trips(tmp_path: Path):
+def test_samples_sidecar_round_trips(tmp_path):
     rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}, {"point_id": "a", "impl": "legacy", "timestamp": "t"}]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}, {}])
     lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
@@ -437,8 +436,7 @@ def _aa(tmp_path: Path, n: int, spread: float, calibration: bool = False) -> tup
     (8, 0.01, "pass"),  # the same count on quiet samples can
     (400, 0.5, "pass"),  # the noisy samples, as many as iters=auto takes
 ])
-def test_a_fixed_iteration_row_too_noisy_for_the_threshold_is_unverified(tmp_path: Path, capsys, n: int,
-                                                                         spread: float, verdict: str):
+def test_a_fixed_iteration_row_too_noisy_for_the_threshold_is_unverified(tmp_path, capsys, n, spread, verdict):
     base, new = _aa(tmp_path, n, spread)
     code, out = gate(base, new, capsys)
     if verdict == "pass":
@@ -450,7 +448,7 @@ def test_a_fixed_iteration_row_too_noisy_for_the_threshold_is_unverified(tmp_pat
     assert gate(base, new, capsys, "--fail-above", "100%")[0] == 0
 
 
-def test_iters_auto_rows_still_too_noisy_say_so(tmp_path: Path, capsys):
+def test_iters_auto_rows_still_too_noisy_say_so(tmp_path, capsys):
     base, new = _aa(tmp_path, 8, 0.5, calibration=True)
     code, out = gate(base, new, capsys)
     assert code == 1 and any(m.startswith("UNVERIFIED (too noisy: ") and "at iters=auto's cap" in m
@@ -474,7 +472,7 @@ def test_the_power_estimate_matches_the_test_it_predicts():
 # --- evidence: a regressed row says what it rests on
 
 
-def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path: Path, capsys):
+def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path, capsys):
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100))})
     for path, load in ((base, 2.0), (new, 19.5)):
@@ -495,7 +493,7 @@ def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path:
     assert "1-minute load BASE unknown NEW 7.2" in mark, mark
 
 
-def test_samples_lines_and_runs_keep_the_load(tmp_path: Path):
+def test_samples_lines_and_runs_keep_the_load(tmp_path):
     rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
     line = json.loads((tmp_path / SAMPLES_FILE).read_text())
@@ -505,7 +503,7 @@ def test_samples_lines_and_runs_keep_the_load(tmp_path: Path):
     assert point.environment()["load_1m"] >= 0
 
 
-def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path: Path, capsys):
+def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path, capsys):
     """iters=auto rows that stopped at a cap before their interval reached
     the target width were named nowhere; compare counts them per run."""
     base, new = _aa(tmp_path, 400, 0.01, calibration=True)
@@ -531,7 +529,7 @@ def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
     assert compare.parse_threshold("1e6%") == 1e4
 
 
-def test_the_report_names_a_calibration_short_of_its_target(tmp_path: Path, capsys):
+def test_the_report_names_a_calibration_short_of_its_target(tmp_path, capsys):
     from matrix.review import report
 
     base, _ = _aa(tmp_path, 40, 0.01, calibration=True)

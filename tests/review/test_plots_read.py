@@ -5,8 +5,6 @@ sum, never their product)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from matplotlib.colors import to_hex
 
 from matrix.review import plots
@@ -66,7 +64,7 @@ def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
     assert colours == {to_hex(plans.DESIGN_COLOURS[d]) for d in designs}  # colour is the design alone
 
 
-def test_report_plots_give_each_cp_one_colour_and_titles_inside(tmp_path: Path):
+def test_report_plots_give_each_cp_one_colour_and_titles_inside(tmp_path):
     append(tmp_path, plot_rows())  # cp 1, 2, 4: the bandwidth plot leaves cp=1 out
     df = _frame(tmp_path)
     figs = {name: plot(df) for name, plot in plots.PLOTS}

@@ -38,8 +38,7 @@ def even_and_uneven(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_side_by_side_figures_are_over_the_points_every_impl_was_timed(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_side_by_side_figures_are_over_the_points_every_impl_was_timed(tmp_path, capsys):
     """padded's median over its own points would be 2555 us, half of them the
     uneven points legacy refused: the tables and the ratio hold the two even
     points only, and the uneven ones are a table of their own saying why."""
@@ -66,7 +65,7 @@ def table_row_at(text: str, first_cell: str, nth: int) -> list[str]:
     return [r for r in rows if r[0] == first_cell][nth]
 
 
-def test_a_plug_in_gets_its_ratio_to_the_reference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plug_in_gets_its_ratio_to_the_reference(tmp_path, capsys):
     plug = "my_plug.comm:impl"
     rows = []
     for n in (512, 1024):
@@ -89,7 +88,7 @@ def test_a_plug_in_gets_its_ratio_to_the_reference(tmp_path: Path, capsys: pytes
     assert doc["summary"]["reference"] == plug and doc["tables"]["ratios"]["reference"] == plug
 
 
-def test_an_unknown_reference_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_reference_is_one_line_exit_2(tmp_path, capsys):
     append(tmp_path, [make_row()])
     assert report.main([str(tmp_path), "--reference", "nope"]) == 2
     err = capsys.readouterr().err
@@ -97,7 +96,7 @@ def test_an_unknown_reference_is_one_line_exit_2(tmp_path: Path, capsys: pytest.
     assert not (tmp_path / "report.md").exists()
 
 
-def test_the_words_follow_what_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_words_follow_what_ran(tmp_path, capsys):
     """A designs run (padded and pad_at_split on every point, legacy never run)
     names no legacy refusal; a run where legacy refused says so, with the count."""
     designs = tmp_path / "designs"
@@ -119,7 +118,7 @@ def test_the_words_follow_what_ran(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "only padded was timed: nothing to compare" in md.splitlines()[2]
 
 
-def test_one_impl_under_two_names_is_one_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_one_impl_under_two_names_is_one_column(tmp_path, capsys):
     origin = "engine_comm.adapter 1.0"
     rows = [make_row("padded", seq_lens=(n, n), p50=100.0) for n in (512, 1024)]
     rows += [make_row("engine_comm", seq_lens=(512, 512), p50=130.0, impl_origin=origin),
@@ -138,7 +137,7 @@ def test_one_impl_under_two_names_is_one_column(tmp_path: Path, capsys: pytest.C
     assert doc["summary"]["reference"] == "engine_comm"
 
 
-def test_same_origin_never_merges_the_built_ins_or_two_attributes() -> None:
+def test_same_origin_never_merges_the_built_ins_or_two_attributes():
     import pandas as pd
 
     df = pd.DataFrame({"impl": ["padded", "legacy", "m.x:a", "m.x:b", "e", "m.y:c"],
@@ -146,7 +145,7 @@ def test_same_origin_never_merges_the_built_ins_or_two_attributes() -> None:
     assert side_by_side.same_origin(df) == {"e": ["e", "m.y:c"]}
 
 
-def test_wall_time_is_the_runs_span(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_wall_time_is_the_runs_span(tmp_path, capsys):
     """One run started at 00:00:00 (runs.jsonl) whose rows were written from
     00:00:30 to 00:01:27: 87 s, not the 58.5 s from its first row's start; a
     second run from 00:02:00 to 00:02:10 adds 10 s, the gap between not."""
@@ -168,7 +167,7 @@ def test_wall_time_is_the_runs_span(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "wall time 97 s (3 runs," in md and doc["summary"]["wall_time"]["seconds"] == 97
 
 
-def test_report_md_is_rendered_from_report_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_md_is_rendered_from_report_json(tmp_path, capsys):
     md, appendix, doc = run_report(even_and_uneven(tmp_path))
     assert report_doc.markdown(doc) == (md, appendix)
     # every table of the report's own sections is a table of report.json, as records
@@ -180,8 +179,7 @@ def test_report_md_is_rendered_from_report_json(tmp_path: Path, capsys: pytest.C
         assert t["records"] and set(t["records"][0]) == set(t["columns"])
 
 
-def test_the_padding_column_is_the_mean_over_the_points_it_sits_beside(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_padding_column_is_the_mean_over_the_points_it_sits_beside(tmp_path, capsys):
     """Three even points and one that pads 15% (both designs ran all four): the
     median padding fraction is 0, the mean (as the padding table says) 0.038."""
     rows = []
@@ -195,7 +193,7 @@ def test_the_padding_column_is_the_mean_over_the_points_it_sits_beside(tmp_path:
     assert bw["mean padding_frac"] == pytest.approx((1 - 1301 / 1536) / 4) == pytest.approx(pad["zigzag"])
 
 
-def test_latency_plot_lines_only_over_the_points_every_impl_was_timed(tmp_path: Path) -> None:
+def test_latency_plot_lines_only_over_the_points_every_impl_was_timed(tmp_path):
     even_and_uneven(tmp_path)
     fig = plots.latency(report.mark_common(_frame(tmp_path)))
     ax = fig.axes[0]
@@ -205,7 +203,7 @@ def test_latency_plot_lines_only_over_the_points_every_impl_was_timed(tmp_path: 
     assert sorted(tuple(xy) for c in hollow for xy in c.get_offsets()) == [(1301, 5000), (1302, 5000)]
 
 
-def test_bandwidth_plot_fades_the_points_timed_by_only_some(tmp_path: Path) -> None:
+def test_bandwidth_plot_fades_the_points_timed_by_only_some(tmp_path):
     even_and_uneven(tmp_path)
     ax = plots.busbw(report.mark_common(_frame(tmp_path))).axes[0]
     faded = [c for c in ax.collections if (c.get_alpha() or 1.0) < 1]
@@ -214,7 +212,7 @@ def test_bandwidth_plot_fades_the_points_timed_by_only_some(tmp_path: Path) -> N
     assert solid == {2 * n * 256 * 4 for n in (512, 1024)}  # the even points, both impls
 
 
-def test_runs_of_two_backends_are_compared_within_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_runs_of_two_backends_are_compared_within_each(tmp_path, capsys):
     """gloo and nccl rows are never side by side; a point only padded ran on
     nccl is apart, said with its backend."""
     rows = []
@@ -232,8 +230,7 @@ def test_runs_of_two_backends_are_compared_within_each(tmp_path: Path, capsys: p
     assert (apart["backend"], apart["not timed there"], apart["padded"]) == ("nccl", "legacy no row", 500)
 
 
-def test_a_workloads_batches_are_compared_where_every_impl_ran(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_workloads_batches_are_compared_where_every_impl_ran(tmp_path, capsys):
     """Per workload the impls' times are over the same batches: a batch
     pad_at_split failed is left out for padded too, and said."""
     rows = []

@@ -16,17 +16,8 @@ import pytest
 
 from matrix.store import results
 from matrix.store.folder import Folder, completed_point_ids, latest_rows
-from matrix.store.results import (
-    COLUMNS,
-    ResultsPathError,
-    ResultsWriteError,
-    SchemaError,
-    append_rows,
-    check_schema,
-    read_header,
-    results_path,
-    torn_path,
-)
+from matrix.store.results import (COLUMNS, ResultsPathError, ResultsWriteError, SchemaError, append_rows, check_schema,
+                                  read_header, results_path, torn_path)
 
 from matrix_cli import read_table, run_python
 

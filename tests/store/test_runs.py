@@ -63,7 +63,7 @@ def run_lines(results_dir: Path) -> list[dict[str, object]]:
 # --- the writer: one line per run
 
 
-def test_one_metadata_line_per_run_and_every_row_names_it(tmp_path: Path) -> None:
+def test_one_metadata_line_per_run_and_every_row_names_it(tmp_path):
     tc.write_run(tmp_path, tc.base_rows()[:2])
     tc.write_run(tmp_path, tc.base_rows()[2:4])  # the same run's next point
     tc.write_run(tmp_path, tc.base_rows()[4:6], run_id="other001", host="box2")  # a second run appends
@@ -77,7 +77,7 @@ def test_one_metadata_line_per_run_and_every_row_names_it(tmp_path: Path) -> Non
     assert not set(runs.LAYOUT2_ENV) & set(header)  # the environment is no longer in the rows
 
 
-def test_a_run_line_already_in_the_file_is_not_written_again(tmp_path: Path, monkeypatch) -> None:
+def test_a_run_line_already_in_the_file_is_not_written_again(tmp_path, monkeypatch):
     """Once per process: a process that forgot it wrote the line (another
     module instance, say) finds it in the file under the lock."""
     tc.write_run(tmp_path, tc.base_rows()[:1])
@@ -86,7 +86,7 @@ def test_a_run_line_already_in_the_file_is_not_written_again(tmp_path: Path, mon
     assert len(run_lines(tmp_path)) == 1
 
 
-def test_a_row_of_another_run_or_a_run_without_id_is_refused(tmp_path: Path) -> None:
+def test_a_row_of_another_run_or_a_run_without_id_is_refused(tmp_path):
     with pytest.raises(ValueError, match="row names run_id=zzz, written by run base0001"):
         tc.write_run(tmp_path, [{**tc.make_row(), "run_id": "zzz"}])
     with pytest.raises(ValueError, match="needs a run_id"):
@@ -94,7 +94,7 @@ def test_a_row_of_another_run_or_a_run_without_id_is_refused(tmp_path: Path) -> 
     assert not results_path(tmp_path).exists() and not (tmp_path / RUNS_FILE).exists()
 
 
-def test_a_failed_metadata_write_writes_no_row(tmp_path: Path, monkeypatch) -> None:
+def test_a_failed_metadata_write_writes_no_row(tmp_path, monkeypatch):
     """No row may name a run without a line: the run's line goes first, and
     when it cannot be written the rows are not either."""
     tc.write_run(tmp_path, tc.base_rows()[:1])
@@ -112,7 +112,7 @@ def test_a_failed_metadata_write_writes_no_row(tmp_path: Path, monkeypatch) -> N
     assert (results_path(tmp_path).read_bytes(), (tmp_path / RUNS_FILE).read_bytes()) == before
 
 
-def test_the_point_builds_its_run_once_per_process() -> None:
+def test_the_point_builds_its_run_once_per_process():
     from matrix.app import point
 
     meta = point.environment()
@@ -121,7 +121,7 @@ def test_the_point_builds_its_run_once_per_process() -> None:
     assert meta["command"] and meta["python_version"] and meta["cpu_count"] >= 1
 
 
-def test_resume_into_a_folder_of_the_previous_layout_says_which_schema(tmp_path: Path) -> None:
+def test_resume_into_a_folder_of_the_previous_layout_says_which_schema(tmp_path):
     write_layout_2(tmp_path / "old", tc.base_rows())
     with pytest.raises(SchemaError, match=r"schema 2 of an earlier version \(this one writes 5; report and compare "
                                           r"still read it\)"):
@@ -131,7 +131,7 @@ def test_resume_into_a_folder_of_the_previous_layout_says_which_schema(tmp_path:
 # --- the readers: the same columns from either layout
 
 
-def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path: Path) -> None:
+def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path):
     new = tc.write_run(tmp_path / "new", tc.base_rows())
     old = write_layout_2(tmp_path / "old", tc.base_rows())
     a, b = _review.load_run("NEW", new), _review.load_run("OLD", old)
@@ -150,9 +150,8 @@ def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path: Path)
     # Layout 4 has no shared_expert column: its reference MoE had no shared expert.
     (4, LAYOUT4_COLUMNS, "shared_expert", "none", "replicated"),
 ], ids=["engine", "shared_expert"])
-def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path: Path, capsys, version: int,
-                                                                     columns: list[str], column: str, was: str,
-                                                                     other: str) -> None:
+def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path, capsys, version, columns, column, was,
+                                                                      other):
     """A file of a layout without ``column`` reads it as what its rows ran
     (``was``), and its rows join a new run's rows of that value, not of another."""
     old = _write_layout(tmp_path / "old", tc.base_rows(), columns, version)
@@ -165,7 +164,7 @@ def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path: 
     assert tc.counts(out).get("joined", "0") == "0", out + err
 
 
-def test_a_file_of_the_previous_layout_reports(tmp_path: Path, capsys) -> None:
+def test_a_file_of_the_previous_layout_reports(tmp_path, capsys):
     write_layout_2(tmp_path, tr.mixed_rows())
     md, _, _ = tr.run_report(tmp_path, code=1)  # the mixed rows fail: verdict FAIL
     env = tr.section(md, "Environment")
@@ -174,7 +173,7 @@ def test_a_file_of_the_previous_layout_reports(tmp_path: Path, capsys) -> None:
     assert "Unknown environment" not in md
 
 
-def test_a_file_of_the_previous_layout_compares_with_the_new_one(tmp_path: Path, capsys) -> None:
+def test_a_file_of_the_previous_layout_compares_with_the_new_one(tmp_path, capsys):
     old = write_layout_2(tmp_path / "old", tc.base_rows())
     same = tc.write_run(tmp_path / "same", tc.base_rows())
     code, out, err = tc.run([old, same], capsys)
@@ -186,7 +185,7 @@ def test_a_file_of_the_previous_layout_compares_with_the_new_one(tmp_path: Path,
     assert "warning: environments differ: host: BASE box1 vs NEW box2" in err
 
 
-def test_each_row_gets_the_environment_of_its_own_run(tmp_path: Path) -> None:
+def test_each_row_gets_the_environment_of_its_own_run(tmp_path):
     """Two runs in one file: the join is per row, not one run's fields for all."""
     rows = tc.base_rows()
     tc.write_run(tmp_path, rows[:3])
@@ -196,7 +195,7 @@ def test_each_row_gets_the_environment_of_its_own_run(tmp_path: Path) -> None:
     assert got == [("base0001", "box1", "2.13.0")] * 3 + [("second01", "box2", "2.14.0")] * (len(rows) - 3)
 
 
-def test_the_environment_check_flips_when_the_join_is_broken(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_the_environment_check_flips_when_the_join_is_broken(tmp_path, capsys, monkeypatch):
     """compare's environment warning and the report's environment read the
     joined metadata: without the join they lose it, and say so."""
     base = tc.write_run(tmp_path / "b", tc.base_rows())
@@ -212,7 +211,7 @@ def test_the_environment_check_flips_when_the_join_is_broken(tmp_path: Path, cap
     assert "host `box2`" not in tr.section(md, "Environment")
 
 
-def test_a_row_whose_run_has_no_metadata_is_reported(tmp_path: Path, capsys) -> None:
+def test_a_row_whose_run_has_no_metadata_is_reported(tmp_path, capsys):
     tr.append(tmp_path, tr.mixed_rows()[:4])
     append_rows(tmp_path, [tr.make_row(cp=8, run_id="ghost001")])  # a run that wrote no line
     append_rows(tmp_path, [tr.make_row(cp=16)])  # a row that names no run
@@ -226,7 +225,7 @@ def test_a_row_whose_run_has_no_metadata_is_reported(tmp_path: Path, capsys) -> 
     assert tr.table_row(appendix[appendix.index("## Runs"):], "ghost001")[1:3] == ["1", ""]
 
 
-def test_unreadable_and_newer_run_lines_are_skipped_and_counted(tmp_path: Path, capsys) -> None:
+def test_unreadable_and_newer_run_lines_are_skipped_and_counted(tmp_path, capsys):
     tc.write_run(tmp_path, tc.base_rows())
     with (tmp_path / RUNS_FILE).open("a") as f:
         f.write("not json\n")
@@ -240,7 +239,7 @@ def test_unreadable_and_newer_run_lines_are_skipped_and_counted(tmp_path: Path, 
 # --- samples.jsonl
 
 
-def test_sample_lines_carry_the_schema_version_and_run(tmp_path: Path) -> None:
+def test_sample_lines_carry_the_schema_version_and_run(tmp_path):
     rows = [{"point_id": "a", "impl": "padded", "timestamp": "t", "run_id": "base0001"}]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
     line = json.loads((tmp_path / SAMPLES_FILE).read_text())
@@ -249,7 +248,7 @@ def test_sample_lines_carry_the_schema_version_and_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version, read", [({"v": 1}, True), ({"schema_version": SCHEMA_VERSION}, True),
                                            ({"schema_version": SCHEMA_VERSION + 1}, False)])
-def test_sample_lines_of_each_schema(tmp_path: Path, version: dict[str, int], read: bool) -> None:
+def test_sample_lines_of_each_schema(tmp_path, version, read):
     line = {**version, "point_id": "a", "impl": "padded", "roundtrip_us": [1.0], "control_us": [2.0]}
     (tmp_path / SAMPLES_FILE).write_text(json.dumps(line) + "\n")
     got = read_samples(tmp_path / SAMPLES_FILE)
