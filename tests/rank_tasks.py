@@ -523,6 +523,12 @@ def daemonize_sleep(seconds: int) -> int:
     return os.getpid()
 
 
+def answered(results) -> list:
+    """Each rank's answer; every rank of the two must have answered."""
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
+    return [r.value for r in results]
+
+
 def by_impl(rows) -> dict:
     """A point's ``rows`` by their implementation."""
     return {r.impl: r for r in rows}

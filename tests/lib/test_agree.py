@@ -15,6 +15,7 @@ import agree_tasks
 import nsa_cp_comm.agree as agree
 from nsa_cp_comm.agree import NOT_A_TENSOR, USABLE, _all_dtypes, _dtype_code, _dtype_text, fingerprint, verdict
 from nsa_cp_comm.plan import plan_split
+from rank_tasks import answered
 
 CASES = {
     "one_row_too_many": "padded_gather local: rank 1 has 513 rows, the plan expects 512",
@@ -38,12 +39,6 @@ CASES = {
     "requires_grad_local": "padded_gather local on rank 1 requires grad (the collectives are not differentiable",
     "requires_grad_scatter": "padded_scatter full on rank 1 requires grad",
 }
-
-
-def answered(results) -> list:
-    """Each rank's answer; every rank must have answered."""
-    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]
-    return [r.value for r in results]
 
 
 @pytest.mark.parametrize("label", sorted(CASES))
