@@ -141,7 +141,6 @@ SLOW: dict[str, str] = {
     "tests/lib/test_properties.py::test_strategy_reaches_the_corners": "a search over the strategy",
     "tests/scale/test_plans.py::test_cli_writes_stats_and_plot": "a fresh interpreter (bad input runs in-process, fast)",
     "tests/app/test_plugins.py::test_broken_plugin_is_one_line": "an installed plug-in, a fresh interpreter",
-    "tests/app/test_matrix_cli.py::test_bad_value_through_the_real_cli": "a fresh interpreter (the table runs in-process, fast)",
     "tests/app/test_main_job.py::test_a_sweep_that_checks_nothing_exits_5": "a sweep through the CLI",
     "tests/harness/test_ranks.py::test_hanging_and_stopped_ranks_time_out": "fault drill: waits out a hang",
     "tests/project/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder": "builds and installs a wheel, then a "

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,14 @@ class CliRun:
     def rows(self) -> list[dict[str, str]]:
         with self.csv.open(newline="") as f:
             return list(csv.DictReader(f))
+
+
+def config_of(**over) -> dict:
+    """One point's config as a job gets it: the schema's defaults, ``over`` set
+    (a results_dir nothing writes to, unless given)."""
+    from matrix.app.config import MatrixConfig
+
+    return {**dataclasses.asdict(MatrixConfig()), "results_dir": "/tmp/unused-results", **over}
 
 
 def compose_config(*overrides: str):

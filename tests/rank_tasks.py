@@ -378,12 +378,13 @@ def _state_change(how: str):
     if how.startswith("wrap:"):  # wrap:<where>.<name>, where: dist, c10d or ProcessGroup
         where, _, name = how.removeprefix("wrap:").partition(".")
         return _wrap_in_place({"dist": dist, "c10d": distributed_c10d, "ProcessGroup": dist.ProcessGroup}[where], name)
-    if how == "intra_threads":
-        before = torch.get_num_threads()
-        torch.set_num_threads(before + 1)
-        return lambda: torch.set_num_threads(before)
     determinism = torch._C._set_deterministic_algorithms
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    priority, cpus = os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0)
+    # one CPU; a rank already bound to one moves to the next
+    one_cpu = {min(cpus)} if len(cpus) > 1 else {(min(cpus) + 1) % (os.cpu_count() or 1)}
     toggles = {  # how: (change, undo)
+        "intra_threads": (lambda: torch.set_num_threads(threads + 1), lambda: torch.set_num_threads(threads)),
         "grad_mode": (lambda: torch.set_grad_enabled(False), lambda: torch.set_grad_enabled(True)),
         # the flags torch.use_deterministic_algorithms sets, without the seconds it
         # spends importing inductor's config on its first call
@@ -393,15 +394,16 @@ def _state_change(how: str):
         "default_dtype": (lambda: torch.set_default_dtype(torch.float64),
                           lambda: torch.set_default_dtype(torch.float32)),
         "default_device": (lambda: torch.set_default_device("meta"), lambda: torch.set_default_device(None)),
+        "matmul_precision": (lambda: torch.set_float32_matmul_precision("medium" if precision != "medium" else "high"),
+                             lambda: torch.set_float32_matmul_precision(precision)),
+        "nice": (lambda: os.nice(1), lambda: os.setpriority(os.PRIO_PROCESS, 0, priority)),
+        "affinity": (lambda: os.sched_setaffinity(0, one_cpu), lambda: os.sched_setaffinity(0, cpus)),
+        "env": (lambda: os.environ.update(NSA_CP_AUTO_MAX_S="0.5"), lambda: os.environ.pop("NSA_CP_AUTO_MAX_S")),
     }
     if how in toggles:
         change, undo = toggles[how]
         change()
         return undo
-    if how == "matmul_precision":
-        before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("medium" if before != "medium" else "high")
-        return lambda: torch.set_float32_matmul_precision(before)
     if how.startswith("backend:"):  # backend:cudnn.benchmark, backend:cuda.matmul.allow_tf32
         *path, name = how.removeprefix("backend:").split(".")
         owner = torch.backends
@@ -418,23 +420,11 @@ def _state_change(how: str):
             module_name, _, cls = module_name.rpartition(".")
             owner, name = getattr(importlib.import_module(module_name), cls), rest
         return _wrap_in_place(owner, name)
-    if how == "nice":
-        before = os.getpriority(os.PRIO_PROCESS, 0)
-        os.nice(1)
-        return lambda: os.setpriority(os.PRIO_PROCESS, 0, before)
-    if how == "affinity":
-        before = os.sched_getaffinity(0)
-        # one CPU; a rank already bound to one moves to the next
-        os.sched_setaffinity(0, {min(before)} if len(before) > 1 else {(min(before) + 1) % (os.cpu_count() or 1)})
-        return lambda: os.sched_setaffinity(0, before)
     if how == "thread":
         stop = threading.Event()
         t = threading.Thread(target=stop.wait, name="spinner", daemon=True)
         t.start()
         return lambda: (stop.set(), t.join())
-    if how == "env":
-        os.environ["NSA_CP_AUTO_MAX_S"] = "0.5"
-        return lambda: os.environ.pop("NSA_CP_AUTO_MAX_S")
     if how.startswith("tensor:"):  # tensor:<method>, shadowed on torch.Tensor
         name = how.removeprefix("tensor:")
         setattr(torch.Tensor, name, _wrapped(getattr(torch.Tensor, name), name))

@@ -157,8 +157,7 @@ class CliCase:
     expect: str  # the stderr line
     stage: str  # "value": each value on its own; "point": every point of the sweep, composed
     doc: str = ""  # the document's text for args, when they hold placeholders
-    setup: str = ""  # "file": {tmp}/file is a regular file; "old_schema": {tmp}/old/results.csv of an older schema;
-    # "fifo": {tmp}/fifo/results.csv is a FIFO; "dev_null": {tmp}/null/results.csv is a link to /dev/null
+    setup: tuple[str, ...] = ()  # what tests/app/test_hardening.py:_file_setup makes under {tmp}, as FileCase's
 
 
 VALUE = "value"
@@ -172,6 +171,7 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("page_size=0",), "error: page_size=0: must be an integer in [1, 1048576]", VALUE),
     CliCase(("seq_lens=[]",), "error: seq_lens=[]: must be a non-empty list of positive integers, e.g. [1000,300]", VALUE),
     CliCase(("seq_lens=[1000,-5]",), "error: seq_lens[1]=-5: must be an integer in [1, 16777216]", VALUE),
+    CliCase(("seq_lens=[5,0]",), "error: seq_lens[1]=0: must be an integer in [1, 16777216]", VALUE),
     CliCase(("cp_size=1180591620717411303424",), "error: cp_size=1180591620717411303424: must be an integer in [1, 1024]",
             VALUE),
     CliCase(("seed=4611686018427387904",), "error: seed=4611686018427387904: must be an integer in [0, 2147483647]",
@@ -204,17 +204,17 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("backend=nccl", "cp_size={too_many}"), "error: backend=nccl with cp_size=* needs * GPUs, this machine has *",
             POINT, doc="backend=nccl cp_size=N (N > the machine's GPUs)"),
     CliCase(("results_dir={tmp}/file/res",), "error: results_dir=*/file/res: */file is not a writable directory", VALUE,
-            doc="results_dir=FILE/res (FILE a regular file)", setup="file"),
+            doc="results_dir=FILE/res (FILE a regular file)", setup=("file",)),
     CliCase(("seq_lens={too_long}",), "error: seq_lens=[...]: 65537 entries, more than the 65536 requests one batch may hold",
             VALUE, doc="seq_lens=[1,1,...] (65537 entries)"),
     CliCase(("results_dir=x\\${{y}}",),
             "error: results_dir='x\\\\${y}': must not contain '${' (Hydra would read it as an interpolation)", VALUE,
             doc="results_dir=x\\${y}"),
     CliCase(("results_dir={tmp}/fifo",), "error: results_dir=*/fifo: */fifo/results.csv is not a regular file", POINT,
-            doc="results_dir=DIR (DIR/results.csv a FIFO)", setup="fifo"),
+            doc="results_dir=DIR (DIR/results.csv a FIFO)", setup=("fifo/results.csv:fifo",)),
     CliCase(("results_dir={tmp}/null",),
             "error: results_dir=*/null: */null/results.csv (a link to /dev/null) is not a regular file", POINT,
-            doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup="dev_null"),
+            doc="results_dir=DIR (DIR/results.csv a link to /dev/null)", setup=("null/results.csv:dev_null",)),
     CliCase(("results_dir=/sys/nsa-cp-comm",), "error: results_dir=/sys/nsa-cp-comm: * /sys*", VALUE),
     CliCase(("results_dir=/proc/sys/matrix-results",),
             "error: results_dir=/proc/sys/matrix-results: /proc/sys is not a writable directory", VALUE),
@@ -223,7 +223,7 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("results_dir={tmp}/old", "resume=true"),
             "error: results_dir=*/old: results.csv has another schema (missing *); "
             "use a new results_dir or move the old file away", POINT,
-            doc="resume=true into a results.csv of an older schema", setup="old_schema"),
+            doc="resume=true into a results.csv of an older schema", setup=("old/results.csv:old_schema",)),
 )
 
 

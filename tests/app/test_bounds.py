@@ -5,11 +5,11 @@ made in is refused up front; iters=auto's estimate counts its warm-up."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import pytest
 
+from matrix_cli import config_of as _cfg
 from nsa_cp_comm import plan as plan_mod
 from nsa_cp_comm.plan import MAX_CP_SIZE, MAX_PLAN_BLOCKS, plan_split
 
@@ -44,15 +44,6 @@ def test_without_the_bound_the_batch_is_read(monkeypatch):
     monkeypatch.setattr(plan_mod, "MAX_CP_SIZE", 1 << 40)
     with pytest.raises(AssertionError, match="a length was read"):
         plan_split(Untouchable(1), 10**7, policy="zigzag")
-
-
-def _cfg(**over) -> dict:
-    from matrix.app.config import MatrixConfig
-
-    c = dataclasses.asdict(MatrixConfig())
-    c.update(results_dir="/tmp/unused-results")
-    c.update(over)
-    return c
 
 
 def test_config_refuses_a_batch_too_large_to_plan_at_its_cp():

@@ -12,8 +12,9 @@ import pytest
 import reliability_table as table
 from matrix.app import budget
 from matrix.app.budget import check_sweep, estimate, sweep_estimate
-from matrix.app.config import ConfigError, MatrixConfig
+from matrix.app.config import ConfigError
 from matrix.app.resolve import Resolved, resolve, resolve_remote
+from matrix_cli import config_of as cfg
 from nsa_cp_comm.harness import machine
 from nsa_cp_comm.harness.machine import Machine
 
@@ -21,13 +22,6 @@ GIB = 1 << 30
 # The CI-sized machine: 2 cores, ~23 GiB, no GPU.
 CI = Machine(**table.BOUND_MACHINE)
 BIG = dataclasses.replace(CI, memory_bytes=1024.0 * GIB)
-
-
-def cfg(**over) -> dict:
-    c = dataclasses.asdict(MatrixConfig())
-    c.update(results_dir="/unused")
-    c.update(over)
-    return c
 
 
 def on(m: Machine, *cfgs: dict) -> list[Resolved]:

@@ -22,7 +22,7 @@ import pytest
 from matrix.review import coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
-from matrix_cli import run_matrix
+from matrix_cli import config_of, run_matrix
 from nsa_cp_comm.plan import plan_split
 from report_rows import append, make_row
 
@@ -97,12 +97,9 @@ def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
 
 
 def _cfg(cp: int, plan_class: str, impl: str) -> dict:
-    from matrix.app.config import MatrixConfig
-
     paged = plan_class == "paged_uneven"
-    return {**vars(MatrixConfig()), "cp_size": cp, "seq_lens": batch(plan_class, cp), "shared_kv": paged,
-            "page_size": plan_classes.PAGE_SIZE if paged else 1, "impl": impl, "hidden_size": 32,
-            "dtype": "bfloat16", "warmup": 1, "iters": 3}
+    return config_of(cp_size=cp, seq_lens=batch(plan_class, cp), shared_kv=paged, impl=impl, hidden_size=32,
+                     page_size=plan_classes.PAGE_SIZE if paged else 1, dtype="bfloat16", warmup=1, iters=3)
 
 
 @pytest.mark.parametrize("cp", [2, 3])
