@@ -845,6 +845,8 @@ BOUNDS: tuple[BoundCase, ...] = (
               f"num_experts=65536: 8 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
     BoundCase(("hidden_size=64", "seq_lens=[16000000]"),
               f"seq_lens=[16000000]: 2 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
+    BoundCase(("hidden_size=4096", "seq_lens=[100]", "align=16777216"),
+              f"align=16777216: 2 ranks x ~* GiB exceed this machine's 23.4 GiB available memory {FORCE}"),
     BoundCase(("+matrix=deepseek_v32",),
               "cp_size=8 hidden_size=7168 seq_lens=[16384]: the sweep's 8 points would take ~* min on this machine "
               f"(cpu/gloo at ~0.075 GB/s busbw; this point ~* min), over the 60 min limit {FORCE}"),
