@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import os
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -861,19 +862,10 @@ def point_with_mutation(spec, backend, mutation="none"):
     if mutation == "none":
         return point_on_rank(spec, backend)
     where, attr, repl = MUTATIONS[mutation]
-    if isinstance(where, str):
-        saved = impls.REGISTRY[where]
-        impls.REGISTRY[where] = dataclasses.replace(saved, **{attr: repl})
-    else:
-        saved = getattr(where, attr)
-        setattr(where, attr, repl)
-    try:
+    patched = (mock.patch.dict(impls.REGISTRY, {where: dataclasses.replace(impls.REGISTRY[where], **{attr: repl})})
+               if isinstance(where, str) else mock.patch.object(where, attr, repl))
+    with patched:
         return point_on_rank(spec, backend)
-    finally:
-        if isinstance(where, str):
-            impls.REGISTRY[where] = saved
-        else:
-            setattr(where, attr, saved)
 
 
 # --- a caller's mistake on one rank, inside the library's checked call --------
