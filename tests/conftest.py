@@ -107,7 +107,6 @@ SLOW: dict[str, str] = {
     "tests/app/test_hardening.py::test_injected_fault": "fault drill: a crashing, hanging and raising point in a sweep",
     "tests/app/test_matrix_cli.py::test_ctrl_c": "a sweep interrupted mid-point",
     "tests/app/test_matrix_cli.py::test_resume": "two sweeps",
-    "tests/app/test_matrix_cli.py::test_failing_points": "a sweep of failing points",
     "tests/app/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
     "tests/app/test_matrix_cli.py::test_two_smoke_sweeps": "the smoke preset twice, then compare",
     "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv": "a fresh venv: torch, the project, "
