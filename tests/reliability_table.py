@@ -775,7 +775,7 @@ FAULTS: tuple[FaultCase, ...] = (
         "`python -m matrix -m`",
         "killed with its ranks: every rank (and the fork server) is a child subreaper, and the rank's descendants "
         "are stopped and killed before the rank; none left after the sweep",
-        "test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point",
+        "test_a_plug_ins_helper_processes_end_with_its_ranks",
         "test_hostile_sweeps",
     ),
     FaultCase(

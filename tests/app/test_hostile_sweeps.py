@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hostile_impls import SESSION_MARK, SLEEP_MARK
 from matrix_cli import REPO, cli_env, live_processes, processes_left, run_matrix, sweep_in_background
 
 SMALL = ("cp_size=2", "seq_lens=[1001,300]", "hidden_size=64", "dtype=float32", "warmup=1", "iters=2")
@@ -38,20 +39,17 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 
 
-def _helpers_end_with_the_point(tmp_path, impl: str, mark: str) -> None:
+@pytest.mark.parametrize("impl, mark", [("spawns_helper", SLEEP_MARK), ("spawns_session_helper", SESSION_MARK)])
+def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path, impl, mark):
     """A sweep of ``impl``, whose helper processes' command lines hold ``sleep mark``:
-    none is left once the sweep ends."""
+    none is left once the sweep ends. A daemon started with start_new_session=True
+    (``spawns_session_helper``) leaves the rank's process group: the rank is its
+    subreaper and kills its descendants, so it ends too."""
     before = set(live_processes(f"sleep {mark}"))
     run = run_matrix(tmp_path / "res", f"impl={HOSTILE}:{impl}", *SMALL)
     assert run.returncode == 0, run.stderr[-2000:]
     left = processes_left(f"sleep {mark}", but=before)
     assert not left, f"orphaned helper processes: {left}"
-
-
-def test_a_plug_ins_helper_processes_end_with_its_ranks(tmp_path):
-    from hostile_impls import SLEEP_MARK
-
-    _helpers_end_with_the_point(tmp_path, "spawns_helper", SLEEP_MARK)
 
 
 def test_a_point_that_changes_its_ranks_gets_the_failure_not_the_next_point(tmp_path):
@@ -111,14 +109,6 @@ def test_sigterm_and_sighup_say_what_was_running_and_how_to_resume(tmp_path, sig
     # exec'd ranks name the results folder; a fork server and the ranks it forked name the sweep
     server = f"_worker.py fork-server {proc.pid} "
     assert processes_left(str(res), server) == {}
-
-
-def test_a_plug_ins_child_in_a_session_of_its_own_ends_with_its_point(tmp_path):
-    """A daemon started with start_new_session=True leaves the rank's process
-    group: the rank is its subreaper and kills its descendants, so it ends too."""
-    from hostile_impls import SESSION_MARK
-
-    _helpers_end_with_the_point(tmp_path, "spawns_session_helper", SESSION_MARK)
 
 
 def test_a_plug_ins_exit_handler_that_never_returns_does_not_hang_the_sweep(tmp_path):
