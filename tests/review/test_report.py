@@ -15,7 +15,6 @@ from matrix.store.runs import LAYOUT2_ENV
 from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
                          run_report, section, table_row)
 
-REPO = Path(__file__).resolve().parents[2]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
 
 
