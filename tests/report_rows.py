@@ -90,10 +90,10 @@ def section(md: str, title: str) -> str:
     return md[start:] if nxt < 0 else md[start:nxt]
 
 
-def table_row(text: str, first_cell: str) -> list[str]:
-    """The cells of the first markdown table row of ``text`` whose first cell is ``first_cell``."""
-    rows = ([c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines() if ln.startswith("|"))
-    return next(r for r in rows if r[0] == first_cell)
+def table_row(text: str, first_cell: str, nth: int = 0) -> list[str]:
+    """The cells of the ``nth`` (from 0) markdown table row of ``text`` whose first cell is ``first_cell``."""
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines() if ln.startswith("|")]
+    return [r for r in rows if r[0] == first_cell][nth]
 
 
 def _frame(path: Path) -> pd.DataFrame:
