@@ -128,23 +128,19 @@ def test_trace_draw_picks_whole_trace_batches():
     ("seq_len\n99999999\n", "line 2: seq_len='99999999'"),
     ("id,seq_len\n1,5\n2\n", "line 3: 1 fields"),
     ("batch,seq_len\na,10000\na,10000\n", "over the budget"),
+    (b"seq_len\n\xff\xfe\x00\n", "not UTF-8"),
+    (None, "cannot open"),  # no file there
 ])
 def test_trace_reader_refuses_bad_files_with_one_line(tmp_path, text, needle):
     p = tmp_path / "t.csv"
-    p.write_text(text)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    elif text is not None:
+        p.write_text(text)
     with pytest.raises(WorkloadError) as exc:
         read_trace(p, 16384)
     msg = str(exc.value)
     assert needle in msg and "\n" not in msg and str(p) in msg
-
-
-def test_trace_reader_refuses_binary_and_missing(tmp_path):
-    p = tmp_path / "b.csv"
-    p.write_bytes(b"seq_len\n\xff\xfe\x00\n")
-    with pytest.raises(WorkloadError, match="not UTF-8"):
-        read_trace(p, 100)
-    with pytest.raises(WorkloadError, match="cannot open"):
-        read_trace(tmp_path / "missing.csv", 100)
 
 
 @pytest.mark.parametrize("cfg, needle", [
