@@ -95,10 +95,9 @@ def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path, 
     rank test sees the mixture barely move: within noise, and the test had
     the power to see 15% on these samples."""
     rng = np.random.default_rng(5)
-    low, high = (lambda k: list(100 * (1 + 0.001 * rng.standard_normal(k)))), \
-        (lambda k: list(200 * (1 + 0.001 * rng.standard_normal(k))))
-    base = write_sampled(tmp_path / "b", {"p1": (low(101) + high(99), [100.0] * 200)})
-    new = write_sampled(tmp_path / "n", {"p1": (low(99) + high(101), [100.0] * 200)})
+    mode = lambda median, k: list(median * (1 + 0.001 * rng.standard_normal(k)))  # noqa: E731
+    base = write_sampled(tmp_path / "b", {"p1": (mode(100, 101) + mode(200, 99), [100.0] * 200)})
+    new = write_sampled(tmp_path / "n", {"p1": (mode(100, 99) + mode(200, 101), [100.0] * 200)})
     code, out = gate(base, new, capsys)
     assert code == 0 and "within-noise=1" in summary(out) and "unverified=0" in summary(out), out
     assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
@@ -142,8 +141,18 @@ def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr
     return write_sampled(tmp_path / name, {"p1": (rt, ctl)}, roundtrip_iqr_us=iqr)
 
 
-DAMAGES = ["line missing", "empty control", "NaN", "all NaN", "unreadable line", "truncated file", "file deleted",
-           "line of another run", "line newer than the reader"]
+# each damage _break does, and what the unverified row then says is wrong with its samples
+DAMAGES = {
+    "line missing": "no line in samples.jsonl",
+    "empty control": "no control samples (control_us empty)",
+    "NaN": "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0",
+    "all NaN": "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0",
+    "unreadable line": "its samples.jsonl line is unusable (roundtrip_us is not a list",
+    "truncated file": "no line in samples.jsonl; 1 unreadable line(s) skipped",
+    "file deleted": "no samples.jsonl",
+    "line of another run": "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01",
+    "line newer than the reader": "its samples.jsonl line is unusable (schema_version 99, newer than",
+}
 
 
 def _break(path: str, how: str) -> None:
@@ -195,17 +204,7 @@ def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path
     assert gate(whole_b, _one_point(tmp_path / "3", "n", _noisy(100), _noisy(100), iqr=iqr), capsys)[0] == 0
 
 
-@pytest.mark.parametrize("how,why", [
-    ("line missing", "no line in samples.jsonl"),
-    ("empty control", "no control samples (control_us empty)"),
-    ("NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
-    ("all NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
-    ("unreadable line", "its samples.jsonl line is unusable (roundtrip_us is not a list"),
-    ("truncated file", "no line in samples.jsonl; 1 unreadable line(s) skipped"),
-    ("file deleted", "no samples.jsonl"),
-    ("line of another run", "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01"),
-    ("line newer than the reader", "its samples.jsonl line is unusable (schema_version 99, newer than"),
-])
+@pytest.mark.parametrize("how,why", DAMAGES.items())
 def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path, capsys, how, why):
     base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
     new = _one_point(tmp_path, "n", _noisy(100), _noisy(100))
