@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from matrix.review import compare
+from matrix.review import compare, report
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
-from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
+from nsa_cp_comm.harness import significance
+from nsa_cp_comm.harness.significance import ALPHA, adjusted, p_greater, power, smallest_p
 
 from compare_rows import make_row, marks, summary, write_run
 
@@ -395,8 +396,6 @@ def _holm(ps: list[float]) -> list[float]:
 
 def test_the_docs_name_the_correction_the_code_applies():
     """The module's docstring named Holm while the code applies Benjamini-Hochberg."""
-    from nsa_cp_comm.harness import significance
-
     ps = [0.004, 0.03, 0.02, 0.5, 0.011]
     assert list(adjusted(ps)) == pytest.approx(_bh(ps)) and _bh(ps) != pytest.approx(_holm(ps))
     review = (Path(__file__).resolve().parents[2] / "docs" / "review.md").read_text()
@@ -457,8 +456,6 @@ def test_iters_auto_rows_still_too_noisy_say_so(tmp_path, capsys):
 def test_the_power_estimate_matches_the_test_it_predicts():
     """The checker of the power rule: its estimate against how often
     p_greater really flags a shifted sample drawn from the same noise."""
-    from nsa_cp_comm.harness.significance import ALPHA, power
-
     rng = np.random.default_rng(2)
     for n, sd in ((8, 0.05), (20, 0.2), (60, 0.3), (200, 0.5)):
         draw = lambda: np.abs(1 + sd * rng.standard_normal(n))  # noqa: E731
@@ -529,8 +526,6 @@ def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
 
 
 def test_the_report_names_a_calibration_short_of_its_target(tmp_path, capsys):
-    from matrix.review import report
-
     base, _ = _aa(tmp_path, 40, 0.01, calibration=True)
     report.main([base, "--exit-zero"])
     md = (Path(base) / "report.md").read_text()

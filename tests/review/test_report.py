@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from matrix.review import _review, plots, report
+from matrix.review import _review, compare, plots, report
 from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
 from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
@@ -276,8 +276,6 @@ def test_file_with_the_removed_fault_column(tmp_path, capsys):
     """A file written while the matrix had its test-only ``fault`` key reads in
     report and compare; a row of a point made to fail on purpose is not read
     (it shares its configuration with the real point and came after it)."""
-    from matrix.review import compare
-
     old_columns = [*COLUMNS[: COLUMNS.index("resume") + 1], "fault", *COLUMNS[COLUMNS.index("resume") + 1 :]]
     rows = [make_row("padded"), make_row("legacy"),
             make_row("padded", status="error", correct=None, reason="rank 1 error: RuntimeError: injected")]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from matrix.scale import plans
-from matrix.scale.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
+from matrix.scale.workload import (MATRIX_BATCHES_MAX, Batches, WorkloadError, draw, expand_argv, from_mapping, load,
+                                   read_trace, report_lines)
 from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 from matrix_cli import REPO, run_python
@@ -218,8 +219,6 @@ def test_doc_plans_speed_matches_its_json():
 # -- workload= in the matrix -------------------------------------------------------
 
 def test_workload_expands_into_a_sweep_of_its_batches():
-    from matrix.scale.workload import expand_argv
-
     w = load("lognormal")
     b = draw(w)
     out = expand_argv(["workload=lognormal", "cp_size=2"])
@@ -243,8 +242,6 @@ def test_workload_bad_input_is_one_line_exit_2(args, needle, capsys):
 
 
 def test_workload_batches_are_bounded(tmp_path):
-    from matrix.scale.workload import MATRIX_BATCHES_MAX
-
     p = tmp_path / "big.yaml"
     p.write_text("name: big\nkind: lognormal\nmean: 100\nsigma: 1\nbudget: 1000\nbatches: 65\n")
     with pytest.raises(WorkloadError, match=rf"workload.batches=65: must be an integer in \[1, {MATRIX_BATCHES_MAX}\]"):
@@ -262,8 +259,6 @@ def test_workload_dry_run_lists_one_point_per_batch(capsys):
 
 def test_workload_report_section_aggregates_over_batches():
     import pandas as pd
-
-    from matrix.scale.workload import report_lines
 
     rows = [dict(workload="lognormal", status="ok", cp_size=2, policy="zigzag", page_size=1, impl="padded",
                  bytes_useful=900, bytes_padded=1000 if i < 9 else 2000, roundtrip_p50_us=float(i))

@@ -18,6 +18,8 @@ from matrix.store import results
 from matrix.store.folder import Folder, completed_point_ids, latest_rows
 from matrix.store.results import (COLUMNS, ResultsPathError, ResultsWriteError, SchemaError, append_rows, check_schema,
                                   read_header, results_path, torn_path)
+from matrix.store.runs import read_runs
+from matrix.store.samples import read_samples
 
 from matrix_cli import read_table, run_python
 
@@ -420,9 +422,6 @@ def test_a_results_file_of_one_gigabyte_line_is_refused_with_its_size_not_read(t
 
 
 def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path):
-    from matrix.store.runs import read_runs
-    from matrix.store.samples import read_samples
-
     append_rows(tmp_path, [row("a")])
     for name in ("samples.jsonl", "runs.jsonl"):
         (tmp_path / name).write_text('{"point_id": "a"}\n')
