@@ -222,8 +222,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path, capsys):
 
 def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path, capsys):
     append(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
-    append(tmp_path, [make_row()])  # the rerun of the error point
-    md, appendix, _ = run_report(tmp_path)
+    md, appendix, _ = run_report(tmp_path, rows=[make_row()])  # the rerun of the error point
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 point)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 point, 2 rows")
