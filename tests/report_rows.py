@@ -76,9 +76,13 @@ def md_of(path: Path) -> tuple[str, str]:
     return (path / "report.md").read_text(), (path / "report_appendix.md").read_text()
 
 
-def run_report(path: Path, *args: str, code: int = 0) -> tuple[str, str, dict]:
-    """The report of ``path``: report.md, its appendix and report.json;
-    ``code``: its exit code (1 where a row fails)."""
+def run_report(path: Path, *args: str, code: int = 0,
+               rows: list[dict[str, object]] | None = None) -> tuple[str, str, dict]:
+    """The report of ``path`` (``rows``, where given, appended to it first by
+    one run): report.md, its appendix and report.json; ``code``: its exit code
+    (1 where a row fails)."""
+    if rows is not None:
+        append(path, rows)
     assert report.main([str(path), *args]) == code
     md, appendix = md_of(path)
     return md, appendix, json.loads((path / "report.json").read_text())
@@ -90,10 +94,10 @@ def section(md: str, title: str) -> str:
     return md[start:] if nxt < 0 else md[start:nxt]
 
 
-def table_row(text: str, first_cell: str) -> list[str]:
-    """The cells of the first markdown table row of ``text`` whose first cell is ``first_cell``."""
-    rows = ([c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines() if ln.startswith("|"))
-    return next(r for r in rows if r[0] == first_cell)
+def table_row(text: str, first_cell: str, nth: int = 0) -> list[str]:
+    """The cells of the ``nth`` (from 0) markdown table row of ``text`` whose first cell is ``first_cell``."""
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines() if ln.startswith("|")]
+    return [r for r in rows if r[0] == first_cell][nth]
 
 
 def _frame(path: Path) -> pd.DataFrame:

@@ -181,34 +181,26 @@ def test_within_the_threshold_or_faster_passes(base, tmp_path, capsys, factor, s
     assert code == 0 and shown in out and counts(out)[count] == value
 
 
-def _spread_runs(tmp_path: Path, iqr_base: float | None, iqr_new: float | None, factor: float) -> tuple[str, str]:
-    rows = changed(FIRST, roundtrip_iqr_us=iqr_base)
-    new_rows = changed(FIRST, roundtrip_iqr_us=iqr_new, roundtrip_p50_us=210.0 * factor)
-    return write_run(tmp_path / "b", rows), write_run(tmp_path / "n", new_rows)
-
-
-def test_regression_beyond_threshold_and_spread_fails(tmp_path, capsys):
-    base, new = _spread_runs(tmp_path, 10.0, 20.0, 1.2)  # +42 us against a spread of 15 us
-    code, out, _ = run([base, new], capsys)
-    assert code == 1 and counts(out)["regressed"] == "1"
-    assert "REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the spread)" in out
-    assert "mean roundtrip_iqr_us of the two rows" in out  # the rule is named
-
-
-def test_regression_within_spread_is_noise(tmp_path, capsys):
-    base, new = _spread_runs(tmp_path, 40.0, 60.0, 1.2)  # +42 us against a spread of 50 us
-    code, out, _ = run([base, new], capsys)
-    assert code == 0
-    assert counts(out)["regressed"] == "0" and counts(out)["within-noise"] == "1"
-    assert "within noise (roundtrip_p50_us, neither run kept samples: beyond 5% but not the spread 50)" in out
-
-
-def test_spread_of_one_side_is_used(tmp_path, capsys):
+@pytest.mark.parametrize("iqr_base, iqr_new, code, gauge, says", [
+    # +42 us against a spread of 15 us: beyond it, and the rule is named
+    (10.0, 20.0, 1, {"regressed": "1"}, ["REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the "
+                                         "spread)", "mean roundtrip_iqr_us of the two rows"]),
+    # +42 us against a spread of 50 us: noise
+    (40.0, 60.0, 0, {"regressed": "0", "within-noise": "1"},
+     ["within noise (roundtrip_p50_us, neither run kept samples: beyond 5% but not the spread 50)"]),
     # a BASE written before the spread column: NEW's spread still guards
-    base, new = _spread_runs(tmp_path, None, 50.0, 1.2)
-    assert run([base, new], capsys)[0] == 0
-    base, new = _spread_runs(tmp_path / "2", None, 30.0, 1.2)
-    assert run([base, new], capsys)[0] == 1
+    (None, 50.0, 0, {}, []),
+    (None, 30.0, 1, {}, []),
+], ids=["beyond_threshold_and_spread_fails", "within_spread_is_noise", "one_sides_spread_passes",
+        "one_sides_spread_fails"])
+def test_a_regression_is_gated_on_the_spread(tmp_path, capsys, iqr_base, iqr_new, code, gauge, says):
+    base = write_run(tmp_path / "b", changed(FIRST, roundtrip_iqr_us=iqr_base))
+    new = write_run(tmp_path / "n", changed(FIRST, roundtrip_iqr_us=iqr_new, roundtrip_p50_us=210.0 * 1.2))
+    got, out, _ = run([base, new], capsys)
+    assert got == code, out
+    assert {k: counts(out)[k] for k in gauge} == gauge
+    for text in says:
+        assert text in out
 
 
 def test_bandwidth_regresses_by_dropping(base, tmp_path, capsys):

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from matrix.review import compare
+from matrix.review import compare, report
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
-from nsa_cp_comm.harness.significance import adjusted, p_greater, smallest_p
+from nsa_cp_comm.harness import significance
+from nsa_cp_comm.harness.significance import ALPHA, adjusted, p_greater, power, smallest_p
 
 from compare_rows import make_row, marks, summary, write_run
 
@@ -95,10 +96,9 @@ def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path, 
     rank test sees the mixture barely move: within noise, and the test had
     the power to see 15% on these samples."""
     rng = np.random.default_rng(5)
-    low, high = (lambda k: list(100 * (1 + 0.001 * rng.standard_normal(k)))), \
-        (lambda k: list(200 * (1 + 0.001 * rng.standard_normal(k))))
-    base = write_sampled(tmp_path / "b", {"p1": (low(101) + high(99), [100.0] * 200)})
-    new = write_sampled(tmp_path / "n", {"p1": (low(99) + high(101), [100.0] * 200)})
+    mode = lambda median, k: list(median * (1 + 0.001 * rng.standard_normal(k)))  # noqa: E731
+    base = write_sampled(tmp_path / "b", {"p1": (mode(100, 101) + mode(200, 99), [100.0] * 200)})
+    new = write_sampled(tmp_path / "n", {"p1": (mode(100, 99) + mode(200, 101), [100.0] * 200)})
     code, out = gate(base, new, capsys)
     assert code == 0 and "within-noise=1" in summary(out) and "unverified=0" in summary(out), out
     assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
@@ -142,8 +142,18 @@ def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr
     return write_sampled(tmp_path / name, {"p1": (rt, ctl)}, roundtrip_iqr_us=iqr)
 
 
-DAMAGES = ["line missing", "empty control", "NaN", "all NaN", "unreadable line", "truncated file", "file deleted",
-           "line of another run", "line newer than the reader"]
+# each damage _break does, and what the unverified row then says is wrong with its samples
+DAMAGES = {
+    "line missing": "no line in samples.jsonl",
+    "empty control": "no control samples (control_us empty)",
+    "NaN": "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0",
+    "all NaN": "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0",
+    "unreadable line": "its samples.jsonl line is unusable (roundtrip_us is not a list",
+    "truncated file": "no line in samples.jsonl; 1 unreadable line(s) skipped",
+    "file deleted": "no samples.jsonl",
+    "line of another run": "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01",
+    "line newer than the reader": "its samples.jsonl line is unusable (schema_version 99, newer than",
+}
 
 
 def _break(path: str, how: str) -> None:
@@ -195,17 +205,7 @@ def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path
     assert gate(whole_b, _one_point(tmp_path / "3", "n", _noisy(100), _noisy(100), iqr=iqr), capsys)[0] == 0
 
 
-@pytest.mark.parametrize("how,why", [
-    ("line missing", "no line in samples.jsonl"),
-    ("empty control", "no control samples (control_us empty)"),
-    ("NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
-    ("all NaN", "its samples.jsonl line is unusable (roundtrip_us is not a list of finite numbers >= 0"),
-    ("unreadable line", "its samples.jsonl line is unusable (roundtrip_us is not a list"),
-    ("truncated file", "no line in samples.jsonl; 1 unreadable line(s) skipped"),
-    ("file deleted", "no samples.jsonl"),
-    ("line of another run", "its line is another run's (timestamp 2025-06-01T00:00:00+00:00, the row's 2026-01-01"),
-    ("line newer than the reader", "its samples.jsonl line is unusable (schema_version 99, newer than"),
-])
+@pytest.mark.parametrize("how,why", DAMAGES.items())
 def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path, capsys, how, why):
     base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
     new = _one_point(tmp_path, "n", _noisy(100), _noisy(100))
@@ -396,8 +396,6 @@ def _holm(ps: list[float]) -> list[float]:
 
 def test_the_docs_name_the_correction_the_code_applies():
     """The module's docstring named Holm while the code applies Benjamini-Hochberg."""
-    from nsa_cp_comm.harness import significance
-
     ps = [0.004, 0.03, 0.02, 0.5, 0.011]
     assert list(adjusted(ps)) == pytest.approx(_bh(ps)) and _bh(ps) != pytest.approx(_holm(ps))
     review = (Path(__file__).resolve().parents[2] / "docs" / "review.md").read_text()
@@ -458,8 +456,6 @@ def test_iters_auto_rows_still_too_noisy_say_so(tmp_path, capsys):
 def test_the_power_estimate_matches_the_test_it_predicts():
     """The checker of the power rule: its estimate against how often
     p_greater really flags a shifted sample drawn from the same noise."""
-    from nsa_cp_comm.harness.significance import ALPHA, power
-
     rng = np.random.default_rng(2)
     for n, sd in ((8, 0.05), (20, 0.2), (60, 0.3), (200, 0.5)):
         draw = lambda: np.abs(1 + sd * rng.standard_normal(n))  # noqa: E731
@@ -530,8 +526,6 @@ def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
 
 
 def test_the_report_names_a_calibration_short_of_its_target(tmp_path, capsys):
-    from matrix.review import report
-
     base, _ = _aa(tmp_path, 40, 0.01, calibration=True)
     report.main([base, "--exit-zero"])
     md = (Path(base) / "report.md").read_text()

@@ -9,13 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from matrix.review import _review, plots, report
+from matrix.review import _review, compare, plots, report
 from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
 from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
                          run_report, section, table_row)
 
-REPO = Path(__file__).resolve().parents[2]
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
 
 
@@ -63,8 +62,7 @@ def test_readers_use_the_status_column_only(tmp_path, capsys):
     # torch's text in a reason changes nothing: the error stays an error, the ok stays ok
     rows = [make_row("legacy", status="error", correct=None, reason=f"RuntimeError: {TORCH_TEXT}"),
             make_row("legacy", cp=4, reason=f"note: {TORCH_TEXT}")]
-    append(tmp_path, rows)
-    md, _, _ = run_report(tmp_path, code=1)
+    md, _, _ = run_report(tmp_path, code=1, rows=rows)
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "error")[-2] == "1" and table_row(verdicts, "ok")[-2] == "1"
     assert table_row(verdicts, "refused")[-2] == "0"
@@ -77,8 +75,7 @@ def test_the_verdict_counts_points_as_points_and_rows_as_rows(tmp_path, capsys):
             make_row("legacy", status="timeout", correct=None, reason="hung"),
             make_row("padded", cp=4, status="failed", correct=False, failed_check="reference_moe"),
             make_row("legacy", cp=4), make_row("padded", cp=8, correct=None), make_row("legacy", cp=8, correct=None)]
-    append(tmp_path, rows)
-    verdict = run_report(tmp_path, code=1)[0].splitlines()[2]
+    verdict = run_report(tmp_path, code=1, rows=rows)[0].splitlines()[2]
     assert verdict.startswith("**Verdict: FAIL**: 3 points, 6 rows"), verdict
     assert "**failed, error or timeout: 3 rows of 2 points**" in verdict
     assert "**!!! INCORRECT RESULTS: 1 row of 1 point !!!**" in verdict
@@ -135,8 +132,7 @@ def test_exit_zero_keeps_exit_0_on_a_failing_folder(run_dir, capsys):
 
 
 def test_a_passing_folder_exits_0_with_verdict_pass(tmp_path, capsys):
-    append(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
-    _, _, doc = run_report(tmp_path)
+    _, _, doc = run_report(tmp_path, rows=[make_row(), make_row("legacy", p50=90.0)])
     assert (doc["verdict"], doc["reasons"]) == ("PASS", [])
     assert "**Verdict: PASS**" in (tmp_path / "report.md").read_text()
 
@@ -209,8 +205,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path, capsys):
         make_row("padded", seq_lens=(1024, 1024), p50=250.0, iqr=10.0),
         make_row("legacy", seq_lens=(1024, 1024), p50=200.0, iqr=10.0),
     ]
-    append(tmp_path, rows)
-    md, appendix, _ = run_report(tmp_path)
+    md, appendix, _ = run_report(tmp_path, rows=rows)
     latency = section(md, "Latency")
     assert "1 of 2 ratios are" in latency and "noise" in latency
     ratios = appendix[appendix.index("## Each impl relative to padded (ratio"):]
@@ -227,8 +222,7 @@ def test_ratio_within_spread_is_marked_noise(tmp_path, capsys):
 
 def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path, capsys):
     append(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
-    append(tmp_path, [make_row()])  # the rerun of the error point
-    md, appendix, _ = run_report(tmp_path)
+    md, appendix, _ = run_report(tmp_path, rows=[make_row()])  # the rerun of the error point
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 point)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 point, 2 rows")
@@ -281,8 +275,6 @@ def test_file_with_the_removed_fault_column(tmp_path, capsys):
     """A file written while the matrix had its test-only ``fault`` key reads in
     report and compare; a row of a point made to fail on purpose is not read
     (it shares its configuration with the real point and came after it)."""
-    from matrix.review import compare
-
     old_columns = [*COLUMNS[: COLUMNS.index("resume") + 1], "fault", *COLUMNS[COLUMNS.index("resume") + 1 :]]
     rows = [make_row("padded"), make_row("legacy"),
             make_row("padded", status="error", correct=None, reason="rank 1 error: RuntimeError: injected")]

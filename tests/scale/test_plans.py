@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from matrix.scale import plans
-from matrix.scale.workload import Batches, WorkloadError, draw, from_mapping, load, read_trace
+from matrix.scale.workload import (MATRIX_BATCHES_MAX, Batches, WorkloadError, draw, expand_argv, from_mapping, load,
+                                   read_trace, report_lines)
 from nsa_cp_comm import engines, impls, plan_split
 from nsa_cp_comm.pad_at_split import padding_rows, physical_len
 from matrix_cli import REPO, run_python
@@ -128,23 +129,19 @@ def test_trace_draw_picks_whole_trace_batches():
     ("seq_len\n99999999\n", "line 2: seq_len='99999999'"),
     ("id,seq_len\n1,5\n2\n", "line 3: 1 fields"),
     ("batch,seq_len\na,10000\na,10000\n", "over the budget"),
+    (b"seq_len\n\xff\xfe\x00\n", "not UTF-8"),
+    (None, "cannot open"),  # no file there
 ])
 def test_trace_reader_refuses_bad_files_with_one_line(tmp_path, text, needle):
     p = tmp_path / "t.csv"
-    p.write_text(text)
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    elif text is not None:
+        p.write_text(text)
     with pytest.raises(WorkloadError) as exc:
         read_trace(p, 16384)
     msg = str(exc.value)
     assert needle in msg and "\n" not in msg and str(p) in msg
-
-
-def test_trace_reader_refuses_binary_and_missing(tmp_path):
-    p = tmp_path / "b.csv"
-    p.write_bytes(b"seq_len\n\xff\xfe\x00\n")
-    with pytest.raises(WorkloadError, match="not UTF-8"):
-        read_trace(p, 100)
-    with pytest.raises(WorkloadError, match="cannot open"):
-        read_trace(tmp_path / "missing.csv", 100)
 
 
 @pytest.mark.parametrize("cfg, needle", [
@@ -222,8 +219,6 @@ def test_doc_plans_speed_matches_its_json():
 # -- workload= in the matrix -------------------------------------------------------
 
 def test_workload_expands_into_a_sweep_of_its_batches():
-    from matrix.scale.workload import expand_argv
-
     w = load("lognormal")
     b = draw(w)
     out = expand_argv(["workload=lognormal", "cp_size=2"])
@@ -247,8 +242,6 @@ def test_workload_bad_input_is_one_line_exit_2(args, needle, capsys):
 
 
 def test_workload_batches_are_bounded(tmp_path):
-    from matrix.scale.workload import MATRIX_BATCHES_MAX
-
     p = tmp_path / "big.yaml"
     p.write_text("name: big\nkind: lognormal\nmean: 100\nsigma: 1\nbudget: 1000\nbatches: 65\n")
     with pytest.raises(WorkloadError, match=rf"workload.batches=65: must be an integer in \[1, {MATRIX_BATCHES_MAX}\]"):
@@ -266,8 +259,6 @@ def test_workload_dry_run_lists_one_point_per_batch(capsys):
 
 def test_workload_report_section_aggregates_over_batches():
     import pandas as pd
-
-    from matrix.scale.workload import report_lines
 
     rows = [dict(workload="lognormal", status="ok", cp_size=2, policy="zigzag", page_size=1, impl="padded",
                  bytes_useful=900, bytes_padded=1000 if i < 9 else 2000, roundtrip_p50_us=float(i))

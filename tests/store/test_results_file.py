@@ -18,6 +18,8 @@ from matrix.store import results
 from matrix.store.folder import Folder, completed_point_ids, latest_rows
 from matrix.store.results import (COLUMNS, ResultsPathError, ResultsWriteError, SchemaError, append_rows, check_schema,
                                   read_header, results_path, torn_path)
+from matrix.store.runs import read_runs
+from matrix.store.samples import read_samples
 
 from matrix_cli import read_table, run_python
 
@@ -224,20 +226,21 @@ def test_resume_reads_a_file_with_bytes_that_are_not_utf8(tmp_path):
     assert completed_point_ids(tmp_path) == {"a", "b"}
 
 
-def _quote_row_b(path: Path) -> str:
-    """Row b (line 3) given a ``"`` that is never closed; returns that line."""
+def _quote_row_b(results_dir: Path, ids: str) -> tuple[Path, str]:
+    """The results file of one row per letter of ``ids``, row b (line 3) given
+    a ``"`` that is never closed; returns the file and that line."""
+    append_rows(results_dir, [row(pid) for pid in ids])
+    path = results_path(results_dir)
     lines = path.read_text().splitlines(keepends=True)
     lines[2] = lines[2].replace(",b,", ',"b,', 1)
     path.write_text("".join(lines))
-    return lines[2]
+    return path, lines[2]
 
 
 def test_a_stray_quote_sets_its_line_aside_and_merges_no_rows(tmp_path, capsys):
     """One ``"`` in a middle row used to join the rows after it into one record
     (a fake point, and the real one called "already in results")."""
-    append_rows(tmp_path, [row("a"), row("b"), row("c"), row("d")])
-    path = results_path(tmp_path)
-    _quote_row_b(path)
+    path, _ = _quote_row_b(tmp_path, "abcd")
     read = results.read_rows(path)
     assert [r["point_id"] for _, r in read.rows] == ["a", "c", "d"]
     assert read.malformed == [3]
@@ -251,9 +254,7 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
     after it: the project's readers skipped it, ``pandas.read_csv`` failed."""
     import pandas as pd
 
-    append_rows(tmp_path, [row("a"), row("b"), row("c")])
-    path = results_path(tmp_path)
-    bad = _quote_row_b(path)
+    path, bad = _quote_row_b(tmp_path, "abc")
     assert completed_point_ids(tmp_path) == {"a", "c"}
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith(f"1 malformed row(s) set aside (line 3): not whole rows of this schema; "
@@ -267,9 +268,7 @@ def test_resume_moves_malformed_lines_aside_so_pandas_reads_the_file(tmp_path, c
 
 
 def test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were(tmp_path, monkeypatch, capsys):
-    append_rows(tmp_path, [row("a"), row("b")])
-    path = results_path(tmp_path)
-    _quote_row_b(path)
+    path, _ = _quote_row_b(tmp_path, "ab")
     before = path.read_bytes()
 
     def full(p, data):
@@ -284,9 +283,7 @@ def test_a_resume_that_cannot_rewrite_leaves_both_files_as_they_were(tmp_path, m
 
 def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
     """A sweep appending while a resume rewrote the file: its rows go to the new file."""
-    append_rows(tmp_path, [row("a"), row("b")])
-    path = results_path(tmp_path)
-    _quote_row_b(path)
+    path, _ = _quote_row_b(tmp_path, "ab")
     real = results._open_for_append
     opened = []
 
@@ -425,9 +422,6 @@ def test_a_results_file_of_one_gigabyte_line_is_refused_with_its_size_not_read(t
 
 
 def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path):
-    from matrix.store.runs import read_runs
-    from matrix.store.samples import read_samples
-
     append_rows(tmp_path, [row("a")])
     for name in ("samples.jsonl", "runs.jsonl"):
         (tmp_path / name).write_text('{"point_id": "a"}\n')
