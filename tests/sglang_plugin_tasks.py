@@ -15,11 +15,6 @@ PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "sglang_cp_plugin"
 REF = "sglang_cp_plugin.adapter:impl"
 
 
-def importable() -> None:
-    """The plug-in's package on this process's path (it is not installed)."""
-    plugin_tasks.on_path(PLUGIN)
-
-
 def _broken(variant: str, impl):
     import torch.distributed as dist
 
@@ -89,7 +84,7 @@ def points(runs, backend):
 
 def shard_rows(rows: torch.Tensor, plan) -> torch.Tensor:
     """The engine's own padded shard of ``rows`` (``pad_local_rows``), for comparison."""
-    importable()
+    plugin_tasks.on_path(PLUGIN)
     from sglang_cp_plugin import adapter, engine
 
     return engine.pad_local_rows(rows, plan.per_rank_tokens, adapter.physical_len(plan))

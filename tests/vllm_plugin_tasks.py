@@ -16,11 +16,6 @@ PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "vllm_pcp_plugin"
 REF = "vllm_pcp_plugin.adapter:impl"
 
 
-def importable() -> None:
-    """The plug-in's package on this process's path (it is not installed)."""
-    plugin_tasks.on_path(PLUGIN)
-
-
 def _broken(variant: str, impl):
     import torch.distributed as dist
 
@@ -71,7 +66,7 @@ def _broken(variant: str, impl):
 
 def skip_on_empty():
     """The plug-in broken as vLLM #53573 broke serving code (``impl=tests.vllm_plugin_tasks:skip_on_empty``)."""
-    importable()
+    plugin_tasks.on_path(PLUGIN)
     from vllm_pcp_plugin import adapter
 
     return _broken("skip_on_empty", adapter.impl)

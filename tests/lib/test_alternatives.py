@@ -346,7 +346,7 @@ def test_sumlen_and_a2a_on_gloo_ranks(pool3):
 )
 def test_full_mode_alternatives_through_run_point(pool3, seq_lens, policy, page, dtype):
     spec = PointSpec(seq_lens, 3, policy, page_size=page, hidden_size=H, dtype=dtype, warmup=1, iters=3,
-                     impls=("padded", "legacy", "sumlen_allreduce", "allgatherv"))
+                     impls=("padded", "legacy", "sumlen_allreduce", "allgatherv", "a2a"))
     plan = spec.plan()
     res = by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
     assert res["padded"].status == "ok" and res["padded"].correct
@@ -359,6 +359,7 @@ def test_full_mode_alternatives_through_run_point(pool3, seq_lens, policy, page,
     assert s.stats["roundtrip"]["p50"] > 0 and s.busbw_useful_GBps > 0
     ag = res["allgatherv"]
     assert ag.status == "skipped" and "nccl" in ag.reason and "gloo" in ag.reason
+    assert res["a2a"].status == "skipped" and "SCATTERED" in res["a2a"].reason  # a dispatch: no FULL-mode round trip
     if plan.is_even:
         assert res["padded"].even_bitwise_equal is True
 
@@ -386,14 +387,6 @@ def test_scattered_mode_a2a_through_run_point(pool3, seq_lens, policy, page, dty
     for phase in ("gather", "scatter", "roundtrip"):
         assert a.stats[phase]["p50"] > 0
     assert a.busbw_padded_GBps > 0
-
-
-def test_a2a_in_full_mode_is_skipped(pool3):
-    spec = PointSpec((900,), 3, "zigzag_page", page_size=64, hidden_size=H, dtype="float32", warmup=0, iters=1,
-                     impls=("padded", "a2a"))
-    res = by_impl(run_point(spec, pool3, timeout_s=TIMEOUT_S))
-    assert res["padded"].status == "ok"
-    assert res["a2a"].status == "skipped" and "SCATTERED" in res["a2a"].reason
 
 
 # The checks must catch broken implementations, on the same matrix path.

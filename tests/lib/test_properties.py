@@ -202,66 +202,41 @@ def check_page_1_is_zigzag(b: Batch) -> None:
     assert all(a.rank_indices(r) == z.rank_indices(r) for r in range(b.cp))
 
 
+def check_even_and_the_claim(b: Batch) -> None:
+    plan = b.plan()
+    assert plan.is_even, plan
+    assert plan.padded_total == plan.total_tokens and plan.padding_frac == 0.0
+    # even, so m*cp == T: the claim holds unless a coarser align padded past ceil_align(S, cp)
+    assert plan.claim_holds == (plan.total_tokens == ceil_align(sum(b.seq_lens), b.cp)), plan
+    if b.align in (None, b.cp):
+        assert plan.claim_holds, plan
+
+
 PLAN_PROPERTIES = (check_shape_invariants, check_every_token_once, check_blocks, check_matches_reference)
 
 
 # -- plan properties over random batches ----------------------------------------------
 
-@pytest.mark.fuzz
-@given(batches())
-def test_shape_invariants(b):
-    check_shape_invariants(b)
-
-
-@pytest.mark.fuzz
-@given(batches())
-def test_every_global_token_on_exactly_one_rank(b):
-    check_every_token_once(b)
-
-
-@pytest.mark.fuzz
-@given(batches())
-def test_blocks(b):
-    check_blocks(b)
-
-
-@pytest.mark.fuzz
-@given(batches())
-def test_plan_matches_reference_transcription(b):
-    check_matches_reference(b)
-
-
-@pytest.mark.fuzz
-@given(batches(policies=("zigzag",)))
-def test_zigzag_page_with_page_size_1_is_zigzag(b):
-    check_page_1_is_zigzag(b)
-
-
-@pytest.mark.fuzz
-@given(batches(policies=("round_robin",)))
-def test_round_robin_is_always_even_and_the_claim_holds(b):
-    plan = b.plan()
-    assert plan.is_even
-    assert plan.padded_total == plan.total_tokens and plan.padding_frac == 0.0
-    # even, so m*cp == T: the claim holds unless a coarser align padded past ceil_align(S, cp)
-    assert plan.claim_holds == (plan.total_tokens == ceil_align(sum(b.seq_lens), b.cp))
-    if b.align in (None, b.cp):
-        assert plan.claim_holds
-
-
-@pytest.mark.fuzz
-@given(batches(policies=("zigzag",), max_requests=1))
-def test_single_request_zigzag_is_even_and_the_claim_holds(b):
+PROPERTY_TESTS = {  # id: (the property, the batches it holds for)
+    "shape_invariants": (check_shape_invariants, batches()),
+    "every_global_token_on_exactly_one_rank": (check_every_token_once, batches()),
+    "blocks": (check_blocks, batches()),
+    "plan_matches_reference_transcription": (check_matches_reference, batches()),
+    "zigzag_page_with_page_size_1_is_zigzag": (check_page_1_is_zigzag, batches(policies=("zigzag",))),
+    "round_robin_is_always_even_and_the_claim_holds": (check_even_and_the_claim, batches(policies=("round_robin",))),
     # one request in 2*cp near-equal blocks, T a multiple of cp: the block
     # sizes differ by one at most, and rank k's pair (k, 2cp-1-k) always sums
     # to the same count
-    plan = b.plan()
-    assert plan.is_even, plan
-    S = sum(b.seq_lens)
-    # the claim: only an align coarser than cp can add rows beyond ceil_align(S, cp)
-    assert plan.claim_holds == (plan.total_tokens == ceil_align(S, b.cp)), plan
-    if b.align in (None, b.cp):
-        assert plan.claim_holds, plan
+    "single_request_zigzag_is_even_and_the_claim_holds": (check_even_and_the_claim,
+                                                          batches(policies=("zigzag",), max_requests=1)),
+}
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("check,strategy", list(PROPERTY_TESTS.values()), ids=list(PROPERTY_TESTS))
+@given(data=st.data())
+def test_plan_property(check, strategy, data):
+    check(data.draw(strategy))
 
 
 # -- where the claim m*cp == ceil_align(T, cp) fails: hypothesis finds the smallest ----

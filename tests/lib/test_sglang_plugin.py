@@ -20,7 +20,7 @@ from nsa_cp_comm import impls
 from nsa_cp_comm.harness.checks import shard_input
 from nsa_cp_comm.plan import plan_split
 
-tasks.importable()
+plugin_tasks.on_path(tasks.PLUGIN)
 REF = tasks.REF
 SGLANG = "sglang_0_5_23"
 DEEPEP = "zigzag DSA CP runs its MoE through DeepEP"

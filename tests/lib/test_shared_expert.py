@@ -76,12 +76,16 @@ def test_every_placement_sums_to_the_reference(cp):
     assert max_rel_err(sum(sharded._shared(x, u) for u in units), sharded.shared(x)) < 1e-5
 
 
-def test_the_shared_expert_gives_zero_rows_zero_outputs():
-    for placement in ("sharded", "replicated"):
-        moe = ReferenceMoE(32, num_experts=4, seed=3, shared_expert=placement)
-        padded = torch.cat([_x(6, 32), torch.zeros(5, 32)])
-        assert torch.equal(moe.partial(padded, 0, 2)[6:], torch.zeros(5, 32))
-        assert torch.equal(moe.shared(padded)[6:], torch.zeros(5, 32))
+@pytest.mark.parametrize("placement,seed", [("none", 4), ("sharded", 2), ("replicated", 2)])
+def test_zero_rows_give_zero_outputs_and_do_not_change_other_rows(placement, seed):
+    moe = ReferenceMoE(32, num_experts=4, seed=3, shared_expert=placement)
+    x = _x(6, 32, seed)
+    padded = torch.cat([x, torch.zeros(5, 32)])
+    for r in range(2):
+        p = moe.partial(padded, r, 2)
+        assert torch.equal(p[6:], torch.zeros(5, 32))
+        assert torch.allclose(p[:6], moe.partial(x, r, 2), rtol=1e-6, atol=1e-7)
+    assert torch.equal(moe.shared(padded)[6:], torch.zeros(5, 32))
 
 
 def test_a_bad_placement_is_one_line():

@@ -53,16 +53,16 @@ def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, 
 
 
 def _check(cp=4, lens=(5, 3, 9), dtype=torch.bfloat16, impl="padded", rank=1, seed=3):
+    """The check of ``impl`` on ``rank``, its plan and shards, and empty local and partials buffers for its inputs."""
     plan = plan_split(lens, cp, policy="zigzag")
     shards = [torch.randn(n, 16).to(dtype) for n in plan.per_rank_tokens]
-    return TimedCheck(get(impl), plan, rank, shards, 16, seed, "cpu", warmup=1), plan, shards
+    local, partials = torch.empty_like(shards[rank]), torch.empty((get("padded").buffer_rows(plan), 16), dtype=dtype)
+    return TimedCheck(get(impl), plan, rank, shards, 16, seed, "cpu", warmup=1), plan, shards, local, partials
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_every_iteration_has_new_inputs_and_every_element_changes(dtype):
-    check, plan, shards = _check(dtype=dtype)
-    local = torch.empty_like(shards[1])
-    partials = torch.empty((get("padded").buffer_rows(plan), 16), dtype=dtype)
+    check, _, shards, local, partials = _check(dtype=dtype)
     seen_local, seen_partials = [], []
     for it in range(20):
         check.inputs(it, local, partials)
@@ -76,12 +76,10 @@ def test_every_iteration_has_new_inputs_and_every_element_changes(dtype):
 
 
 def test_the_draws_differ_between_implementations():
-    a, plan, shards = _check(impl="padded")
-    b, _, _ = _check(impl="padded_zero_copy")
-    la, lb = torch.empty_like(shards[1]), torch.empty_like(shards[1])
-    p = torch.empty((get("padded").buffer_rows(plan), 16), dtype=torch.bfloat16)
-    a.inputs(0, la, p)
-    b.inputs(0, lb, p.clone())
+    a, _, _, la, pa = _check(impl="padded")
+    b, _, _, lb, pb = _check(impl="padded_zero_copy")
+    a.inputs(0, la, pa)
+    b.inputs(0, lb, pb)
     assert not torch.equal(la, lb)  # no memo shared by two names of one plug-in can answer
 
 
@@ -99,9 +97,7 @@ def test_the_partials_sum_exactly_in_bfloat16_at_any_cp(cp):
 
 
 def test_a_wrong_gather_a_wrong_scatter_and_a_changed_caller_are_each_counted():
-    check, plan, shards = _check()
-    local = torch.empty_like(shards[1])
-    partials = torch.empty((get("padded").buffer_rows(plan), 16), dtype=torch.bfloat16)
+    check, plan, _, local, partials = _check()
     m = plan.max_rank_len
 
     def right_gather():

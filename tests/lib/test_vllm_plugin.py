@@ -19,7 +19,7 @@ from matrix_cli import run_matrix
 import vllm_plugin_tasks as tasks
 from nsa_cp_comm import impls
 
-tasks.importable()
+plugin_tasks.on_path(tasks.PLUGIN)
 REF = tasks.REF
 VLLM = "vllm_0_33"
 DCS = "dual_chunk_swap"
