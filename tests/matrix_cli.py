@@ -9,8 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +52,7 @@ def config_of(**over) -> dict:
     (a results_dir nothing writes to, unless given)."""
     from matrix.app.config import MatrixConfig
 
-    return {**dataclasses.asdict(MatrixConfig()), "results_dir": "/tmp/unused-results", **over}
+    return {**asdict(MatrixConfig()), "results_dir": "/tmp/unused-results", **over}
 
 
 def compose_config(*overrides: str):

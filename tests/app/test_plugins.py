@@ -31,6 +31,10 @@ def _by_point(run: CliRun) -> dict[tuple[str, str], dict[str, str]]:
     return {(r["impl"], r["seq_lens"]): r for r in run.rows()}
 
 
+def _verdict(row: dict[str, str]) -> tuple[str, str]:
+    return row["status"], row["failed_check"]
+
+
 def _swept_before_padded(tmp_path, names, *args: str) -> tuple[CliRun, dict[tuple[str, str], dict[str, str]]]:
     """The broken ``names``, then padded, swept over ``args``: failed rows make a
     failing sweep (exit 1), not a crash, and padded passes every point after them.
@@ -43,10 +47,6 @@ def _swept_before_padded(tmp_path, names, *args: str) -> tuple[CliRun, dict[tupl
         padded = rows[("padded", lens)]
         assert _verdict(padded) == ("ok", "") and float(padded["roundtrip_p50_us"]) > 0, padded["reason"]
     return run, rows
-
-
-def _verdict(row: dict[str, str]) -> tuple[str, str]:
-    return row["status"], row["failed_check"]
 
 
 def test_broken_impls_are_flagged_and_the_sweep_goes_on(tmp_path):
