@@ -12,7 +12,9 @@ Each table has one home, the code that uses it; the docs quote it between
   config key's from ``matrix.app.help.MEANING`` (what ``--help`` prints), the
   others' from :data:`COLUMN_MEANING` below;
 * ``checks`` (docs/design.md): every ``failed_check`` name and what passing it
-  proves (``nsa_cp_comm.harness.checks.CHECKS``).
+  proves (``nsa_cp_comm.harness.checks.CHECKS``);
+* ``reliability_*`` (RELIABILITY.md): the bad inputs, faults and bounds the
+  hardening tests run, from their home ``tests/reliability_table.py`` (``TABLES``).
 
 tests/project/test_docs.py fails when a doc differs from the rendering, or when a
 column has no meaning here.
@@ -31,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-for _path in (REPO / "src", REPO):  # the app runs from the repository root, not installed
+for _path in (REPO / "src", REPO, REPO / "tests"):  # the app runs from the repository root, not installed
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
@@ -40,9 +42,10 @@ from matrix.app import summary  # noqa: E402
 from matrix.review import report  # noqa: E402
 from matrix.store import results  # noqa: E402
 from nsa_cp_comm.harness.checks import CHECKS  # noqa: E402
+import reliability_table  # noqa: E402
 
 DOCS = {"statuses": REPO / "docs" / "columns.md", "columns": REPO / "docs" / "columns.md",
-        "checks": REPO / "docs" / "design.md"}
+        "checks": REPO / "docs" / "design.md", **dict.fromkeys(reliability_table.TABLES, REPO / "RELIABILITY.md")}
 BLOCK = re.compile(r"(<!-- tables:(\w+) -->\n)(.*?)(<!-- /tables -->)", re.S)
 
 # The schema's groups of columns, in file order: (tuple in matrix.store.results,
@@ -184,7 +187,7 @@ def checks_table() -> str:
     return "\n".join(lines)
 
 
-RENDER = {"statuses": statuses_table, "columns": columns_table, "checks": checks_table}
+RENDER = {"statuses": statuses_table, "columns": columns_table, "checks": checks_table, **reliability_table.TABLES}
 
 
 def rendered(text: str) -> str:

@@ -182,6 +182,9 @@ def test_a_table_differing_from_the_code_is_found(monkeypatch):
     assert doc_tables.undescribed() == ["new_column: no meaning in docs/doc_tables.py"]
     monkeypatch.setitem(doc_tables.report.STATUS_MEANING, "ok", "something else")
     assert doc_tables.out_of_date() == ["docs/columns.md: statuses"]
+    monkeypatch.undo()
+    monkeypatch.setattr(doc_tables.reliability_table, "BOUNDS", doc_tables.reliability_table.BOUNDS[:-1])
+    assert doc_tables.out_of_date() == ["RELIABILITY.md: reliability_bounds"]
 
 
 def test_a_sweep_exit_column_follows_the_exit_code(monkeypatch):
