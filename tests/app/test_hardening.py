@@ -106,7 +106,7 @@ def _one_line_exit_2_nothing_written(code: int, out: str, err: str, case, tmp: P
     assert out == ""
     lines = err.splitlines()
     assert len(lines) == 1 and table.matches(lines[0], case.expect), err[:2000]
-    assert _contents(tmp) == before  # nothing written, not even a directory, and no file changed
+    assert _contents(tmp) == before, "written under tmp"  # not even a directory; no file changed
     return lines[0]
 
 
@@ -135,6 +135,31 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
     else:
         stage = table.POINT
     assert stage == case.stage
+
+
+@pytest.mark.parametrize("writes", ["a results folder", "a byte onto results.csv"])
+def test_a_refusal_that_wrote_is_caught(writes, tmp_path, capsys, monkeypatch):
+    """The nothing-written check sees a refusal that made a folder or changed
+    a file before its one line: an app whose preflight writes, then refuses."""
+    import matrix.app.sweep as cli
+
+    case = next(c for c in table.CLI if c.setup == ("old/results.csv:old_schema",))
+    _file_setup(case.setup, tmp_path)
+    before = _contents(tmp_path)
+    refuse = cli.preflight
+
+    def preflight_that_writes(argv, **kw):
+        if writes == "a results folder":
+            (tmp_path / "res").mkdir()
+        else:
+            with open(tmp_path / "old" / "results.csv", "ab") as f:
+                f.write(b"x")
+        return refuse(argv, **kw)
+
+    monkeypatch.setattr(cli, "preflight", preflight_that_writes)
+    code = cli.main(["-m", *_args(case, tmp_path)])
+    with pytest.raises(AssertionError, match="^written under tmp"):
+        _one_line_exit_2_nothing_written(code, *capsys.readouterr(), case, tmp_path, before)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a mode-0555 directory")
