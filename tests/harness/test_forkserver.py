@@ -25,8 +25,8 @@ import rank_tasks
 from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, start_interrupted,
-                           start_reaper, stop)
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, mutated_worker,
+                           start_interrupted, start_reaper, stop, wait_for)
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
 
@@ -56,10 +56,7 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     try:
         driver = int(_read_line(reaper, START_S) or 0)
         assert driver, "the drill's driver did not start"
-        deadline = time.monotonic() + START_S
-        while not said and time.monotonic() < deadline:
-            _reap(reaper, ended, said, {-1}, 1.0)
-        assert said, "the driver's pool did not start"
+        wait_for("the driver's pool start", lambda: _reap(reaper, ended, said, {-1}, 1.0) or said)
         server, *rank_pids = map(int, said[0].split())
         named = {"server": server, **{f"rank{r}": pid for r, pid in enumerate(rank_pids)}}
         for pid in named.values():
@@ -73,21 +70,17 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
 
 
 @LINUX
-def test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked(tmp_path):
-    """Stopped, neither the server nor a rank can act: the death signal
-    (starter -> server -> rank) is all that ends them."""
-    assert fork_drill(tmp_path) == {"server": -9, "rank0": -9, "rank1": -9, "rank2": -9}
-
-
-@LINUX
-def test_the_fork_drill_fails_for_a_worker_without_the_death_signal(tmp_path):
-    """The drill can fail: served from a worker file whose guard arms no
-    death signal, the server and its ranks outlive their starter."""
-    source = ranks.WORKER_PATH.read_text()
-    assert "libc.prctl(1, 9)" in source, "the worker no longer arms the death signal so: update this mutation"
-    worker = tmp_path / "unguarded_worker.py"
-    worker.write_text(source.replace("libc.prctl(1, 9)", "pass"))
-    assert fork_drill(tmp_path, worker) == {"server": None, "rank0": None, "rank1": None, "rank2": None}
+@pytest.mark.parametrize("guard, ends", [
+    # Stopped, neither the server nor a rank can act: the death signal
+    # (starter -> server -> rank) is all that ends them.
+    (None, -signal.SIGKILL),
+    # The drill can fail: served from a worker file whose guard arms no death
+    # signal, the server and its ranks outlive their starter.
+    ("libc.prctl(1, 9)", None),
+], ids=["intact", "no_death_signal"])
+def test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked(tmp_path, guard, ends):
+    want = dict.fromkeys(("server", "rank0", "rank1", "rank2"), ends)
+    assert fork_drill(tmp_path, mutated_worker(tmp_path, guard)) == want
 
 
 @LINUX
