@@ -5,7 +5,8 @@ forks each CPU rank. Whatever kills the starter kills the server and every
 rank it forked (the drill holds them stopped, so only the kernel's death
 signal can end them); a rank sees the environment its pool was started
 with; the pool reads each forked rank's exit status as it reads an exec'd
-one's; with ``NSA_CP_COMM_FORK_RANKS=0`` ranks are exec'd, as CUDA ranks are.
+one's (tests/harness/test_ranks.py); with ``NSA_CP_COMM_FORK_RANKS=0``
+ranks are exec'd, as CUDA ranks are.
 Where ranks outnumber the CPUs, each is bound to one (``machine.rank_cpus``).
 """
 
@@ -118,20 +119,6 @@ def test_with_fork_off_ranks_are_execd_children_of_the_starter(tmp_path, monkeyp
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert argv[1:3] == [str(ranks.WORKER_PATH).encode(), str(os.getpid()).encode()], argv
             assert rank_tasks.parent_pid(pid) == os.getpid()
-
-
-@pytest.mark.parametrize("fork", ["1", "0"])
-def test_a_rank_killed_mid_task_is_reported_alike_forked_or_execd(tmp_path, monkeypatch, fork):
-    monkeypatch.setenv(forkserver.FORK_ENV, fork)
-    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
-    pool = RankPool(2, workdir=tmp_path)
-    try:
-        forked = rank_tasks.parent_pid(pool.pids[1]) != os.getpid()
-        results = pool.run(rank_tasks.exit_on_last, 7, timeout_s=60)
-    finally:
-        pool.close()
-    assert forked == (fork == "1")
-    assert results[1].status == "crashed" and results[1].error == "exited with code 7", results
 
 
 def test_ranks_outnumbering_the_cpus_are_bound_one_cpu_each_round_robin():
