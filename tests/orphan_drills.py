@@ -1,6 +1,7 @@
 """Parts of the kill drills: a reaper that reports how each process it
 adopted ended, the driver's environment, a file read as a drill reads it,
-and a rank start interrupted in-process."""
+a worker with one of its guards removed, and a rank start interrupted
+in-process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from matrix_cli import REPO, cli_env
 from nsa_cp_comm.harness import RankPool
+from nsa_cp_comm.harness.ranks import WORKER_PATH
 
 # Bounds of the drills: a rank's start-up on a loaded machine, and the time
 # the kernel's death signal gets to end a rank (it is sent as the driver dies).
@@ -71,15 +73,34 @@ def read_text(path: Path | str) -> str:
         return ""
 
 
+def mutated_worker(tmp_path: Path, guard: str | None, replacement: str = "pass") -> Path | None:
+    """A copy of the rank worker with ``guard`` replaced, for a drill that must
+    then fail; None (the real worker) where ``guard`` is None."""
+    if guard is None:
+        return None
+    source = WORKER_PATH.read_text()
+    assert guard in source, f"the worker no longer says {guard!r}: update this mutation"
+    worker = tmp_path / "mutated_worker.py"
+    worker.write_text(source.replace(guard, replacement))
+    return worker
+
+
 def stop(pid: int, timeout_s: float = 60.0) -> None:
     """SIGSTOP ``pid`` and wait until the kernel shows it stopped: kill() returns
     before the stop takes hold, and a rank whose driver is killed in that window
     may still run (the kill drill saw rank 0 exit 1 instead of ending stopped)."""
     os.kill(pid, signal.SIGSTOP)
+    wait_for(f"pid {pid} stop", lambda: read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()[:1] == ["T"],
+             timeout_s)
+
+
+def wait_for(what: str, condition, timeout_s: float = START_S):
+    """The first true value of ``condition()``, polled for up to ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while read_text(f"/proc/{pid}/stat").rpartition(")")[2].split()[:1] != ["T"]:
-        assert time.monotonic() < deadline, f"pid {pid} did not stop within {timeout_s:g} s"
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"the drill never saw {what}"
         time.sleep(0.01)
+    return found
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

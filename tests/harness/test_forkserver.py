@@ -5,7 +5,8 @@ forks each CPU rank. Whatever kills the starter kills the server and every
 rank it forked (the drill holds them stopped, so only the kernel's death
 signal can end them); a rank sees the environment its pool was started
 with; the pool reads each forked rank's exit status as it reads an exec'd
-one's; with ``NSA_CP_COMM_FORK_RANKS=0`` ranks are exec'd, as CUDA ranks are.
+one's (tests/harness/test_ranks.py); with ``NSA_CP_COMM_FORK_RANKS=0``
+ranks are exec'd, as CUDA ranks are.
 Where ranks outnumber the CPUs, each is bound to one (``machine.rank_cpus``).
 """
 
@@ -25,8 +26,8 @@ import rank_tasks
 from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
-from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, start_interrupted,
-                           start_reaper, stop)
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, mutated_worker,
+                           start_interrupted, start_reaper, stop, wait_for)
 
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server and the death signal are Linux's")
 
@@ -56,10 +57,7 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
     try:
         driver = int(_read_line(reaper, START_S) or 0)
         assert driver, "the drill's driver did not start"
-        deadline = time.monotonic() + START_S
-        while not said and time.monotonic() < deadline:
-            _reap(reaper, ended, said, {-1}, 1.0)
-        assert said, "the driver's pool did not start"
+        wait_for("the driver's pool start", lambda: _reap(reaper, ended, said, {-1}, 1.0) or said)
         server, *rank_pids = map(int, said[0].split())
         named = {"server": server, **{f"rank{r}": pid for r, pid in enumerate(rank_pids)}}
         for pid in named.values():
@@ -73,21 +71,17 @@ def fork_drill(tmp_path: Path, worker: Path | None = None) -> dict[str, int | No
 
 
 @LINUX
-def test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked(tmp_path):
-    """Stopped, neither the server nor a rank can act: the death signal
-    (starter -> server -> rank) is all that ends them."""
-    assert fork_drill(tmp_path) == {"server": -9, "rank0": -9, "rank1": -9, "rank2": -9}
-
-
-@LINUX
-def test_the_fork_drill_fails_for_a_worker_without_the_death_signal(tmp_path):
-    """The drill can fail: served from a worker file whose guard arms no
-    death signal, the server and its ranks outlive their starter."""
-    source = ranks.WORKER_PATH.read_text()
-    assert "libc.prctl(1, 9)" in source, "the worker no longer arms the death signal so: update this mutation"
-    worker = tmp_path / "unguarded_worker.py"
-    worker.write_text(source.replace("libc.prctl(1, 9)", "pass"))
-    assert fork_drill(tmp_path, worker) == {"server": None, "rank0": None, "rank1": None, "rank2": None}
+@pytest.mark.parametrize("guard, ends", [
+    # Stopped, neither the server nor a rank can act: the death signal
+    # (starter -> server -> rank) is all that ends them.
+    (None, -signal.SIGKILL),
+    # The drill can fail: served from a worker file whose guard arms no death
+    # signal, the server and its ranks outlive their starter.
+    ("libc.prctl(1, 9)", None),
+], ids=["intact", "no_death_signal"])
+def test_sigkill_of_the_starter_ends_the_fork_server_and_every_rank_it_forked(tmp_path, guard, ends):
+    want = dict.fromkeys(("server", "rank0", "rank1", "rank2"), ends)
+    assert fork_drill(tmp_path, mutated_worker(tmp_path, guard)) == want
 
 
 @LINUX
@@ -125,20 +119,6 @@ def test_with_fork_off_ranks_are_execd_children_of_the_starter(tmp_path, monkeyp
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             assert argv[1:3] == [str(ranks.WORKER_PATH).encode(), str(os.getpid()).encode()], argv
             assert rank_tasks.parent_pid(pid) == os.getpid()
-
-
-@pytest.mark.parametrize("fork", ["1", "0"])
-def test_a_rank_killed_mid_task_is_reported_alike_forked_or_execd(tmp_path, monkeypatch, fork):
-    monkeypatch.setenv(forkserver.FORK_ENV, fork)
-    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
-    pool = RankPool(2, workdir=tmp_path)
-    try:
-        forked = rank_tasks.parent_pid(pool.pids[1]) != os.getpid()
-        results = pool.run(rank_tasks.exit_on_last, 7, timeout_s=60)
-    finally:
-        pool.close()
-    assert forked == (fork == "1")
-    assert results[1].status == "crashed" and results[1].error == "exited with code 7", results
 
 
 def test_ranks_outnumbering_the_cpus_are_bound_one_cpu_each_round_robin():

@@ -14,15 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import rank_tasks
 from matrix_cli import live_processes, processes_left, run_python
-from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, read_text,
-                           start_interrupted, start_reaper, stop)
+from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, mutated_worker,
+                           read_text, start_interrupted, start_reaper, stop, wait_for)
 from nsa_cp_comm.harness import RankPool, ranks
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
 from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
@@ -57,14 +56,6 @@ worker=$1
 shift
 exec "$DRILL_PYTHON" "${DRILL_WORKER:-$worker}" "$@"
 """
-
-
-def _wait_for(what: str, condition, timeout_s: float = START_S):
-    deadline = time.monotonic() + timeout_s
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"the drill never saw {what}"
-        time.sleep(0.01)
-    return found
 
 
 def _thread_names(pid: int) -> list[str]:
@@ -103,11 +94,11 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
     try:
         driver = int(_read_line(reaper, START_S) or 0)
         assert driver, "the drill's driver did not start"
-        pids = {r: int(_wait_for(f"rank {r} start", lambda r=r: read_text(gate / f"rank{r}.pid"))) for r in range(3)}
-        _wait_for("rank 1 load torch", lambda: "/torch/" in read_text(f"/proc/{pids[1]}/maps"))
+        pids = {r: int(wait_for(f"rank {r} start", lambda r=r: read_text(gate / f"rank{r}.pid"))) for r in range(3)}
+        wait_for("rank 1 load torch", lambda: "/torch/" in read_text(f"/proc/{pids[1]}/maps"))
         stop(pids[1])
-        _wait_for("rank 0 in the rendezvous", lambda: any(work.glob(f"{STORE_PREFIX}*"))
-                  and "gloo_tcp_loop" in _thread_names(pids[0]))
+        wait_for("rank 0 in the rendezvous", lambda: any(work.glob(f"{STORE_PREFIX}*"))
+                 and "gloo_tcp_loop" in _thread_names(pids[0]))
         stop(pids[0])
         os.kill(driver, signal.SIGKILL)
         _reap(reaper, ended, said, {driver, pids[0], pids[1]}, DEATH_SIGNAL_S)
@@ -122,29 +113,22 @@ def kill_drill(tmp_path: Path, worker: Path | None = None) -> dict[int, int | No
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_sigkill_of_the_starter_at_fixed_points_of_rank_start_up_leaves_no_rank(tmp_path):
-    """Ranks in the rendezvous and loading torch die by the death signal with
-    their driver; a rank not yet running exits with ORPHAN_EXIT as it starts,
-    before importing anything; none is left."""
-    assert kill_drill(tmp_path) == {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: ORPHAN_EXIT}
-    assert processes_left(str(tmp_path / "work"), timeout_s=GONE_WITHIN_S) == {}
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 @pytest.mark.parametrize("guard, unguarded, ends", [
+    # ranks in the rendezvous and loading torch die by the death signal with
+    # their driver; a rank not yet running exits with ORPHAN_EXIT as it starts,
+    # before importing anything
+    (None, None, {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: ORPHAN_EXIT}),
     # no death signal: the stopped ranks outlive their driver
     ("libc.prctl(1, 9)", "pass", {0: None, 1: None, 2: ORPHAN_EXIT}),
     # no parent check: rank 2 runs on, loads torch, and only its pipe's end stops it
     ("if os.getppid() != starter_pid:", "if False:", {0: -signal.SIGKILL, 1: -signal.SIGKILL, 2: 1}),
-], ids=["no_death_signal", "no_parent_check"])
-def test_sigkill_of_the_starter_drill_fails_for_a_worker_without_a_guard(tmp_path, guard, unguarded, ends):
+], ids=["intact", "no_death_signal", "no_parent_check"])
+def test_sigkill_of_the_starter_at_fixed_points_of_rank_start_up_leaves_no_rank(tmp_path, guard, unguarded, ends):
     """The drill can fail: a worker without one of its guards changes how the
-    ranks that guard ends end."""
-    source = WORKER_PATH.read_text()
-    assert guard in source, f"the worker no longer says {guard!r}: update this mutation"
-    worker = tmp_path / "unguarded_worker.py"
-    worker.write_text(source.replace(guard, unguarded))
-    assert kill_drill(tmp_path, worker) == ends
+    ranks that guard ends end. None is left either way (the drill ends the
+    survivors)."""
+    assert kill_drill(tmp_path, mutated_worker(tmp_path, guard, unguarded)) == ends
+    assert processes_left(str(tmp_path / "work"), timeout_s=GONE_WITHIN_S) == {}
 
 
 def test_a_rank_whose_starter_is_not_its_parent_exits_before_importing_anything_heavy(tmp_path):
@@ -176,9 +160,7 @@ def test_an_abandoned_rank_exits_when_its_pipe_closes(tmp_path):
     proc = subprocess.Popen(args, env=_driver_env(), pass_fds=(theirs.fileno(),))
     theirs.close()
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "store").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the rank is in the rendezvous, waiting for rank 1
+        wait_for("the rank in the rendezvous, waiting for rank 1", (tmp_path / "store").exists, 120)
         assert proc.poll() is None
         ours.close()
         assert proc.wait(timeout=GONE_WITHIN_S) == 1
@@ -216,19 +198,12 @@ def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_
     the daemon goes to init and outlives the pool."""
     seconds = 800_000 + os.getpid() % 90_000 + (0 if subreaper else 1)  # this test's own
     if not subreaper:
-        source = WORKER_PATH.read_text()
-        mutation = "libc.prctl(36, 1, 0, 0, 0)"
-        assert mutation in source, f"the worker no longer says {mutation!r}: update this mutation"
-        worker = tmp_path / "no_subreaper_worker.py"
-        worker.write_text(source.replace(mutation, "pass"))
-        monkeypatch.setattr(ranks, "WORKER_PATH", worker)
+        monkeypatch.setattr(ranks, "WORKER_PATH", mutated_worker(tmp_path, "libc.prctl(36, 1, 0, 0, 0)"))
     monkeypatch.setenv("NSA_CP_COMM_FORK_RANKS", "0")  # exec'd ranks: the worker file is the one run
     try:
         with RankPool(2, workdir=tmp_path / "work") as pool:
             assert all(r.ok for r in pool.run(rank_tasks.daemonize_sleep, seconds, timeout_s=60))
-            deadline = time.monotonic() + 30
-            while len(live_processes(f"sleep {seconds}")) < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for("both daemons", lambda: len(live_processes(f"sleep {seconds}")) >= 2, 30)
             assert len(live_processes(f"sleep {seconds}")) == 2
         left = processes_left(f"sleep {seconds}")
         assert (left == {}) == subreaper, left

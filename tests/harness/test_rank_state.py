@@ -292,7 +292,7 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
     assert len(calls) == 1
 
 
-def _sweep_of_two(workdir, first, monkeypatch=None):
+def _sweep_of_two(workdir, first):
     """Two points as a sweep runs them (ranks from ranks.get_pool, the
     after-point check): ``first`` alone, then padded alone. Their rows."""
     rows = []

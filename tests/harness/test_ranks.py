@@ -13,7 +13,7 @@ import torch
 import rank_tasks
 from matrix_cli import live_processes
 from orphan_drills import read_text
-from nsa_cp_comm.harness import RankPool, RankResult, ranks, run_on_ranks
+from nsa_cp_comm.harness import RankPool, RankResult, forkserver, ranks, run_on_ranks
 from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
 
 # Bounds on how long things take are loose: the suite runs on loaded 2-core
@@ -93,10 +93,15 @@ def test_hanging_and_stopped_ranks_time_out_promptly_the_stopped_one_is_named_an
     assert 4 <= took < 4 + NOTICED_WITHIN_S, f"run() returned after {took:.1f}s"
 
 
-def test_rank_exiting_gives_crashed_with_exit_code(pool_workdir):
+@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "execd"])
+def test_rank_exiting_gives_crashed_with_exit_code(pool_workdir, monkeypatch, fork):
+    """Read alike from a rank forked from the fork server and an exec'd one."""
+    monkeypatch.setenv(forkserver.FORK_ENV, fork)
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", len(forkserver.servers()) + 1)
     pool = RankPool(2, workdir=pool_workdir)
-    pids = pool.pids
+    pids, forked = pool.pids, rank_tasks.parent_pid(pool.pids[1]) != os.getpid()
     results = pool.run(rank_tasks.exit_on_last, 17, timeout_s=30)
+    assert forked == (fork == "1")
     assert results[0].status == "ok" and results[0].value == 0
     assert results[1].status == "crashed"
     assert results[1].error == "exited with code 17"
