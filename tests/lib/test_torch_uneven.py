@@ -130,7 +130,6 @@ def test_mixed_plan_gather_peers_that_pass_the_shape_check_hang(tmp_path):
     # never come. With the peers still alive nothing wakes them before the
     # process group's timeout (gloo's default: 30 minutes).
     plan = plan_of(MIXED_4)
-    assert plan.per_rank_tokens == (2, 1, 1, 0)
     results = trial(tmp_path, MIXED_4, "gather", linger_s=600, hang_s=8.0)
     assert [r.outcome for r in results] == ["raised", "hung", "hung", "raised"], describe(results)
     for r in (results[0], results[3]):
