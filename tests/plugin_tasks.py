@@ -18,6 +18,13 @@ def on_path(plugin: Path) -> None:
         sys.path.insert(0, str(plugin))
 
 
+def rank_rows(plan, group) -> int:
+    """This rank's rows, by its rank in the CP group (a broken copy's helper)."""
+    import torch.distributed as dist
+
+    return plan.per_rank_tokens[dist.get_rank(group)]
+
+
 def points(plugin: Path, ref: str, broken: Callable[[str, Any], Any], runs, backend) -> list:
     """``point_on_rank`` of each ``(spec, variant)``: the plug-in registered as
     ``ref``, or ``broken(variant, impl)`` in its place for that point."""
@@ -59,8 +66,8 @@ def ok_points_of_sweep(rank_pool, tasks, cp: int, cases, point) -> list[tuple]:
     """A sweep of the plug-in ``tasks.REF`` as it is: each ``(lens, policy,
     engine, want)`` of ``cases`` run as ``point(lens, cp, policy, engine)``. A
     point whose ``want`` is not ``"ok"`` is checked here: skipped, with a reason
-    that names the plug-in and says ``want``, and nothing timed. The others are
-    the caller's to check: ``(row, plan, where)`` each."""
+    that names the plug-in and says ``want``, and nothing timed; the others are
+    ok, correct and timed, and the rest is the caller's: ``(row, plan, where)`` each."""
     specs = [point(lens, cp, policy, engine) for lens, policy, engine, _ in cases]
     found = rows(rank_pool, tasks, cp, [(s, "as_is") for s in specs])
     out = []
@@ -68,6 +75,8 @@ def ok_points_of_sweep(rank_pool, tasks, cp: int, cases, point) -> list[tuple]:
         r = res[tasks.REF]
         where = (lens, cp, policy, engine, r.status, r.reason)
         if want == "ok":
+            assert r.status == "ok" and r.correct and r.failed_check == "", where
+            assert r.stats["roundtrip"]["p50"] > 0, where
             out.append((r, s.plan(), where))
         else:
             assert r.status == "skipped" and r.reason.startswith(f"impl={tasks.REF}: ") and want in r.reason, where

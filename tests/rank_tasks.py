@@ -169,6 +169,7 @@ def roundtrip_cases(cases: list[dict]) -> list[dict]:
 
         # 5. legacy: bitwise equal on even plans, refuses on uneven ones.
         legacy = {"even": plan.is_even}
+        lcomm = CPLayerCommunicator(plan, ScatterMode.FULL, impl="legacy")
         if plan.is_even:
             lg = legacy_gather(local, plan)
             lo = legacy_scatter(partial.clone(), plan)
@@ -176,11 +177,9 @@ def roundtrip_cases(cases: list[dict]) -> list[dict]:
                 fails.append(f"even plan: padded gather allocated {full.shape[0]} rows, T={plan.total_tokens}")
             if not (same_bytes(lg, full) and same_bytes(lo, direct)):
                 fails.append("even plan: legacy and padded results differ")
-            lcomm = CPLayerCommunicator(plan, ScatterMode.FULL, impl="legacy")
             if not same_bytes(lcomm.postprocess(moe.partial(lcomm.prepare_mlp(local), rank, cp)), out):
                 fails.append("even plan: legacy communicator differs from padded")
         else:
-            lcomm = CPLayerCommunicator(plan, ScatterMode.FULL, impl="legacy")
             calls = {
                 "legacy_gather": lambda: legacy_gather(local, plan),
                 "legacy_scatter": lambda: legacy_scatter(

@@ -20,13 +20,10 @@ def _broken(variant: str, impl):
 
     from sglang_cp_plugin import adapter, engine
 
-    def rank_rows(plan, group):
-        return plan.per_rank_tokens[dist.get_rank(group)]
-
     if variant == "strips_padding":
         # the [n_r, H] protocol inside: the split's padding removed from the scatter's shard
         def scatter(partials, plan, group):
-            return adapter.scatter(partials, plan, group)[: rank_rows(plan, group)]
+            return adapter.scatter(partials, plan, group)[: plugin_tasks.rank_rows(plan, group)]
         return dataclasses.replace(impl, scatter=scatter)
     if variant == "wrong_p":
         # zigzag's 2*cp alignment on interleave, everywhere: the shard padded again to its P, its stride declared
@@ -40,14 +37,14 @@ def _broken(variant: str, impl):
         # the rows right, the [P, H] shard's padding rows left with something else
         def scatter(partials, plan, group):
             out = adapter.scatter(partials, plan, group).clone()
-            out[rank_rows(plan, group):] = 1.0
+            out[plugin_tasks.rank_rows(plan, group):] = 1.0
             return out
         return dataclasses.replace(impl, scatter=scatter)
     if variant == "dirty_input_padding":
         # writes into the caller's shard: its padding rows
         def gather(local, plan, group):
             full = adapter.gather(local, plan, group)
-            local[rank_rows(plan, group):] = 1.0
+            local[plugin_tasks.rank_rows(plan, group):] = 1.0
             return full
         return dataclasses.replace(impl, gather=gather)
     if variant in ("garbage_later", "garbage_in_round_trip"):
@@ -59,7 +56,7 @@ def _broken(variant: str, impl):
             out = adapter.scatter(partials, plan, group)
             calls[0] += 1
             if calls[0] > 2 if variant == "garbage_later" else calls[0] == 2:
-                out[rank_rows(plan, group):] = 1e-6
+                out[plugin_tasks.rank_rows(plan, group):] = 1e-6
             return out
         return dataclasses.replace(impl, scatter=scatter)
     if variant == "global_rank":

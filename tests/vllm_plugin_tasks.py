@@ -17,18 +17,13 @@ REF = "vllm_pcp_plugin.adapter:impl"
 
 
 def _broken(variant: str, impl):
-    import torch.distributed as dist
-
     from vllm_pcp_plugin import adapter, engine
-
-    def rank_rows(plan, group):
-        return plan.per_rank_tokens[dist.get_rank(group)]
 
     if variant == "skip_on_empty":
         # vLLM #53573: metadata built on each rank alone; a rank a short prefill
         # left without rows decides it has nothing to gather and skips the collective
         def gather(local, plan, group):
-            if rank_rows(plan, group) == 0:
+            if plugin_tasks.rank_rows(plan, group) == 0:
                 return local.new_zeros((local.shape[0] * plan.cp_size, *local.shape[1:]))
             return adapter.gather(local, plan, group)
         return dataclasses.replace(impl, gather=gather)
@@ -52,13 +47,13 @@ def _broken(variant: str, impl):
     if variant == "strips_padding":
         # the [n_r, H] protocol inside: the padding removed from the scatter's [P, H]
         def scatter(partials, plan, group):
-            return adapter.scatter(partials, plan, group)[: rank_rows(plan, group)]
+            return adapter.scatter(partials, plan, group)[: plugin_tasks.rank_rows(plan, group)]
         return dataclasses.replace(impl, scatter=scatter)
     if variant == "unmasked_garbage":
         # the router mask dropped and the padding rows of the output left with what the experts made of them
         def scatter(partials, plan, group):
             out = engine.pcp_reduce_scatter(partials, group)
-            out[rank_rows(plan, group):] = 1.0
+            out[plugin_tasks.rank_rows(plan, group):] = 1.0
             return out
         return dataclasses.replace(impl, scatter=scatter)
     raise ValueError(variant)

@@ -76,9 +76,12 @@ class FakeCollectives:
         out.copy_(inp[self.rank * k : (self.rank + 1) * k] * self.cp)
 
 
-def _shards(plan, hidden=H, dtype=torch.float32) -> list[torch.Tensor]:
+def _as_each_rank(monkeypatch, plan, dtype=torch.float32):
+    """This process as each rank of ``plan`` in turn: (rank, every rank's seeded shard, its FakeCollectives)."""
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(n, hidden, generator=g).to(dtype) for n in plan.per_rank_tokens]
+    shards = [torch.randn(n, H, generator=g).to(dtype) for n in plan.per_rank_tokens]
+    for rank in range(plan.cp_size):
+        yield rank, shards, FakeCollectives(monkeypatch, plan.cp_size, rank, shards)
 
 
 EVEN_PLANS = [
@@ -103,9 +106,7 @@ def test_even_plan_runs_the_general_padded_algorithm(monkeypatch, seq_lens, cp, 
     plan = plan_split(seq_lens, cp, policy=policy, page_size=page)
     assert plan.is_even and plan.padded_total == plan.total_tokens
     m = plan.max_rank_len
-    shards = _shards(plan, dtype=dtype)
-    for rank in range(cp):
-        legacy = FakeCollectives(monkeypatch, cp, rank, shards)
+    for rank, shards, legacy in _as_each_rank(monkeypatch, plan, dtype):
         lf = legacy_gather(shards[rank], plan, check=False)
         lo = legacy_scatter(lf.clone(), plan, check=False)
         padded = FakeCollectives(monkeypatch, cp, rank, shards)
@@ -131,9 +132,7 @@ def test_even_plan_runs_the_general_padded_algorithm(monkeypatch, seq_lens, cp, 
 def test_padded_scatter_returns_a_view_of_its_chunk(monkeypatch, seq_lens, cp, policy, page):
     plan = plan_split(seq_lens, cp, policy=policy, page_size=page)
     m = plan.max_rank_len
-    shards = _shards(plan)
-    for rank in range(cp):
-        fake = FakeCollectives(monkeypatch, cp, rank, shards)
+    for rank, shards, fake in _as_each_rank(monkeypatch, plan):
         full = torch.randn(plan.padded_total, H)
         expected = full[rank * m : (rank + 1) * m] * cp
         out = padded_scatter(full, plan, check=False)
@@ -153,9 +152,7 @@ def test_padded_scatter_returns_a_view_of_its_chunk(monkeypatch, seq_lens, cp, p
 def test_padded_buffer_gather_is_zero_copy(monkeypatch, seq_lens, cp, policy, page):
     plan = plan_split(seq_lens, cp, policy=policy, page_size=page)
     m = plan.max_rank_len
-    shards = _shards(plan)
-    for rank in range(cp):
-        fake = FakeCollectives(monkeypatch, cp, rank, shards)
+    for rank, shards, fake in _as_each_rank(monkeypatch, plan):
         full, slot = padded_buffer(plan, H, dtype=torch.float32)
         n = plan.per_rank_tokens[rank]
         assert full.shape == (plan.padded_total, H) and slot.shape == (n, H)
@@ -180,9 +177,7 @@ def test_allgatherv_splits_with_a_fake_list_collective(monkeypatch, seq_lens, cp
     """allgatherv cannot run on gloo; check its per-rank splits here with a
     stand-in for the list collectives (the real ones run in the GPU tests)."""
     plan = plan_split(seq_lens, cp, policy=policy, page_size=page)
-    shards = _shards(plan)
-    for rank in range(cp):
-        FakeCollectives(monkeypatch, cp, rank, shards)
+    for rank, shards, _ in _as_each_rank(monkeypatch, plan):
         seen = {}
 
         def all_gather(outs, inp, group=None):

@@ -17,6 +17,7 @@ from nsa_cp_comm.harness.significance import POWER_MIN, power, resolved_change
 from nsa_cp_comm.harness.spec import PointSpec
 
 import calibrate_tasks
+from rank_tasks import answered
 
 
 def test_median_interval_is_the_binomial_order_statistics():
@@ -84,9 +85,7 @@ def test_the_power_asked_for_is_compares():
 
 
 def test_a_loop_of_slow_iterations_stops_at_its_hard_cap_on_every_rank(rank_pool):
-    results = rank_pool(2).run(calibrate_tasks.slow_loop, 0.05, 1.0, timeout_s=60)
-    assert all(r.ok for r in results), [r.error for r in results]
-    iters = [r.value["iters"] for r in results]
+    iters = [v["iters"] for v in answered(rank_pool(2).run(calibrate_tasks.slow_loop, 0.05, 1.0, timeout_s=60))]
     assert iters[0] == iters[1] and 1 <= iters[0] < calibrate.MIN_ITERS, iters
 
 
@@ -105,10 +104,9 @@ def test_every_rank_runs_the_same_number_of_iterations(rank_pool, noisy, expect_
     # Rank 1 alone sees wide times: on its own it would go on while rank 0
     # stopped (and waited for it forever); deciding on the slowest rank's
     # times, all-reduced, both stop together.
-    results = rank_pool(2).run(calibrate_tasks.calibrated_loop, noisy, 40, timeout_s=30)
-    assert all(r.ok for r in results), [r.error for r in results]
-    assert [r.value["iters"] for r in results] == [expect_iters] * 2
-    assert [r.value["reached"] for r in results] == [reached] * 2
+    values = answered(rank_pool(2).run(calibrate_tasks.calibrated_loop, noisy, 40, timeout_s=30))
+    assert [v["iters"] for v in values] == [expect_iters] * 2
+    assert [v["reached"] for v in values] == [reached] * 2
 
 
 def test_config_accepts_iters_auto_and_names_the_key_otherwise():

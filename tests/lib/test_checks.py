@@ -58,15 +58,12 @@ def test_scatter_chunk_is_byte_exact(rank_pool):
     assert res.max_rel_err is not None and res.max_rel_err < 1e-2  # the reference check alone would pass
 
 
-EVEN3 = dict(seq_lens=(999,), cp_size=3, policy="zigzag")
-
-
 def test_even_bitwise_catches_what_tolerances_allow(rank_pool):
     """A scatter that sums in another precision on even plans: exact on the
     probes, within the MoE tolerance, but not legacy's bits."""
     # topk = all 6 experts: every rank's partial is non-zero, so the order matters
     shortcut = B("even_shortcut")
-    res = run(rank_pool, where=EVEN3, impls=(shortcut,), topk=6)[shortcut]
+    res = run(rank_pool, where=dict(EVEN, seq_lens=(999,), cp_size=3), impls=(shortcut,), topk=6)[shortcut]
     assert res.status == "failed" and res.failed_check == "even_bitwise" and res.even_bitwise_equal is False, res
     assert [c for c in ("scatter_chunk", "reference_moe", "gather_rows") if c in res.reason] == []
     uneven = run(rank_pool, where=dict(UNEVEN, cp_size=3), impls=(shortcut,), topk=6)[shortcut]

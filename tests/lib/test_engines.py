@@ -152,7 +152,6 @@ def mismatches(rules: engines.Engine, lens: list[int], cp: int, policy: str, pag
 @pytest.mark.parametrize("engine", ["seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_ascend"])
 @given(data=st.data())
 def test_each_engine_follows_its_code(engine, data):
-    """seed_fix follows its rule; each serving engine's model follows that engine's code."""
     assert mismatches(engines.get(engine), *data.draw(cases(engine))) == []
 
 

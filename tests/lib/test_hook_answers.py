@@ -57,26 +57,19 @@ def test_without_the_check_a_stride_of_zero_breaks_the_fold(monkeypatch):
         _impl("stride_zero").plan_columns(PLAN)
 
 
-def test_a_bad_answer_costs_its_own_row_and_the_others_run(rank_pool):
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "checker_broken"])
+def test_a_bad_answer_costs_its_own_row_and_the_others_run(rank_pool, monkeypatch, checked):
+    """With the checker broken (hook_error answers '') the ranks meet the bad
+    answer in the implementation's checks; the row is still its own error
+    (the ranks' blame), so the point's rows stand on both layers."""
+    if not checked:
+        monkeypatch.setattr(impls, "hook_error", lambda impl, backend, plan: "")
     spec = PointSpec((64,), 2, "zigzag", hidden_size=16, iters=2, warmup=0,
                      impls=("tests.broken_impls:stride_zero", "padded", "tests.broken_impls:supports_raises"))
     rows = {r.impl: r for r in run_point(spec, rank_pool(2), timeout_s=120)}
     assert list(rows) == list(spec.impls)
-    assert rows["tests.broken_impls:stride_zero"].status == "error"
+    assert rows["tests.broken_impls:stride_zero"].status == "error", rows
     assert "row_stride(plan) returned 0" in rows["tests.broken_impls:stride_zero"].reason
     assert "supports(plan) raised RuntimeError" in rows["tests.broken_impls:supports_raises"].reason
     assert rows["padded"].status == "ok" and rows["padded"].stats, rows["padded"]
     assert isinstance(rows["padded"], ImplResult)
-
-
-def test_without_the_check_the_answer_is_asked_on_the_ranks_and_blamed_there(rank_pool, monkeypatch):
-    """The checker broken (hook_error answers ''): the ranks meet the bad
-    answer in the implementation's checks; the row is still its own error
-    (the ranks' blame), so the point's rows stand on both layers."""
-    monkeypatch.setattr(impls, "hook_error", lambda impl, backend, plan: "")
-    spec = PointSpec((64,), 2, "zigzag", hidden_size=16, iters=2, warmup=0,
-                     impls=("tests.broken_impls:stride_zero", "padded"))
-    rows = {r.impl: r for r in run_point(spec, rank_pool(2), timeout_s=120)}
-    assert rows["tests.broken_impls:stride_zero"].status == "error", rows
-    assert "row_stride(plan) returned 0" in rows["tests.broken_impls:stride_zero"].reason
-    assert rows["padded"].status == "ok"

@@ -8,17 +8,13 @@ import torch
 from nsa_cp_comm import A2A_BACKENDS, CPLayerCommunicator, ScatterMode, mlp_mode, plan_split
 
 
-def test_none_backend_sparse_layer_is_full():
-    assert mlp_mode("none") is ScatterMode.FULL
-    assert mlp_mode("none", sparse_layer=True) is ScatterMode.FULL
-
-
 def test_only_sparse_layers_on_the_all_gather_path_are_full():
     """FULL for a sparse layer with no a2a backend; every a2a backend routes
     rows itself and every dense layer stays local."""
     modes = {(b, sparse): mlp_mode(b, sparse_layer=sparse) for b in A2A_BACKENDS for sparse in (True, False)}
     assert {key for key, mode in modes.items() if mode is ScatterMode.FULL} == {("none", True)}
     assert set(modes.values()) == {ScatterMode.FULL, ScatterMode.SCATTERED}
+    assert mlp_mode("none") is ScatterMode.FULL  # a layer is sparse unless said otherwise
 
 
 @pytest.mark.parametrize("backend", ["DeepEP", "nccl", "", "allgather", None, "none "])

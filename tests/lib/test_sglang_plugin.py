@@ -54,14 +54,12 @@ SWEEP = {
 
 @pytest.mark.parametrize("cp", sorted(SWEEP))
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason(rank_pool, cp):
-    # the skipped points are checked in ok_points_of_sweep
+    # skipped, or ok, correct and timed: checked in ok_points_of_sweep
     for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
-        assert r.status == "ok" and r.correct and r.failed_check == "", where
         p, pas = impls.shard_len(plan), impls.get("pad_at_split")
         # the engine's [P, H] shards, moved as the project's pad_at_split moves them
         assert r.rows_moved == p * cp == pas.buffer_rows(plan), where
         assert r.attn_pad_rows == p - min(plan.per_rank_tokens) == pas.stride(plan) - min(plan.per_rank_tokens)
-        assert r.stats["roundtrip"]["p50"] > 0
         # legacy's bits checked exactly where no rank is padded
         assert r.even_bitwise_equal is (True if p * cp == plan.total_tokens else None), where
 

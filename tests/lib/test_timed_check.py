@@ -11,6 +11,7 @@ import broken_impls
 from nsa_cp_comm.harness import PointSpec, run_point
 from nsa_cp_comm.harness.measure import point_on_rank
 from nsa_cp_comm.harness.phases import PHASES_KEY, PhaseClock
+from nsa_cp_comm.harness.spec import shard_seed
 from nsa_cp_comm.harness.verify import TimedCheck, _amplitude
 from nsa_cp_comm.impls import get
 from nsa_cp_comm.plan import plan_split
@@ -52,12 +53,16 @@ def test_a_timed_form_that_cheats_fails_and_the_honest_ones_pass(rank_pool, cp, 
     assert "the caller's rows changed during the round trip" in zeroed
 
 
-def _check(cp=4, lens=(5, 3, 9), dtype=torch.bfloat16, impl="padded", rank=1, seed=3):
-    """The check of ``impl`` on ``rank``, its plan and shards, and empty local and partials buffers for its inputs."""
-    plan = plan_split(lens, cp, policy="zigzag")
-    shards = [torch.randn(n, 16).to(dtype) for n in plan.per_rank_tokens]
-    local, partials = torch.empty_like(shards[rank]), torch.empty((get("padded").buffer_rows(plan), 16), dtype=dtype)
-    return TimedCheck(get(impl), plan, rank, shards, 16, seed, "cpu", warmup=1), plan, shards, local, partials
+def _check(impl="padded", dtype=torch.bfloat16, rank=1, seed=3):
+    """The check of ``impl`` (a name or an implementation) on ``rank``, its plan, its shards (seeded by seed and
+    rank as the harness's: only the implementation tells two checks apart), a local shard and a partials buffer."""
+    impl = get(impl) if isinstance(impl, str) else impl
+    plan = plan_split((5, 3, 9), 4, policy="zigzag")
+    shards = [torch.randn(n, 16, generator=torch.Generator().manual_seed(shard_seed(seed, r))).to(dtype)
+              for r, n in enumerate(plan.per_rank_tokens)]
+    local = torch.full((impl.shard_rows(plan, rank), 16), 7.0, dtype=dtype)
+    partials = torch.empty((impl.buffer_rows(plan), 16), dtype=dtype)
+    return TimedCheck(impl, plan, rank, shards, 16, seed, "cpu", warmup=1), plan, shards, local, partials
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -76,8 +81,9 @@ def test_every_iteration_has_new_inputs_and_every_element_changes(dtype):
 
 
 def test_the_draws_differ_between_implementations():
-    a, _, _, la, pa = _check(impl="padded")
-    b, _, _, lb, pb = _check(impl="padded_zero_copy")
+    a, _, shards_a, la, pa = _check(impl="padded")
+    b, _, shards_b, lb, pb = _check(impl="padded_zero_copy")
+    assert all(torch.equal(x, y) for x, y in zip(shards_a, shards_b))  # the same rows: only the draws can differ
     a.inputs(0, la, pa)
     b.inputs(0, lb, pb)
     assert not torch.equal(la, lb)  # no memo shared by two names of one plug-in can answer
@@ -173,13 +179,9 @@ def test_a_padded_shard_is_checked_padding_rows_included():
     # shard="padded": [P, H] in and out; the partials' padding rows are zero, so
     # the scatter's padding rows must come back zero, and the caller's padding stay zero
     impl = get("pad_at_split").__class__("padded_shard", lambda *a: None, lambda *a: None, shard="padded")
-    plan = plan_split((5, 3, 9), 4, policy="zigzag")  # n = 5 on every rank, P = ceil_align(5, 8) = 8
+    check, plan, _, local, partials = _check(impl)  # n = 5 on every rank, P = ceil_align(5, 8) = 8
     p, n = impl.stride(plan), plan.per_rank_tokens[1]
-    assert p > max(plan.per_rank_tokens)
-    shards = [torch.randn(k, 16).to(torch.bfloat16) for k in plan.per_rank_tokens]
-    check = TimedCheck(impl, plan, 1, shards, 16, 3, "cpu", warmup=1)
-    local = torch.full((p, 16), 7.0, dtype=torch.bfloat16)
-    partials = torch.empty((impl.buffer_rows(plan), 16), dtype=torch.bfloat16)
+    assert p > max(plan.per_rank_tokens) and local.shape == (p, 16)
     check.inputs(0, local, partials)
     assert bool(local[n:].eq(0).all()) and bool(local[:n].ne(0).any())
     for r, k in enumerate(plan.per_rank_tokens):

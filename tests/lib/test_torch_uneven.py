@@ -69,42 +69,32 @@ TWO_RANK_CASES = {"n=(488,512)": PAGE_1000, "n=(10,0)": PAGE_10}
 CASE_APIS = [("n=(488,512)", "single"), ("n=(488,512)", "tensor"), ("n=(10,0)", "single")]
 
 
+@pytest.mark.parametrize("op", ["gather", "scatter_rows"])
 @pytest.mark.parametrize("case_id,api", CASE_APIS)
-def test_gloo_gather_into_legacy_buffer_raises_on_every_rank(tmp_path, case_id, api):
+def test_gloo_legacy_buffer_on_uneven_plan_raises_on_every_rank(tmp_path, case_id, api, op):
+    # the gather into legacy's [T, H] output, the reduce-scatter of [T, H] into the rank's own rows
     case = TWO_RANK_CASES[case_id]
     plan = plan_of(case)
     assert not plan.is_even
-    results = trial(tmp_path, case, "gather", api=api)
-    chunk = plan.total_tokens // plan.cp_size
+    results = trial(tmp_path, case, op, api=api)
     for r in results:
         assert r.outcome == "raised", describe(results)
         assert r.returncode == 0, describe(results)  # no SIGABRT: the process carries on
         assert r.exc_type == "RuntimeError"
-        assert r.text == gloo_gather_text(plan.per_rank_tokens[r.rank], chunk)
-        # Not the text the project's refusal carries (that one is NCCL's).
-        assert LEGACY_UNEVEN_ERROR not in r.text
+        # Not the texts NCCL raises (the project's refusal carries NCCL's gather text).
+        assert NCCL_SCATTER_TEXT not in r.text and LEGACY_UNEVEN_ERROR not in r.text
+        if op == "gather":
+            assert r.text == gloo_gather_text(plan.per_rank_tokens[r.rank], plan.total_tokens // plan.cp_size)
+        else:
+            m = GLOO_SCATTER_RE.match(r.text)
+            assert m, r.text
+            assert int(m["rank"]) == r.rank
+            assert (int(m["got"]), int(m["want"])) == (plan.per_rank_tokens[r.rank] * plan.cp_size, plan.total_tokens)
         if api == "tensor":
-            assert any("all_gather_into_tensor` is deprecated" in w for w in r.warnings), r.warnings
+            old = "all_gather_into_tensor" if op == "gather" else "reduce_scatter_tensor"
+            assert any(f"{old}` is deprecated" in w for w in r.warnings), r.warnings
         else:
             assert r.warnings == []
-
-
-@pytest.mark.parametrize("case_id,api", CASE_APIS)
-def test_gloo_reduce_scatter_into_own_rows_raises_on_every_rank(tmp_path, case_id, api):
-    case = TWO_RANK_CASES[case_id]
-    plan = plan_of(case)
-    results = trial(tmp_path, case, "scatter_rows", api=api)
-    for r in results:
-        assert r.outcome == "raised", describe(results)
-        assert r.returncode == 0, describe(results)
-        assert r.exc_type == "RuntimeError"
-        m = GLOO_SCATTER_RE.match(r.text)
-        assert m, r.text
-        assert int(m["rank"]) == r.rank
-        assert (int(m["got"]), int(m["want"])) == (plan.per_rank_tokens[r.rank] * plan.cp_size, plan.total_tokens)
-        assert NCCL_SCATTER_TEXT not in r.text and LEGACY_UNEVEN_ERROR not in r.text
-        if api == "tensor":
-            assert any("reduce_scatter_tensor` is deprecated" in w for w in r.warnings), r.warnings
 
 
 def test_gloo_reduce_scatter_into_equal_chunks_returns_the_wrong_rows(tmp_path):
@@ -130,7 +120,6 @@ def test_mixed_plan_gather_peers_that_pass_the_shape_check_hang(tmp_path):
     # never come. With the peers still alive nothing wakes them before the
     # process group's timeout (gloo's default: 30 minutes).
     plan = plan_of(MIXED_4)
-    assert plan.per_rank_tokens == (2, 1, 1, 0)
     results = trial(tmp_path, MIXED_4, "gather", linger_s=600, hang_s=8.0)
     assert [r.outcome for r in results] == ["raised", "hung", "hung", "raised"], describe(results)
     for r in (results[0], results[3]):

@@ -52,12 +52,10 @@ SWEEP = {
 
 @pytest.mark.parametrize("cp", sorted(SWEEP))
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason(rank_pool, cp):
-    # the skipped points are checked in ok_points_of_sweep
+    # skipped, or ok, correct and timed: checked in ok_points_of_sweep
     for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
-        assert r.status == "ok" and r.correct and r.failed_check == "", where
         p = impls.shard_len(plan)
         assert p == max(plan.per_rank_tokens) and r.rows_moved == p * cp, where  # P = max n_r
-        assert r.stats["roundtrip"]["p50"] > 0
         assert r.even_bitwise_equal is (True if plan.is_even else None), where
 
 
