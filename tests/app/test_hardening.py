@@ -721,7 +721,7 @@ def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
 NODE_ID = re.compile(r"^\|.*\| `(tests/[\w/]+\.py)::(\w+)` \|$", re.M)
 
 
-def tests_missing(doc: str) -> tuple[int, list[str]]:
+def named_tests_missing(doc: str) -> tuple[int, list[str]]:
     """How many rows of ``doc`` name a test, and the named tests that do not exist."""
     named = NODE_ID.findall(doc)
     defined = {path: {n.name for n in ast.parse((REPO / path).read_text()).body if isinstance(n, ast.FunctionDef)}
@@ -730,7 +730,7 @@ def tests_missing(doc: str) -> tuple[int, list[str]]:
 
 
 def test_every_fault_row_names_an_existing_test():
-    rows, missing = tests_missing((REPO / "RELIABILITY.md").read_text())
+    rows, missing = named_tests_missing((REPO / "RELIABILITY.md").read_text())
     assert rows >= 65 and missing == []
 
 
@@ -738,7 +738,7 @@ def test_a_fault_row_naming_a_missing_test_is_found():
     doc = (REPO / "RELIABILITY.md").read_text()
     renamed = doc.replace("::test_sigkill_mid_sweep_then_resume_completes_it`", "::test_sigkill_mid_sweep`")
     moved = doc.replace("tests/harness/test_blame.py::", "tests/app/test_blame.py::")
-    assert tests_missing(renamed)[1] == ["tests/app/test_hardening.py::test_sigkill_mid_sweep"]
+    assert named_tests_missing(renamed)[1] == ["tests/app/test_hardening.py::test_sigkill_mid_sweep"]
     timed = "test_timed_forms_that_break_the_ranks_are_diagnosed"
-    assert tests_missing(moved)[1] == ["tests/app/test_blame.py::" + t for t in (
+    assert named_tests_missing(moved)[1] == ["tests/app/test_blame.py::" + t for t in (
         "test_a_raising_implementation_costs_its_own_row", timed, timed)]

@@ -84,7 +84,9 @@ def test_zero_rows_give_zero_outputs_and_do_not_change_other_rows(placement, see
     for r in range(2):
         p = moe.partial(padded, r, 2)
         assert torch.equal(p[6:], torch.zeros(5, 32))
-        assert torch.allclose(p[:6], moe.partial(x, r, 2), rtol=1e-6, atol=1e-7)
+        # Equal up to float32 rounding: the matmul's blocking follows the row count, so 11 rows
+        # and 6 round differently (1.6e-7 of the output's scale on an AMD EPYC); a leak is far larger.
+        assert max_rel_err(p[:6], moe.partial(x, r, 2)) < 1e-6
     assert torch.equal(moe.shared(padded)[6:], torch.zeros(5, 32))
 
 
