@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from matrix_cli import REPO
+from test_readme import EXAMPLE, README
 
-README = (REPO / "README.md").read_text()
 # The README and every doc it links to: a command moved between them stays run.
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ENV_BIN = Path(sys.executable).parent
@@ -160,12 +160,8 @@ def _strip_comment(line: str) -> str:
 KNOWN = {c for chain in CHAINS.values() for c in chain} | set(DRY) | set(ELSEWHERE)
 
 
-def documented_commands() -> list[str]:
-    return [cmd for doc in DOCS for cmd in readme_commands(doc.read_text())]
-
-
 def test_every_documented_command_is_accounted_for():
-    found = documented_commands()
+    found = [cmd for doc in DOCS for cmd in readme_commands(doc.read_text())]
     assert readme_commands(README), "no bash block found in the README"
     assert not set(found) - KNOWN, f"commands in the docs no test accounts for: {sorted(set(found) - KNOWN)}"
     assert not KNOWN - set(found), f"accounted for, but gone from the docs: {sorted(KNOWN - set(found))}"
@@ -223,8 +219,7 @@ def _fresh(tmp_path: Path) -> Path:
     for folder in ("matrix", "examples", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
     (tmp_path / "nsa_cp_matrix").symlink_to(REPO / "matrix")  # what nsa-cp-matrix imports
-    code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
-    (tmp_path / "example.py").write_text(code)
+    (tmp_path / "example.py").write_text(EXAMPLE)
     return tmp_path
 
 
