@@ -167,7 +167,7 @@ LONGEST: tuple[str, ...] = (
 
 
 def _slow_entry(nodeid: str) -> str | None:
-    return next((e for e in SLOW if nodeid == e or nodeid.startswith(e)), None)
+    return next((e for e in SLOW if nodeid.startswith(e)), None)
 
 
 # tryfirst: xdist's worker reads the xdist_group marks in its own hook of this
@@ -176,12 +176,9 @@ def _slow_entry(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config, items):
     used = set()
     grouped = config.pluginmanager.hasplugin("xdist")
-    rank = {e: i for i, e in enumerate(LONGEST)}
-
-    def first(item) -> int:
-        return next((i for e, i in rank.items() if item.nodeid.startswith(e)), len(rank))
-
-    items[:] = sorted(items, key=first)  # stable: the rest keep their order
+    # stable: the rest keep their order
+    items[:] = sorted(items, key=lambda item: next((i for i, e in enumerate(LONGEST) if item.nodeid.startswith(e)),
+                                                   len(LONGEST)))
     longest = {e for e in LONGEST for item in items if item.nodeid.startswith(e)}
     for item in items:
         if grouped and "rank_pool" in getattr(item, "fixturenames", ()):
@@ -195,12 +192,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
     # Only a run that collected every file can tell that an entry matches nothing.
     args = [a for a in config.args if not a.startswith("-")]
-    whole = all(os.path.abspath(a) == os.path.abspath(os.path.join(str(config.rootpath), "tests")) for a in args)
-    stale = sorted(set(SLOW) - used) if whole and not config.option.keyword else []
+    whole = not config.option.keyword and all(os.path.abspath(a) == str(config.rootpath / "tests") for a in args)
+    stale = sorted(set(SLOW) - used) if whole else []
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW names no collected test: {', '.join(stale)}")
     not_slow = [e for e in LONGEST if not _slow_entry(e)]
-    stale = sorted(set(LONGEST) - longest) if whole and not config.option.keyword else []
+    stale = sorted(set(LONGEST) - longest) if whole else []
     if not_slow or stale:
         raise pytest.UsageError(f"tests/conftest.py LONGEST names no collected slow test: "
                                 f"{', '.join(not_slow + stale)}")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from matrix_cli import REPO
+
 BENCH = REPO / "benchmarks" / "bench_comm.py"
 # A quick run takes ~15 s on an idle 2-core machine; several times that under load.
 RUN_TIMEOUT_S = 900

@@ -45,10 +45,8 @@ def modules() -> list[str]:
 def test_the_module_lists_are_the_tree():
     """The lists the checks below walk are not empty: the library, the harness
     and the app are all in them."""
-    mods = modules()
-    for where in ("src/nsa_cp_comm/plan.py", "src/nsa_cp_comm/harness/checks.py", "matrix/review/report.py"):
-        assert where in mods
-    assert "README.md" in repo_files("*.md") and "docs/design.md" in repo_files("*.md")
+    assert {"src/nsa_cp_comm/plan.py", "src/nsa_cp_comm/harness/checks.py", "matrix/review/report.py"} <= set(modules())
+    assert {"README.md", "docs/design.md"} <= set(repo_files("*.md"))
 
 
 def test_design_doc_module_map_matches_the_tree():
@@ -90,10 +88,8 @@ def outside_lines(path: str, text: str) -> list[str]:
 
 
 def test_nothing_points_outside_the_repository_or_to_a_work_item():
-    offenders = []
-    for path in repo_files("*.py", "*.md", "*.yaml", "*.sh", "*.toml", ".ci/run"):
-        offenders += outside_lines(path, (REPO / path).read_text(errors="replace"))
-    assert offenders == []
+    paths = repo_files("*.py", "*.md", "*.yaml", "*.sh", "*.toml", ".ci/run")
+    assert [line for p in paths for line in outside_lines(p, (REPO / p).read_text(errors="replace"))] == []
 
 
 @pytest.mark.parametrize("line", ["# see iss" + "ue 12", "fixed for Iss" + "ue #3", "as SP" + "EC.md says",
@@ -141,8 +137,7 @@ def broken_links(path: Path) -> list[str]:
 
 
 def test_every_link_resolves_inside_the_repository():
-    offenders = {p: broken_links(REPO / p) for p in repo_files("*.md")}
-    assert {p: b for p, b in offenders.items() if b} == {}
+    assert {p: bad for p in repo_files("*.md") if (bad := broken_links(REPO / p))} == {}
 
 
 def test_a_broken_link_is_found(tmp_path, monkeypatch):

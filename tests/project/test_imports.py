@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from matrix_cli import REPO, run_python
+
 LIBRARY = REPO / "src" / "nsa_cp_comm"
 
 
@@ -93,17 +94,19 @@ def test_the_library_and_its_harness_have_no_import_cycle():
     assert find_cycle(graph) == []
 
 
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """``{path under root: text}`` written, folders made as needed."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def make_package(root: Path, **sources: str) -> Path:
     """A package ``pkg`` under ``root`` with modules of these sources
     (``sub__x``: module ``x`` of the subpackage ``pkg.sub``)."""
-    pkg = root / "pkg"
-    for name, text in {"__init__": "", **sources}.items():
-        path = pkg / f"{name.replace('__', '/') if name != '__init__' else name}.py"
-        for folder in reversed(path.relative_to(root).parents[:-1]):
-            (root / folder).mkdir(exist_ok=True)
-            (root / folder / "__init__.py").touch()
-        path.write_text(text)
-    return pkg
+    files = {f"pkg/{name.replace('__', '/')}.py": text for name, text in sources.items()}
+    write_files(root, {**{f"{folder}/__init__.py": "" for f in files for folder in Path(f).parents[:-1]}, **files})
+    return root / "pkg"
 
 
 def test_a_cycle_through_a_function_level_import_is_found(tmp_path):
@@ -129,10 +132,8 @@ def test_the_library_never_imports_its_harness(tmp_path):
     # and the check sees each way of writing such an import
     for i, line in enumerate(["from .harness import RankPool", "from . import harness", "import nsa_cp_comm.harness.ranks",
                               "def f():\n    from nsa_cp_comm.harness.spec import PointSpec"]):
-        pkg = tmp_path / str(i) / "nsa_cp_comm"
-        pkg.mkdir(parents=True)
-        (pkg / "plan.py").write_text(line + "\n")
-        assert harness_imports(pkg, "nsa_cp_comm") == ["nsa_cp_comm.plan"], line
+        write_files(tmp_path / str(i), {"nsa_cp_comm/plan.py": line + "\n"})
+        assert harness_imports(tmp_path / str(i) / "nsa_cp_comm", "nsa_cp_comm") == ["nsa_cp_comm.plan"], line
 
 
 # Per module: drop the package's modules, import this one first, note a failure.
@@ -181,8 +182,7 @@ def test_help_answers_without_importing_torch():
     """``python -m matrix --help`` is what a user runs first: it reads the
     schema, the presets and the library's pure-Python limits, never torch
     (seconds of imports on a loaded machine)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    proc = run_python("-X", "importtime", "-m", "matrix", "--help", env=env)
+    proc = run_python("-X", "importtime", "-m", "matrix", "--help")
     assert proc.returncode == 0 and "keys:" in proc.stdout, proc.stderr[-2000:]
     modules = imported(proc.stderr)
     assert {"matrix.app.help", "matrix.app.config", "nsa_cp_comm.harness.calibrate"} <= modules
@@ -278,9 +278,7 @@ def misplaced_tests(tests: Path) -> list[str]:
 def test_tests_live_in_the_rooms_of_the_code_they_test(tmp_path):
     assert misplaced_tests(REPO / "tests") == []
     # and the check sees a test at the top, in a room of its own, and one level too deep
-    for name in ("test_top.py", "misc/test_x.py", "app/deep/test_y.py", "app/test_ok.py"):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("")
+    write_files(tmp_path, dict.fromkeys(("test_top.py", "misc/test_x.py", "app/deep/test_y.py", "app/test_ok.py"), ""))
     assert misplaced_tests(tmp_path) == ["app/deep/test_y.py", "misc/test_x.py", "test_top.py"]
 
 
@@ -302,9 +300,6 @@ def cross_room_test_imports(tests: Path) -> list[str]:
 def test_tests_share_helpers_through_support_modules_not_other_rooms_tests(tmp_path):
     assert cross_room_test_imports(REPO / "tests") == []
     # and the check sees an import of another room's test module, not one of its own room's
-    (tmp_path / "store").mkdir()
-    (tmp_path / "review").mkdir()
-    (tmp_path / "review" / "test_compare.py").write_text("")
-    (tmp_path / "store" / "test_own.py").write_text("")
-    (tmp_path / "store" / "test_runs.py").write_text("import test_compare as tc\nfrom test_own import x\n")
+    write_files(tmp_path, {"review/test_compare.py": "", "store/test_own.py": "",
+                           "store/test_runs.py": "import test_compare as tc\nfrom test_own import x\n"})
     assert cross_room_test_imports(tmp_path) == ["store/test_runs.py: test_compare"]

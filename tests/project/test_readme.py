@@ -7,14 +7,13 @@ import re
 from matrix_cli import REPO, run_python
 
 README = (REPO / "README.md").read_text()
+# Also run by test_readme_commands.py's example chain, as the README's `python example.py`.
+EXAMPLE = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
 
 
 def test_readme_example_runs_as_written(tmp_path):
-    block = README.split("A runnable example", 1)[1]
-    code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    proc = run_python(str(script), cwd=tmp_path, timeout=120)
+    (tmp_path / "example.py").write_text(EXAMPLE)
+    proc = run_python("example.py", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == [
         "(488, 512) 512 1024 False",

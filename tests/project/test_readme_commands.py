@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from matrix_cli import REPO
+from test_readme import EXAMPLE, README
 
-README = (REPO / "README.md").read_text()
 # The README and every doc it links to: a command moved between them stays run.
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ENV_BIN = Path(sys.executable).parent
@@ -56,7 +56,9 @@ FEWER_POINTS: dict[str, str] = {
     # iters=auto samples each point for up to its cap (30 s): the cp=2 half of the sweep
     # times with it (an even and an uneven plan, legacy refused on the latter),
     # and report and compare read those rows; the stopping rule itself is
-    # tests/lib/test_calibrate.py's, on warm ranks.
+    # tests/lib/test_calibrate.py's, on warm ranks. The cap stays the reader's: compare
+    # must pass this A/A pair, failing rows whose samples could not show a 1.3x slowdown,
+    # and with a 10 s cap a loaded 2-core machine's points took 60 samples a side (P = 0.59).
     CHAINS["review"][0]: "cp_size=2",
     CHAINS["review"][1]: "cp_size=2",
     # cp=3 has the chain's empty rank ([1,1]) and an uneven plan; the plug-in
@@ -69,13 +71,6 @@ FEWER_POINTS: dict[str, str] = {
 CHECKOUT_FORM: dict[str, str] = {
     CHAINS["engine_comm"][0]: "pip install --no-deps -e examples/engine_comm",
 }
-# Set in the environment a chain's commands run in (the commands stay as
-# written). None now: the review chain's compare must pass an A/A pair, and
-# compare fails rows whose samples could not have shown a 1.3x slowdown; with
-# iters=auto's cap cut to 10 s, a loaded 2-core machine's cp=2 points took 60
-# samples a side, too noisy for that (P = 0.59), so the chain times as its
-# reader does, at the default 30 s cap.
-ENVIRONMENT: dict[str, dict[str, str]] = {}
 # Run with --dry-run appended: a whole sweep is too long for the suite; its
 # points still compose and pass preflight exactly as written.
 DRY: tuple[str, ...] = (
@@ -160,12 +155,8 @@ def _strip_comment(line: str) -> str:
 KNOWN = {c for chain in CHAINS.values() for c in chain} | set(DRY) | set(ELSEWHERE)
 
 
-def documented_commands() -> list[str]:
-    return [cmd for doc in DOCS for cmd in readme_commands(doc.read_text())]
-
-
 def test_every_documented_command_is_accounted_for():
-    found = documented_commands()
+    found = [cmd for doc in DOCS for cmd in readme_commands(doc.read_text())]
     assert readme_commands(README), "no bash block found in the README"
     assert not set(found) - KNOWN, f"commands in the docs no test accounts for: {sorted(set(found) - KNOWN)}"
     assert not KNOWN - set(found), f"accounted for, but gone from the docs: {sorted(KNOWN - set(found))}"
@@ -180,16 +171,15 @@ def test_a_new_command_in_a_doc_is_seen():
     assert not set(readme_commands(text)) <= KNOWN
 
 
-def _shell(cmd: str, cwd: Path, timeout: float = 600, extra: dict[str, str] | None = None,
-           bin_dir: Path = ENV_BIN) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(extra or {})}
+def _shell(cmd: str, cwd: Path, bin_dir: Path = ENV_BIN) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
     env["PATH"] = os.pathsep.join(dict.fromkeys([str(bin_dir), str(ENV_BIN), env.get("PATH", "")]))  # activation
     env["VIRTUAL_ENV"] = str(bin_dir.parent)
     # This checkout's library, as its editable install gives it (the shared
     # environment's install may be of another checkout), and its app under the
     # installed name for the console commands (linked in by _fresh); nothing else.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(cwd)])
-    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def overlay(at: Path) -> Path:
@@ -223,8 +213,7 @@ def _fresh(tmp_path: Path) -> Path:
     for folder in ("matrix", "examples", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
     (tmp_path / "nsa_cp_matrix").symlink_to(REPO / "matrix")  # what nsa-cp-matrix imports
-    code = re.search(r"```python\n(.*?)```", README.split("A runnable example", 1)[1], re.S).group(1)
-    (tmp_path / "example.py").write_text(code)
+    (tmp_path / "example.py").write_text(EXAMPLE)
     return tmp_path
 
 
@@ -236,8 +225,7 @@ def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
     suite_site = installed()
     for cmd in CHAINS[chain]:
         cmd = CHECKOUT_FORM.get(cmd, cmd)
-        proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd,
-                      extra=ENVIRONMENT.get(chain), bin_dir=bin_dir)
+        proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd, bin_dir=bin_dir)
         assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
     if installs:  # into the overlay: the tests running beside this one see the environment they started with
         assert installed() == suite_site

@@ -11,12 +11,13 @@ import re
 import shlex
 import sys
 import types
-from pathlib import Path
+from copy import deepcopy
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from matrix_cli import REPO
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import compare_power  # noqa: E402
@@ -26,6 +27,10 @@ README = (REPO / "README.md").read_text()
 SETUP_DOC = REPO / "docs" / "setup.md"
 NOX = readme_times.noxfile()
 SESSIONS = {"tests", "fuzz", "matrix", "report", "compare", "harness", "bench"}
+# The committed measurements: the README's times, docs/setup.md's session times, the gate's figures.
+TIMES = json.loads(readme_times.JSON_PATH.read_text())
+SESSION_TIMES = json.loads(readme_times.SESSIONS_JSON.read_text())
+GATE = json.loads(compare_power.JSON_PATH.read_text())
 
 
 def _squash(text: str) -> str:
@@ -36,67 +41,61 @@ def _squash(text: str) -> str:
 
 
 def test_readme_quotes_exactly_the_committed_times():
-    data = json.loads(readme_times.JSON_PATH.read_text())
     found = readme_times.blocks(README)
     assert set(found) == set(readme_times.RENDERED)
     for name in readme_times.RENDERED:
-        assert _squash(found[name]) == _squash(readme_times.render(name, data)), (
+        assert _squash(found[name]) == _squash(readme_times.render(name, TIMES)), (
             f"README's {name} times differ from {readme_times.JSON_PATH.name}: "
             "run python benchmarks/readme_times.py --render"
         )
 
 
 def test_committed_times_say_where_and_when():
-    data = json.loads(readme_times.JSON_PATH.read_text())
     for name in readme_times.NAMES:
-        part = data[name]
+        part = TIMES[name]
         assert part["wall_s"] > 0 and part["machine"]["nproc"] >= 1 and part["machine"]["cpu"]
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", part["date"])
         assert part["load_before"] >= 0 and part["load_after"] >= 0
-    assert data["sweep"]["points"] > 0 and data["tests"]["counts"]["passed"] > 0
+    assert TIMES["sweep"]["points"] > 0 and TIMES["tests"]["counts"]["passed"] > 0
     # The quoted suite time is of a passing suite.
-    assert not data["tests"]["counts"].get("failed") and not data["tests"]["counts"].get("error")
+    assert not TIMES["tests"]["counts"].get("failed") and not TIMES["tests"]["counts"].get("error")
 
 
 def test_times_are_of_the_commands_nox_runs():
-    data = json.loads(readme_times.JSON_PATH.read_text())
     # The run readme_times is timing replaces the suite's figure with its own,
     # of today's command: checking the old figure there would refuse every
     # change to the command's arguments.
     if os.environ.get(readme_times.MEASURING) != "tests":
-        assert data["tests"]["command"] == "pytest " + shlex.join(NOX.PYTEST_ARGS)
-    assert data["sweep"]["command"] == "python -m matrix " + " ".join(NOX.matrix_overrides([]))
+        assert TIMES["tests"]["command"] == "pytest " + shlex.join(NOX.PYTEST_ARGS)
+    assert TIMES["sweep"]["command"] == "python -m matrix " + " ".join(NOX.matrix_overrides([]))
 
 
 def test_render_changes_with_the_figures():
-    data = json.loads(readme_times.JSON_PATH.read_text())
-    slower = json.loads(json.dumps(data))
+    slower = deepcopy(TIMES)
     slower["sweep"]["wall_s"] += 100
     slower["tests"]["wall_s"] += 100
     for name in readme_times.NAMES:
-        assert readme_times.render(name, data) != readme_times.render(name, slower)
-    assert readme_times.rendered_readme(README, data) != readme_times.rendered_readme(README, slower)
+        assert readme_times.render(name, TIMES) != readme_times.render(name, slower)
+    assert readme_times.rendered_readme(README, TIMES) != readme_times.rendered_readme(README, slower)
 
 
 def test_setup_doc_quotes_exactly_the_committed_session_times():
     """docs/setup.md's table of every nox session's time is the committed
     measurement rendered, one row per session the noxfile registers."""
-    data = json.loads(readme_times.SESSIONS_JSON.read_text())
     block = readme_times.sessions_block(SETUP_DOC.read_text())
     assert block is not None, "docs/setup.md has no <!-- nox_times --> block"
     names = readme_times.session_names()
-    assert _squash(block) == _squash(readme_times.render_sessions(data, names)), (
+    assert _squash(block) == _squash(readme_times.render_sessions(SESSION_TIMES, names)), (
         "docs/setup.md's session times differ from nox_times.json: run python benchmarks/readme_times.py --render")
     rows = [ln for ln in block.splitlines() if ln.startswith("| `nox -s ")]
     assert [re.match(r"\| `nox -s (\w+)`", ln).group(1) for ln in rows] == names
     assert {"tests", "slow", "fuzz", "matrix"} <= set(names)
     # at least the two a newcomer runs first are measured
-    assert {"tests", "matrix"} <= set(data["sessions"])
+    assert {"tests", "matrix"} <= set(SESSION_TIMES["sessions"])
 
 
 def test_session_times_say_where_when_at_what_load_and_of_todays_commands():
-    data = json.loads(readme_times.SESSIONS_JSON.read_text())
-    for name, part in data["sessions"].items():
+    for name, part in SESSION_TIMES["sessions"].items():
         assert part["wall_s"] > 0 and part["machine"]["nproc"] >= 1 and part["machine"]["cpu"], name
         assert re.fullmatch(r"\d{4}-\d\d-\d\d", part["date"]) and part["commit"], name
         ld = part["load_during"]
@@ -112,17 +111,16 @@ def test_session_times_say_where_when_at_what_load_and_of_todays_commands():
 
 
 def test_session_table_changes_with_the_figures():
-    data = json.loads(readme_times.SESSIONS_JSON.read_text())
     names = readme_times.session_names()
-    slower = json.loads(json.dumps(data))
+    slower = deepcopy(SESSION_TIMES)
     for part in slower["sessions"].values():
         part["wall_s"] += 100
-    assert readme_times.render_sessions(data, names) != readme_times.render_sessions(slower, names)
-    louder = json.loads(json.dumps(data))
+    assert readme_times.render_sessions(SESSION_TIMES, names) != readme_times.render_sessions(slower, names)
+    louder = deepcopy(SESSION_TIMES)
     next(iter(louder["sessions"].values()))["load_during"]["median"] += 5
-    assert readme_times.render_sessions(data, names) != readme_times.render_sessions(louder, names)
+    assert readme_times.render_sessions(SESSION_TIMES, names) != readme_times.render_sessions(louder, names)
     # a session measured as failing says so
-    failing = json.loads(json.dumps(data))
+    failing = deepcopy(SESSION_TIMES)
     part = failing["sessions"]["matrix"]
     part.update(ok=False, exit=1)
     assert "**exited 1**" in readme_times.render_sessions(failing, names).split("`nox -s matrix`", 2)[1]
@@ -154,8 +152,7 @@ def test_gate_figures_are_of_the_readme_review_flow():
     base = next(ln for ln in README.splitlines() if ln.startswith("python -m matrix -m") and "results/base" in ln)
     argv = tuple(a for a in shlex.split(base)[3:] if not a.startswith("results_dir="))
     assert argv == compare_power.SWEEP
-    data = json.loads(compare_power.JSON_PATH.read_text())
-    assert data["sweep"] == "python -m matrix " + " ".join(compare_power.SWEEP)
+    assert GATE["sweep"] == "python -m matrix " + " ".join(compare_power.SWEEP)
 
 
 def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
@@ -164,15 +161,14 @@ def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
     reads as such whatever totals the file stores."""
     from matrix.review import compare
 
-    data = json.loads(compare_power.JSON_PATH.read_text())
-    assert data["defaults"] == {"metric": compare.DEFAULT_METRIC, "threshold": compare.DEFAULT_THRESHOLD}
-    n = len(data["trials"])
-    alarm, missed = json.loads(json.dumps(data)), json.loads(json.dumps(data))
+    assert GATE["defaults"] == {"metric": compare.DEFAULT_METRIC, "threshold": compare.DEFAULT_THRESHOLD}
+    n = len(GATE["trials"])
+    alarm, missed = deepcopy(GATE), deepcopy(GATE)
     alarm["trials"][0]["aa"]["exit"] = 1
     # one padded point a slowed run did not flag: not detected "on every padded point"
-    caught = next(i for i, t in enumerate(data["trials"]) if compare_power.detected(t))
+    caught = next(i for i, t in enumerate(GATE["trials"]) if compare_power.detected(t))
     missed["trials"][caught]["slowed"]["padded_flagged"] = missed["trials"][caught]["padded_points"] - 1
-    false_alarms, detected = compare_power.verdicts(data["trials"])
+    false_alarms, detected = compare_power.verdicts(GATE["trials"])
     assert f"**{false_alarms + 1} false alarms in {n} pairs**" in compare_power.render(alarm)
     assert f"**flagged on every padded point in {detected - 1} of {n} runs**" in compare_power.render(missed)
 
@@ -180,12 +176,11 @@ def test_gate_figures_are_of_the_documented_defaults_and_read_from_the_trials():
 def test_gate_figures_quote_each_points_own_slowdown():
     """The slowdown quoted is every padded point's own, read from the trials:
     one point that saw less than the rest moves the quoted range."""
-    data = json.loads(compare_power.JSON_PATH.read_text())
-    seen = json.loads(json.dumps(data))
+    seen = deepcopy(GATE)
     for t in seen["trials"]:
         t.setdefault("slowdown_per_point", {"cp=2 [1000]": 1.3})
         t.setdefault("aa_per_point", {"cp=2 [1000]": 1.0})
-    low = json.loads(json.dumps(seen))
+    low = deepcopy(seen)
     low["trials"][-1]["slowdown_per_point"]["cp=2 [1000]"] = 1.04
     low["trials"][-1]["aa_per_point"]["cp=2 [1000]"] = 0.71
     assert "saw as 1.04x-" in compare_power.render(low) and "moved 0.71x-" in compare_power.render(low)
@@ -287,13 +282,11 @@ def test_matrix_session_passes_one_multirun_flag(fake, posargs, expected):
 
 
 def test_stamp_sees_every_input():
-    base = ("pyproject", "torch==2.13.0", "", "/usr/bin/python3")
-    ref = NOX.stamp(b"pyproject", *base[1:])
-    assert ref == NOX.stamp(b"pyproject", *base[1:])
-    assert ref != NOX.stamp(b"pyproject2", *base[1:])
-    assert ref != NOX.stamp(b"pyproject", "torch==2.11.0", "", base[3])
-    assert ref != NOX.stamp(b"pyproject", base[1], "file:///idx", base[3])
-    assert ref != NOX.stamp(b"pyproject", base[1], "", "/other/python")
+    base = (b"pyproject", "torch==2.13.0", "", "/usr/bin/python3")
+    ref = NOX.stamp(*base)
+    assert ref == NOX.stamp(*base)
+    for i, other in enumerate((b"pyproject2", "torch==2.11.0", "file:///idx", "/other/python")):
+        assert ref != NOX.stamp(*base[:i], other, *base[i + 1:]), other
 
 
 @pytest.mark.parametrize("order", ["as pip lists them", "reversed"])
@@ -315,12 +308,10 @@ def test_pip_settings_reach_uv(order):
     assert settings["find-links"] == ["/env/wheels"]  # the environment wins, as in pip
     assert settings["index-url"] == ["file:///mirror/simple"]  # [install] over [global]
     args = NOX.uv_args(settings)
-    pairs = list(zip(args[::2], args[1::2]))
-    assert ("--find-links", "/env/wheels") in pairs
-    assert ("--extra-index-url", "file:///a/simple") in pairs and ("--extra-index-url", "file:///b/simple") in pairs
-    assert ("--index-url", "file:///mirror/simple") in pairs
-    assert ("--constraint", "/etc/c.txt") in pairs
-    assert ("--allow-insecure-host", "mirror.local") in pairs
+    pairs = set(zip(args[::2], args[1::2]))
+    assert {("--find-links", "/env/wheels"), ("--extra-index-url", "file:///a/simple"),
+            ("--extra-index-url", "file:///b/simple"), ("--index-url", "file:///mirror/simple"),
+            ("--constraint", "/etc/c.txt"), ("--allow-insecure-host", "mirror.local")} <= pairs
     assert args[-2:] == ["--index-strategy", "unsafe-best-match"]
     assert "--no-index" in NOX.uv_args(NOX.pip_settings([], {"PIP_NO_INDEX": "1"}))
 
@@ -357,10 +348,9 @@ def test_a_preset_with_a_sweep_runs_it_without_dash_m(preset):
 def test_gate_figures_append_only_to_a_measurement_of_the_same_setting(tmp_path, capsys):
     """--append joins new trials to a file only when it measured the same
     sweep, fault and held load: trials of two settings never mix in one count."""
-    data = json.loads(compare_power.JSON_PATH.read_text())
     out = tmp_path / "p.json"
-    out.write_text(json.dumps(data))
-    other = data["fault_fraction"] + 0.1
+    out.write_text(json.dumps(GATE))
+    other = GATE["fault_fraction"] + 0.1
     argv = ["--append", "--pairs", "1", "--json", str(out), "--no-doc", "--fault-fraction", f"{other:g}"]
     assert compare_power.main(argv) == 2
     assert "fault_fraction" in capsys.readouterr().err
