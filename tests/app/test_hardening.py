@@ -402,35 +402,23 @@ def _full_disk(tmp_path: Path, free: int) -> Path:
     return where
 
 
-def test_plans_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
-    from matrix.scale.plans import main
-
-    disk = _full_disk(tmp_path, 8 << 10)  # plans.json fits, the plot does not
-    try:
-        assert main(["--batches", "20", "--cp", "8", "--engine", "seed_fix", "--policy", "zigzag",
-                     "--out", str(disk / "p")]) == 2
-        err = capsys.readouterr().err.splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'p'}: cannot write "), err
-        assert "No space left on device" in err[0]
-        assert sorted(p.name for p in (disk / "p").iterdir()) == ["plans.json"]  # no PNG, no temporary file
-    finally:
-        umount(disk)
-
-
-def test_report_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(tmp_path, capsys):
-    from matrix.review.report import main
-
+@pytest.mark.parametrize("command, free", [("plans", 8 << 10), ("report", 16 << 10)])  # plans.json fits, no plot
+def test_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(command, free, tmp_path, capsys):
     _file_setup(("res",), tmp_path)
-    disk = _full_disk(tmp_path, 16 << 10)
+    disk = _full_disk(tmp_path, free)
+    plans = ["--batches", "20", "--cp", "8", "--engine", "seed_fix", "--policy", "zigzag"]
+    args = plans if command == "plans" else [str(tmp_path / "res")]
     try:
-        assert main([str(tmp_path / "res"), "--out", str(disk / "r")]) == 2
+        assert _command(command)([*args, "--out", str(disk / "out")]) == 2
         err = capsys.readouterr().err.splitlines()
-        assert len(err) == 1 and "No space left on device" in err[0], err
-        left = {p.name: p.stat().st_size for p in (disk / "r").iterdir()}
+        assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'out'}: cannot write "), err
+        assert "No space left on device" in err[0]
+        left = sorted(p.name for p in (disk / "out").iterdir())
         assert not any(name.endswith(".tmp") or name.startswith(".") for name in left), left
         for name in left:  # whole files or none, never a truncated one
-            data = (disk / "r" / name).read_bytes()
+            data = (disk / "out" / name).read_bytes()
             assert data.endswith(b"IEND\xaeB`\x82") if name.endswith(".png") else data, name
+        assert command != "plans" or left == ["plans.json"]  # no PNG
     finally:
         umount(disk)
 
