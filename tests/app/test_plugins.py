@@ -292,19 +292,15 @@ def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, capsys, ref,
 # --- the plug-in doc ------------------------------------------------------------
 
 
-def _section() -> str:
-    return (REPO / "docs" / "plugins.md").read_text()
-
-
 def test_doc_adapter_is_the_example_file():
-    blocks = re.findall(r"```python\n(.*?)```", _section(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "plugins.md").read_text(), re.S)
     adapter = (EXAMPLE / "engine_comm" / "adapter.py").read_text()
     assert adapter in blocks, "docs/plugins.md's adapter differs from examples/engine_comm/engine_comm/adapter.py"
     assert len(adapter.splitlines()) <= 30
 
 
 def test_doc_registration_and_checks_are_current():
-    section = _section()
+    section = (REPO / "docs" / "plugins.md").read_text()
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     assert toml.strip() in (EXAMPLE / "pyproject.toml").read_text()
     # What each check catches is one table (docs/design.md, rendered from the
