@@ -10,7 +10,7 @@ import sys
 import textwrap
 from datetime import datetime, timedelta
 
-from matrix.app.sweep import freeze_now
+from matrix.app.sweep import freeze_now, main
 from matrix.app.preflight import points
 
 from matrix_cli import REPO, run_matrix, run_python
@@ -112,7 +112,6 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     """Every key with its meaning and range, the presets with the + form, the
     layouts; exit 0 and nothing written. (In-process: the README's
     `python -m matrix --help` runs as a command in the slow set.)"""
-    from matrix.app.sweep import main
     from matrix.app.config import KEYS
     from matrix.app.help import MEANING
 
