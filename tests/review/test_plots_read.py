@@ -42,14 +42,10 @@ def legend(fig) -> dict[str, object]:
     return {t.get_text(): h for t, h in zip(leg.get_texts(), leg.legend_handles) if t.get_text()}
 
 
-def _plans_figure():
+def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
     rows, meta = plans.run(PLANS_ARGS)
     # the title plans._write gives the plot: a second line naming the workload
-    return rows, plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
-
-
-def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
-    rows, fig = _plans_figure()
+    fig = plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
     (title,) = titles_inside(fig)
     assert "lognormal" in title  # the workload's line is drawn, whole
     entries = legend(fig)
