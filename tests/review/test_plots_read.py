@@ -12,9 +12,6 @@ from matrix.scale import plans
 
 from report_rows import _frame, append, plot_rows
 
-PLANS_ARGS = ["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
-              "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"]
-
 
 def titles_inside(fig) -> list[str]:
     """Every non-empty axes title and suptitle, each asserted to lie inside ``fig``."""
@@ -43,7 +40,8 @@ def legend(fig) -> dict[str, object]:
 
 
 def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
-    rows, meta = plans.run(PLANS_ARGS)
+    rows, meta = plans.run(["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
+                            "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"])
     # the title plans._write gives the plot: a second line naming the workload
     fig = plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
     (title,) = titles_inside(fig)
