@@ -135,7 +135,6 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
 def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch):
     """Preflight checks the whole sweep before any rank starts; its jobs, run
     here by the local launcher, do not check again mid-sweep."""
-    from matrix.app import sweep as cli
     from matrix.app import budget, point, guards
 
     checked = []
@@ -146,5 +145,5 @@ def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "argv", ["matrix"])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["-m", "cp_size=1", "seq_lens=[8],[9]", *SMALL, f"results_dir={tmp_path / 'res'}"]) == 0
+    assert main(["-m", "cp_size=1", "seq_lens=[8],[9]", *SMALL, f"results_dir={tmp_path / 'res'}"]) == 0
     assert checked == [2]
