@@ -48,9 +48,10 @@ from nsa_cp_comm.roundtrip import padded_gather, padded_scatter
 
 def _gather(local, plan, group, *, slot_of=lambda sender, cp: sender, pad=0.0):
     """The padded gather with two knobs for the mistakes below: where each
-    sender's block goes in the gathered buffer, and what padding rows hold."""
+    sender's block goes in the gathered buffer, and what padding rows hold
+    (``None``: whatever new_empty's memory held)."""
     cp, m = plan.cp_size, plan.max_rank_len
-    block = torch.full((m, local.shape[1]), pad, dtype=local.dtype, device=local.device)
+    block = local.new_empty((m, local.shape[1])) if pad is None else local.new_full((m, local.shape[1]), pad)
     block[: local.shape[0]].copy_(local)
     # The all-gather puts sender s's block at s*m; the layout may move it.
     received = torch.empty((m * cp, local.shape[1]), dtype=local.dtype, device=local.device)
@@ -71,23 +72,17 @@ def _scatter(full, plan, group):
 
 
 # --- gather_rows: rank blocks in the wrong order -------------------------------
-def _reversed_gather(local, plan, group):
-    # Mistake: the slot counted from the end (a zigzag "mirror" applied to
-    # ranks): rank r's rows end up where rank cp-1-r's belong.
-    return _gather(local, plan, group, slot_of=lambda sender, cp: cp - 1 - sender)
-
-
-wrong_order = RoundTripImpl("wrong_order", _reversed_gather, _scatter, doc="rank blocks in reverse order")
+# Mistake: the slot counted from the end (a zigzag "mirror" applied to
+# ranks): rank r's rows end up where rank cp-1-r's belong.
+wrong_order = RoundTripImpl("wrong_order", functools.partial(_gather, slot_of=lambda sender, cp: cp - 1 - sender),
+                            _scatter, doc="rank blocks in reverse order")
 
 
 # --- padding_zero: padding rows poisoned ---------------------------------------
-def _nan_padded_gather(local, plan, group):
-    # Mistake: padding filled with NaN "so a read of it shows up downstream";
-    # the reduce-scatter sums padding rows too, so they must be zero.
-    return _gather(local, plan, group, pad=float("nan"))
-
-
-dirty_padding = RoundTripImpl("dirty_padding", _nan_padded_gather, _scatter, doc="NaN padding rows")
+# Mistake: padding filled with NaN "so a read of it shows up downstream";
+# the reduce-scatter sums padding rows too, so they must be zero.
+dirty_padding = RoundTripImpl("dirty_padding", functools.partial(_gather, pad=float("nan")), _scatter,
+                              doc="NaN padding rows")
 
 
 # --- gather_shape: a row lost ----------------------------------------------------
@@ -551,18 +546,9 @@ local_sized_buffer = RoundTripImpl("local_sized_buffer", _local_sized_gather, _s
                                    doc="gather buffer sized from local.shape[0] * cp")
 
 
-def _new_empty_gather(local, plan, group):
-    # Mistake: the padded block allocated with new_empty: its padding rows
-    # hold whatever the allocator's memory held, and the reduce-scatter sums them.
-    cp, m = plan.cp_size, plan.max_rank_len
-    block = local.new_empty((m, local.shape[1]))
-    block[: local.shape[0]].copy_(local)
-    full = torch.empty((m * cp, local.shape[1]), dtype=local.dtype, device=local.device)
-    all_gather_into(full, block, group)
-    return full
-
-
-new_empty_padding = RoundTripImpl("new_empty_padding", _new_empty_gather, _scatter,
+# Mistake: the padded block allocated with new_empty: its padding rows
+# hold whatever the allocator's memory held, and the reduce-scatter sums them.
+new_empty_padding = RoundTripImpl("new_empty_padding", functools.partial(_gather, pad=None), _scatter,
                                   doc="padding rows allocated with new_empty")
 
 

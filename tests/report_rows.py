@@ -13,8 +13,7 @@ import pandas as pd
 
 from matrix.review import _review, report
 from matrix.store.results import COLUMNS, append_rows
-
-REPO = Path(__file__).resolve().parents[1]
+from matrix_cli import REPO
 
 
 def bench_review():

@@ -15,7 +15,7 @@ from matrix.app.budget import check_sweep, estimate, sweep_estimate
 from matrix.app.config import ConfigError
 from matrix.app.resolve import Resolved, resolve, resolve_remote
 from matrix_cli import config_of as cfg
-from nsa_cp_comm.harness import machine
+from nsa_cp_comm.harness import RankPool, machine
 from nsa_cp_comm.harness.machine import Machine
 
 GIB = 1 << 30
@@ -164,7 +164,6 @@ def test_the_oom_counter_is_read_from_this_cgroup_first(monkeypatch):
 def test_the_memory_estimate_bounds_a_real_points_peak(tmp_path):
     """Estimate vs the peak resident memory of real ranks at one point: an
     upper bound (within the libraries' variation), and not a loose one."""
-    from nsa_cp_comm.harness import RankPool
     from nsa_cp_comm.harness.measure import run_point
 
     (point,) = on(CI, cfg(cp_size=2, hidden_size=1024, seq_lens=[12000], dtype="float32", warmup=0, iters=1))

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from datetime import datetime, timedelta
 
-from matrix.app.sweep import freeze_now
+from matrix.app.sweep import freeze_now, main
 from matrix.app.preflight import points
 
 from matrix_cli import REPO, run_matrix, run_python
@@ -112,7 +112,6 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     """Every key with its meaning and range, the presets with the + form, the
     layouts; exit 0 and nothing written. (In-process: the README's
     `python -m matrix --help` runs as a command in the slow set.)"""
-    from matrix.app.sweep import main
     from matrix.app.config import KEYS
     from matrix.app.help import MEANING
 
@@ -136,7 +135,6 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
 def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch):
     """Preflight checks the whole sweep before any rank starts; its jobs, run
     here by the local launcher, do not check again mid-sweep."""
-    from matrix.app import sweep as cli
     from matrix.app import budget, point, guards
 
     checked = []
@@ -147,5 +145,5 @@ def test_a_local_sweep_is_checked_against_the_machine_once(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "argv", ["matrix"])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["-m", "cp_size=1", "seq_lens=[8],[9]", *SMALL, f"results_dir={tmp_path / 'res'}"]) == 0
+    assert main(["-m", "cp_size=1", "seq_lens=[8],[9]", *SMALL, f"results_dir={tmp_path / 'res'}"]) == 0
     assert checked == [2]

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import csv
+import os
 import shlex
+import signal
+import time
 
 import pytest
 from omegaconf import OmegaConf
 
-from matrix.app.config import GROUPS, KEYS
+from matrix.app.config import GROUPS, KEYS, ConfigError, validate_overrides
 from matrix.app.repro_env import split
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS
 from nsa_cp_comm import engines
 
-from matrix_cli import REPO, compose_config, config_of, run_matrix, run_python
+from matrix_cli import REPO, compose_config, config_of, run_matrix, run_python, sweep_in_background
 
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml"))
 LAYOUTS = sorted(p.stem for p in (REPO / "conf" / "layout").glob("*.yaml"))
@@ -26,8 +29,6 @@ def test_every_preset_composes_to_a_valid_sweep(preset):
     assert params, f"{preset} sweeps nothing"
     for key in params:
         assert key.lstrip("+") in set(KEYS) | set(GROUPS), key
-    from matrix.app.config import validate_overrides
-
     validate_overrides([f"{k}={v}" for k, v in params.items()])
 
 
@@ -158,11 +159,6 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
     """SIGINT to the whole process group (what a terminal's Ctrl-C does): no
     traceback from the parent or a rank, the interrupted point, and the exact
     command that finishes the sweep."""
-    import os
-    import signal
-    import time
-
-    from matrix_cli import sweep_in_background
 
     def interrupted_sweep(res):
         """The sweep, SIGINT sent mid-point; whether it was still running then."""
@@ -238,7 +234,6 @@ def test_a_job_checks_the_machine_it_runs_on(tmp_path, monkeypatch):
     """A remote launcher's job: preflight could not see its node; a point its
     node cannot hold is an error row naming why, and the sweep goes on."""
     from matrix.app import budget, point
-    from matrix.app.config import ConfigError
 
     checked = []
 

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
+import broken_impls
 from matrix_cli import REPO, CliRun, cli_env, run_matrix, run_python
+from nsa_cp_comm.impls import ImplError, RoundTripImpl, load_reference
+from nsa_cp_comm.plan import plan_split
 
 EXAMPLE = REPO / "examples" / "engine_comm"
 SMALL = ("hidden_size=32", "iters=1", "warmup=0")
@@ -159,11 +162,6 @@ def test_a_timed_form_that_diverges_from_the_checked_one_fails(tmp_path):
 
 
 def test_prepare_must_be_callable_and_return_a_production():
-    from nsa_cp_comm.impls import RoundTripImpl
-    from nsa_cp_comm.plan import plan_split
-
-    import broken_impls
-
     with pytest.raises(ValueError, match="prepare is not callable"):
         RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=3)
     impl = RoundTripImpl("x", broken_impls._gather, broken_impls._scatter, prepare=lambda *a: "buffers")
@@ -292,19 +290,15 @@ def test_bad_reference_is_one_line_exit_2_nothing_written(tmp_path, capsys, ref,
 # --- the plug-in doc ------------------------------------------------------------
 
 
-def _section() -> str:
-    return (REPO / "docs" / "plugins.md").read_text()
-
-
 def test_doc_adapter_is_the_example_file():
-    blocks = re.findall(r"```python\n(.*?)```", _section(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "plugins.md").read_text(), re.S)
     adapter = (EXAMPLE / "engine_comm" / "adapter.py").read_text()
     assert adapter in blocks, "docs/plugins.md's adapter differs from examples/engine_comm/engine_comm/adapter.py"
     assert len(adapter.splitlines()) <= 30
 
 
 def test_doc_registration_and_checks_are_current():
-    section = _section()
+    section = (REPO / "docs" / "plugins.md").read_text()
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     assert toml.strip() in (EXAMPLE / "pyproject.toml").read_text()
     # What each check catches is one table (docs/design.md, rendered from the
@@ -317,9 +311,7 @@ def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_
     no row for the point, no summary, exit 1. Every plan-level hook's answer
     is now data: each bad one is that implementation's error row, one line
     naming the hook and the value, and padded after them still runs."""
-    from broken_impls import BAD_ANSWERS
-
-    names = [*BAD_ANSWERS, "prepare_raises"]
+    names = [*broken_impls.BAD_ANSWERS, "prepare_raises"]
     impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
     run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[64]", "timeout_s=60", *SMALL,
                      timeout=600)
@@ -328,7 +320,7 @@ def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_
     # one configuration swept over 11 impls: one point, a row each
     assert "matrix summary: 1 point, 11 rows: ok 1, failed 0, error 10" in run.stdout, run.stdout[-3000:]
     rows = {r["impl"]: r for r in run.rows()}
-    for name, says in BAD_ANSWERS.items():
+    for name, says in broken_impls.BAD_ANSWERS.items():
         row = rows[f"{BROKEN}:{name}"]
         assert row["status"] == "error" and says in row["reason"] and "\n" not in row["reason"], (name, row["reason"])
     assert rows[f"{BROKEN}:prepare_raises"]["status"] == "error"
@@ -339,8 +331,6 @@ def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_
 def test_a_module_in_the_working_directory_the_command_cannot_import_is_named_so(tmp_path, monkeypatch):
     """An installed console command does not import from the working directory:
     the refusal says so when the module is there, and only then."""
-    from nsa_cp_comm.impls import ImplError, load_reference
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     with pytest.raises(ImplError) as absent:

@@ -12,9 +12,6 @@ from matrix.scale import plans
 
 from report_rows import _frame, append, plot_rows
 
-PLANS_ARGS = ["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
-              "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"]
-
 
 def titles_inside(fig) -> list[str]:
     """Every non-empty axes title and suptitle, each asserted to lie inside ``fig``."""
@@ -42,14 +39,11 @@ def legend(fig) -> dict[str, object]:
     return {t.get_text(): h for t, h in zip(leg.get_texts(), leg.legend_handles) if t.get_text()}
 
 
-def _plans_figure():
-    rows, meta = plans.run(PLANS_ARGS)
-    # the title plans._write gives the plot: a second line naming the workload
-    return rows, plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
-
-
 def test_plans_plot_title_inside_and_one_legend_entry_per_meaning():
-    rows, fig = _plans_figure()
+    rows, meta = plans.run(["--batches", "300", "--cp", "8,16,128", "--policy", "zigzag_page,zigzag,round_robin",
+                            "--engine", "seed_fix,sglang_0_5_23", "--workload", "lognormal"])
+    # the title plans._write gives the plot: a second line naming the workload
+    fig = plans.plot(rows, f"Gathered rows over tokens per design and cp\n{meta['workload']}")
     (title,) = titles_inside(fig)
     assert "lognormal" in title  # the workload's line is drawn, whole
     entries = legend(fig)

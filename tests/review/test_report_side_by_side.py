@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from matrix.review import plots, report, report_doc, side_by_side
@@ -129,8 +130,6 @@ def test_one_impl_under_two_names_is_one_column(tmp_path, capsys):
 
 
 def test_same_origin_never_merges_the_built_ins_or_two_attributes():
-    import pandas as pd
-
     df = pd.DataFrame({"impl": ["padded", "legacy", "m.x:a", "m.x:b", "e", "m.y:c"],
                        "impl_origin": ["nsa_cp_comm 0.1.0", "nsa_cp_comm 0.1.0", "m.x 1", "m.x 1", "m.y 2", "m.y 2"]})
     assert side_by_side.same_origin(df) == {"e": ["e", "m.y:c"]}

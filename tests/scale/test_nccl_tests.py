@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,8 +10,8 @@ import pytest
 
 from matrix.review import designs, report
 from matrix.scale.nccl_tests import NcclTestsError, load_model, read
+from matrix_cli import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 AG = REPO / "benchmarks" / "data" / "nccl_tests_sample_all_gather.json"
 RS = REPO / "benchmarks" / "data" / "nccl_tests_sample_reduce_scatter.json"
 

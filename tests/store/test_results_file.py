@@ -75,6 +75,8 @@ def test_append_to_a_file_without_a_whole_line(tmp_path, content, header_kept):
 
 # --- failed writes leave the file as it was ----------------------------------------------
 
+# append_rows in a process whose files may not grow past argv[2] bytes: the
+# kernel's short write, then EFBIG, as on a disk that fills mid-write.
 FSIZE_SCRIPT = """
 import resource, signal, sys
 from matrix.store.results import ResultsWriteError, append_rows
@@ -90,14 +92,6 @@ else:
 """
 
 
-def _append_under_file_size_limit(results_dir: Path, limit: int) -> str:
-    """append_rows in a process whose files may not grow past ``limit`` bytes:
-    the kernel's short write, then EFBIG, as on a disk that fills mid-write."""
-    run = run_python("-c", FSIZE_SCRIPT, str(results_dir), str(limit), timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return run.stdout.strip()
-
-
 @pytest.mark.parametrize("torn", [False, True])
 def test_a_short_write_leaves_the_files_exactly_as_they_were(tmp_path, torn):
     append_rows(tmp_path, [row("a")])
@@ -105,9 +99,10 @@ def test_a_short_write_leaves_the_files_exactly_as_they_were(tmp_path, torn):
     if torn:
         path.write_bytes(path.read_bytes() + b'2,1,"[10')
     before = path.read_bytes()
-    out = _append_under_file_size_limit(tmp_path, len(before) + 100)
-    code, _, msg = out.partition("|")
-    assert code == "None", out
+    run = run_python("-c", FSIZE_SCRIPT, str(tmp_path), str(len(before) + 100), timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    code, _, msg = run.stdout.strip().partition("|")
+    assert code == "None", run.stdout
     written = 100 + (8 if torn else 0)  # the torn line was cut off first
     assert msg.startswith(f"cannot append to {path}: short write ({written} of "), msg
     assert msg.endswith(" bytes; is the disk full?); the file is as it was before this point"), msg
@@ -433,7 +428,6 @@ def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path)
     other = tmp_path / "b"
     append_rows(other, [row("a")])
     (other / "samples.jsonl").write_text("")
-    os.truncate(tmp_path / "samples.jsonl", 1 << 30)
     done, rss = _peak_rss_mb([sys.executable, "-m", "matrix.compare", str(other), str(tmp_path)])
     assert done.returncode == 2 and "line 2 is longer than 16 MiB" in done.stderr and rss < 700, (done, rss)
     os.truncate(tmp_path / "runs.jsonl", 1 << 30)
