@@ -3,9 +3,12 @@ each job's config, Hydra's records of it included, is the one Hydra composes."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
@@ -21,24 +24,15 @@ SWEEP = ["cp_size=1,2", "+layout=zigzag,shared_page16", "engine=seed_fix,sglang_
          "+matrix=smoke", "warmup=3"]
 
 
-def _jobs(lines: list[str]) -> list[list[str]]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return expand(OverridesParser.create().parse_overrides(lines))
-
-
 def _configs(lines: list[str], reuse: bool) -> tuple[list[dict], int]:
     register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3", job_name="matrix"):
         loader = GlobalHydra.instance().config_loader()
         master = loader.load_configuration("config", overrides=["hydra.job.chdir=false"], run_mode=RunMode.MULTIRUN)
-        got, kept = [], {}
-        if reuse:
-            with compose_cache.reuse_composes() as kept:
-                for job in _jobs(lines):
-                    got.append(OmegaConf.to_container(loader.load_sweep_config(master, job)))
-        else:
-            got = [OmegaConf.to_container(loader.load_sweep_config(master, job)) for job in _jobs(lines)]
+        # without reuse: Hydra's own compose, and no composes kept
+        with compose_cache.reuse_composes() if reuse else contextlib.nullcontext({}) as kept:
+            got = [OmegaConf.to_container(loader.load_sweep_config(master, job))
+                   for job in expand(OverridesParser.create().parse_overrides(lines))]
     return got, len(kept)
 
 
@@ -64,8 +58,6 @@ def test_a_plain_key_also_touched_otherwise_is_composed_alone():
     """A plain key another override of the job also touches (a delete, an
     add): no reuse, the copy's assignment would undo it; a group or a
     mapping value is no plain override."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parse = OverridesParser.create().parse_overrides
     groups = {"engine", "workload", "layout", "matrix"}.__contains__
     for lines in (["seq_lens=[5]", "~seq_lens"], ["cp_size=2", "++cp_size=4"]):
