@@ -27,9 +27,8 @@ def test_a_reference_is_named_as_it_declares_itself_unless_that_name_is_taken(mo
     monkeypatch.setitem(impls.DECLARED, f"{BROKEN}:wrong_order", "same")
     impls.get(f"{BROKEN}:dirty_padding")
     monkeypatch.setitem(impls.DECLARED, f"{BROKEN}:dirty_padding", "same")
-    both = row_names([f"{BROKEN}:wrong_order", f"{BROKEN}:dirty_padding", "padded"])
-    assert both == {f"{BROKEN}:wrong_order": f"{BROKEN}:wrong_order",
-                    f"{BROKEN}:dirty_padding": f"{BROKEN}:dirty_padding", "padded": "padded"}
+    refs = [f"{BROKEN}:wrong_order", f"{BROKEN}:dirty_padding", "padded"]
+    assert row_names(refs) == {ref: ref for ref in refs}
 
 
 def test_rows_console_and_resume_of_a_plugin_by_reference(tmp_path):
