@@ -44,7 +44,7 @@ def cases(draw, engine: str):
             draw(st.sampled_from(rules.strategies)), draw(PAGES))
 
 
-def sglang_rule(lens: list[int], cp: int, policy: str) -> dict:
+def sglang_rule(lens: list[int], cp: int, policy: str, page: int) -> dict:
     """SGLang 0.5.23 as its code reads: the raw extend lengths split (zigzag: each request's
     2*cp near-equal blocks, rank k blocks k and 2cp-1-k; interleave: T//cp + (r < T % cp)),
     every rank's physical length ceil_align(max, 2*cp | cp); no CP where can_apply refuses."""
@@ -91,7 +91,7 @@ def vllm_segments(lens: list[int], pcp: int, rank: int) -> list[tuple[int, int]]
     return out
 
 
-def vllm_rule(lens: list[int], cp: int, policy: str) -> dict:
+def vllm_rule(lens: list[int], cp: int, policy: str, page: int) -> dict:
     """vLLM 0.33: the segments' lengths per rank; ``_build_batch_layout`` pads every rank to
     ``max(per_rank_num_tokens)``; no PCP manager at pcp <= 1; is_padding masks attention."""
     n_r = [sum(n for _, n in vllm_segments(lens, cp, r)) for r in range(cp)]
@@ -106,7 +106,7 @@ def ascend_slice(num_input_tokens: int, tp_size: int, tp_rank: int) -> tuple[int
     return local_start, local_start + tokens_per_rank, tokens_per_rank
 
 
-def ascend_rule(lens: list[int], cp: int, policy: str) -> dict:
+def ascend_rule(lens: list[int], cp: int, policy: str, page: int) -> dict:
     """vllm-ascend DSA-CP: each request's interval clamped to the rank's slice; the real rows
     of a rank are those before T; P = tokens_per_rank."""
     total, n_r = sum(lens), []
@@ -117,10 +117,8 @@ def ascend_rule(lens: list[int], cp: int, policy: str) -> dict:
     return {"n_r": n_r, "P": per, "refused": cp <= 1, "raw": total, "attn_masked": True}
 
 
-RULES = {"seed_fix": lambda lens, cp, policy, page: seed_fix_rule(lens, cp, policy, page),
-         "sglang_0_5_23": lambda lens, cp, policy, page: sglang_rule(lens, cp, policy),
-         "vllm_0_33": lambda lens, cp, policy, page: vllm_rule(lens, cp, policy),
-         "vllm_ascend": lambda lens, cp, policy, page: ascend_rule(lens, cp, policy)}
+# one signature for every rule: the page size only the seed fix's engine reads
+RULES = {"seed_fix": seed_fix_rule, "sglang_0_5_23": sglang_rule, "vllm_0_33": vllm_rule, "vllm_ascend": ascend_rule}
 
 
 def mismatches(rules: engines.Engine, lens: list[int], cp: int, policy: str, page: int) -> list[str]:
@@ -202,36 +200,33 @@ def test_bulk_plans_are_the_per_batch_plans(engine, data):
 
 # -- each rule broken on purpose is caught --------------------------------------------------
 
-SGLANG, VLLM, ASCEND = engines.get("sglang_0_5_23"), engines.get("vllm_0_33"), engines.get("vllm_ascend")
+SEED, SGLANG, VLLM, ASCEND = (engines.get(name) for name in ("seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_ascend"))
 
 
+# each case: the engine, the fields of its rules broken (dataclasses.replace), a batch, what the break shows
 @pytest.mark.parametrize("engine,broken,case,needle", [
     # zigzag aligned to cp instead of 2*cp: n = (433, 434, 434) gives P = 435, not 438
-    (SGLANG, dataclasses.replace(SGLANG, split_align=lambda policy, cp: cp), ([1001, 300], 3, "zigzag", 1),
-     "physical length"),
+    (SGLANG, dict(split_align=lambda policy, cp: cp), ([1001, 300], 3, "zigzag", 1), "physical length"),
     # the batch padded to cp first (the seed fix's engine did): 18057 + 8366 + 1064 = 27487 becomes 27488
-    (SGLANG, dataclasses.replace(SGLANG, pads_batch=True), ([18057, 8366, 1064], 4, "zigzag", 1), "per-rank lengths"),
+    (SGLANG, dict(pads_batch=True), ([18057, 8366, 1064], 4, "zigzag", 1), "per-rank lengths"),
     # can_apply ignored: a 5-token request at cp 4 runs with CP
-    (SGLANG, dataclasses.replace(SGLANG, refuses=lambda mn, total, cp, policy: mn < 0), ([5, 100], 4, "zigzag", 1),
-     "refusal"),
+    (SGLANG, dict(refuses=lambda mn, total, cp, policy: mn < 0), ([5, 100], 4, "zigzag", 1), "refusal"),
     # attention computing the padding rows SGLang zeroes
-    (SGLANG, dataclasses.replace(SGLANG, attn_pad_masked=False), ([10], 4, "round_robin", 1), "masked/processed"),
+    (SGLANG, dict(attn_pad_masked=False), ([10], 4, "round_robin", 1), "masked/processed"),
     # vLLM's P aligned to cp as SGLang aligns interleave: [5] at pcp 2 is n = (2, 3), P = 3, not 4
-    (VLLM, dataclasses.replace(VLLM, split_align=lambda policy, cp: cp), ([5], 2, "dual_chunk_swap", 1),
-     "physical length"),
+    (VLLM, dict(split_align=lambda policy, cp: cp), ([5], 2, "dual_chunk_swap", 1), "physical length"),
     # the batch padded to cp first: [5] becomes [6], n = (3, 3)
-    (VLLM, dataclasses.replace(VLLM, pads_batch=True), ([5], 2, "dual_chunk_swap", 1), "per-rank lengths"),
+    (VLLM, dict(pads_batch=True), ([5], 2, "dual_chunk_swap", 1), "per-rank lengths"),
     # a pcp=1 batch run with CP
-    (VLLM, dataclasses.replace(VLLM, refuses=lambda mn, total, cp, policy: mn < 0), ([5], 1, "dual_chunk_swap", 1),
-     "refusal"),
+    (VLLM, dict(refuses=lambda mn, total, cp, policy: mn < 0), ([5], 1, "dual_chunk_swap", 1), "refusal"),
     # P aligned to 2*tp: [5] at tp 2 has slices of 3, so P = 3, not 4
-    (ASCEND, dataclasses.replace(ASCEND, split_align=lambda policy, cp: 2 * cp), ([5], 2, "contiguous", 1),
-     "physical length"),
-    (ASCEND, dataclasses.replace(ASCEND, attn_pad_masked=False), ([7], 2, "contiguous", 1), "masked/processed"),
+    (ASCEND, dict(split_align=lambda policy, cp: 2 * cp), ([5], 2, "contiguous", 1), "physical length"),
+    (ASCEND, dict(attn_pad_masked=False), ([7], 2, "contiguous", 1), "masked/processed"),
 ])
 def test_a_broken_rule_is_caught(engine, broken, case, needle):
     assert mismatches(engine, *case) == []
-    assert any(needle in m for m in mismatches(broken, *case)), mismatches(broken, *case)
+    got = mismatches(dataclasses.replace(engine, **broken), *case)
+    assert any(needle in m for m in got), got
 
 
 def test_a_wrong_chunk_size_or_padding_placement_is_caught(monkeypatch):
@@ -279,11 +274,9 @@ def test_a_broken_bulk_plan_is_caught(monkeypatch):
 def test_the_issue_example_and_the_refusal_share():
     """[18057, 8366, 1064] at cp 4: SGLang 0.5.23 pads to P = 6872 with 1 MoE padding row, the seed
     fix's engine to 6880 with 32 (its alignment token counted as a padding row too)."""
-    sg, seed = SGLANG.plan([18057, 8366, 1064], 4, policy="zigzag"), engines.get("seed_fix").plan(
-        [18057, 8366, 1064], 4, policy="zigzag")
+    sg, seed = (rules.plan([18057, 8366, 1064], 4, policy="zigzag") for rules in (SGLANG, SEED))
     assert (SGLANG.physical_len(sg), SGLANG.costs(sg)["pad_at_split"]["moe_pad_processed"]) == (6872, 1)
-    assert (engines.get("seed_fix").physical_len(seed), engines.get("seed_fix").costs(seed)["pad_at_split"][
-        "moe_pad_processed"]) == (6880, 6880 * 4 - 27487)
+    assert (SEED.physical_len(seed), SEED.costs(seed)["pad_at_split"]["moe_pad_processed"]) == (6880, 6880 * 4 - 27487)
     # interleave on [5] at cp 4: 16 rows for 5 tokens (pads an uneven plan; the seed fix's 8-token even plan too)
     five = SGLANG.plan([5], 4, policy="round_robin")
     assert SGLANG.costs(five)["pad_at_split"]["rows"] == 16 and SGLANG.costs(five)["padded"]["rows"] == 8
