@@ -13,6 +13,7 @@ catch it with a minimal batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 import torch
@@ -80,14 +81,10 @@ def reference_blocks(padded_len: int, cp: int, policy: str, page: int) -> tuple[
     if policy == "dual_chunk_swap":  # chunks of ceil(len / n), the last ones short or empty
         size = -(-padded_len // n)
         return tuple(max(0, min(size, padded_len - i * size)) for i in range(n))
-    pages = -(-padded_len // page)
-    q, rem = divmod(pages, n)
-    out, left = [], padded_len
-    for i in range(n):
-        tokens = min((q + (i < rem)) * page, left)
-        out.append(tokens)
-        left -= tokens
-    return tuple(out)
+    q, rem = divmod(-(-padded_len // page), n)
+    # block i ends after i*q + min(i, rem) pages, cut at the request's end
+    ends = [min(padded_len, (i * q + min(i, rem)) * page) for i in range(n + 1)]
+    return tuple(b - a for a, b in pairwise(ends))
 
 
 def reference_rank_indices(b: Batch) -> tuple[int, list[list[int]]]:
