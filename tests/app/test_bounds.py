@@ -6,10 +6,14 @@ broken); iters=auto's estimate counts its warm-up."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import types
 from collections.abc import Sequence
 
 import pytest
 
+from matrix.app import config
 from matrix_cli import config_of as _cfg
 from nsa_cp_comm import plan as plan_mod
 from nsa_cp_comm.plan import MAX_CP_SIZE, MAX_PLAN_BLOCKS, plan_split
@@ -48,12 +52,10 @@ def test_without_the_bound_the_batch_is_read(monkeypatch):
 
 
 def test_config_refuses_a_batch_too_large_to_plan_at_its_cp():
-    from matrix.app.config import PLAN_BLOCKS_MAX, ConfigError, validate
-
-    with pytest.raises(ConfigError, match=r"seq_lens=\[\.\.\.\]: 65530 requests at cp_size=1024 make 67102720 "
-                                          f"request-rank blocks to plan, more than {PLAN_BLOCKS_MAX}"):
-        validate(_cfg(cp_size=1024, seq_lens=[3] * 65530))
-    validate(_cfg(cp_size=1024, seq_lens=[3] * (PLAN_BLOCKS_MAX // 1024)))
+    with pytest.raises(config.ConfigError, match=r"seq_lens=\[\.\.\.\]: 65530 requests at cp_size=1024 make 67102720 "
+                                                 f"request-rank blocks to plan, more than {config.PLAN_BLOCKS_MAX}"):
+        config.validate(_cfg(cp_size=1024, seq_lens=[3] * 65530))
+    config.validate(_cfg(cp_size=1024, seq_lens=[3] * (config.PLAN_BLOCKS_MAX // 1024)))
 
 
 def test_a_dry_run_beyond_the_machines_ranks_is_refused_before_any_point_is_planned(tmp_path, capsys, monkeypatch):
@@ -80,15 +82,8 @@ def test_a_dry_run_beyond_the_machines_ranks_is_refused_before_any_point_is_plan
 
 def test_without_the_probe_sys_passes_the_check(monkeypatch):
     """The checker broken (permission bits only): /sys says writable to root."""
-    import os
-
-    from matrix.app import config
-
     if os.geteuid() != 0:
         pytest.skip("as another user /sys is refused by its permission bits")
-    import tempfile
-    import types
-
     real = tempfile.mkdtemp
     monkeypatch.setattr(config, "tempfile", types.SimpleNamespace(mkdtemp=lambda prefix, dir: real(prefix=prefix)))
     config.check_writable("/sys/nsa-results")
