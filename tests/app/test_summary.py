@@ -14,8 +14,7 @@ def test_the_closing_line_counts_points_as_points_and_rows_as_rows(tmp_path):
                          make_row("padded", cp=4, point_id="p2"), make_row("legacy", cp=4, point_id="p2")])
     cfg = [{"results_dir": str(tmp_path), "seq_lens": [n]} for n in (1, 2, 3)]
     counts, _, _ = summary.summarize([(cfg[0], "p1"), (cfg[1], "p2"), (cfg[2], "p3")])
-    line = summary.render(counts, [])
-    assert line == ("matrix summary: 3 points, 4 rows: ok 2, failed 0, error 1, timeout 1; "
+    assert summary.render(counts, []) == ("matrix summary: 3 points, 4 rows: ok 2, failed 0, error 1, timeout 1; "
                     "failed, error or timeout: 2 rows of 1 point; missing 1 point (wrote no row)")
     assert summary.exit_code(counts) == summary.EXIT_BAD
     counts, _, _ = summary.summarize([(cfg[1], "p2")])
@@ -38,16 +37,14 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path):
 
 
 def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row():
-    from matrix.app.summary import CUT_MARK, REASON_CHARS, clipped, describe
-
     short = "rank 1 never entered _ALLGATHER_BASE"
-    assert clipped(short) == short
+    assert summary.clipped(short) == short
     long = "scattering rank 0's copy of the gathered buffer did not return this rank's rows; max_rel_err 1.07 > 0.0156"
-    assert len(long) > REASON_CHARS
-    got = describe({"impl": "x", "status": "failed", "failed_check": "scatter_chunk", "reason": long})
-    assert got.endswith(CUT_MARK + ")") and "results.csv" in got
+    assert len(long) > summary.REASON_CHARS
+    got = summary.describe({"impl": "x", "status": "failed", "failed_check": "scatter_chunk", "reason": long})
+    assert got.endswith(summary.CUT_MARK + ")") and "results.csv" in got
     # cut at a word: no half word before the mark
-    kept = clipped(long)[: -len(CUT_MARK)]
+    kept = summary.clipped(long)[: -len(summary.CUT_MARK)]
     assert long.startswith(kept) and long[len(kept)] == " "
 
 
