@@ -11,6 +11,7 @@ from matrix.app.point import declared_name, row_names
 from nsa_cp_comm import impls
 
 from compare_rows import make_row, write_run
+from matrix_cli import run_matrix
 
 BROKEN = "tests.broken_impls"
 
@@ -32,8 +33,6 @@ def test_a_reference_is_named_as_it_declares_itself_unless_that_name_is_taken(mo
 
 
 def test_rows_console_and_resume_of_a_plugin_by_reference(tmp_path):
-    from matrix_cli import run_matrix
-
     ref = f"{BROKEN}:wrong_order"
     res = tmp_path / "res"
     args = (f"impl={ref},padded", "cp_size=2", "seq_lens=[3,3]", "hidden_size=32", "iters=1", "warmup=0")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hostile_impls import SESSION_MARK, SLEEP_MARK
+from matrix.review import report
 from matrix_cli import REPO, cli_env, live_processes, processes_left, run_matrix, sweep_in_background
 
 SMALL = ("cp_size=2", "seq_lens=[1001,300]", "hidden_size=64", "dtype=float32", "warmup=1", "iters=2")
@@ -34,8 +35,6 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     again = run_matrix(res, f"impl={HOSTILE}:long_error", *SMALL, "resume=true")
     assert again.returncode == 1 and "not CSV" not in again.stderr, again.stderr[-2000:]
     assert len(again.rows()) == 2  # the error point ran again
-    from matrix.review import report
-
     assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 
 

@@ -20,6 +20,7 @@ from matrix.app import repro_env
 from matrix.app.config import MatrixConfig, override_value
 from matrix.app.point import repro_command
 from matrix.app.repro_env import env_prefix, join, split
+from nsa_cp_comm import impls
 
 from matrix_cli import REPO, run_matrix
 
@@ -82,8 +83,6 @@ def test_what_a_fresh_interpreter_finds_is_not_carried(monkeypatch):
 
 
 def test_an_entry_points_module_is_found(monkeypatch, tmp_path):
-    from nsa_cp_comm import impls
-
     _plugin(tmp_path / "site", "repro_env_plugin_b")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setitem(impls.ENTRY_POINT_OF, "engine_x", "repro_env_plugin_b:impl")
