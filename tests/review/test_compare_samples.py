@@ -142,6 +142,8 @@ def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr
     return write_sampled(tmp_path / name, {"p1": (rt, ctl)}, roundtrip_iqr_us=iqr)
 
 
+# a samples line whose roundtrip_us is no list of numbers
+UNREADABLE_LINE = '{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n'
 # each damage _break does, and what the unverified row then says is wrong with its samples
 DAMAGES = {
     "line missing": "no line in samples.jsonl",
@@ -159,26 +161,20 @@ DAMAGES = {
 def _break(path: str, how: str) -> None:
     """A samples file whose one line is unusable, as a crashed writer, a copy
     or a hand leaves it."""
-    f = Path(path) / SAMPLES_FILE
-    nan = float("nan")
-    if how == "line missing":
-        f.write_text("")
-    elif how == "empty control":
-        _edit_line(path, lambda line: line.update(control_us=[]))
-    elif how == "NaN":  # not JSON's, Python's json writes it anyway
-        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] + line["roundtrip_us"][1:]))
-    elif how == "all NaN":
-        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] * line["iters"], control_us=[nan] * line["iters"]))
-    elif how == "unreadable line":
-        f.write_text('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n')
+    f, nan = Path(path) / SAMPLES_FILE, float("nan")
+    updates = {"empty control": lambda line: {"control_us": []},
+               "NaN": lambda line: {"roundtrip_us": [nan] + line["roundtrip_us"][1:]},  # not JSON's; Python's writes it
+               "all NaN": lambda line: {"roundtrip_us": [nan] * line["iters"], "control_us": [nan] * line["iters"]},
+               "line of another run": lambda line: {"timestamp": "2025-06-01T00:00:00+00:00"},
+               "line newer than the reader": lambda line: {"schema_version": 99}}
+    if how in updates:
+        _edit_line(path, lambda line: line.update(updates[how](line)))
     elif how == "truncated file":
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     elif how == "file deleted":
         f.unlink()
-    elif how == "line of another run":
-        _edit_line(path, lambda line: line.update(timestamp="2025-06-01T00:00:00+00:00"))
     else:
-        _edit_line(path, lambda line: line.update(schema_version=99))
+        f.write_text({"line missing": "", "unreadable line": UNREADABLE_LINE}[how])
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -337,7 +333,7 @@ def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path, capsys):
     leaves the row without evidence (the good one is an earlier run's)."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     with (tmp_path / "b" / SAMPLES_FILE).open("a") as f:
-        f.write('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\nnot json\n')
+        f.write(UNREADABLE_LINE + "not json\n")
     smp = read_samples(tmp_path / "b" / SAMPLES_FILE)
     assert smp.skipped_lines == 2 and smp.paired("p1", "padded") is None
     assert smp.rejected[("p1", "padded")].startswith("roundtrip_us is not a list of finite numbers")
@@ -354,13 +350,10 @@ def test_exact_p_values_match_enumeration():
     base, new = [1.0, 4.0, 6.0], [2.0, 3.0, 5.0, 7.0]
     values = base + new
     observed = sum(n > b for n in new for b in base)
-    count = total = 0
-    for idx in itertools.combinations(range(7), 4):  # every relabelling of the 7 values
-        ys = [values[i] for i in idx]
-        xs = [values[i] for i in range(7) if i not in idx]
-        count += sum(y > x for y in ys for x in xs) >= observed
-        total += 1
-    assert p_greater(base, new) == pytest.approx(count / total)
+    relabellings = list(itertools.combinations(range(7), 4))  # every relabelling of the 7 values as NEW
+    count = sum(sum(values[j] > values[i] for j in idx for i in range(7) if i not in idx) >= observed
+                for idx in relabellings)
+    assert p_greater(base, new) == pytest.approx(count / len(relabellings))
     assert smallest_p(8) == pytest.approx(p_greater(list(range(8)), list(range(8, 16))))
 
 
