@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from matrix.review import compare, report
+from matrix.store.runs import SCHEMA_VERSION
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 from nsa_cp_comm.harness import significance
 from nsa_cp_comm.harness.significance import ALPHA, adjusted, p_greater, power, smallest_p
@@ -397,10 +398,13 @@ def test_the_docs_name_the_correction_the_code_applies():
 
 
 def test_samples_sidecar_round_trips(tmp_path):
-    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}, {"point_id": "a", "impl": "legacy", "timestamp": "t"}]
+    """One line per row with samples, carrying the machine's load, the schema version and the row's run."""
+    rows = [{"point_id": "a", "impl": impl, "timestamp": "t", "run_id": "base0001"} for impl in ("padded", "legacy")]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}, {}])
-    lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["roundtrip_us"] == [1.0, 2.0]
+    lines = [json.loads(text) for text in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["roundtrip_us"] == [1.0, 2.0]
+    assert isinstance(lines[0]["load_1m"], float) and lines[0]["load_1m"] >= 0
+    assert (lines[0]["schema_version"], lines[0]["run_id"]) == (SCHEMA_VERSION, "base0001")
     assert list(read_samples(tmp_path / SAMPLES_FILE).paired("a", "padded")) == [0.5, 1.0]
 
 
@@ -480,16 +484,6 @@ def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path,
     _, out = gate(base, new, capsys)
     mark = next(m for m in marks(out) if m.startswith("REGRESSED"))
     assert "1-minute load BASE unknown NEW 7.2" in mark, mark
-
-
-def test_samples_lines_and_runs_keep_the_load(tmp_path):
-    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}]
-    append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
-    line = json.loads((tmp_path / SAMPLES_FILE).read_text())
-    assert isinstance(line["load_1m"], float) and line["load_1m"] >= 0
-    from matrix.app import point
-
-    assert point.environment()["load_1m"] >= 0
 
 
 def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path, capsys):
