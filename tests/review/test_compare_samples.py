@@ -237,8 +237,8 @@ def test_nothing_joined_fails(tmp_path, capsys, extra):
 
 def test_nothing_ran_in_both_fails(tmp_path, capsys):
     base = write_run(tmp_path / "b", [make_row(), make_row("legacy")])
-    new = write_run(tmp_path / "n", [make_row(status="skipped", p50=None, correct=None)] * 1
-                    + [make_row("legacy", status="skipped", p50=None, correct=None)])
+    new = write_run(tmp_path / "n", [make_row(impl, status="skipped", p50=None, correct=None)
+                                     for impl in ("padded", "legacy")])
     code, out = gate(base, new, capsys)
     assert code == 1 and "FAIL: nothing compared: each of the 2 joined row(s) is skipped in BASE or NEW" in out
     new = write_run(tmp_path / "n2", [make_row(status="skipped", p50=None, correct=None), make_row("legacy")])
@@ -371,21 +371,14 @@ def test_false_discovery_adjustment():
 
 def _bh(ps: list[float]) -> list[float]:
     """Benjamini-Hochberg by its definition: min over k >= rank of p_(k) * m / k."""
-    order = sorted(range(len(ps)), key=ps.__getitem__)
-    m = len(ps)
-    out = [0.0] * m
-    for i, idx in enumerate(order):
-        out[idx] = min(1.0, min(ps[order[k]] * m / (k + 1) for k in range(i, m)))
-    return out
+    order, m = sorted(range(len(ps)), key=ps.__getitem__), len(ps)
+    return [min(1.0, min(ps[order[k]] * m / (k + 1) for k in range(order.index(j), m))) for j in range(m)]
 
 
 def _holm(ps: list[float]) -> list[float]:
-    order = sorted(range(len(ps)), key=ps.__getitem__)
-    m, out, running = len(ps), [0.0] * len(ps), 0.0
-    for i, idx in enumerate(order):
-        running = max(running, min(1.0, ps[idx] * (m - i)))
-        out[idx] = running
-    return out
+    order, m = sorted(range(len(ps)), key=ps.__getitem__), len(ps)
+    running = itertools.accumulate((min(1.0, ps[idx] * (m - i)) for i, idx in enumerate(order)), max)
+    return [p for _, p in sorted(zip(order, running))]  # back in the order of ps
 
 
 def test_the_docs_name_the_correction_the_code_applies():
