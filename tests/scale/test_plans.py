@@ -135,10 +135,8 @@ def test_trace_draw_picks_whole_trace_batches():
 ])
 def test_trace_reader_refuses_bad_files_with_one_line(tmp_path, text, needle):
     p = tmp_path / "t.csv"
-    if isinstance(text, bytes):
-        p.write_bytes(text)
-    elif text is not None:
-        p.write_text(text)
+    if text is not None:  # the bytes as given, a str as UTF-8
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(WorkloadError) as exc:
         read_trace(p, 16384)
     msg = str(exc.value)
