@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from matrix.review import compare, report
+from matrix.store.runs import SCHEMA_VERSION
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
 from nsa_cp_comm.harness import significance
 from nsa_cp_comm.harness.significance import ALPHA, adjusted, p_greater, power, smallest_p
@@ -142,6 +143,8 @@ def _one_point(tmp_path: Path, name: str, rt: list[float], ctl: list[float], iqr
     return write_sampled(tmp_path / name, {"p1": (rt, ctl)}, roundtrip_iqr_us=iqr)
 
 
+# a samples line whose roundtrip_us is no list of numbers
+UNREADABLE_LINE = '{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n'
 # each damage _break does, and what the unverified row then says is wrong with its samples
 DAMAGES = {
     "line missing": "no line in samples.jsonl",
@@ -159,26 +162,20 @@ DAMAGES = {
 def _break(path: str, how: str) -> None:
     """A samples file whose one line is unusable, as a crashed writer, a copy
     or a hand leaves it."""
-    f = Path(path) / SAMPLES_FILE
-    nan = float("nan")
-    if how == "line missing":
-        f.write_text("")
-    elif how == "empty control":
-        _edit_line(path, lambda line: line.update(control_us=[]))
-    elif how == "NaN":  # not JSON's, Python's json writes it anyway
-        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] + line["roundtrip_us"][1:]))
-    elif how == "all NaN":
-        _edit_line(path, lambda line: line.update(roundtrip_us=[nan] * line["iters"], control_us=[nan] * line["iters"]))
-    elif how == "unreadable line":
-        f.write_text('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\n')
+    f, nan = Path(path) / SAMPLES_FILE, float("nan")
+    updates = {"empty control": lambda line: {"control_us": []},
+               "NaN": lambda line: {"roundtrip_us": [nan] + line["roundtrip_us"][1:]},  # not JSON's; Python's writes it
+               "all NaN": lambda line: {"roundtrip_us": [nan] * line["iters"], "control_us": [nan] * line["iters"]},
+               "line of another run": lambda line: {"timestamp": "2025-06-01T00:00:00+00:00"},
+               "line newer than the reader": lambda line: {"schema_version": 99}}
+    if how in updates:
+        _edit_line(path, lambda line: line.update(updates[how](line)))
     elif how == "truncated file":
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     elif how == "file deleted":
         f.unlink()
-    elif how == "line of another run":
-        _edit_line(path, lambda line: line.update(timestamp="2025-06-01T00:00:00+00:00"))
     else:
-        _edit_line(path, lambda line: line.update(schema_version=99))
+        f.write_text({"line missing": "", "unreadable line": UNREADABLE_LINE}[how])
 
 
 @pytest.mark.parametrize("how", DAMAGES)
@@ -240,8 +237,8 @@ def test_nothing_joined_fails(tmp_path, capsys, extra):
 
 def test_nothing_ran_in_both_fails(tmp_path, capsys):
     base = write_run(tmp_path / "b", [make_row(), make_row("legacy")])
-    new = write_run(tmp_path / "n", [make_row(status="skipped", p50=None, correct=None)] * 1
-                    + [make_row("legacy", status="skipped", p50=None, correct=None)])
+    new = write_run(tmp_path / "n", [make_row(impl, status="skipped", p50=None, correct=None)
+                                     for impl in ("padded", "legacy")])
     code, out = gate(base, new, capsys)
     assert code == 1 and "FAIL: nothing compared: each of the 2 joined row(s) is skipped in BASE or NEW" in out
     new = write_run(tmp_path / "n2", [make_row(status="skipped", p50=None, correct=None), make_row("legacy")])
@@ -337,7 +334,7 @@ def test_unreadable_sample_lines_are_skipped_and_counted(tmp_path, capsys):
     leaves the row without evidence (the good one is an earlier run's)."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
     with (tmp_path / "b" / SAMPLES_FILE).open("a") as f:
-        f.write('{"point_id": "p1", "impl": "padded", "roundtrip_us": [1, "x"]}\nnot json\n')
+        f.write(UNREADABLE_LINE + "not json\n")
     smp = read_samples(tmp_path / "b" / SAMPLES_FILE)
     assert smp.skipped_lines == 2 and smp.paired("p1", "padded") is None
     assert smp.rejected[("p1", "padded")].startswith("roundtrip_us is not a list of finite numbers")
@@ -354,13 +351,10 @@ def test_exact_p_values_match_enumeration():
     base, new = [1.0, 4.0, 6.0], [2.0, 3.0, 5.0, 7.0]
     values = base + new
     observed = sum(n > b for n in new for b in base)
-    count = total = 0
-    for idx in itertools.combinations(range(7), 4):  # every relabelling of the 7 values
-        ys = [values[i] for i in idx]
-        xs = [values[i] for i in range(7) if i not in idx]
-        count += sum(y > x for y in ys for x in xs) >= observed
-        total += 1
-    assert p_greater(base, new) == pytest.approx(count / total)
+    relabellings = list(itertools.combinations(range(7), 4))  # every relabelling of the 7 values as NEW
+    count = sum(sum(values[j] > values[i] for j in idx for i in range(7) if i not in idx) >= observed
+                for idx in relabellings)
+    assert p_greater(base, new) == pytest.approx(count / len(relabellings))
     assert smallest_p(8) == pytest.approx(p_greater(list(range(8)), list(range(8, 16))))
 
 
@@ -377,21 +371,14 @@ def test_false_discovery_adjustment():
 
 def _bh(ps: list[float]) -> list[float]:
     """Benjamini-Hochberg by its definition: min over k >= rank of p_(k) * m / k."""
-    order = sorted(range(len(ps)), key=ps.__getitem__)
-    m = len(ps)
-    out = [0.0] * m
-    for i, idx in enumerate(order):
-        out[idx] = min(1.0, min(ps[order[k]] * m / (k + 1) for k in range(i, m)))
-    return out
+    order, m = sorted(range(len(ps)), key=ps.__getitem__), len(ps)
+    return [min(1.0, min(ps[order[k]] * m / (k + 1) for k in range(order.index(j), m))) for j in range(m)]
 
 
 def _holm(ps: list[float]) -> list[float]:
-    order = sorted(range(len(ps)), key=ps.__getitem__)
-    m, out, running = len(ps), [0.0] * len(ps), 0.0
-    for i, idx in enumerate(order):
-        running = max(running, min(1.0, ps[idx] * (m - i)))
-        out[idx] = running
-    return out
+    order, m = sorted(range(len(ps)), key=ps.__getitem__), len(ps)
+    running = itertools.accumulate((min(1.0, ps[idx] * (m - i)) for i, idx in enumerate(order)), max)
+    return [p for _, p in sorted(zip(order, running))]  # back in the order of ps
 
 
 def test_the_docs_name_the_correction_the_code_applies():
@@ -404,10 +391,13 @@ def test_the_docs_name_the_correction_the_code_applies():
 
 
 def test_samples_sidecar_round_trips(tmp_path):
-    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}, {"point_id": "a", "impl": "legacy", "timestamp": "t"}]
+    """One line per row with samples, carrying the machine's load, the schema version and the row's run."""
+    rows = [{"point_id": "a", "impl": impl, "timestamp": "t", "run_id": "base0001"} for impl in ("padded", "legacy")]
     append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}, {}])
-    lines = (tmp_path / SAMPLES_FILE).read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["roundtrip_us"] == [1.0, 2.0]
+    lines = [json.loads(text) for text in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["roundtrip_us"] == [1.0, 2.0]
+    assert isinstance(lines[0]["load_1m"], float) and lines[0]["load_1m"] >= 0
+    assert (lines[0]["schema_version"], lines[0]["run_id"]) == (SCHEMA_VERSION, "base0001")
     assert list(read_samples(tmp_path / SAMPLES_FILE).paired("a", "padded")) == [0.5, 1.0]
 
 
@@ -487,16 +477,6 @@ def test_a_regressed_row_names_its_p_value_paired_ratio_and_both_loads(tmp_path,
     _, out = gate(base, new, capsys)
     mark = next(m for m in marks(out) if m.startswith("REGRESSED"))
     assert "1-minute load BASE unknown NEW 7.2" in mark, mark
-
-
-def test_samples_lines_and_runs_keep_the_load(tmp_path):
-    rows = [{"point_id": "a", "impl": "padded", "timestamp": "t"}]
-    append_samples(tmp_path, rows, [{"roundtrip": [1.0, 2.0], "control": [2.0, 2.0]}])
-    line = json.loads((tmp_path / SAMPLES_FILE).read_text())
-    assert isinstance(line["load_1m"], float) and line["load_1m"] >= 0
-    from matrix.app import point
-
-    assert point.environment()["load_1m"] >= 0
 
 
 def test_a_calibration_short_of_its_target_is_named_once_per_run(tmp_path, capsys):

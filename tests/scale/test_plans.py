@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from matrix.app import sweep
 from matrix.scale import plans
 from matrix.scale.workload import (MATRIX_BATCHES_MAX, Batches, WorkloadError, draw, expand_argv, from_mapping, load,
                                    read_trace, report_lines)
@@ -134,10 +135,8 @@ def test_trace_draw_picks_whole_trace_batches():
 ])
 def test_trace_reader_refuses_bad_files_with_one_line(tmp_path, text, needle):
     p = tmp_path / "t.csv"
-    if isinstance(text, bytes):
-        p.write_bytes(text)
-    elif text is not None:
-        p.write_text(text)
+    if text is not None:  # the bytes as given, a str as UTF-8
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(WorkloadError) as exc:
         read_trace(p, 16384)
     msg = str(exc.value)
@@ -173,35 +172,32 @@ def test_cli_writes_stats_and_plot(tmp_path):
     assert out["meta"]["engines"]["vllm_0_33"]["moe_padding"] == "masked"
     assert any(line.startswith("vllm_0_33/zigzag: ") for line in out["meta"]["not_planned"])
     assert "sglang==0.5.23" in out["meta"]["engines"]["sglang_0_5_23"]["source"]
-    for r in out["rows"]:
-        if r["design"] == "legacy_even":
-            assert r["overhead_p99"] == 0
-        else:
-            assert r["overhead_mean"] >= 0
+    assert all(r["overhead_p99"] == 0 if r["design"] == "legacy_even" else r["overhead_mean"] >= 0
+               for r in out["rows"]), out["rows"]
     assert (tmp_path / plans.PLOT).read_bytes()[:4] == b"\x89PNG"
     assert "| 8 | zigzag | pad_at_split |" in p.stdout
 
 
-def one_line_exit_2(main, args, capsys) -> str:
-    """``main(args)`` in this process: exit code 2 and one line on stderr, returned."""
-    code = main(args)
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1, (code, err)
-    return err
-
-
-@pytest.mark.parametrize("args, needle", [
-    (["--cp", "0"], "--cp=0"),
-    (["--cp", "x"], "--cp=x"),
-    (["--policy", "spiral"], "--policy=spiral"),
-    (["--engine", "vllm"], "--engine=vllm: must be one of seed_fix, sglang_0_5_23"),
-    (["--engine", "sglang_0_5_23", "--policy", "zigzag_page"], "no engine of --engine=sglang_0_5_23 has any"),
-    (["--workload", "nope"], "workload=nope"),
-    (["--batches", "0"], "workload.batches=0"),
-    (["--nccl-tests", "/nonexistent.json"], "/nonexistent.json"),
+@pytest.mark.parametrize("command, args, needle", [
+    ("plans", ["--cp", "0"], "--cp=0"),
+    ("plans", ["--cp", "x"], "--cp=x"),
+    ("plans", ["--policy", "spiral"], "--policy=spiral"),
+    ("plans", ["--engine", "vllm"], "--engine=vllm: must be one of seed_fix, sglang_0_5_23"),
+    ("plans", ["--engine", "sglang_0_5_23", "--policy", "zigzag_page"], "no engine of --engine=sglang_0_5_23 has any"),
+    ("plans", ["--workload", "nope"], "workload=nope"),
+    ("plans", ["--batches", "0"], "workload.batches=0"),
+    ("plans", ["--nccl-tests", "/nonexistent.json"], "/nonexistent.json"),
+    # workload= in the matrix
+    ("sweep", ["workload=nope"], "workload=nope: no such workload"),
+    ("sweep", ["workload=lognormal", "seq_lens=[5]"], "drop seq_lens="),
+    ("sweep", ["workload=lognormal,trace"], "one workload per command line"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(args, needle, capsys):
-    assert needle in one_line_exit_2(plans.main, [*args, "--no-plot"], capsys)
+def test_bad_input_is_one_line_exit_2(command, args, needle, capsys):
+    """``main(args)`` in this process (without a plot or a run): exit code 2 and one line on stderr."""
+    main, last = {"plans": (plans.main, "--no-plot"), "sweep": (sweep.main, "--dry-run")}[command]
+    code = main([*args, last])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (code, err)
 
 
 def test_doc_plans_speed_matches_its_json():
@@ -223,22 +219,10 @@ def test_workload_expands_into_a_sweep_of_its_batches():
     b = draw(w)
     out = expand_argv(["workload=lognormal", "cp_size=2"])
     assert out[0] == "-m" and "workload=lognormal" in out
-    sweep = [a for a in out if a.startswith("seq_lens=")]
-    assert len(sweep) == 1
-    assert sweep[0] == "seq_lens=" + ",".join("[" + ",".join(map(str, b.batch(i))) + "]" for i in range(len(b)))
+    [seq_lens] = [a for a in out if a.startswith("seq_lens=")]  # exactly one
+    assert seq_lens == "seq_lens=" + ",".join("[" + ",".join(map(str, b.batch(i))) + "]" for i in range(len(b)))
     assert expand_argv(["cp_size=2"]) == ["cp_size=2"]
     assert expand_argv(["-m", "workload=null"]) == ["-m", "workload=null"]
-
-
-@pytest.mark.parametrize("args, needle", [
-    (["workload=nope"], "workload=nope: no such workload"),
-    (["workload=lognormal", "seq_lens=[5]"], "drop seq_lens="),
-    (["workload=lognormal,trace"], "one workload per command line"),
-])
-def test_workload_bad_input_is_one_line_exit_2(args, needle, capsys):
-    from matrix.app.sweep import main
-
-    assert needle in one_line_exit_2(main, [*args, "--dry-run"], capsys)
 
 
 def test_workload_batches_are_bounded(tmp_path):
@@ -249,9 +233,7 @@ def test_workload_batches_are_bounded(tmp_path):
 
 
 def test_workload_dry_run_lists_one_point_per_batch(capsys):
-    from matrix.app.sweep import main
-
-    assert main(["workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"]) == 0, capsys.readouterr().err
+    assert sweep.main(["workload=trace", "cp_size=2", "hidden_size=64", "--dry-run"]) == 0, capsys.readouterr().err
     b = draw(load("trace"))
     distinct = {tuple(b.batch(i)) for i in range(len(b))}
     assert f"estimate: {len(distinct)} points" in capsys.readouterr().out
