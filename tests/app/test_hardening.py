@@ -5,18 +5,31 @@ which RELIABILITY.md's tables are rendered from; its other fault rows name their
 from __future__ import annotations
 
 import ast
+import errno
+import importlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
+import matrix.app.sweep as cli
 import reliability_table as table
+from matrix.app import guards, torchrun_point
+from matrix.app.config import ConfigError, register_resolvers, run_folder, validate_overrides
+from matrix.app.preflight import points, preflight
+from matrix.scale.plans import plan_stats
+from matrix.scale.workload import Batches, read_trace
+from matrix.store import outputs, samples
+from matrix.store.results import append_rows
 from matrix_cli import (REPO, cli_env, compose_config, config_of, live_processes, processes_left, read_table,
                         run_matrix, run_python)
 
@@ -112,9 +125,6 @@ def _one_line_exit_2_nothing_written(code: int, out: str, err: str, case, tmp: P
 
 @pytest.mark.parametrize("case", table.CLI, ids=lambda c: table.cli_doc(c))
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys, monkeypatch):
-    import matrix.app.sweep as cli
-    from matrix.app.config import ConfigError, validate_overrides
-
     if "/proc/sys" in " ".join(case.args) and os.access("/proc/sys", os.W_OK):
         pytest.skip("/proc/sys is writable here")
     _file_setup(case.setup, tmp_path)
@@ -141,8 +151,6 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
 def test_a_refusal_that_wrote_is_caught(writes, tmp_path, capsys, monkeypatch):
     """The nothing-written check sees a refusal that made a folder or changed
     a file before its one line: an app whose preflight writes, then refuses."""
-    import matrix.app.sweep as cli
-
     case = next(c for c in table.CLI if c.setup == ("old/results.csv:old_schema",))
     _file_setup(case.setup, tmp_path)
     before = _contents(tmp_path)
@@ -164,12 +172,10 @@ def test_a_refusal_that_wrote_is_caught(writes, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a mode-0555 directory")
 def test_cli_read_only_results_dir(tmp_path, capsys):
-    from matrix.app.sweep import main
-
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)
     try:
-        assert main(["-m", f"results_dir={ro / 'res'}", "cp_size=1"]) == 2
+        assert cli.main(["-m", f"results_dir={ro / 'res'}", "cp_size=1"]) == 2
         err = capsys.readouterr().err.splitlines()
         assert err == [f"error: results_dir={ro / 'res'}: {ro} is not a writable directory"]
         assert list(ro.iterdir()) == []
@@ -223,8 +229,6 @@ def umount(where: Path) -> None:
 
 
 def _file_setup(specs: tuple[str, ...], tmp: Path) -> None:
-    from matrix.store.results import append_rows
-
     for spec in specs:
         name, _, what = spec.partition(":")
         path = tmp / name
@@ -267,8 +271,6 @@ def _no_work(monkeypatch) -> None:
 
 
 def _command(name: str):
-    import importlib
-
     return importlib.import_module("matrix.__main__" if name == "matrix" else f"matrix.{name}.__main__").main
 
 
@@ -279,8 +281,6 @@ class _Hung(Exception):
 @pytest.mark.parametrize("case", table.FILES, ids=lambda c: f"{c.command}: {c.doc}")
 def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path, capsys, monkeypatch):
     if case.needs == "proc_sys":
-        import tempfile
-
         try:
             fd, name = tempfile.mkstemp(dir="/proc/sys")
         except OSError:
@@ -320,8 +320,6 @@ def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path,
 
 
 def test_a_trace_with_a_byte_order_mark_reads(tmp_path):
-    from matrix.scale.workload import read_trace
-
     (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbfseq_len,batch\r\n10,a\r\n20,a\r\n")
     lens, sizes = read_trace(tmp_path / "t.csv", 100)
     assert lens.tolist() == [10, 20] and sizes.tolist() == [2]
@@ -330,9 +328,6 @@ def test_a_trace_with_a_byte_order_mark_reads(tmp_path):
 def test_a_batch_id_that_comes_back_is_one_batch(tmp_path, capsys):
     """``a, b, a`` used to be three batches: ``[10, 30]`` never appeared and the
     padding statistics changed."""
-    from matrix.scale.plans import plan_stats
-    from matrix.scale.workload import Batches, read_trace
-
     (tmp_path / "t.csv").write_text("seq_len,batch\n10,a\n20,b\n30,a\n")
     lens, sizes = read_trace(tmp_path / "t.csv", 100)
     assert (lens.tolist(), sizes.tolist()) == ([10, 30, 20], [2, 1])
@@ -348,11 +343,9 @@ def test_a_batch_id_that_comes_back_is_one_batch(tmp_path, capsys):
 
 def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
     """The error text offers "or a .yaml path"; Hydra used to look for conf/workload//x.yaml."""
-    from matrix.app.sweep import main
-
     (tmp_path / "t.csv").write_text("seq_len,batch\n100,a\n200,a\n300,b\n")
     (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")).replace("batches: 4", "batches: 8"))
-    assert main(["--dry-run", f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 0
+    assert cli.main(["--dry-run", f"workload={tmp_path / 'w.yaml'}", f"results_dir={tmp_path / 'res'}"]) == 0
     out, err = capsys.readouterr()
     assert "estimate: 2 points" in out and "seq_lens=[300]" in out, (out, err)  # the batches [100, 200] and [300]
     assert not (tmp_path / "res").exists()
@@ -361,9 +354,6 @@ def test_a_workload_file_by_absolute_path_runs(tmp_path, capsys):
 def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, capsys, monkeypatch):
     """The hint used to repeat the expanded seq_lens (refused with workload=) and
     the name Hydra was given for the file (unknown to a new process)."""
-    import matrix.app.sweep as cli
-    from matrix.app import guards
-
     (tmp_path / "t.csv").write_text("seq_len\n100\n")
     (tmp_path / "w.yaml").write_text(_workload_yaml(str(tmp_path / "t.csv")))
 
@@ -384,8 +374,6 @@ def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, c
 def test_hydra_records_go_to_a_folder_per_command(tmp_path):
     """Two sweeps into one results_dir overwrote each other's multirun.yaml and
     job records (results_dir/0/.hydra)."""
-    from matrix.app.config import run_folder
-
     cfg = compose_config(f"results_dir={tmp_path}")
     folder = str(tmp_path / "hydra" / run_folder())
     assert (cfg.hydra.sweep.dir, cfg.hydra.run.dir) == (folder, folder)
@@ -425,10 +413,6 @@ def test_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(command, free
 
 def test_write_atomic_on_a_full_disk_leaves_the_old_file(tmp_path, monkeypatch):
     """Without a mountable tmpfs: the write fails half way, as on a full disk."""
-    import errno
-
-    from matrix.store import outputs
-
     target = tmp_path / "plot.png"
     target.write_bytes(b"old")
     real = os.fdopen
@@ -455,10 +439,6 @@ def test_write_atomic_on_a_full_disk_leaves_the_old_file(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_while_writing_samples_names_the_file(tmp_path, monkeypatch):
-    import errno
-
-    from matrix.store import samples
-
     def full(fd, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -520,7 +500,6 @@ def _wait_rows(path: Path, at_least: int, proc: subprocess.Popen, timeout_s: flo
 
 def test_sigkill_mid_sweep_then_resume_completes_it(tmp_path):
     from matrix.app.point import point_id
-    from matrix.app.preflight import points
 
     res = tmp_path / "res"
     sweep = ["cp_size=1,2", "seq_lens=[64],[100],[1000],[1001,300],[37,512]", "hidden_size=32", "iters=2",
@@ -596,8 +575,6 @@ def test_torchrun_fault_costs_one_row(fault, tmp_path):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_torchrun_point_refuses_a_world_that_is_not_cp_size(rank, tmp_path, capsys, monkeypatch):
     """Checked on every rank before any rendezvous: no rank waits for the others."""
-    from matrix.app import torchrun_point
-
     for key, value in dict(RANK=rank, WORLD_SIZE=2, LOCAL_WORLD_SIZE=2, LOCAL_RANK=rank).items():
         monkeypatch.setenv(key, str(value))
     assert torchrun_point.main(["cp_size=3", f"results_dir={tmp_path / 'res'}"]) == 2
@@ -610,8 +587,6 @@ def test_torchrun_point_refuses_a_world_that_is_not_cp_size(rank, tmp_path, caps
 
 
 def test_torchrun_point_needs_torchrun(capsys, monkeypatch):
-    from matrix.app import torchrun_point
-
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert torchrun_point.main(["cp_size=2"]) == 2
     assert capsys.readouterr().err.startswith("error: WORLD_SIZE is not set: start this module with torchrun")
@@ -650,10 +625,6 @@ def test_slurm_launcher_preset_composes(overrides, gpus, minutes):
 def test_slurm_request_covers_the_largest_point_of_a_sweep():
     """A job array has one request: the sweep's largest cp_size and timeout_s,
     from the command line over the preset's sweeper params."""
-    from omegaconf import OmegaConf
-
-    from matrix.app.config import register_resolvers
-
     register_resolvers()
     cfg = OmegaConf.create({
         "cp_size": 2, "timeout_s": 120.0,
@@ -671,11 +642,6 @@ def test_slurm_request_counts_the_ranks_a_swept_group_and_bystanders_add():
     ``largest`` option resolved per point, on the node) and sweeps
     bystanders: a GPU per rank of its largest world, not the primary
     config's cp_size."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    from matrix.app.config import register_resolvers
-
     register_resolvers()
     slurm = yaml.safe_load((REPO / "conf" / "hydra" / "launcher" / "slurm.yaml").read_text())
     params = yaml.safe_load((REPO / "conf" / "matrix" / "conformance.yaml").read_text())["hydra"]["sweeper"]["params"]
@@ -693,9 +659,6 @@ def test_remote_launcher_leaves_the_machine_check_to_the_job(tmp_path):
     """The submit host has no GPUs: an nccl sweep for SLURM passes the preflight
     (each job checks its own node); a bad value is still refused."""
     _need_submitit()
-    from matrix.app.config import ConfigError
-    from matrix.app.preflight import preflight
-
     argv = ["-m", "hydra/launcher=slurm", "+matrix=deepseek_v32", "backend=nccl", f"results_dir={tmp_path / 'r'}"]
     assert len(preflight(argv)) == 8
     with pytest.raises(ConfigError, match=r"^num_experts=7: must be a multiple of cp_size=8"):
