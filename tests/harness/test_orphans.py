@@ -196,7 +196,9 @@ def test_a_daemon_a_task_started_dies_with_its_ranks_only_where_the_rank_is_its_
     rank, a child subreaper, it is in the rank's tree and killed with the
     pool. The drill can fail: with a worker that does not become a subreaper
     the daemon goes to init and outlives the pool."""
-    seconds = 800_000 + os.getpid() % 90_000 + (0 if subreaper else 1)  # this test's own
+    # this case's own while this process lives: xdist workers' pids are often adjacent, and
+    # pid % N + (0 | 1) let one worker's subreaper case match (and kill) another's daemons
+    seconds = 10_000_000 + 2 * os.getpid() + (0 if subreaper else 1)
     if not subreaper:
         monkeypatch.setattr(ranks, "WORKER_PATH", mutated_worker(tmp_path, "libc.prctl(36, 1, 0, 0, 0)"))
     monkeypatch.setenv("NSA_CP_COMM_FORK_RANKS", "0")  # exec'd ranks: the worker file is the one run
