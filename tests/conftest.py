@@ -58,6 +58,20 @@ def pool_workdir(tmp_path):
     return tmp_path
 
 
+# What a plot's file holds in a test that reads a report's text, not its pictures.
+NOT_DRAWN = b"\x89PNG\r\n\x1a\n(not drawn in this test)"
+
+
+@pytest.fixture
+def plots_not_drawn(monkeypatch):
+    """The report's plots are built (their code runs on the run's rows) but
+    not drawn: each file holds :data:`NOT_DRAWN`. Drawing is most of a
+    report's time; tests/review/test_report.py and test_plots_read.py draw them."""
+    from matrix.review import plots
+
+    monkeypatch.setattr(plots, "png", lambda fig: NOT_DRAWN)
+
+
 @pytest.fixture
 def column_wise(monkeypatch):
     """``column_wise(module, name)``: from now on in the test, row-wise
@@ -127,6 +141,8 @@ SLOW: dict[str, str] = {
         "preset through the CLI: its dry run, a sweep and its report",
     "tests/app/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
     "tests/project/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
+    "tests/harness/test_forkserver.py::test_the_rank_start_benchmark_runs": "a benchmark as a user runs it: a fresh "
+        "interpreter starting pools forked, exec'd, bound and unbound",
     "tests/app/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
     "tests/lib/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[8]": "8 ranks",
     "tests/lib/test_roundtrip.py::test_gather_byte_exact_and_moe_round_trip[4]": "4 ranks (2 and 3 stay fast)",

@@ -74,6 +74,26 @@ def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeou
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
 
 
+def sweep_here(results_dir: Path, *overrides: str, monkeypatch, capsys) -> CliRun:
+    """``python -m matrix -m results_dir=... overrides`` run in this process
+    (the app's ``main``), for tests that check a sweep's rows, console and exit
+    code rather than its process: the points run on real ranks as the CLI's
+    do, without a fresh interpreter importing torch and Hydra first. The
+    signal handlers and stdout guard, the process's own, are left as pytest
+    has them (tests/app/test_hostile_sweeps.py drills those through the CLI)."""
+    from matrix.app import guards
+    from matrix.app.sweep import main
+
+    monkeypatch.setattr(guards, "install", lambda: None)
+    monkeypatch.setattr(guards, "guard", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["matrix"])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # main sets it; monkeypatch restores it after the test
+    capsys.readouterr()
+    code = main(["-m", f"results_dir={results_dir}", *overrides])
+    out, err = capsys.readouterr()
+    return CliRun(code, out, err, Path(results_dir))
+
+
 def _sigint_default() -> None:
     # As a terminal's foreground job has it. A shell without job control starts
     # a background job (`cmd &`) with SIGINT ignored, which every child inherits:

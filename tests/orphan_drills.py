@@ -25,6 +25,10 @@ from nsa_cp_comm.harness.ranks import WORKER_PATH
 # the kernel's death signal gets to end a rank (it is sent as the driver dies).
 START_S = 180.0
 DEATH_SIGNAL_S = 10.0
+# Two looks this far apart that find the drill's processes :func:`frozen`:
+# their states cannot change any more (a parent dying hands over its children
+# and sends their death signals under one kernel lock, far shorter than this).
+_SETTLE_S = 0.2
 
 # Starts the driver and reaps, as the subreaper, the driver and every rank it
 # orphans: one line "PID EXITCODE" per process that ended (-N: signal N).
@@ -108,14 +112,50 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline().decode().strip() if ready else ""
 
 
-def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids: set[int], timeout_s: float) -> None:
-    """Read the reaper's lines into ``ended`` until every pid in ``pids`` ended
-    or ``timeout_s`` passed (other lines into ``said``)."""
+# SIGKILL's bit in /proc/PID/status's pending-signal masks.
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def _status(pid: int) -> dict[str, str]:
+    """``/proc/PID/status`` as ``{field: value}``; {} where the process is gone."""
+    return dict(line.split(":", 1) for line in read_text(f"/proc/{pid}/status").splitlines() if ":" in line)
+
+
+def frozen(pids: Iterable[int], ended: dict[int, int], outside: int) -> bool:
+    """Whether nothing can end any of ``pids`` that has not ``ended`` any more:
+    each is stopped (it cannot act), has no SIGKILL pending, and its parent is
+    ``outside`` (the reaper, which outlives the drill) or one of them, itself
+    frozen. A parent's death signals are sent before it can be reaped, and
+    none is pending: a drill waiting for deaths that never come can stop
+    waiting here instead of at its bound."""
+    live = [p for p in pids if p not in ended]
+    for pid in live:
+        status = _status(pid)
+        pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
+        parent = int(status.get("PPid", "0") or 0)
+        if not status.get("State", "").strip().startswith("T") or pending & _SIGKILL_BIT:
+            return False
+        if parent != outside and parent not in live:
+            return False
+    return True
+
+
+def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids: set[int], timeout_s: float,
+          settled=lambda: False) -> None:
+    """Read the reaper's lines into ``ended`` until every pid in ``pids`` ended,
+    ``settled()`` holds twice in a row (``_SETTLE_S`` apart: no end can come
+    any more), or ``timeout_s`` passed (other lines into ``said``)."""
     deadline = time.monotonic() + timeout_s
+    looks = 0
     while not pids <= ended.keys() and (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([reaper.stdout], [], [], left)
-        line = reaper.stdout.readline().decode() if ready else ""
-        if ready and not line:
+        looks = looks + 1 if settled() else 0
+        if looks == 2:
+            return
+        ready, _, _ = select.select([reaper.stdout], [], [], min(left, _SETTLE_S))
+        if not ready:
+            continue
+        line = reaper.stdout.readline().decode()
+        if not line:
             return  # the reaper ended: nothing is left to end
         pid, _, code = line.strip().partition(" ")
         if pid.isdigit() and code.lstrip("-").isdigit():

@@ -22,7 +22,7 @@ import pytest
 from matrix.review import coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
-from matrix_cli import config_of, run_matrix
+from matrix_cli import config_of, run_matrix, sweep_here
 from nsa_cp_comm.plan import plan_split
 from report_rows import append, make_row
 
@@ -254,14 +254,15 @@ def test_gaps_count_the_rows_an_outside_impl_ran():
     assert coverage.gaps([_cov_row("legacy", 3, "skipped", origin="nsa_cp_comm 0.1.0")]) == []
 
 
-def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(tmp_path):
+def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(tmp_path, monkeypatch, capsys,
+                                                                               plots_not_drawn):
     """At cp 3, where it refused every plan, there was no warning and the
     sweep exited 0; the one that refused every uneven plan was warned about
     in the report only."""
     res = tmp_path / "res"
     sweep = (f"impl={BROKEN}:skips_cp3,{BROKEN}:even_only", "cp_size=2,3", "seq_lens=[1000],[1,1]", "hidden_size=32",
              "iters=5", "warmup=0", "dtype=float32")
-    run = run_matrix(res, *sweep)
+    run = sweep_here(res, *sweep, monkeypatch=monkeypatch, capsys=capsys)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     summary_line = next(ln for ln in run.stdout.splitlines() if ln.startswith("matrix summary:"))
     assert "failed 0, error 0, timeout 0" in summary_line, summary_line
@@ -273,7 +274,7 @@ def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(t
     assert not any("skips_cp3` ran no uneven" in ln or "cp=2" in ln and "skips_cp3" in ln for ln in lines), lines
     assert lines[-1] == "coverage: 2 gap(s): exit 1 (allow_skipped=true passes them)"
     # the same sweep, finished, allowed: exit 0, the gaps still listed
-    again = run_matrix(res, *sweep, "resume=true", "allow_skipped=true")
+    again = sweep_here(res, *sweep, "resume=true", "allow_skipped=true", monkeypatch=monkeypatch, capsys=capsys)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "coverage: 2 gap(s): allowed (allow_skipped=true)" in again.stdout
     # and the report warns of both

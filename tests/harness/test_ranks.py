@@ -238,9 +238,15 @@ def test_summarize_failure_prefers_the_rank_that_failed_by_itself():
     assert summarize_failure([RankResult(0, "ok")]) == ("ok", "")
 
 
-def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir):
+# The parting check's period in the tests of it: the looks and the stack
+# request are the same at any period; the default's three looks take 15 s.
+QUICK_PARTED_S = 1.0
+
+
+def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir, monkeypatch):
     """Each rank waits in a collective at a different place: the task ends once
     that is seen twice, not at its bound; every rank's error says they parted."""
+    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
     pool = RankPool(2, workdir=pool_workdir)
     t0 = time.monotonic()
     results = pool.run(rank_tasks.part_in_two_groups, timeout_s=600)
@@ -251,10 +257,11 @@ def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir):
     assert took < 600 - NOTICED_WITHIN_S, f"run() returned after {took:.1f}s"
 
 
-def test_a_slow_rank_is_not_parted(rank_pool):
+def test_a_slow_rank_is_not_parted(rank_pool, monkeypatch):
     """One rank computing at its place while its peer waits at the next one
     for longer than the parting check's period: not waiting in a collective,
     so the task runs to its end."""
+    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
     results = rank_pool(2).run(rank_tasks.slow_rank_then_join, 3 * ranks.PARTED_S, timeout_s=300)
     assert rank_tasks.answered(results) == [2, 2]
 

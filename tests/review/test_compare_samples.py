@@ -194,11 +194,15 @@ def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path
     assert "FAIL: 1 row(s) of 1 point(s) trip a gate (unverified 1)" in out
     assert any(m.startswith(f"UNVERIFIED (samples missing, {side.upper()}: ") for m in marks(out)), marks(out)
     assert gate(base, new, capsys, "--allow-unverified")[0] == 0
-    # the same runs, samples intact: tested, and the verdict is the test's
+
+
+@pytest.mark.parametrize("iqr", [5.0, 13620.0, None], ids=["quiet", "loaded", "no-spread"])
+def test_the_same_slow_row_with_its_samples_intact_is_regressed_at_any_load(tmp_path, capsys, iqr):
+    """The runs of the test above, undamaged: tested, and the verdict is the
+    test's; an undamaged A/A pair passes."""
     whole_b = _one_point(tmp_path / "2", "b", _noisy(100), _noisy(100), iqr=iqr)
     code, out = gate(whole_b, _one_point(tmp_path / "2", "n", _noisy(300), _noisy(100), iqr=iqr), capsys)
     assert code == 1 and any(m.startswith("REGRESSED (beyond 15%, significant") for m in marks(out))
-    # and an undamaged A/A pair passes
     assert gate(whole_b, _one_point(tmp_path / "3", "n", _noisy(100), _noisy(100), iqr=iqr), capsys)[0] == 0
 
 

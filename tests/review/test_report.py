@@ -18,6 +18,19 @@ from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row
 PNGS = ("roundtrip_latency.png", "padding_frac.png", "busbw.png")
 
 
+@pytest.fixture(autouse=True)
+def _text_only(request):
+    """The tests here read the report's text: its plots are built, not drawn
+    (tests/conftest.py plots_not_drawn), but where a test asks for `real_plots`."""
+    if "real_plots" not in request.fixturenames:
+        request.getfixturevalue("plots_not_drawn")
+
+
+@pytest.fixture
+def real_plots():
+    """The report's plots drawn as the CLI draws them."""
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     append(tmp_path / "run", mixed_rows())
@@ -27,7 +40,7 @@ def run_dir(tmp_path: Path) -> Path:
 # --- files and order
 
 
-def test_report_writes_markdown_appendix_and_pngs(run_dir, capsys):
+def test_report_writes_markdown_appendix_and_pngs(run_dir, capsys, real_plots):
     md, appendix, _ = run_report(run_dir, code=1)  # the mixed run has failing rows: verdict FAIL
     for name in PNGS:
         data = (run_dir / name).read_bytes()
