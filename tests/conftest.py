@@ -141,6 +141,10 @@ SLOW: dict[str, str] = {
         "preset through the CLI: its dry run, a sweep and its report",
     "tests/app/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
     "tests/project/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
+    "tests/app/test_app_name.py::test_printed_commands_name_the_package_the_app_runs_under": "two fresh interpreters, "
+        "the app loaded under each of its names (no verdict: what the printed commands say)",
+    "tests/app/test_main_job.py::test_a_sweep_with_checked_rows_exits_0_and_composes_each_choice_of_groups_once": "a "
+        "fresh interpreter counting Hydra's composes (no verdict: the sweep's cost; its exit code is the CLI tests')",
     "tests/harness/test_forkserver.py::test_the_rank_start_benchmark_runs": "a benchmark as a user runs it: a fresh "
         "interpreter starting pools forked, exec'd, bound and unbound",
     "tests/app/test_budget.py::test_the_memory_estimate_bounds": "a production-sized point's memory peak on real ranks",
@@ -217,3 +221,34 @@ def pytest_collection_modifyitems(config, items):
     if not_slow or stale:
         raise pytest.UsageError(f"tests/conftest.py LONGEST names no collected slow test: "
                                 f"{', '.join(not_slow + stale)}")
+
+
+# --- the fast set's duration budget ----------------------------------------------
+#
+# Every run prints its slowest ten (pyproject.toml's --durations=10). A fast-set
+# test should take at most BUDGET_S on an idle 2-core machine; one that needs
+# more carries `@pytest.mark.long(reason)`. Over-budget tests are listed at the
+# end of the run as a warning, never a failure: a loaded machine is slow, not
+# wrong.
+BUDGET_S = 10.0
+
+
+def over_budget(reports) -> list[tuple[str, float]]:
+    """``(node id, seconds)`` of each passed or failed call of a fast-set test
+    (no ``slow`` marker) over :data:`BUDGET_S` without a ``long`` marker,
+    longest first."""
+    found = [(r.nodeid, r.duration) for r in reports
+             if r.when == "call" and r.duration > BUDGET_S and "slow" not in r.keywords and "long" not in r.keywords]
+    return sorted(found, key=lambda item: -item[1])
+
+
+@pytest.hookimpl(trylast=True)  # after the slowest ten, just above the closing line
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, ())]
+    over = over_budget(reports)
+    if over:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        terminalreporter.write_sep("-", f"duration budget: {len(over)} fast-set test(s) over {BUDGET_S:g} s without a "
+                                        f"`long` marker (1-minute load {load:.1f}; a warning, not a failure)")
+        for nodeid, seconds in over:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import broken_impls
-from matrix_cli import REPO, CliRun, cli_env, run_matrix, run_python
+from matrix_cli import REPO, CliRun, cli_env, run_matrix, run_python, sweep_here
 from nsa_cp_comm.impls import ImplError, RoundTripImpl, load_reference
 from nsa_cp_comm.plan import plan_split
 
@@ -306,15 +306,15 @@ def test_doc_registration_and_checks_are_current():
     assert "](design.md#6-what-each-check-proves" in section
 
 
-def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_summary(tmp_path):
+def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_summary(tmp_path, monkeypatch, capsys):
     """A row_stride of 0 was a ZeroDivisionError in the sweep's own process:
     no row for the point, no summary, exit 1. Every plan-level hook's answer
     is now data: each bad one is that implementation's error row, one line
     naming the hook and the value, and padded after them still runs."""
     names = [*broken_impls.BAD_ANSWERS, "prepare_raises"]
     impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
-    run = run_matrix(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[64]", "timeout_s=60", *SMALL,
-                     timeout=600)
+    run = sweep_here(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[64]", "timeout_s=60", *SMALL,
+                     monkeypatch=monkeypatch, capsys=capsys)
     assert run.returncode == 1, run.stderr[-3000:]  # error rows: a failing sweep, not a crash
     assert "Traceback" not in run.stderr and "Traceback" not in run.stdout, run.stderr[-3000:]
     # one configuration swept over 11 impls: one point, a row each

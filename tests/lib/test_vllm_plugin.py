@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 import plugin_tasks
-from matrix_cli import run_matrix
+from matrix_cli import sweep_here
 import vllm_plugin_tasks as tasks
 from nsa_cp_comm import impls
 
@@ -83,13 +83,13 @@ def test_broken_copies_of_the_plugin_fail_where_the_break_shows(rank_pool, varia
                 assert "a replicated term counted cp times" in r.reason, r.reason
 
 
-def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path):
+def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path, monkeypatch, capsys):
     """vLLM #53573: the rank a 1-token prefill leaves empty skips the gather its
     peer entered; the row names the rank and what it skipped, and the point
     where no rank is empty is ok (a sweep, as a plug-in author runs it)."""
-    run = run_matrix(tmp_path / "res", "impl=tests.vllm_plugin_tasks:skip_on_empty,padded", "engine=vllm_0_33",
+    run = sweep_here(tmp_path / "res", "impl=tests.vllm_plugin_tasks:skip_on_empty,padded", "engine=vllm_0_33",
                      "+layout=dual_chunk_swap", "cp_size=2", "seq_lens=[1],[7]", "hidden_size=32", "iters=1",
-                     "warmup=0", "timeout_s=120")
+                     "warmup=0", "timeout_s=120", monkeypatch=monkeypatch, capsys=capsys)
     assert run.returncode == 1, run.stderr[-2000:]
     rows = {(r["impl"], r["seq_lens"]): r for r in run.rows()}
     bad = rows[("vllm_pcp", "[1]")]  # the name it declares

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import sys
+import tomllib
 import types
 from copy import deepcopy
 
@@ -242,6 +243,24 @@ def test_the_fast_set_and_the_slow_set_split_the_suite_and_ci_runs_both(fake):
     assert kwargs["success_codes"] == [0]
     lines = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
     assert "set -euo pipefail" in lines and "nox -s tests" in lines and "nox -s slow" in lines
+
+
+def test_the_duration_budget_lists_only_unmarked_fast_tests_over_it():
+    """The checker can fail: a fast test over the budget is listed, longest
+    first; one marked `long` (its reason given), a slow-set test, one within
+    the budget and a setup phase are not. Every run prints its slowest ten."""
+    import conftest
+
+    def report(nodeid, seconds, *markers, when="call"):
+        return types.SimpleNamespace(nodeid=nodeid, duration=seconds, when=when,
+                                     keywords=dict.fromkeys([nodeid.rsplit("::", 1)[-1], *markers], 1))
+
+    over = conftest.BUDGET_S + 1
+    reports = [report("t::a", over), report("t::b", over + 5), report("t::c", over, "long"),
+               report("t::d", over, "slow"), report("t::e", conftest.BUDGET_S), report("t::f", over, when="setup")]
+    assert conftest.over_budget(reports) == [("t::b", over + 5), ("t::a", over)]
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--durations=10" in ini["addopts"] and any(m.startswith("long(reason): ") for m in ini["markers"])
 
 
 def test_the_warm_pool_tests_share_one_xdist_worker(request, rank_pool):
