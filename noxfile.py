@@ -53,7 +53,9 @@ EXTRAS = "[test]"
 # What `nox -s tests` hands pytest when given no arguments (also read by
 # benchmarks/readme_times.py, which times exactly this run). -n auto, capped:
 # each xdist worker keeps warm rank pools (~225 MB a rank, up to 18 ranks a
-# worker), which a 64-core box would multiply past its RAM.
+# worker), which a 64-core box would multiply past its RAM. `auto` is one more
+# worker than CPUs (tests/conftest.py pytest_xdist_auto_num_workers): the
+# tests wait on their ranks and fresh interpreters much of the time.
 # `--dist loadgroup`: the tests on warm rank pools share one worker
 # (tests/conftest.py), so the pools start once.
 PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "--dist", "loadgroup", "-q", "-m", "not slow")

@@ -32,6 +32,16 @@ else:
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist) has none
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the CPUs this process may use. Much
+    of the suite waits on its rank processes and fresh interpreters; with a
+    worker per CPU a 2-core machine was busy 175% of the fast set's run, with
+    three 190% (133 s -> 111 s). The noxfile's --maxprocesses caps it."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus + 1
+
+
 @pytest.fixture(scope="session")
 def rank_pool(tmp_path_factory):
     """``rank_pool(cp)``: a live gloo/CPU pool of ``cp`` ranks, started on first
