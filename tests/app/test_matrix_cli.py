@@ -164,7 +164,7 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
         """The sweep, SIGINT sent mid-point; whether it was still running then."""
         proc = sweep_in_background(res)  # returns at the first point's row
         # Hydra makes the next job's folder as that job starts; its point then runs
-        # for seconds (400 iterations), so the signal lands mid-point, not between points.
+        # for seconds (BACKGROUND_ITERS iterations), so the signal lands mid-point, not between points.
         deadline = time.monotonic() + 120
         # Hydra's records: a folder per command under results_dir/hydra/, a folder per job in it
         while not list(res.glob("hydra/*/1/matrix.log")) and proc.poll() is None and time.monotonic() < deadline:

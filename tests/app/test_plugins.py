@@ -311,6 +311,8 @@ def test_every_bad_hook_answer_is_its_own_error_row_and_the_sweep_ends_with_its_
     no row for the point, no summary, exit 1. Every plan-level hook's answer
     is now data: each bad one is that implementation's error row, one line
     naming the hook and the value, and padded after them still runs."""
+    # In this process (sweep_here): each hook here raises or answers; one that
+    # ends its process belongs in a sweep through the CLI.
     names = [*broken_impls.BAD_ANSWERS, "prepare_raises"]
     impl = ",".join([*(f"{BROKEN}:{n}" for n in names), "padded"])
     run = sweep_here(tmp_path / "res", f"impl={impl}", "cp_size=2", "seq_lens=[64]", "timeout_s=60", *SMALL,
