@@ -211,18 +211,12 @@ class SendBlock:
         return self.block[:m]
 
 
-def padded_send_block(
-    plan: CPPlan,
-    hidden_size: int,
-    *,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-    group: dist.ProcessGroup | None = None,
-) -> SendBlock | None:
+def padded_send_block(plan: CPPlan, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+                      group: dist.ProcessGroup | None = None) -> SendBlock | None:
     """This rank's reusable send block for ``plan``: ``[m, H]``, its tail
     ``[n_r, m)`` zeroed now, once; None where the rank gathers straight from its
-    shard (:func:`stages_rows`: always on an even plan). All ranks must pass
-    the same plan."""
+    shard (:func:`stages_rows`: always on an even plan). The arguments are
+    :func:`padded_buffer`'s. All ranks must pass the same plan."""
     return _send_block(plan, _rank(plan, group), hidden_size, dtype, device)
 
 
