@@ -230,7 +230,8 @@ def padded_stage(send: SendBlock | None, local: torch.Tensor, plan: CPPlan, rank
     """The padded gather's local work, on a (possibly reused) send block:
     returns this rank's input to the all-gather. A rank with ``m`` rows
     (:func:`stages_rows` false; every rank of an even plan): ``local`` itself,
-    nothing copied or zeroed (``send`` unused, may be None). A shorter rank:
+    nothing copied or zeroed (``send`` unused, may be None; a non-contiguous
+    ``local`` is made contiguous, as legacy's gather does). A shorter rank:
     its rows copied into ``send`` (:meth:`SendBlock.stage`), which is returned
     as ``[m, H]``, the padding zero."""
     if not stages_rows(plan, rank):
