@@ -390,13 +390,14 @@ def _memoised(form, plan, hidden, dtype, device, group):
 
 
 def _zeroes_caller(form, plan, hidden, dtype, device, group):
-    stage = form.stage
+    gather = form.gather
 
-    def stage_then_zero(local):
-        stage(local)
+    def gather_then_zero(local):
+        out = gather(local)
         local.zero_()  # "done with it": the caller's rows are gone
+        return out
 
-    return dataclasses.replace(form, stage=stage_then_zero)
+    return dataclasses.replace(form, gather=gather_then_zero)
 
 
 def _idle_between(form, plan, hidden, dtype, device, group):
@@ -443,7 +444,7 @@ CHEATS = {
     "wrong_way_stage": (_wrong_way, "stages the wrong way round: local.copy_(slot)"),
     "stops_gathering": (_stops_gathering, "reuses its workspace and stops issuing the all-gather after 3 calls"),
     "memoised": (_memoised, "remembers results per input buffer address"),
-    "zeroes_caller": (_zeroes_caller, "zeroes the caller's rows after staging them"),
+    "zeroes_caller": (_zeroes_caller, "zeroes the caller's rows after gathering them"),
     "idle_between": (_idle_between, "idle (stale buffers) on calls 3 and 4"),
     "every_other": (_every_other, "the all-gather on odd calls only"),
     "rare_corruption": (_rare_corruption, "one scatter output in ten has one element changed"),
@@ -664,13 +665,14 @@ SLOW_STAGE_S = 0.25
 
 
 def _slow_form(plan, hidden, dtype, device, group):
-    # Right results, a slow staging copy: the local phase of the timed form.
+    # Right results, a slow staging copy: the local phase of the timed form
+    # (one of its own on an even plan, where padded stages nothing).
     form = padded_form(plan, hidden, dtype, device, group)
     stage = form.stage
 
     def slow_stage(local):
         time.sleep(SLOW_STAGE_S)
-        return stage(local)
+        return stage(local) if stage is not None else None
 
     return dataclasses.replace(form, stage=slow_stage)
 

@@ -148,8 +148,8 @@ changes_in_its_timed_loop = RoundTripImpl(
 
 
 def _noop_zero() -> None:
-    """Break ``Tensor.zero_`` (installed once): every later padded staging
-    leaves its padding rows nonzero. It writes ones, what a no-op leaves on
+    """Break ``Tensor.zero_`` (installed once): every later padded send block
+    (a short rank's, zeroed when made) holds nonzero padding rows. It writes ones, what a no-op leaves on
     memory that held data (a fresh buffer's pages are zero, so a plain no-op
     shows only when the allocator hands back used memory)."""
     if "zero_" not in vars(torch.Tensor):
@@ -161,7 +161,7 @@ def _noop_zero() -> None:
 
 def _noop_zero_scatter(full, plan, group):
     out = _scatter(full, plan, group)
-    _noop_zero()  # after its own gathers: its checks pass, and padded's next staging does not zero
+    _noop_zero()  # after its own gathers: its checks pass, and padded's next send block is not zeroed
     return out
 
 

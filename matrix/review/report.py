@@ -442,16 +442,22 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
 
 
 def _cp1_lines(same: pd.DataFrame) -> list[str]:
-    """At cp=1, padded vs legacy with and without padded's local phase (its only extra cost there)."""
+    """At cp=1, padded vs legacy, and without padded's local phase where its results have one (its only
+    extra cost there; the padded path stages nothing on an even plan, and a plan of one rank is even)."""
     one = same[same["cp_size"].eq(1)]
     wide = one.pivot_table(index=PAIR, columns="impl", values=["roundtrip_p50_us", "local_p50_us"], aggfunc="last")
     if not {("roundtrip_p50_us", "padded"), ("roundtrip_p50_us", "legacy")} <= set(wide.columns):
         return []
     padded, legacy = wide[("roundtrip_p50_us", "padded")], wide[("roundtrip_p50_us", "legacy")]
-    local = wide[("local_p50_us", "padded")].fillna(0.0) if ("local_p50_us", "padded") in wide else 0.0
+    local = wide[("local_p50_us", "padded")].fillna(0.0) if ("local_p50_us", "padded") in wide else None
     ok = padded.notna() & legacy.notna()
     if not ok.any():
         return []
+    if local is None or not bool(local[ok].gt(0).any()):
+        return [f"At cp=1 nothing moves between ranks, and the padded path issues legacy's call (it gathers "
+                f"straight from the shard: no copy, no local phase): padded/legacy "
+                f"{(padded / legacy)[ok].median():.2f} (median over {count(int(ok.sum()), 'point')}). The "
+                f"verdict's ratio counts cp > 1 only.", ""]
     return [f"At cp=1 nothing moves between ranks. The padded path still copies its shard into its slot of the "
             f"gather buffer and zeroes the padding (its `local` phase), then gathers the buffer; legacy gathers "
             f"straight from the shard. That copy is the padded path's extra cost there: padded/legacy "

@@ -25,6 +25,13 @@ class CPLayerCommunicator:
     ``SCATTERED`` mode, or when ``plan`` is None (CP prefill not in use for
     this batch), rows pass through untouched. All ranks must construct it with
     the same plan and mode.
+
+    With ``"padded"``, ``prepare_mlp`` copies only where it must
+    (:func:`~nsa_cp_comm.roundtrip.padded_gather`): a rank whose ``hidden`` has
+    ``max_rank_len`` rows hands it to the all-gather itself, so on an even
+    plan the call is legacy's (``hidden`` as the input, a fresh ``[T, H]`` as
+    the output, nothing copied or zeroed); only a shorter rank stages its rows
+    into a zero-padded ``[m, H]`` send block.
     """
 
     def __init__(

@@ -12,8 +12,9 @@ implementation without ``prepare`` is timed as its checked calls
 (:func:`calls_form`), allocation included.
 
 The built-in implementations give theirs here, through the same interface.
-The padded form's local work goes through ``roundtrip.padded_stage``, looked
-up at each call, so whoever replaces that function changes the timed path too.
+The padded form's local work goes through ``roundtrip.padded_stage``, and its
+rule (which ranks copy) through ``roundtrip.stages_rows``, both looked up at
+each use, so whoever replaces either changes the timed path too.
 """
 
 from __future__ import annotations
@@ -89,15 +90,36 @@ def _in_place_gather(full: torch.Tensor, stride: int, rank: int,
 
 
 def padded_form(plan: CPPlan, hidden: int, dtype: torch.dtype, device, group: dist.ProcessGroup | None) -> Production:
-    """``padded``: :func:`~nsa_cp_comm.roundtrip.padded_stage` into a reused
-    ``[m*cp, H]`` buffer (the ``local`` phase), the all-gather in place, the
-    reduce-scatter into this rank's chunk of the partials."""
-    rank, m = group_rank(group), plan.max_rank_len
-    full = torch.zeros((plan.padded_total, hidden), dtype=dtype, device=device)
+    """``padded``: the all-gather out of place into a reused ``[m*cp, H]``
+    buffer (every row of it written by each gather, so never zeroed), the
+    reduce-scatter into this rank's chunk of the partials.
+
+    The all-gather's input follows :func:`~nsa_cp_comm.roundtrip.stages_rows`:
+    a rank with ``m`` rows gathers straight from the caller's shard, so on an
+    even plan this is legacy's form (its call, its ``[T, H]``) with no local
+    phase at all (``stage`` None on every rank). On an uneven plan every rank
+    has a ``stage`` (the timed ``local`` phase: each phase starts with a
+    barrier, so all ranks must have the same phases), which copies a short
+    rank's rows into its reused send block
+    (:func:`~nsa_cp_comm.roundtrip.padded_stage`), whose padding tail was
+    zeroed once, here, and is written by nothing else; on a rank with ``m``
+    rows it copies nothing. All ranks must pass the same plan."""
+    rank = group_rank(group)
+    full = torch.empty((plan.padded_total, hidden), dtype=dtype, device=device)
+    send = roundtrip.padded_send_block(plan, hidden, dtype=dtype, device=device, group=group)
     partials, scatter = _in_place_scatter(plan.padded_total, plan.per_rank_tokens[rank], plan, rank, hidden, dtype,
                                           device, group)
-    return Production(_in_place_gather(full, m, rank, group), scatter, partials,
-                      stage=lambda local: roundtrip.padded_stage(full, local, plan, rank))
+    # The collective's input: the staged block where this rank stages, else
+    # the shard the caller hands the gather.
+    block = send.block[: plan.max_rank_len] if send is not None else None
+
+    def gather(local: torch.Tensor) -> torch.Tensor:
+        all_gather_into(full, block if block is not None else local.contiguous(), group)
+        return full
+
+    any_stages = any(roundtrip.stages_rows(plan, r) for r in range(plan.cp_size))
+    stage = (lambda local: roundtrip.padded_stage(send, local, plan, rank)) if any_stages else None
+    return Production(gather, scatter, partials, stage=stage)
 
 
 def padded_zero_copy_form(plan: CPPlan, hidden: int, dtype: torch.dtype, device,

@@ -16,10 +16,17 @@ zeros after them. There is one padded algorithm for every plan: on an even plan
 ``m*cp == T``, no row is padding, and the result is legacy's, bit for bit
 (the matrix checks this on every even point, see docs/design.md).
 
-The pre-sized forms (:func:`padded_buffer`, :func:`padded_stage`,
-:func:`padded_gather_`, :func:`legacy_gather_into`) are what serving code runs
-with a reused buffer; the timed loop measures them, local work apart from the
-collectives.
+What the gather copies (:func:`stages_rows`): a rank whose shard already has
+``m`` rows, every rank of an even plan, gathers straight from its shard, out
+of place, as legacy does: no copy, no zeroing, and on an even plan the very
+call legacy issues into a buffer of legacy's size. Only a rank shorter than
+``m`` copies its rows into an ``[m, H]`` send block (:class:`SendBlock`) whose
+tail ``[n_r, m)`` is the padding, zeroed when the block is made.
+
+The pre-sized forms (:func:`padded_buffer`, :func:`padded_send_block`,
+:func:`padded_stage`, :func:`padded_gather_`, :func:`legacy_gather_into`) are
+what serving code runs with a reused buffer; the timed loop measures them,
+local work apart from the collectives.
 """
 
 from __future__ import annotations
@@ -152,12 +159,87 @@ def padded_buffer(
     return full, full[rank * m : rank * m + n]
 
 
-def padded_stage(full: torch.Tensor, local: torch.Tensor, plan: CPPlan, rank: int) -> None:
-    """The padded gather's local work on a pre-sized (possibly reused) buffer:
-    copy this rank's rows into its slot and zero its padding rows."""
-    m, n = plan.max_rank_len, plan.per_rank_tokens[rank]
-    full[rank * m : rank * m + n].copy_(local)
-    full[rank * m + n : (rank + 1) * m].zero_()
+def stages_rows(plan: CPPlan, rank: int) -> bool:
+    """Whether ``rank`` copies its rows before the padded all-gather: only where
+    its shard is shorter than ``m = plan.max_rank_len``. A rank with ``m`` rows
+    (every rank of an even plan) hands its shard itself to the collective.
+    Decided from the plan alone, which all ranks pass the same, so every rank
+    knows which ranks stage without a collective."""
+    return plan.per_rank_tokens[rank] < plan.max_rank_len
+
+
+class SendBlock:
+    """A short rank's ``[rows, H]`` send block, reusable across calls: the
+    padded all-gather's input is its first ``m`` rows, this rank's ``n`` rows
+    and then zeros (the padding).
+
+    Made by :func:`padded_send_block` (or for a fresh call); only
+    :meth:`stage` ever writes it: the gather reads it and nothing returns it
+    to a caller, so the padding, zeroed when the block is made, stays zero on
+    every later call with the same length, at no cost.
+
+    A length that changes between calls (a reused block across plans) is the
+    one way a row of the tail can hold data: a call with ``n`` rows after one
+    with ``k > n`` left rows ``[n, k)`` holding the earlier call's rows, which
+    the collective would send as padding. The block keeps the high-water mark
+    of the rows written since they were last zero (``dirty``) and a shorter
+    call zeroes exactly ``[n, dirty)``; a call as long or longer zeroes nothing.
+    """
+
+    def __init__(self, rows: int, hidden: int, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+                 zero_from: int = 0) -> None:
+        if not 0 <= zero_from <= rows:
+            raise ValueError(f"zero_from={zero_from} is not in [0, {rows}]")
+        self.block = torch.empty((rows, hidden), dtype=dtype, device=device)
+        # Zeroed once, here: the rows the first stage() will not write.
+        self.block[zero_from:].zero_()
+        # Rows [dirty, rows) are zero; rows below may hold rows a call wrote
+        # (or, below zero_from, nothing yet: the first call writes them).
+        self.dirty = zero_from
+
+    def stage(self, local: torch.Tensor, m: int) -> torch.Tensor:
+        """Copy ``local``'s ``n`` rows to the block's top and return the
+        ``[m, H]`` send block (a view): rows ``[n, m)`` zero. Zeroes only rows
+        a longer earlier call wrote (see the class)."""
+        n, rows = local.shape[0], self.block.shape[0]
+        if not n <= m <= rows:
+            raise ValueError(f"a [{n}, H] shard and m={m} do not fit a send block of {rows} rows (n <= m <= rows)")
+        self.block[:n].copy_(local)
+        if self.dirty > n:
+            self.block[n : self.dirty].zero_()
+        self.dirty = n
+        return self.block[:m]
+
+
+def padded_send_block(plan: CPPlan, hidden_size: int, *, dtype: torch.dtype, device: torch.device | str = "cpu",
+                      group: dist.ProcessGroup | None = None) -> SendBlock | None:
+    """This rank's reusable send block for ``plan``: ``[m, H]``, its tail
+    ``[n_r, m)`` zeroed now, once; None where the rank gathers straight from its
+    shard (:func:`stages_rows`: always on an even plan). The arguments are
+    :func:`padded_buffer`'s. All ranks must pass the same plan."""
+    return _send_block(plan, _rank(plan, group), hidden_size, dtype, device)
+
+
+def _send_block(plan: CPPlan, rank: int, hidden: int, dtype: torch.dtype, device) -> SendBlock | None:
+    if not stages_rows(plan, rank):
+        return None
+    return SendBlock(plan.max_rank_len, hidden, dtype=dtype, device=device, zero_from=plan.per_rank_tokens[rank])
+
+
+def padded_stage(send: SendBlock | None, local: torch.Tensor, plan: CPPlan, rank: int) -> torch.Tensor:
+    """The padded gather's local work, on a (possibly reused) send block:
+    returns this rank's input to the all-gather. A rank with ``m`` rows
+    (:func:`stages_rows` false; every rank of an even plan): ``local`` itself,
+    nothing copied or zeroed (``send`` unused, may be None; a non-contiguous
+    ``local`` is made contiguous, as legacy's gather does). A shorter rank:
+    its rows copied into ``send`` (:meth:`SendBlock.stage`), which is returned
+    as ``[m, H]``, the padding zero."""
+    if not stages_rows(plan, rank):
+        return local.contiguous()
+    if send is None:
+        raise ValueError(f"rank {rank} has {plan.per_rank_tokens[rank]} < m={plan.max_rank_len} rows: "
+                         "it stages them into a send block (padded_send_block), and none was given")
+    return send.stage(local, plan.max_rank_len)
 
 
 def padded_gather_(
@@ -180,12 +262,18 @@ def padded_gather(
     """Gather every rank's ``[n_r, H]`` rows into a fresh ``[m*cp, H]`` buffer,
     rank-major, each block zero-padded to ``m`` rows. Works for any plan,
     including ranks with zero rows; on an even plan the buffer has exactly
-    ``T`` rows and holds legacy's bytes."""
+    ``T`` rows and holds legacy's bytes.
+
+    The collective is out of place into the fresh buffer. Its input: where
+    this rank has ``m`` rows (every rank of an even plan), ``local`` itself,
+    so an even plan issues legacy's call (:func:`legacy_gather`) with nothing
+    copied or zeroed; where it has fewer, a fresh ``[m, H]`` send block, its
+    rows copied in and only its ``m - n_r`` padding rows zeroed. All ranks
+    must pass the same plan."""
     rank = _check("padded_gather local", local, plan, "local", group, check)
-    m = plan.max_rank_len
     full = torch.empty((plan.padded_total, local.shape[1]), dtype=local.dtype, device=local.device)
-    padded_stage(full, local, plan, rank)
-    all_gather_into(full, full[rank * m : (rank + 1) * m], group)
+    send = _send_block(plan, rank, local.shape[1], local.dtype, local.device)
+    all_gather_into(full, padded_stage(send, local, plan, rank), group)
     return full
 
 

@@ -462,3 +462,18 @@ def test_each_impls_ratio_is_over_the_points_every_impl_was_timed_in_the_report_
             assert f"{impl}/padded {r['median']:.2f} (quartiles {r['q1']:.2f}-{r['q3']:.2f} over {r['n']} point" \
                 in first, (impl, r, first)
     assert "2.00" not in first, first
+
+
+@pytest.mark.parametrize("local, says", [
+    (None, "the padded path issues legacy's call (it gathers straight from the shard: no copy, no local phase): "
+           "padded/legacy 1.01 (median over 2 points)"),
+    (20.0, "The padded path still copies its shard into its slot"),
+])
+def test_the_cp1_line_says_a_copy_only_where_the_results_have_one(local, says):
+    """At cp=1 (one rank: an even plan) padded stages nothing: its line says so
+    unless the results it reads were timed with a local phase (older ones)."""
+    rows = [{report.PAIR: p, "cp_size": 1, "impl": impl, "roundtrip_p50_us": us,
+             "local_p50_us": (local if impl == "padded" else None)}
+            for p in ("a", "b") for impl, us in (("legacy", 100.0), ("padded", 101.0))]
+    text = " ".join(report._cp1_lines(pd.DataFrame(rows)))
+    assert says in text, text
