@@ -131,8 +131,7 @@ SLOW: dict[str, str] = {
     "tests/app/test_hardening.py::test_injected_fault": "fault drill: a crashing, hanging and raising point in a sweep",
     "tests/app/test_matrix_cli.py::test_ctrl_c": "a sweep interrupted mid-point",
     "tests/app/test_matrix_cli.py::test_resume": "two sweeps",
-    "tests/app/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI",
-    "tests/app/test_matrix_cli.py::test_two_smoke_sweeps": "the smoke preset twice, then compare",
+    "tests/app/test_matrix_cli.py::test_smoke_sweep": "the smoke preset through the CLI, twice, then compare",
     "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv": "a fresh venv: torch, the project, "
                                                                          "the smoke sweep",
     "tests/app/test_matrix_cli.py::test_repro": "a sweep, then its repro command",
@@ -189,6 +188,7 @@ SLOW: dict[str, str] = {
 LONGEST: tuple[str, ...] = (
     "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[review]",
     "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
+    "tests/app/test_matrix_cli.py::test_ctrl_c",
     "tests/app/test_conformance.py::test_the_preset_through_the_cli",
     "tests/harness/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was",
     "tests/harness/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed",

@@ -50,7 +50,9 @@ def test_default_preset_crosses_every_axis_without_duplicates():
     assert {p for p, _ in pages[True]} == {1, 16, 64}
 
 
-def test_smoke_sweep_through_the_cli(tmp_path):
+def test_smoke_sweep_through_the_cli_then_again_and_compare(tmp_path):
+    """The smoke preset's rows, as the README promises them; then its A/A
+    (two_smoke_runs_compare_clean): one sweep serves both."""
     run = run_matrix(tmp_path / "res", "+matrix=smoke")
     assert run.returncode == 0, run.stderr[-2000:]
     rows = run.rows()
@@ -97,17 +99,16 @@ def test_smoke_sweep_through_the_cli(tmp_path):
     assert "matrix summary: 32 points, 80 rows: ok 43, refused 5, passthrough 32, failed 0" in run.stdout
     # Hydra's own per-job files sit beside the table.
     assert len(list((tmp_path / "res" / "hydra").glob("*/0/.hydra/config.yaml"))) == 1
+    two_smoke_runs_compare_clean(tmp_path / "res", tmp_path / "b")
 
 
-@pytest.mark.slow
-def test_two_smoke_sweeps_compare_clean(tmp_path):
-    """A/A of the smoke preset: its iters=3 can show no significant change, so
-    compare gates the two runs' status and correctness, not their times, and
-    exits 0, saying what to run to gate on time."""
-    for name in ("a", "b"):
-        run = run_matrix(tmp_path / name, "+matrix=smoke")
-        assert run.returncode == 0, run.stderr[-2000:]
-    cmp = run_python("-m", "matrix.compare", str(tmp_path / "a"), str(tmp_path / "b"), timeout=240)
+def two_smoke_runs_compare_clean(first: Path, second: Path) -> None:
+    """A/A of the smoke preset (``first`` swept already): its iters=3 can show
+    no significant change, so compare gates the two runs' status and
+    correctness, not their times, and exits 0, saying what to run to gate on time."""
+    run = run_matrix(second, "+matrix=smoke")
+    assert run.returncode == 0, run.stderr[-2000:]
+    cmp = run_python("-m", "matrix.compare", str(first), str(second), timeout=240)
     assert cmp.returncode == 0, cmp.stdout[-3000:] + cmp.stderr[-2000:]
     last = cmp.stdout.strip().splitlines()[-1]
     assert last.endswith("smoke-untimed=43 -> PASS") and "unverified=0" in last, last

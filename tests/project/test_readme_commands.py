@@ -93,7 +93,8 @@ ELSEWHERE: dict[str, str] = {
     "nox -s matrix": "the main job: run from a fresh clone before every stop (its exit code is the check)",
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
-    "python -m matrix +matrix=smoke": "tests/app/test_matrix_cli.py::test_smoke_sweep_through_the_cli runs it",
+    "python -m matrix +matrix=smoke": "tests/app/test_matrix_cli.py::"
+    "test_smoke_sweep_through_the_cli_then_again_and_compare runs it",
     "nsa-cp-matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
     "tests/app/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
     "nsa-cp-matrix-report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
