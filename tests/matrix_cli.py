@@ -106,15 +106,18 @@ def _sigint_default() -> None:
 # A point of sweep_in_background's takes seconds: its iterations' round trips
 # are gloo's latency (about 4 ms at cp 2, whatever the rows), so ~150 of them
 # and the checks are 3-4 s idle, longer loaded. A signal sent a second after a
-# row lands inside the next point, which is all the tests need of the length.
+# row lands while the sweep still runs. A test that must land inside one
+# point, not between two, asks for MID_POINT_ITERS: with 150, a loaded CI run
+# once signalled between points.
 BACKGROUND_ITERS = 150
+MID_POINT_ITERS = 400
 
 
-def sweep_in_background(results_dir: Path, timeout: float = 180) -> subprocess.Popen:
+def sweep_in_background(results_dir: Path, timeout: float = 180, iters: int = BACKGROUND_ITERS) -> subprocess.Popen:
     """A three-point sweep of long points started in its own session, returned
     once its first row is written (or it ended, or ``timeout`` passed): for
     tests that stop a sweep mid-point."""
-    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", f"iters={BACKGROUND_ITERS}",
+    args = ["-m", "cp_size=2", "seq_lens=[64],[2000],[4000]", "hidden_size=64", f"iters={iters}",
             "warmup=0", f"results_dir={results_dir}"]
     proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

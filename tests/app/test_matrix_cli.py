@@ -16,7 +16,7 @@ from matrix.app.repro_env import split
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS
 from nsa_cp_comm import engines
 
-from matrix_cli import REPO, compose_config, config_of, run_matrix, run_python, sweep_in_background
+from matrix_cli import MID_POINT_ITERS, REPO, compose_config, config_of, run_matrix, run_python, sweep_in_background
 
 PRESETS = sorted(p.stem for p in (REPO / "conf" / "matrix").glob("*.yaml"))
 LAYOUTS = sorted(p.stem for p in (REPO / "conf" / "layout").glob("*.yaml"))
@@ -163,9 +163,9 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
 
     def interrupted_sweep(res):
         """The sweep, SIGINT sent mid-point; whether it was still running then."""
-        proc = sweep_in_background(res)  # returns at the first point's row
+        proc = sweep_in_background(res, iters=MID_POINT_ITERS)  # returns at the first point's row
         # Hydra makes the next job's folder as that job starts; its point then runs
-        # for seconds (BACKGROUND_ITERS iterations), so the signal lands mid-point, not between points.
+        # for seconds (MID_POINT_ITERS iterations), so the signal lands mid-point, not between points.
         deadline = time.monotonic() + 120
         # Hydra's records: a folder per command under results_dir/hydra/, a folder per job in it
         while not list(res.glob("hydra/*/1/matrix.log")) and proc.poll() is None and time.monotonic() < deadline:
