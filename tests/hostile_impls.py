@@ -149,9 +149,10 @@ changes_in_its_timed_loop = RoundTripImpl(
 
 def _noop_zero() -> None:
     """Break ``Tensor.zero_`` (installed once): every later padded send block
-    (a short rank's, zeroed when made) holds nonzero padding rows. It writes ones, what a no-op leaves on
-    memory that held data (a fresh buffer's pages are zero, so a plain no-op
-    shows only when the allocator hands back used memory)."""
+    (a short rank's, zeroed when made) holds nonzero padding rows. It writes
+    ones, what a no-op leaves on memory that held data (a fresh buffer's
+    pages are zero, so a plain no-op shows only when the allocator hands back
+    used memory)."""
     if "zero_" not in vars(torch.Tensor):
         def zero_(self):
             return self.fill_(1)

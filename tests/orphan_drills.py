@@ -155,6 +155,7 @@ def _reap(reaper: subprocess.Popen, ended: dict[int, int], said: list[str], pids
         if not ready:
             continue
         line = reaper.stdout.readline().decode()
+        looks = 0  # something ended or was said: the next two looks start afresh, _SETTLE_S apart
         if not line:
             return  # the reaper ended: nothing is left to end
         pid, _, code = line.strip().partition(" ")
