@@ -82,13 +82,14 @@ def main() -> int:
         for fork in ("1", "0"):
             os.environ[forkserver.FORK_ENV] = fork
             t0 = time.perf_counter()
-            RankPool(cp, workdir=tempfile.mkdtemp(prefix="rank-start-")).close()
+            with tempfile.TemporaryDirectory(prefix="rank-start-") as workdir:
+                RankPool(cp, workdir=workdir).close()
             starts[fork] = time.perf_counter() - t0
         os.environ[forkserver.FORK_ENV] = "1"
         ms = {}
         for bind in ("1", "0"):
             os.environ[BIND_ENV] = bind
-            with RankPool(cp, workdir=tempfile.mkdtemp(prefix="rank-start-")) as pool:
+            with tempfile.TemporaryDirectory(prefix="rank-start-") as workdir, RankPool(cp, workdir=workdir) as pool:
                 got = pool.run(collective_ms, args.reps, timeout_s=600)
             if not all(r.ok for r in got):
                 sys.exit(f"cp={cp}: {got}")

@@ -183,10 +183,13 @@ def test_a_forked_rank_that_ends_while_its_server_is_stopped_is_read_from_the_ke
 
 
 def test_the_rank_start_benchmark_runs(tmp_path):
-    """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs."""
+    """benchmarks/rank_start.py (the figures of design.md's "Starting ranks") still runs, and
+    leaves none of its pools' rendezvous folders behind."""
     env = {k: v for k, v in _driver_env().items() if k != forkserver.FORK_ENV}
+    env["TMPDIR"] = str(tmp_path)
     run = run_python(str(REPO / "benchmarks" / "rank_start.py"), "--cp", "2", "--reps", "3", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert not list(tmp_path.glob("rank-start-*")), sorted(p.name for p in tmp_path.iterdir())
     row = run.stdout.splitlines()[-1].split()
     assert row[0] == "2" and len(row) == 6 and all("/" in cell for cell in row[3:]), run.stdout
 
