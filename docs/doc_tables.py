@@ -109,10 +109,14 @@ COLUMN_MEANING: dict[str, str] = {
     "bytes_padded": "bytes of those rows: `S`, what the collectives move",
     "bytes_useful": "bytes of the batch's `T` rows",
     "attn_pad_rows": "padding rows per layer in one rank's attention input (max over ranks; `pad_at_split` only)",
-    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on (computed by every "
-                    "engine but vLLM 0.33, whose router masks them)",
+    "moe_pad_rows": "padding rows per layer in the gathered buffer every rank's MoE runs on",
     "attn_pad_masked_rows": "of `attn_pad_rows`, those the engine keeps out of attention's output (SGLang 0.5.23 "
                             "zeroes them, as vLLM 0.33 and vllm-ascend mask them: all; `seed_fix`: none, attention computes them)",
+    "moe_pad_masked_rows": "of `moe_pad_rows`, those the engine's router keeps from the experts (vLLM's "
+                           "DeepSeek-V4: all; DeepSeek-V3.2 and GLM-5 on vLLM, and every model on SGLang: none, "
+                           "the experts process them)",
+    "graph_pad_rows": "of the gathered rows, those padded past the split's own length because the engine runs "
+                      "the step in a CUDA-graph bucket (`graphs`; `pad_at_split` only)",
     "algbw_padded_GBps": "nccl-tests' algorithm bandwidth over the collective time: `2 * S / t`, `S` the padded "
                          "bytes (cp > 1 only)",
     "busbw_padded_GBps": "nccl-tests' bus bandwidth: `algbw * (cp - 1) / cp`, padded bytes",

@@ -27,6 +27,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
+from nsa_cp_comm.engines import MODELS as ENGINE_MODELS
 from nsa_cp_comm.engines import NAMES as ENGINES
 from nsa_cp_comm.harness.spec import DTYPE_NAMES, MAX_SEED
 from nsa_cp_comm.modes import SHARED_EXPERTS
@@ -79,6 +80,14 @@ class MatrixConfig:
     workload: Optional[Any] = None
     # conf/engine/NAME: the serving engine whose split and padding the plan follows (nsa_cp_comm.engines)
     engine: str = "seed_fix"
+    # the model the engine serves (nsa_cp_comm.engines.MODELS): whether its router masks padding rows,
+    # whether the engine runs its CP prefill in CUDA graphs, what it gathers beside the hidden states
+    engine_model: str = "deepseek_v32"
+    # CUDA graphs for the CP prefill: auto (where the engine runs them for the model, as it does by
+    # default), true (a point whose engine refuses them is skipped with its reason), false (eager)
+    graphs: Any = "auto"
+    # the largest capture size (null: the engine's default): past it the step runs eager
+    max_capture_size: Optional[int] = None
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
@@ -93,6 +102,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "dtype": DTYPE_NAMES,
     "engine": ENGINES,
+    "engine_model": ENGINE_MODELS,
     "shared_expert": SHARED_EXPERTS,
 }
 # Every int key's range: far beyond any real point, but not past what the
@@ -108,8 +118,9 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "seed": (0, MAX_SEED),
     "align": (1, 1 << 24),
     "num_experts": (1, 1 << 16),
+    "max_capture_size": (1, 1 << 20),
 }
-OPTIONAL_INTS = ("align", "num_experts")
+OPTIONAL_INTS = ("align", "num_experts", "max_capture_size")
 SEQ_LEN_MAX = 1 << 24  # tokens in one request
 TOTAL_TOKENS_MAX = 1 << 26  # tokens in one batch
 # Requests in one batch: every check of a sweep parses seq_lens in time linear in
@@ -169,6 +180,9 @@ def validate_value(key: str, value: Any) -> None:
         if not _is_int(value) or not lo <= value <= hi:
             other = " or null" if key in OPTIONAL_INTS else f" or {calibrate.AUTO}" if key == "iters" else ""
             raise _fail(key, value, f"must be an integer in [{lo}, {hi}]{other}")
+    elif key == "graphs":
+        if value != "auto" and not isinstance(value, bool):
+            raise _fail(key, value, "must be auto, true or false")
     elif key == "impl":
         _check_impl(value)
     elif key == "workload":

@@ -64,6 +64,11 @@ MEANING: dict[str, str] = {
                      "of the sweep (listed after the summary either way)",
     "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
     "engine": "a config group, engine=NAME: the serving engine whose split and padding rules the plans follow",
+    "engine_model": "the model the engine serves: whether its router masks padding rows, whether the engine runs "
+                    "its CP prefill in CUDA graphs, what it gathers beside the hidden states",
+    "graphs": "auto | true | false: CUDA graphs for the CP prefill (auto: where the engine runs them for the model; "
+              "the padded length is then the capture bucket that holds the longest rank)",
+    "max_capture_size": "the largest CUDA-graph capture size, past which the step runs eager; null: the engine's",
 }
 
 

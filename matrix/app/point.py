@@ -46,8 +46,15 @@ REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch
 NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 
+# Keys added after the first ids, and the values with which a point keeps the id it had.
+LATER_KEYS: dict[str, Any] = {"engine_model": engines.DEFAULT_MODEL, "graphs": "auto", "max_capture_size": None}
+
+
 def _stable_id(key: dict[str, Any], engine: str, shared_expert: str, bystanders: int) -> str:
     """``key`` hashed, with the keys added after the first ids only where they are set."""
+    for k, default in LATER_KEYS.items():
+        if key.get(k, default) == default:
+            key.pop(k, None)
     if engine != engines.DEFAULT:  # the default engine's points keep their ids
         key["engine"] = engine
     if shared_expert != "none":  # points without a shared expert keep the ids they had
@@ -73,6 +80,7 @@ def effective_id(res: Resolved) -> str:
         "align": res.align, "mode": res.mode, "impls": list(res.impls), "backend": res.backend, "device": res.device,
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
+        "engine_model": spec.engine_model, "max_capture_size": spec.max_capture_size or None,
     }
     return _stable_id(key, spec.engine, spec.shared_expert, spec.bystanders)
 

@@ -6,9 +6,9 @@ ranks, same run, same engine), both ``ok``. "Cheaper" is judged as the
 point's engine pays it (nsa_cp_comm.engines), each from the rows alone: bytes
 each layer's gather moves (``bytes_padded``), padding rows per layer in
 attention (``attn_pad_rows``; computed or zeroed as the engine does) and in
-the MoE (``moe_pad_rows``; computed, or masked by vLLM 0.33's router),
-the collectives per layer (one all-gather, one reduce-scatter, either
-design), and round-trip time, where a difference within the rows' spread
+the MoE (``moe_pad_rows``; computed, or masked by the router where the
+engine's model masks them, vLLM's DeepSeek-V4), the collectives per layer,
+and round-trip time, where a difference within the rows' spread
 (``roundtrip_iqr_us``) is a tie.
 """
 
@@ -46,6 +46,12 @@ def _engine_of(p: pd.DataFrame) -> pd.Series:
     if "engine" not in p:
         return pd.Series(engines.DEFAULT, index=p.index)
     return p["engine"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT)
+
+
+def _model_of(p: pd.DataFrame) -> pd.Series:
+    if "engine_model" not in p:
+        return pd.Series(engines.DEFAULT_MODEL, index=p.index)
+    return p["engine_model"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT_MODEL)
 
 
 def _layout(p: pd.DataFrame) -> pd.Series:
@@ -154,21 +160,23 @@ def engines_section(df: pd.DataFrame, table=frame_md) -> list:
     followed the default engine."""
     if "impl" not in df or df.empty:
         return []
-    p = df.assign(engine=_engine_of(df), layout=_layout(df))
+    p = df.assign(engine=_engine_of(df), layout=_layout(df), engine_model=_model_of(df))
     if set(p["engine"]) == {engines.DEFAULT}:
         return []
     out = []
-    for (eng, impl), g in p.groupby(["engine", "impl"], sort=True, observed=True):
-        rules = engines.get(eng) if eng in engines.NAMES else None
+    for (eng, model, impl), g in p.groupby(["engine", "engine_model", "impl"], sort=True, observed=True):
+        rules = engines.get(eng, model) if eng in engines.NAMES and model in engines.MODELS else None
         counts = g["status"].value_counts()
+        graph_rows = pd.to_numeric(g.get("graph_pad_rows", pd.Series(dtype=float)), errors="coerce").fillna(0)
         out.append({
-            "engine": eng, "impl": impl,
+            "engine": eng, "model": model, "impl": impl,
             "rows": ", ".join(f"{s} {int(counts[s])}" for s in STATUS_VALUES if s in counts),
             "splits": ", ".join(sorted(g["layout"].astype(str).unique())),
             "cp": ", ".join(str(c) for c in sorted(pd.to_numeric(g["cp_size"]).astype(int).unique())),
             "padding at": rules.padding_at if rules else "",
             "attention": ("masked" if rules.attn_pad_masked else "processed") if rules else "",
             "MoE": ("masked" if rules.moe_pad_masked else "processed") if rules else "",
+            "rows padded by graph buckets": int(graph_rows.sum()),
         })
     frame = pd.DataFrame(out)
     return [f"Each engine's rules and the implementations run under them ({len(frame['engine'].unique())} "

@@ -123,13 +123,18 @@ def _subset(batches: Batches, lo: int, hi: int) -> Batches:
 
 
 def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align: int | None = None,
-               engine: str = engines.DEFAULT) -> dict:
-    """Per batch (arrays of length B), by ``engine``'s rules: ``raw`` tokens,
-    ``total`` T (what the split divides), ``max`` m, ``min`` min_r n_r,
-    ``physical`` P, ``refused`` (the engine runs the batch without CP), and
-    per design (``costs[design]``, :func:`nsa_cp_comm.engines.design_costs`)
-    the gathered rows, the padding rows processed and masked, the collectives."""
-    rules = engines.get(engine)
+               engine: str = engines.DEFAULT, model: str = engines.DEFAULT_MODEL, graphs: str | bool = "auto",
+               max_capture_size: int | None = None) -> dict:
+    """Per batch (arrays of length B), by ``engine``'s rules for ``model``:
+    ``raw`` tokens, ``total`` T (what the split divides), ``max`` m, ``min``
+    min_r n_r, ``physical`` P (the CUDA-graph bucket where the engine runs the
+    step in graphs: ``graphs``, ``max_capture_size`` as the matrix's keys),
+    ``refused`` (the engine runs the batch without CP), and per design
+    (``costs[design]``, :func:`nsa_cp_comm.engines.design_costs`) the gathered
+    rows, the padding rows processed and masked, those a graph bucket added,
+    the collectives."""
+    rules = engines.get(engine, model)
+    capture, _ = rules.graphs(graphs, max_capture_size)
     parts = []
     for lo in range(0, len(batches), CHUNK):
         n = per_rank_tokens(_subset(batches, lo, min(lo + CHUNK, len(batches))), cp, policy, page_size, align,
@@ -140,9 +145,10 @@ def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align
     raw = np.add.reduceat(batches.lens, starts)
     shortest = np.minimum.reduceat(batches.lens, starts)
     refused = np.asarray(rules.refuses(shortest, raw, cp, policy), dtype=bool) & np.ones(len(raw), dtype=bool)
-    costs = engines.design_costs(rules, raw, tot, mx, mn, cp, policy, refused)
+    costs = engines.design_costs(rules, raw, tot, mx, mn, cp, policy, refused, capture)
     return {
-        "raw": raw, "total": tot, "max": mx, "min": mn, "physical": ceil_align(mx, rules.split_align(policy, cp)),
+        "raw": raw, "total": tot, "max": mx, "min": mn, "physical": rules.physical_rows(mx, policy, cp, capture),
+        "max_capture_size": capture,
         "refused": refused, "costs": costs,
         "rows": {d: costs[d]["rows"] for d in DESIGNS},
         "attn_pad": {d: costs[d]["attn_pad_processed"] + costs[d]["attn_pad_masked"] for d in DESIGNS},
@@ -155,24 +161,32 @@ def _pct(x: np.ndarray, q: float) -> float | None:
 
 
 def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, model=None,
-              engine: str = engines.DEFAULT) -> list[dict]:
-    """One row per design: overhead, padding rows (processed, masked) and
-    bytes, p50 / p99 / mean over the batches the engine runs with CP."""
+              engine: str = engines.DEFAULT, engine_model: str = engines.DEFAULT_MODEL,
+              experts: int = 256) -> list[dict]:
+    """One row per design: overhead, padding rows (processed, masked; those a
+    CUDA-graph bucket added) and the bytes every gather of a layer moves (the
+    hidden states' and each side tensor's, for ``experts`` routed experts),
+    p50 / p99 / mean over the batches the engine runs with CP."""
+    rules = engines.get(engine, engine_model)
+    row_bytes = hidden * itemsize + sum(t.row_bytes(hidden, experts, itemsize) for t in rules.side_tensors)
     rows = []
     cp_run = ~stats["refused"]
     raw = stats["raw"][cp_run]
     for d in DESIGNS:
         c = {k: v[cp_run] for k, v in stats["costs"][d].items()}
         over = c["rows"] / raw - 1.0
-        gbytes = c["rows"] * hidden * itemsize
+        gbytes = c["rows"] * row_bytes
         row = {
-            "engine": engine, "cp_size": cp, "policy": policy,
+            "engine": engine, "engine_model": engine_model, "cp_size": cp, "policy": policy,
             "strategy": engines.get(engine).strategy_names(policy), "design": d, "batches": len(stats["raw"]),
             "padding_at": _padding_at(engine, d),
             "refused_frac": float(stats["refused"].mean()) if len(stats["raw"]) else 0.0,
             "overhead_mean": float(over.mean()) if len(over) else None, "overhead_p50": _pct(over, 50),
             "overhead_p99": _pct(over, 99), "overhead_max": float(over.max()) if len(over) else None,
             "collectives_per_layer": int(c["collectives"].max()) if len(over) else 0,
+            "gathered": ", ".join(["hidden_states", *(t.name for t in rules.side_tensors)]),
+            "max_capture_size": int(stats.get("max_capture_size", 0)),
+            "graph_pad_p50": _pct(c["graph_pad"], 50), "graph_pad_p99": _pct(c["graph_pad"], 99),
             "gather_MB_mean": float(gbytes.mean() / 1e6) if len(over) else None,
             "gather_MB_p99": (_pct(gbytes, 99) or 0.0) / 1e6 if len(over) else None,
         }
@@ -241,6 +255,8 @@ def table(rows: list[dict]) -> str:
     cols = ["engine", "cp_size", "strategy", "design", "padding_at", "refused_frac", "overhead_mean", "overhead_p99",
             "attn_pad_processed_p99", "attn_pad_masked_p99", "moe_pad_processed_p99", "collectives_per_layer",
             "gather_MB_mean"]
+    if any(r.get("graph_pad_p99") for r in rows):  # the rows a CUDA-graph bucket pads past the split's own
+        cols.insert(cols.index("collectives_per_layer"), "graph_pad_p99")
     if any(r.get("moe_pad_masked_p99") for r in rows):
         cols.insert(cols.index("collectives_per_layer"), "moe_pad_masked_p99")
     if any("predicted_collective_us_p50" in r for r in rows):
@@ -284,6 +300,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "interleave, dual_chunk_swap vLLM's, contiguous vllm-ascend's)")
     ap.add_argument("--engine", default=",".join(engines.NAMES),
                     help=f"engines whose rules plan the batches, comma-separated ({', '.join(engines.NAMES)})")
+    ap.add_argument("--model", default=engines.DEFAULT_MODEL, choices=engines.MODELS,
+                    help="the model the engines serve (its router's masking, CUDA graphs, side tensors)")
+    ap.add_argument("--graphs", default="auto", choices=("auto", "true", "false"),
+                    help="CUDA graphs for the CP prefill, as the matrix's graphs key (auto: where the engine runs them)")
+    ap.add_argument("--max-capture-size", type=int, default=None, help="the largest capture size (default: each engine's)")
+    ap.add_argument("--experts", type=int, default=256, help="routed experts (router logits' columns; DeepSeek-V3.2: 256)")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--hidden-size", type=int, default=7168)
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(ITEMSIZE))
@@ -310,7 +332,9 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     pairs = [(e, p) for e in names for p in policies if p in engines.get(e).strategies]
     if not pairs:
         raise SystemExit(_usage(f"--policy={args.policy}: no engine of --engine={args.engine} has any of these splits"))
-    for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16)):
+    for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16),
+                        ("--experts", args.experts, 1 << 16),
+                        *((("--max-capture-size", args.max_capture_size, 1 << 20),) if args.max_capture_size else ())):
         if not 1 <= v <= hi:
             raise SystemExit(_usage(f"{name}={v}: must be an integer in [1, {hi}]"))
     if args.out is not None:  # before the work: a place the results cannot go is found now
@@ -329,18 +353,18 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     except (WorkloadError, NcclTestsError) as exc:
         raise SystemExit(_usage(str(exc))) from None
     t_draw = time.perf_counter() - t0
+    graphs = {"true": True, "false": False}.get(args.graphs, "auto")
     rows = []
     for eng, pol in pairs:
         for cp in cps:
-            st = plan_stats(batches, cp, pol, page_size=args.page_size, engine=eng)
-            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model, engine=eng))
+            st = plan_stats(batches, cp, pol, page_size=args.page_size, engine=eng, model=args.model,
+                            graphs=graphs, max_capture_size=args.max_capture_size)
+            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model, engine=eng,
+                                  engine_model=args.model, experts=args.experts))
     t_plans = time.perf_counter() - t0 - t_draw
     meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
-            "engines": {e: {"title": engines.get(e).title, "source": engines.get(e).source,
-                            "padding_at": engines.get(e).padding_at,
-                            "attention_padding": "masked" if engines.get(e).attn_pad_masked else "processed",
-                            "moe_padding": "masked" if engines.get(e).moe_pad_masked else "processed"}
-                        for e in names},
+            "engines": {e: _engine_meta(engines.get(e, args.model), graphs, args.max_capture_size) for e in names},
+            "engine_model": args.model, "experts": args.experts,
             "splits": [f"{e}/{p}" for e, p in pairs],
             "not_planned": [f"{e}/{p}: {engines.get(e).strategy_refusal(p)}" for e in names for p in policies
                             if (e, p) not in pairs],
@@ -353,6 +377,16 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         except OSError as exc:
             raise SystemExit(_usage(f"--out={args.out}: {' '.join(str(exc.strerror or exc).split())}")) from None
     return rows, meta
+
+
+def _engine_meta(rules: engines.Engine, graphs: str | bool, max_capture_size: int | None) -> dict:
+    """What an engine does with the padding and its graphs, for the model it serves."""
+    capture, why = rules.graphs(graphs, max_capture_size)
+    return {"title": rules.title, "source": rules.source, "padding_at": rules.padding_at,
+            "attention_padding": "masked" if rules.attn_pad_masked else "processed",
+            "moe_padding": "masked" if rules.moe_pad_masked else "processed",
+            "cuda_graphs": f"up to {capture} rows per rank" if capture else f"eager: {why or rules.graph_refusal}",
+            "gathered": ["hidden_states", *(t.name for t in rules.side_tensors)]}
 
 
 def _write(out: Path, meta: dict, rows: list[dict], plot_title: str | None) -> None:

@@ -50,7 +50,7 @@ csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 CONFIG_COLUMNS: tuple[str, ...] = (
     "cp_size", "page_size", "seq_lens", "shared_kv", "split", "align", "moe_a2a_backend", "mlp_mode", "impl",
     "backend", "device", "hidden_size", "dtype", "num_experts", "topk", "warmup", "iters", "seed", "flush_l2",
-    "engine", "shared_expert",
+    "engine", "shared_expert", "engine_model", "graphs", "max_capture_size",
 )
 
 # Keys of the schema that steer the run rather than the measurement.
@@ -84,6 +84,9 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "attn_pad_rows", "moe_pad_rows",
     # of attn_pad_rows, those the engine keeps out of attention's output (masked, not computed)
     "attn_pad_masked_rows",
+    # of moe_pad_rows, those the engine's router keeps from the experts (masked); of them and the
+    # rest, those padded past the split's own length by a CUDA-graph bucket
+    "moe_pad_masked_rows", "graph_pad_rows",
     "algbw_padded_GBps", "busbw_padded_GBps", "algbw_useful_GBps", "busbw_useful_GBps",
 )
 

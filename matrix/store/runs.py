@@ -21,8 +21,11 @@ Readers tell a results.csv's layout by its header (:func:`layout_version`):
 - 4: as 3, with ``engine`` (a configuration column) and
   ``attn_pad_masked_rows``; no ``shared_expert`` column: the reference MoE
   had no shared expert (``none``);
-- 5 (:data:`SCHEMA_VERSION`): as 4, with ``shared_expert`` (a configuration
-  column).
+- 5: as 4, with ``shared_expert`` (a configuration column); no
+  ``engine_model``, ``graphs``, ``max_capture_size``: every row was planned
+  eager, for DeepSeek-V3.2;
+- 6 (:data:`SCHEMA_VERSION`): as 5, with those three configuration columns
+  and ``moe_pad_masked_rows``, ``graph_pad_rows``.
 
 Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
 ``schema_version`` that wrote it.
@@ -41,7 +44,7 @@ from pathlib import Path
 from . import inputs
 from .outputs import append_whole
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 RUNS_FILE = "runs.jsonl"
 RUNS_BYTES_MAX = 256 << 20  # a line of about 1 kB per run: a quarter of a million runs
 RUN_LINE_MAX = 16 << 20  # a run's line: its command line can list a long seq_lens
@@ -64,10 +67,11 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
 
 
 def layout_version(header: Iterable[str]) -> int:
-    """The layout (1 to 5; see the module docstring) of a results.csv with ``header``."""
+    """The layout (1 to 6; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
     if "run_id" in names:
-        return 5 if "shared_expert" in names else 4 if "engine" in names else 3
+        return (6 if "engine_model" in names else 5 if "shared_expert" in names else 4 if "engine" in names
+                else 3)
     return 2 if "effective_id" in names else 1
 
 

@@ -46,6 +46,10 @@ class CPPlan:
     # The serving engine whose rules the plan follows (nsa_cp_comm.engines):
     # its split-time padding (``physical_len``) is read from it.
     engine: str = "seed_fix"
+    # The largest CUDA-graph capture size where the engine runs this step in
+    # graphs (its ``physical_len`` is then the capture bucket that holds the
+    # longest rank); 0: eager.
+    max_capture_size: int = 0
 
     @property
     def max_rank_len(self) -> int:
@@ -189,6 +193,7 @@ def plan_split(
     align: int | None = None,
     pad_batch: bool = True,
     engine: str = "seed_fix",
+    max_capture_size: int = 0,
 ) -> CPPlan:
     """Split a batch of requests with extend lengths ``seq_lens`` over ``cp_size`` ranks.
 
@@ -196,8 +201,9 @@ def plan_split(
     by lengthening the last request; with ``pad_batch=False`` (an engine that
     splits the raw extend lengths) it is not, and ``align`` must be None.
     ``engine`` names the rules the plan follows (nsa_cp_comm.engines; use
-    ``engines.get(name).plan`` to build a plan by an engine's rules).
-    ``policy`` is one of ``round_robin``,
+    ``engines.get(name).plan`` to build a plan by an engine's rules);
+    ``max_capture_size`` the largest CUDA-graph capture size where the engine
+    runs the step in graphs (0: eager). ``policy`` is one of ``round_robin``,
     ``zigzag`` (two mirrored blocks per rank of every request, near-equal
     blocks), ``zigzag_page`` (the same on page boundaries, used with a shared
     KV pool), ``dual_chunk_swap`` (vLLM's: the same mirror with blocks of
@@ -223,6 +229,8 @@ def plan_split(
         if not _is_int(length) or length < 1:
             raise ValueError(f"seq_lens[{i}]={length!r} must be a positive int")
     page_size = _positive_int("page_size", page_size)
+    if not _is_int(max_capture_size) or max_capture_size < 0:
+        raise ValueError(f"max_capture_size={max_capture_size!r} must be a non-negative int (0: eager)")
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not one of {', '.join(POLICIES)}")
     if not pad_batch and align is not None:
@@ -276,4 +284,5 @@ def plan_split(
         per_rank_tokens=per_rank,
         blocks=tuple(blocks),
         engine=engine,
+        max_capture_size=int(max_capture_size),
     )

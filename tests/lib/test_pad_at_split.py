@@ -154,9 +154,13 @@ def test_plan_level_padding_columns_follow_the_implementations_row_stride():
 
 
 def test_the_report_sets_each_engines_plugins_beside_its_rules():
-    """An engine's implementations are listed under that engine with its rules;
-    a run of the default engine alone has no such section."""
+    """An engine's implementations are listed under that engine with its rules for the
+    row's model (vLLM's experts process DeepSeek-V3.2's padding, DeepSeek-V4's router masks
+    it; rows without the column are DeepSeek-V3.2's); a run of the default engine alone has
+    no such section."""
     rows = pd.DataFrame([
+        {"impl": "vllm_pcp", "engine": "vllm_0_33", "engine_model": "deepseek_v4", "policy": "dual_chunk_swap",
+         "page_size": 1, "cp_size": 2, "status": "ok", "graph_pad_rows": 0},
         {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "dual_chunk_swap", "page_size": 1, "cp_size": 2,
          "status": "ok"},
         {"impl": "vllm_pcp", "engine": "vllm_0_33", "policy": "round_robin", "page_size": 1, "cp_size": 3,
@@ -165,9 +169,13 @@ def test_the_report_sets_each_engines_plugins_beside_its_rules():
     ])
     lines = designs.engines_section(rows, table=lambda f: f)
     frame = lines[-1]
-    got = {(r.engine, r.impl): r for r in frame.itertuples()}
-    vllm = got[("vllm_0_33", "vllm_pcp")]
+    got = {(r.engine, r.model, r.impl): r for r in frame.itertuples()}
+    vllm = got[("vllm_0_33", "deepseek_v32", "vllm_pcp")]
     assert (vllm.rows, vllm.splits, vllm.cp, vllm.MoE) == ("ok 1, skipped 1", "DualChunkSwap, round_robin", "2, 3",
-                                                         "masked")
-    assert got[("seed_fix", "padded")].MoE == "processed"
+                                                         "processed")
+    assert got[("vllm_0_33", "deepseek_v4", "vllm_pcp")].MoE == "masked"
+    assert got[("seed_fix", "deepseek_v32", "padded")].MoE == "processed"
     assert designs.engines_section(rows[rows["engine"].eq("seed_fix")]) == []
+    # the rules read per model: the same rows all read as DeepSeek-V4's mask the padding
+    frame = designs.engines_section(rows.assign(engine_model="deepseek_v4"), table=lambda f: f)[-1]
+    assert set(frame[frame["engine"].eq("vllm_0_33")]["MoE"]) == {"masked"}

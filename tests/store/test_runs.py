@@ -23,14 +23,17 @@ import report_rows as tr
 # The previous layout (schema 2): the environment in every row, no run_id.
 LAYOUT2_PROVENANCE = ("impl_origin", "torch_version", "nccl_version", "device_name", "host", "git_sha", "timestamp",
                       "wall_s", "point_id", "overrides", "repro")
+# Columns layout 6 added (the engine's model, its CUDA graphs): no earlier layout has them.
+LAYOUT6_NEW = ("engine_model", "graphs", "max_capture_size", "moe_pad_masked_rows", "graph_pad_rows")
 # Columns layout 5 added (a shared expert placement per row): no earlier layout has them.
-LAYOUT5_NEW = ("shared_expert",)
+LAYOUT5_NEW = ("shared_expert", *LAYOUT6_NEW)
 # Columns layout 4 added (an engine per row): no earlier layout has them.
 LAYOUT4_NEW = ("engine", "attn_pad_masked_rows", *LAYOUT5_NEW)
 LAYOUT2_COLUMNS = ([c for c in COLUMNS if c not in PROVENANCE_COLUMNS and c not in LAYOUT4_NEW]
                    + (["fault"] if "fault" not in COLUMNS else []) + list(LAYOUT2_PROVENANCE))
 LAYOUT3_COLUMNS = [c for c in COLUMNS if c not in LAYOUT4_NEW]
 LAYOUT4_COLUMNS = [c for c in COLUMNS if c not in LAYOUT5_NEW]
+LAYOUT5_COLUMNS = [c for c in COLUMNS if c not in LAYOUT6_NEW]
 
 
 def _write_csv(results_dir: Path, columns: list[str], rows: list[dict[str, object]]) -> None:
@@ -123,8 +126,8 @@ def test_the_point_builds_its_run_once_per_process():
 
 def test_resume_into_a_folder_of_the_previous_layout_says_which_schema(tmp_path):
     write_layout_2(tmp_path / "old", tc.base_rows())
-    with pytest.raises(SchemaError, match=r"schema 2 of an earlier version \(this one writes 5; report and compare "
-                                          r"still read it\)"):
+    with pytest.raises(SchemaError, match=rf"schema 2 of an earlier version \(this one writes {SCHEMA_VERSION}; report "
+                                          r"and compare still read it\)"):
         results.check_schema(results_path(tmp_path / "old"))
 
 
@@ -149,7 +152,9 @@ def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path):
     (3, LAYOUT3_COLUMNS, "engine", "seed_fix", "sglang_0_5_23"),
     # Layout 4 has no shared_expert column: its reference MoE had no shared expert.
     (4, LAYOUT4_COLUMNS, "shared_expert", "none", "replicated"),
-], ids=["engine", "shared_expert"])
+    # Layout 5 has no engine_model column: its rows were planned for DeepSeek-V3.2.
+    (5, LAYOUT5_COLUMNS, "engine_model", "deepseek_v32", "deepseek_v4"),
+], ids=["engine", "shared_expert", "engine_model"])
 def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path, capsys, version, columns, column, was,
                                                                       other):
     """A file of a layout without ``column`` reads it as what its rows ran

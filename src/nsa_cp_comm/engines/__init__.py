@@ -1,11 +1,15 @@
 """Serving engines, one module per engine version: how each splits a batch and pads it.
 
-An engine is a set of rules (:class:`Engine`): which split strategies it has,
-whether it pads the batch before the split, the physical length every rank is
-padded to at the split (``P = ceil_align(max_r n_r, align)``), which batches it
-refuses to run with CP, and which padding rows its attention and MoE mask
-rather than process. :meth:`Engine.plan` builds the :class:`~nsa_cp_comm.plan.CPPlan`
-the engine would run, :meth:`Engine.costs` what each design pays per layer on it.
+An engine is a set of rules (:class:`Engine`), for the model it serves
+(:data:`MODELS`; the engines' code differs per model): which split strategies
+it has, whether it pads the batch before the split, the physical length every
+rank is padded to at the split (``P = ceil_align(max_r n_r, align)``, or the
+CUDA-graph capture size that holds ``max_r n_r`` where the engine runs the
+step in graphs), which batches it refuses to run with CP, which padding rows
+its attention and MoE mask rather than process, and which row-indexed side
+tensors it gathers with the hidden states (each one more collective per
+layer). :meth:`Engine.plan` builds the :class:`~nsa_cp_comm.plan.CPPlan` the
+engine would run, :meth:`Engine.costs` what each design pays per layer on it.
 
 The rules are plain scalar formulas that numpy arrays pass through unchanged,
 so ``matrix.plans`` applies the same functions to a hundred thousand batches
@@ -21,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..plan import CPPlan, ceil_align, plan_split
 
 # The engine every plan and row follows unless told otherwise: the one the
@@ -28,7 +34,12 @@ from ..plan import CPPlan, ceil_align, plan_split
 # were planned by its rules).
 DEFAULT = "seed_fix"
 # Every engine module of this package, by name (the name is the module's).
-NAMES: tuple[str, ...] = ("seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_ascend")
+NAMES: tuple[str, ...] = ("seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_0_34", "vllm_ascend")
+# The models whose MoE path the engines' rules are given for (the engines'
+# ``model_type``), and the one every plan follows unless told otherwise: the
+# model this project exists for.
+MODELS: tuple[str, ...] = ("deepseek_v32", "glm_moe_dsa", "deepseek_v4")
+DEFAULT_MODEL = "deepseek_v32"
 # The designs each engine's costs are given for (matrix.plans, the report):
 # the raw batch moved once with no padding (the lower bound), the padded
 # communicator, and every rank padded at the split.
@@ -36,15 +47,35 @@ DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
 
 
 @dataclass(frozen=True)
+class SideTensor:
+    """A row-indexed tensor an engine all-gathers beside the hidden states
+    (one more collective per layer): ``columns`` per row (``"experts"``: one
+    per routed expert, ``"hidden"``: one per hidden unit) of ``itemsize``
+    bytes (0: the hidden states' own dtype)."""
+
+    name: str
+    columns: str
+    itemsize: int = 0
+
+    def row_bytes(self, hidden: int, experts: int, hidden_itemsize: int) -> int:
+        cols = {"experts": experts, "hidden": hidden}[self.columns]
+        return cols * (self.itemsize or hidden_itemsize)
+
+
+@dataclass(frozen=True)
 class Engine:
-    """One serving engine version's rules (see the module of that name).
+    """One serving engine version's rules, for one model (see the module of that name).
 
     ``refuses(min_len, total, cp, policy)``: whether the engine runs this batch
     without CP (``min_len``: its shortest request, ``total``: its raw tokens);
     scalars or numpy arrays. ``split_align(policy, cp)``: the alignment of the
     physical length. ``attn_pad_masked`` / ``moe_pad_masked``: the engine keeps
     the padding rows out of attention's output / the MoE (masked) rather than
-    computing them (processed)."""
+    computing them (processed), for ``model``. ``graph_refusal``: why the
+    engine runs this model's CP prefill eager ('' where it captures CUDA
+    graphs); ``capture_sizes(max)``: its capture sizes up to ``max``
+    (``default_max_capture_size`` unless the user sets it). ``side_tensors``:
+    what it gathers beside the hidden states."""
 
     name: str
     title: str
@@ -58,6 +89,11 @@ class Engine:
     moe_pad_masked: bool
     strategy_names: Callable[[str], str] = lambda policy: policy
     padding_at: str = "the end of every rank shorter than P"
+    model: str = DEFAULT_MODEL
+    graph_refusal: str = "no CUDA graphs of its CP prefill are modelled"
+    capture_sizes: Callable[[int], tuple[int, ...]] = lambda most: ()
+    default_max_capture_size: int = 0
+    side_tensors: tuple[SideTensor, ...] = ()
 
     def strategy_refusal(self, policy: str, align: int | None = None) -> str:
         """Why this engine cannot run ``policy`` (or a batch alignment), '' if it can."""
@@ -79,17 +115,47 @@ class Engine:
         return ""
 
     def plan(self, seq_lens: Sequence[int], cp: int, *, policy: str, page_size: int = 1,
-             align: int | None = None) -> CPPlan:
-        """The split this engine makes (ValueError for a strategy it does not have)."""
+             align: int | None = None, max_capture_size: int = 0) -> CPPlan:
+        """The split this engine makes (ValueError for a strategy it does not
+        have); ``max_capture_size``: see :meth:`graphs`."""
         why = self.strategy_refusal(policy, align)
         if why:
             raise ValueError(why)
         return plan_split(seq_lens, cp, policy=policy, page_size=page_size, align=align,
-                          pad_batch=self.pads_batch, engine=self.name)
+                          pad_batch=self.pads_batch, engine=self.name, max_capture_size=max_capture_size)
+
+    def graphs(self, graphs: str | bool = "auto", max_capture_size: int | None = None) -> tuple[int, str]:
+        """``(max_capture_size, why)``: the largest capture size of the CUDA
+        graphs this engine runs the CP prefill in for its model (0: eager),
+        from the user's ``graphs`` (``auto``: where the engine allows them, as
+        the engines do by default; ``True``; ``False``) and
+        ``max_capture_size`` (None: the engine's default). ``why`` is non-empty
+        where graphs were asked for and the engine refuses them (it would not
+        start)."""
+        if graphs is False or graphs == "false":
+            return 0, ""
+        if self.graph_refusal:
+            why = f"engine={self.name}: {self.title} runs {self.model} CP prefill eager: {self.graph_refusal}"
+            return 0, (why if graphs is True or graphs == "true" else "")
+        return int(max_capture_size if max_capture_size is not None else self.default_max_capture_size), ""
+
+    def physical_rows(self, mx: Any, policy: str, cp: int, max_capture_size: int = 0) -> Any:
+        """``P`` for a longest rank of ``mx`` rows (scalar or numpy array): the
+        smallest capture size at least ``mx`` where the step runs in graphs
+        (an exact fit is its own bucket), else eager at
+        ``ceil_align(mx, split_align)`` (past the largest size too)."""
+        eager = ceil_align(mx, self.split_align(policy, cp))
+        sizes = np.asarray(sorted(self.capture_sizes(max_capture_size)) if max_capture_size else [], dtype=np.int64)
+        if not len(sizes):
+            return eager
+        i = np.searchsorted(sizes, mx, side="left")
+        out = np.where(i < len(sizes), sizes[np.minimum(i, len(sizes) - 1)], eager)
+        return int(out) if np.ndim(out) == 0 else out
 
     def physical_len(self, plan: CPPlan) -> int:
-        """``P``: the rows every rank holds once the split is padded."""
-        return int(ceil_align(plan.max_rank_len, self.split_align(plan.policy, plan.cp_size)))
+        """``P``: the rows every rank holds once the split is padded (the
+        graph bucket where the plan's step runs in graphs)."""
+        return int(self.physical_rows(plan.max_rank_len, plan.policy, plan.cp_size, plan.max_capture_size))
 
     def costs(self, plan: CPPlan) -> dict[str, dict[str, int]]:
         """Per design (:data:`DESIGNS`), what one layer's MoE round trip costs on
@@ -98,23 +164,28 @@ class Engine:
         refused = self.refuses(min(plan.seq_lens), raw, plan.cp_size, plan.policy)
         return {d: {k: int(v) for k, v in c.items()} for d, c in design_costs(
             self, raw, plan.total_tokens, plan.max_rank_len, min(plan.per_rank_tokens), plan.cp_size, plan.policy,
-            refused).items()}
+            refused, plan.max_capture_size).items()}
 
 
 def design_costs(engine: Engine, raw: Any, total: Any, mx: Any, mn: Any, cp: int, policy: str,
-                 refused: Any = False) -> dict[str, dict[str, Any]]:
+                 refused: Any = False, max_capture_size: int = 0) -> dict[str, dict[str, Any]]:
     """Per design: ``rows`` moved by the gather (and again by the reduce-scatter),
     padding rows in one rank's attention (max over ranks) and in the buffer the
     MoE runs on (every row that is not one of the ``raw`` tokens: a batch
     padded to ``total`` counts its alignment tokens here), each split into
-    ``*_processed`` and ``*_masked`` as the engine pays them, and
-    ``collectives`` per layer. ``mx`` max n_r, ``mn`` min n_r, ``refused``
-    (the engine runs the batch without CP: every cost 0): scalars or numpy
-    arrays of batches (the same formulas)."""
+    ``*_processed`` and ``*_masked`` as the engine pays them, of them
+    ``graph_pad`` rows padded by the CUDA-graph bucket past the split's own
+    length (``max_capture_size``: :meth:`Engine.graphs`), and ``collectives``
+    per layer (the gather, the reduce-scatter and one gather per side
+    tensor). ``mx`` max n_r, ``mn`` min n_r, ``refused`` (the engine runs
+    the batch without CP: every cost 0): scalars or numpy arrays of batches
+    (the same formulas)."""
     keep = 1 - (refused * 1)  # 0 where the batch runs without CP
     raw, total, mx, mn = raw * keep, total * keep, mx * keep, mn * keep
-    phys = ceil_align(mx, engine.split_align(policy, cp))
+    phys = engine.physical_rows(mx, policy, cp, max_capture_size) * keep
+    graph = (phys - ceil_align(mx, engine.split_align(policy, cp))) * cp
     zero = raw * 0
+    colls = (2 + len(engine.side_tensors)) * keep
 
     def split(attn: Any, moe: Any) -> dict[str, Any]:
         return {
@@ -125,28 +196,44 @@ def design_costs(engine: Engine, raw: Any, total: Any, mx: Any, mn: Any, cp: int
         }
 
     return {
-        "legacy_even": {"rows": raw, **split(zero, zero), "collectives": 2 * keep},
-        "padded": {"rows": mx * cp, **split(zero, mx * cp - raw), "collectives": 2 * keep},
-        "pad_at_split": {"rows": phys * cp, **split(phys - mn, phys * cp - raw), "collectives": 2 * keep},
+        "legacy_even": {"rows": raw, **split(zero, zero), "graph_pad": zero, "collectives": colls},
+        "padded": {"rows": mx * cp, **split(zero, mx * cp - raw), "graph_pad": zero, "collectives": colls},
+        "pad_at_split": {"rows": phys * cp, **split(phys - mn, phys * cp - raw), "graph_pad": graph,
+                         "collectives": colls},
     }
 
 
+def _per_model(value: Any, model: str) -> Any:
+    """A module's rule given once for every model, or per model (a dict)."""
+    return value[model] if isinstance(value, dict) else value
+
+
 @functools.cache
-def get(name: str) -> Engine:
-    """The engine called ``name``, from its module's rules (ValueError, one
-    line, for an unknown one). A module holds ``TITLE``, ``SOURCE``,
-    ``STRATEGIES``, ``PADS_BATCH``, ``ATTN_PAD_MASKED``, ``MOE_PAD_MASKED``,
-    ``split_align``, ``refuses``, ``refusal_reason`` and optionally
-    ``STRATEGY_NAMES`` (the engine's own name of a split policy) and
-    ``PADDING_AT`` (where its split puts the padding rows)."""
+def get(name: str, model: str = DEFAULT_MODEL) -> Engine:
+    """The engine called ``name`` serving ``model``, from its module's rules
+    (ValueError, one line, for an unknown one). A module holds ``TITLE``,
+    ``SOURCE``, ``STRATEGIES``, ``PADS_BATCH``, ``ATTN_PAD_MASKED``,
+    ``MOE_PAD_MASKED`` (a bool, or one per model), ``split_align``,
+    ``refuses``, ``refusal_reason`` and optionally ``STRATEGY_NAMES`` (the
+    engine's own name of a split policy), ``PADDING_AT`` (where its split puts
+    the padding rows), ``graph_refusal(model)``, ``capture_sizes(max)`` and
+    ``MAX_CAPTURE_SIZE`` (its CUDA graphs), ``side_tensors(model)``."""
     if name not in NAMES:
         raise ValueError(f"engine={name!r} is not one of {', '.join(NAMES)}")
+    if model not in MODELS:
+        raise ValueError(f"engine_model={model!r} is not one of {', '.join(MODELS)}")
     mod = importlib.import_module(f"{__name__}.{name}")
     names = getattr(mod, "STRATEGY_NAMES", {})
+    graphs = getattr(mod, "graph_refusal", None)
     return Engine(
         name=name, title=mod.TITLE, source=mod.SOURCE, strategies=tuple(mod.STRATEGIES), pads_batch=mod.PADS_BATCH,
         split_align=mod.split_align, refuses=mod.refuses, refusal_reason=mod.refusal_reason,
-        attn_pad_masked=mod.ATTN_PAD_MASKED, moe_pad_masked=mod.MOE_PAD_MASKED,
+        attn_pad_masked=_per_model(mod.ATTN_PAD_MASKED, model), moe_pad_masked=_per_model(mod.MOE_PAD_MASKED, model),
         strategy_names=lambda policy: names.get(policy, policy),
         padding_at=getattr(mod, "PADDING_AT", Engine.padding_at),
+        model=model,
+        graph_refusal=graphs(model) if graphs else Engine.graph_refusal,
+        capture_sizes=getattr(mod, "capture_sizes", lambda most: ()),
+        default_max_capture_size=getattr(mod, "MAX_CAPTURE_SIZE", 0),
+        side_tensors=tuple(mod.side_tensors(model)) if hasattr(mod, "side_tensors") else (),
     )

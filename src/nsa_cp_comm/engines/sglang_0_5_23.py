@@ -30,6 +30,18 @@
   the reduce-scatter returns ``[P, H]`` (``layers/layer_boundary/ops.py``
   ``attn_cp_interleave_reduce_scatter``): one all-gather and one
   reduce-scatter per layer.
+- The padding rows are zeros (``layers/cp/padding.py:46-62`` ``pad_local_rows``,
+  through ``zigzag.py:301-306`` / ``interleave.py:204-212``
+  ``shard_hidden_states``), and every gathered row is routed: for
+  DeepSeek-V3.2 ``forward_batch_info.py:1436-1437`` gives the MoE no count
+  of real rows, for DeepSeek-V4 ``models/deepseek_common/moe_transport.py:47-63``
+  ``_every_row_routed`` counts them all.
+- CUDA graphs: the CP prefill's breakable graphs run only for zigzag with
+  ``trtllm_mha`` and for interleave with DSA on
+  ``Glm5NextForConditionalGeneration`` (``layers/cp/bcg/__init__.py:21-26``,
+  ``bcg/interleave_bcg.py:85-94``); otherwise they are switched off
+  (``arg_groups/cuda_graph_hook.py:203-211``), so the models here run their
+  CP prefill eager (:func:`graph_refusal`).
 - Which strategy reaches the all-gather MoE: zigzag DSA CP forces DeepEP
   (``arg_groups/model_overrides/deepseek_v2.py``), and DeepSeek V3.2 prefill CP
   refuses zigzag ("use interleave", ``arg_groups/parallel_hook.py``).
@@ -63,6 +75,11 @@ def refusal_reason(min_len: int, total: int, cp: int, policy: str) -> str:
                 "the batch runs without CP and without padding")
     return (f"InterleaveCPStrategy.can_apply refuses a batch of {total} tokens, fewer than cp = {cp}: "
             "the batch runs without CP and without padding")
+
+
+def graph_refusal(model: str) -> str:
+    return ("prefill CP graphs run only for zigzag with trtllm_mha or interleave with DSA on "
+            "Glm5NextForConditionalGeneration (layers/cp/bcg/__init__.py:21-26, arg_groups/cuda_graph_hook.py:203-211)")
 
 
 TITLE = "SGLang 0.5.23"

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import engines
 from .. import impls as impl_registry
-from ..plan import CPPlan
+from ..plan import CPPlan, ceil_align
 from .calibrate import CALIBRATION
 from .spec import DTYPES, PointSpec
 from .steps import CONTROL
@@ -37,6 +37,8 @@ class ImplResult:
     attn_pad_rows: int | None = None
     moe_pad_rows: int | None = None
     attn_pad_masked_rows: int | None = None
+    moe_pad_masked_rows: int | None = None
+    graph_pad_rows: int | None = None
     algbw_padded_GBps: float | None = None
     busbw_padded_GBps: float | None = None
     algbw_useful_GBps: float | None = None
@@ -132,8 +134,14 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     # multiple of cp splits its alignment tokens as rows too)
     res.moe_pad_rows = rows - sum(plan.seq_lens)
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
-    # whether attention computes those rows or zeroes their output is the engine's
-    res.attn_pad_masked_rows = res.attn_pad_rows if engines.get(plan.engine).attn_pad_masked else 0
+    # whether attention computes those rows or zeroes their output is the engine's; whether the
+    # MoE's router masks them is the engine's for the model it serves
+    rule = engines.get(plan.engine, spec.engine_model)
+    res.attn_pad_masked_rows = res.attn_pad_rows if rule.attn_pad_masked else 0
+    res.moe_pad_masked_rows = res.moe_pad_rows if rule.moe_pad_masked else 0
+    # the rows past the split's own padded length, where the step runs in a CUDA-graph bucket
+    eager = ceil_align(plan.max_rank_len, rule.split_align(plan.policy, cp))
+    res.graph_pad_rows = (impl.stride(plan) - eager) * cp if impl.pads_split and impl.stride(plan) > eager else 0
     if cp > 1:  # with one rank nothing moves: no bandwidth
         res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
         res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful, coll_us, cp)

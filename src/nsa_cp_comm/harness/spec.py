@@ -48,6 +48,9 @@ class PointSpec:
     engine: str = engines.DEFAULT  # the serving engine whose split and padding the plan follows
     # DeepSeek-V3.2's shared expert in the reference MoE: none | sharded | replicated (..moe.SHARED_EXPERTS)
     shared_expert: str = "replicated"
+    engine_model: str = engines.DEFAULT_MODEL  # the model the engine serves (engines.MODELS)
+    # the largest CUDA-graph capture size the engine runs the step in (Engine.graphs); 0: eager
+    max_capture_size: int = 0
 
     def __post_init__(self) -> None:
         from .. import impls as impl_registry
@@ -57,7 +60,10 @@ class PointSpec:
         ScatterMode(self.mode)
         if self.shared_expert not in SHARED_EXPERTS:
             raise ValueError(f"shared_expert={self.shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
-        engines.get(self.engine)
+        engines.get(self.engine, self.engine_model)
+        if not isinstance(self.max_capture_size, int) or isinstance(self.max_capture_size, bool) \
+                or self.max_capture_size < 0:
+            raise ValueError(f"max_capture_size={self.max_capture_size!r} must be a non-negative int (0: eager)")
         for name in self.impls:
             impl_registry.get(name)
         for key in ("hidden_size", "topk", *(("iters",) if self.iters != "auto" else ())):
@@ -96,7 +102,8 @@ class PointSpec:
         have is still planned (a point it would not run is skipped with the
         engine's reason, and its row describes this plan)."""
         return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size,
-                          align=self.align, pad_batch=engines.get(self.engine).pads_batch, engine=self.engine)
+                          align=self.align, pad_batch=engines.get(self.engine).pads_batch, engine=self.engine,
+                          max_capture_size=self.max_capture_size)
 
 
 def shard_seed(seed: int, rank: int) -> int:

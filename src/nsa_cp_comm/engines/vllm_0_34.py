@@ -1,0 +1,54 @@
+"""vLLM 0.34's prefill context parallelism (PCP), read from its wheel (``vllm==0.34.0``); lines are 0.34.0's.
+
+The split, its padding and the CUDA-graph bucket are 0.33's, byte for byte
+(``v1/worker/gpu/pcp_manager.py``: ``_iter_rank_chunks``,
+``_get_rank_segments`` ``:306``, ``_build_batch_layout`` ``:330``,
+``get_num_tokens_for_dispatch`` ``:414-428``; the graph refusal ``:190-200``;
+padding rows as token id 0 at position 0, ``:611-617``); the routers mask as
+0.33's do, the mask now inside the kernels and still gated on
+``skip_padding`` for the ``GroupedTopKRouter`` DeepSeek-V3.2 and GLM-5 get
+(``fused_moe/router/grouped_topk_router.py:344-357``,
+``router/base_router.py:132-142``): see :mod:`.vllm_0_33` for every rule
+and its drawing. What changed:
+
+- Quantize before the gather (``fused_moe/runner/moe_runner.py:820-842,
+  861-878``): with a monolithic block-fp8 (dynamic activation scales) or
+  NVFP4 kernel, each rank quantizes its rows first and gathers the fp8 rows
+  ``[P, H]``, their scales ``[P, H/128]`` fp32 and the router logits: four
+  collectives per layer with the bf16 reduce-scatter (``:900-908``), and a
+  monolithic kernel skips the router's padding mask for every model
+  (``moe_runner.py:620-627``). The matrix's rows are bfloat16 or float32:
+  there the runner gathers the activations and the logits as 0.33 does
+  (three collectives), which :func:`side_tensors` gives.
+- On data-center Blackwell (SM100) with no legacy size flags, prefill
+  batches dispatch over a new capture grid up to 8192 tokens per rank
+  (``config/vllm.py:2604-2645``, ``config/compilation.py:76-99``); other
+  devices keep 0.33's sizes, which :func:`capture_sizes` gives.
+- The DCP group is listed sorted (``distributed/parallel_state.py:2260-2266``);
+  0.33 listed it unsorted, so ``rank_in_group`` could disagree with a
+  collective's output order. The PCP group was sorted in both.
+"""
+
+from __future__ import annotations
+
+from .vllm_0_33 import (  # noqa: F401  (the rules this version keeps)
+    ATTN_PAD_MASKED,
+    GRAPH_MODELS,
+    MAX_CAPTURE_SIZE,
+    MOE_PAD_MASKED,
+    PADDING_AT,
+    PADS_BATCH,
+    STRATEGIES,
+    STRATEGY_NAMES,
+    capture_sizes,
+    graph_padded_len,
+    graph_refusal,
+    refusal_reason,
+    refuses,
+    side_tensors,
+    split_align,
+)
+
+TITLE = "vLLM 0.34"
+SOURCE = ("vllm==0.34.0 wheel: vllm/v1/worker/gpu/pcp_manager.py, model_executor/layers/fused_moe/runner/"
+          "moe_runner.py, fused_moe/router/")
