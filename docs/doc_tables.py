@@ -115,6 +115,9 @@ COLUMN_MEANING: dict[str, str] = {
     "moe_pad_masked_rows": "of `moe_pad_rows`, those the engine's router keeps from the experts (vLLM's "
                            "DeepSeek-V4: all; DeepSeek-V3.2 and GLM-5 on vLLM, and every model on SGLang: none, "
                            "the experts process them)",
+    "moe_pad_expert_max_rows": "the most padding rows of the gathered buffer one routed expert got (the checks' "
+                               "MoE, routing as the engine's router does for its model: identical padding rows all "
+                               "go to the same experts, whose load and statistics carry them; 0 where masked)",
     "graph_pad_rows": "of the gathered rows, those padded past the split's own length because the engine runs "
                       "the step in a CUDA-graph bucket (`graphs`; `pad_at_split` only)",
     "algbw_padded_GBps": "nccl-tests' algorithm bandwidth over the collective time: `2 * S / t`, `S` the padded "

@@ -56,6 +56,25 @@ def _broken(variant: str, impl):
             out[plugin_tasks.rank_rows(plan, group):] = 1.0
             return out
         return dataclasses.replace(impl, scatter=scatter)
+    if variant == "masks_padding":
+        # the router's mask applied to every model, as this plug-in did: the partials' padding rows
+        # zeroed before the reduce-scatter, where DeepSeek-V3.2's experts process them
+        def scatter(partials, plan, group):
+            p = partials.shape[0] // plan.cp_size
+            for r, n in enumerate(plan.per_rank_tokens):
+                partials[r * p + n : (r + 1) * p] = 0
+            return adapter.scatter(partials, plan, group)
+        return dataclasses.replace(impl, scatter=scatter)
+    if variant == "pads_into_a_real_row":
+        # the padding rows' output summed into the rank's last real row (a residual or a combine
+        # indexed past n_r): zero padding would add nothing
+        def scatter(partials, plan, group):
+            out = adapter.scatter(partials, plan, group)
+            n = plugin_tasks.rank_rows(plan, group)
+            if 0 < n < out.shape[0]:
+                out[n - 1] += out[n:].sum(dim=0)
+            return out
+        return dataclasses.replace(impl, scatter=scatter)
     raise ValueError(variant)
 
 

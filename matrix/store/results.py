@@ -86,7 +86,7 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "attn_pad_masked_rows",
     # of moe_pad_rows, those the engine's router keeps from the experts (masked); of them and the
     # rest, those padded past the split's own length by a CUDA-graph bucket
-    "moe_pad_masked_rows", "graph_pad_rows",
+    "moe_pad_masked_rows", "moe_pad_expert_max_rows", "graph_pad_rows",
     "algbw_padded_GBps", "busbw_padded_GBps", "algbw_useful_GBps", "busbw_useful_GBps",
 )
 

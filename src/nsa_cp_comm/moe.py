@@ -103,11 +103,15 @@ class ReferenceMoE:
             return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return self._shared(x).to(torch.float32)
 
-    def partial(self, x: torch.Tensor, rank: int, cp_size: int) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, rank: int, cp_size: int, masked: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's experts' contribution for every row of ``x``, in ``x.dtype``
         (with a sharded shared expert, its share of that too). Zero rows give
-        zero outputs (no biases)."""
+        zero outputs (no biases). ``masked`` (bool per row): rows the router
+        sends to no expert (an engine's padding mask), whose routed output is
+        zero; a sharded shared expert still runs on them."""
         out = self._apply(x, self.experts_of(rank, cp_size))
+        if masked is not None:
+            out[masked] = 0
         if self.shared_expert == "sharded":
             out.add_(self._shared(x, self.shared_units(rank, cp_size)))
         return out.to(x.dtype)
@@ -119,6 +123,17 @@ class ReferenceMoE:
         if self.shared_expert != "replicated":
             return None
         return self._shared(x).to(x.dtype)  # a no-op where the weights have the rows' dtype
+
+    def summed(self, x: torch.Tensor, masked: bool = False) -> torch.Tensor:
+        """What the reduce-scatter sums for the rows ``x`` over every rank, in
+        float32: every routed expert (none where ``masked``) and a sharded
+        shared expert (a replicated one is added after the sum, to real rows
+        only)."""
+        out = (torch.zeros(x.shape, dtype=torch.float32, device=x.device) if masked
+               else self._apply(x, range(self.num_experts)))
+        if self.shared_expert == "sharded":
+            out.add_(self._shared(x))
+        return out
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """All experts on ``x`` in one process, accumulated in float32, the

@@ -50,6 +50,10 @@ class CPPlan:
     # graphs (its ``physical_len`` is then the capture bucket that holds the
     # longest rank); 0: eager.
     max_capture_size: int = 0
+    # The model the engine serves (nsa_cp_comm.engines.MODELS): its router's
+    # masking of padding rows and what its padding rows hold are the engine's
+    # for that model.
+    engine_model: str = "deepseek_v32"
 
     @property
     def max_rank_len(self) -> int:
@@ -194,6 +198,7 @@ def plan_split(
     pad_batch: bool = True,
     engine: str = "seed_fix",
     max_capture_size: int = 0,
+    engine_model: str = "deepseek_v32",
 ) -> CPPlan:
     """Split a batch of requests with extend lengths ``seq_lens`` over ``cp_size`` ranks.
 
@@ -203,7 +208,8 @@ def plan_split(
     ``engine`` names the rules the plan follows (nsa_cp_comm.engines; use
     ``engines.get(name).plan`` to build a plan by an engine's rules);
     ``max_capture_size`` the largest CUDA-graph capture size where the engine
-    runs the step in graphs (0: eager). ``policy`` is one of ``round_robin``,
+    runs the step in graphs (0: eager), ``engine_model`` the model it serves.
+    ``policy`` is one of ``round_robin``,
     ``zigzag`` (two mirrored blocks per rank of every request, near-equal
     blocks), ``zigzag_page`` (the same on page boundaries, used with a shared
     KV pool), ``dual_chunk_swap`` (vLLM's: the same mirror with blocks of
@@ -285,4 +291,5 @@ def plan_split(
         blocks=tuple(blocks),
         engine=engine,
         max_capture_size=int(max_capture_size),
+        engine_model=str(engine_model),
     )

@@ -6,12 +6,17 @@ with an ``is_padding`` mask), and keeps ``[P, H]`` through the layer: the MoE's
 all-gather takes that shard as it is and the reduce-scatter returns one. So
 the round trip declares ``shard="padded"``: the matrix hands ``gather`` the
 split's ``[P, H]`` shard (``P`` by the point's engine, ``engine=vllm_0_33``)
-and holds the ``[P, H]`` that ``scatter`` returns, padding rows included. The
-router's padding mask is honoured: the padding rows of this rank's chunk of
-the MoE output are zeroed before the reduce-scatter, as a masked row routes
-to no expert. A rank left without rows by a short prefill still enters both
-collectives (vLLM gives it an empty segment). What vLLM would not run on this
-path is refused with its reason (a ``skipped`` row).
+and holds the ``[P, H]`` that ``scatter`` returns, padding rows included:
+where the step runs in CUDA graphs (the plan's ``max_capture_size``), ``P``
+is the capture bucket of the longest rank. The padding rows hold what vLLM
+puts there (token id 0's row, every one the same), and the router's padding
+mask is the model's and acts before the experts (the matrix's MoE follows it:
+DeepSeek-V4 masks them, DeepSeek-V3.2 and GLM-5 route them), so the
+reduce-scatter sums the partials as they come. A rank left without rows by a
+short prefill still enters both collectives (vLLM gives it an empty
+segment). What vLLM would not run on this path is refused with its reason (a
+``skipped`` row). Not done here: the router logits, which vLLM gathers beside
+the hidden states (the protocol carries no side tensor yet).
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from vllm_pcp_plugin import engine
 
 
 def physical_len(plan) -> int:
-    """``P`` for this split, as vLLM computes it when it partitions the batch."""
-    return engine.padded_num_tokens(engine.per_rank_num_tokens(plan.seq_lens, plan.cp_size))
+    """``P`` for this split, as vLLM computes it when it partitions the batch (the
+    CUDA-graph bucket of the longest rank where the step runs in graphs)."""
+    per_rank = engine.per_rank_num_tokens(plan.seq_lens, plan.cp_size)
+    return engine.padded_num_tokens(per_rank, engine.graph_bucket(max(per_rank), getattr(plan, "max_capture_size", 0)))
 
 
 def supports(plan) -> str:
@@ -45,11 +52,8 @@ def gather(local, plan, group):
 
 
 def scatter(partials, plan, group):
-    # [P*cp, H] -> this rank's [P, H]. Every rank's padding rows of the MoE
-    # output are zero, as the router masks them (a row routes to no expert).
-    p = partials.shape[0] // plan.cp_size
-    for r, n in enumerate(plan.per_rank_tokens):
-        engine.mask_padding(partials[r * p:(r + 1) * p], n)
+    # [P*cp, H] -> this rank's [P, H], padding rows summed as they are: the router
+    # masked them before the experts where the model's router does.
     return engine.pcp_reduce_scatter(partials, group)
 
 
@@ -62,5 +66,6 @@ impl = RoundTripImpl(
     backends=("gloo", "nccl"),
     # P = max n_r: on an even plan no rank is padded, and the buffer is legacy's
     legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,
-    doc=f"vLLM {engine.VERSION}: pcp all_gather(dim=0) / reduce_scatter(dim=0) on [P, H] shards, padding masked",
+    doc=f"vLLM {engine.VERSION}: pcp all_gather(dim=0) / reduce_scatter(dim=0) on [P, H] shards (P: max n_r or "
+        "the CUDA-graph bucket)",
 )

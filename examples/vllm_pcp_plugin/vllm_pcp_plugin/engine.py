@@ -16,14 +16,20 @@ PCP=2, one prefill ``A..G`` (7 tokens, chunks of ``ceil(7/4) = 2``)::
   prefill in ``2*pcp`` chunks of ``ceil(q / (2*pcp))``, rank ``r`` chunks ``r``
   and ``2*pcp-1-r``, a chunk of length ``<= 0`` skipped.
 - ``padded_num_tokens``: ``_build_batch_layout``: ``max(per_rank_num_tokens)``,
-  or the CUDA-graph bucket, which must hold it.
+  or the CUDA-graph bucket, which must hold it; ``graph_bucket``: the bucket
+  the dispatcher picks for the largest rank (``cudagraph_utils.py:380-394``:
+  the smallest capture size at least it; past the largest, eager), over
+  ``capture_sizes`` (``config/vllm.py:2579-2590``).
 - ``pcp_all_gather`` / ``pcp_reduce_scatter``: the MoE runner with pcp > 1 and
   no all2all kernels: ``get_pcp_group().all_gather(x, dim=0)`` of the padded
   shard before the experts and ``reduce_scatter(x, dim=0)`` after, equal
   chunks, rank order.
-- ``mask_padding``: the router's padding mask (``VLLM_MOE_SKIP_PADDING``, on by
-  default): a padding row routes to no expert (``topk_ids = -1``), so its
-  output row is zero.
+- ``router_masks_padding``: whether the model's router masks the padding rows
+  (``VLLM_MOE_SKIP_PADDING``): DeepSeek-V4's ``FusedTopKBiasRouter`` does
+  (``topk_ids = -1``, before the experts); DeepSeek-V3.2's and GLM-5's
+  ``GroupedTopKRouter`` only with ``skip_padding``, which this path never sets,
+  so their experts process every padding row. The mask acts in the router,
+  before the experts, never on the reduce-scatter's input.
 """
 
 from __future__ import annotations
@@ -70,11 +76,21 @@ def padded_num_tokens(per_rank: Sequence[int], bucket: int | None = None) -> int
     return need if bucket is None else bucket
 
 
-def mask_padding(hidden_states: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """What the router's padding mask makes of a rank's MoE rows: rows at or past
-    ``num_tokens`` route to no expert and come back zero."""
-    hidden_states[num_tokens:] = 0
-    return hidden_states
+def capture_sizes(max_capture_size: int) -> list[int]:
+    """The default capture sizes up to ``max_capture_size``: 1, 2, 4, every 8 below 256, every 16 from 256."""
+    sizes = [i for i in (1, 2, 4) if i <= max_capture_size]
+    sizes += list(range(8, min(max_capture_size + 1, 256), 8))
+    return sizes + list(range(256, max_capture_size + 1, 16))
+
+
+def graph_bucket(num_tokens: int, max_capture_size: int) -> int | None:
+    """The captured size a step of ``num_tokens`` rows per rank runs in, None where it runs eager."""
+    return next((s for s in capture_sizes(max_capture_size) if s >= num_tokens), None) if max_capture_size else None
+
+
+def router_masks_padding(model_type: str) -> bool:
+    """Whether the model's router keeps the padding rows from the experts on this path."""
+    return model_type == "deepseek_v4"
 
 
 def pcp_all_gather(hidden_states: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

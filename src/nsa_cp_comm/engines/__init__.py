@@ -94,6 +94,9 @@ class Engine:
     capture_sizes: Callable[[int], tuple[int, ...]] = lambda most: ()
     default_max_capture_size: int = 0
     side_tensors: tuple[SideTensor, ...] = ()
+    # What the engine's padding rows of a shard hold: "zeros", or "first_token" (every one a copy
+    # of one non-zero row: the hidden state of token id 0 at position 0).
+    padding_rows: str = "zeros"
 
     def strategy_refusal(self, policy: str, align: int | None = None) -> str:
         """Why this engine cannot run ``policy`` (or a batch alignment), '' if it can."""
@@ -122,7 +125,8 @@ class Engine:
         if why:
             raise ValueError(why)
         return plan_split(seq_lens, cp, policy=policy, page_size=page_size, align=align,
-                          pad_batch=self.pads_batch, engine=self.name, max_capture_size=max_capture_size)
+                          pad_batch=self.pads_batch, engine=self.name, max_capture_size=max_capture_size,
+                          engine_model=self.model)
 
     def graphs(self, graphs: str | bool = "auto", max_capture_size: int | None = None) -> tuple[int, str]:
         """``(max_capture_size, why)``: the largest capture size of the CUDA
@@ -217,7 +221,8 @@ def get(name: str, model: str = DEFAULT_MODEL) -> Engine:
     ``refuses``, ``refusal_reason`` and optionally ``STRATEGY_NAMES`` (the
     engine's own name of a split policy), ``PADDING_AT`` (where its split puts
     the padding rows), ``graph_refusal(model)``, ``capture_sizes(max)`` and
-    ``MAX_CAPTURE_SIZE`` (its CUDA graphs), ``side_tensors(model)``."""
+    ``MAX_CAPTURE_SIZE`` (its CUDA graphs), ``side_tensors(model)``,
+    ``PADDING_ROWS`` (what its padding rows hold)."""
     if name not in NAMES:
         raise ValueError(f"engine={name!r} is not one of {', '.join(NAMES)}")
     if model not in MODELS:
@@ -236,4 +241,5 @@ def get(name: str, model: str = DEFAULT_MODEL) -> Engine:
         capture_sizes=getattr(mod, "capture_sizes", lambda most: ()),
         default_max_capture_size=getattr(mod, "MAX_CAPTURE_SIZE", 0),
         side_tensors=tuple(mod.side_tensors(model)) if hasattr(mod, "side_tensors") else (),
+        padding_rows=getattr(mod, "PADDING_ROWS", "zeros"),
     )

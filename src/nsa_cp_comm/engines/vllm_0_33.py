@@ -145,5 +145,8 @@ SOURCE = ("vllm==0.33.0 wheel: vllm/v1/worker/gpu/pcp_manager.py, model_executor
 STRATEGIES = ("dual_chunk_swap",)
 PADS_BATCH = False
 ATTN_PAD_MASKED = True
+# pcp_manager.py:623-629: padding slots take input id 0 and position 0, so every padding row is the same
+# non-zero row (token 0's hidden state), not zeros.
+PADDING_ROWS = "first_token"
 # Only a FusedTopK(Bias)Router masks padding rows (see above): DeepSeek-V4's, not V3.2's or GLM-5's.
 MOE_PAD_MASKED = {"deepseek_v32": False, "glm_moe_dsa": False, "deepseek_v4": True}

@@ -37,6 +37,7 @@ from .vllm_0_33 import (  # noqa: F401  (the rules this version keeps)
     MAX_CAPTURE_SIZE,
     MOE_PAD_MASKED,
     PADDING_AT,
+    PADDING_ROWS,
     PADS_BATCH,
     STRATEGIES,
     STRATEGY_NAMES,

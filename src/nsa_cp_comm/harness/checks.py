@@ -34,7 +34,7 @@ from ..modes import ScatterMode
 from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
 from ..plan import CPPlan
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
-from .spec import DTYPES, PointSpec, bitwise_equal, make_shard
+from .spec import DTYPES, PointSpec, bitwise_equal, make_shard, padding_content
 
 
 # Every name a row's ``failed_check`` can hold, and what passing it proves
@@ -55,8 +55,12 @@ CHECKS: dict[str, str] = {
                     "otherwise`)`, on the engine's own split): a `P` wrong everywhere (gather, declared stride, "
                     "production form) is consistent with itself and fails only here",
     "padding_zero": "every padding row of the padded layout is zero (the reduce-scatter sums padding rows too); "
-                    "with `shard = \"padded\"`, the scatter's `[P, H]` output's rows `n_r..P` too (the partials' "
-                    "padding rows are zero, and the engine's reduce-scatter sums them: garbage there is the "
+                    "with `shard = \"padded\"`, the padding rows hold what the point's engine puts there (vLLM: "
+                    "one non-zero row, token id 0's, in every slot; SGLang: zeros) and the gathered buffer carries "
+                    "them as the shard held them, and the `[P, H]` output's rows `n_r..P` are what the engine's "
+                    "experts make of them, summed over the ranks: nothing routed where the model's router masks "
+                    "them (vLLM's DeepSeek-V4), the routed experts' output where it routes them (DeepSeek-V3.2): a "
+                    "copy that masks where the model routes fails here, naming the rows (garbage there is the "
                     "implementation's)",
     "scatter_chunk": "with rank 0 contributing the gathered buffer and every other rank zeros, the scatter returns "
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
@@ -133,6 +137,10 @@ class ImplReport:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (check, message)
     samples: dict[str, list[float]] = field(default_factory=dict)
     rows_sent: int | None = None  # dispatch implementations: rows this rank sent
+    # padding rows of the gathered buffer the engine's router masked, and the most of the routed ones
+    # one expert got (FULL mode, a padded layout)
+    pad_rows_masked: int | None = None
+    pad_expert_max: int | None = None
     verify_s: float = 0.0  # seconds spent checking the timed iterations' outputs (untimed)
 
     def fail(self, check: str, message: str) -> None:
@@ -173,15 +181,33 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor
     return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
 
 
-def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Tensor) -> torch.Tensor:
+def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Tensor,
+                spec: PointSpec | None = None) -> torch.Tensor:
     """What ``gather`` takes on this rank: a copy of its ``[n_r, H]`` rows, or
-    for ``shard = "padded"`` the split's ``[P, H]`` shard, the rows then zeros
-    (as the engine's ``pad_local_rows`` leaves them)."""
+    for ``shard = "padded"`` the split's ``[P, H]`` shard, the rows then what
+    the engine puts in its padding rows (:func:`.spec.padding_content`:
+    SGLang's ``pad_local_rows`` zeros, vLLM's token-0 rows; zeros without
+    ``spec``)."""
     if impl.shard != "padded":
         return rows.clone()
-    out = rows.new_zeros((impl_registry.shard_len(plan), rows.shape[1]))
+    p = impl_registry.shard_len(plan)
+    out = rows.new_zeros((p, rows.shape[1]))
     out[: rows.shape[0]].copy_(rows)
+    if spec is not None and p > rows.shape[0]:
+        out[rows.shape[0]:] = padding_content(spec, plan, p - rows.shape[0], rows.device)
     return out
+
+
+def padding_mask(impl: impl_registry.RoundTripImpl, plan: CPPlan) -> torch.Tensor | None:
+    """Which rows of the gathered buffer are padding (bool per row), or None
+    for a layout without padding rows."""
+    if impl.layout != "rank_major_padded":
+        return None
+    m = impl.stride(plan)
+    mask = torch.zeros(m * plan.cp_size, dtype=torch.bool)
+    for r, n in enumerate(plan.per_rank_tokens):
+        mask[r * m + n : (r + 1) * m] = True
+    return mask
 
 
 def dirty_tail(t: object, n: int) -> int | None:
@@ -194,12 +220,15 @@ def dirty_tail(t: object, n: int) -> int | None:
 
 
 def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor,
-                  holds: Callable[[int, torch.Tensor], bool]) -> Iterator[tuple[str, int, int]]:
+                  holds: Callable[[int, torch.Tensor], bool],
+                  padding: torch.Tensor | None = None) -> Iterator[tuple[str, int, int]]:
     """A gathered buffer of the layout's size against the layout:
     ``("gather_rows", r, row)`` for each rank ``r`` whose rows at its offset
     ``row`` fail ``holds(r, rows)``, then ``("padding_zero", r, row)`` for
-    each rank whose padding rows (from ``row``) are not zero. The checked
-    gather and every timed iteration (:mod:`.verify`) walk it alike."""
+    each rank whose padding rows (from ``row``) are not zero, or not the
+    rows of ``padding`` (what the engine put in a padded shard's padding
+    rows, one row per slot). The checked gather and every timed iteration
+    (:mod:`.verify`) walk it alike."""
     starts = impl.starts(plan)
     for r in range(plan.cp_size):
         n, s = plan.per_rank_tokens[r], starts[r]
@@ -209,7 +238,10 @@ def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.T
         m = impl.stride(plan)
         for r in range(plan.cp_size):
             pad = full[r * m + plan.per_rank_tokens[r] : (r + 1) * m]
-            if pad.numel() and bool(pad.ne(0).any()):
+            if not pad.numel():
+                continue
+            if (bool(pad.ne(0).any()) if padding is None
+                    else not bitwise_equal(pad, padding[: pad.shape[0]].to(pad.device))):
                 yield "padding_zero", r, r * m + plan.per_rank_tokens[r]
 
 
@@ -231,10 +263,22 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
             rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
                      f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
                      f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
-    for check, r, s in layout_faults(impl, plan, full, lambda r, rows: bitwise_equal(rows, shards[r])):
+    content = _padded_content(impl, spec, plan, device)
+    for check, r, s in layout_faults(impl, plan, full, lambda r, rows: bitwise_equal(rows, shards[r]), content):
         rep.fail(check, f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard" if check == "gather_rows"
-                 else f"padding rows of rank {r} are not zero")
+                 else f"padding rows of rank {r} are not zero" if content is None
+                 else f"padding rows of rank {r} (from row {s}) are not the ones its shard held (the engine's "
+                      f"padding: {engines.get(plan.engine, plan.engine_model).padding_rows})")
     return True
+
+
+def _padded_content(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, device) -> torch.Tensor | None:
+    """The rows an engine's padded shard holds in its padding slots (enough
+    for any rank), or None where they are zeros (a shard of rows, or an engine
+    that pads with zeros): the gathered buffer moves them as they are."""
+    if impl.shard != "padded" or engines.get(plan.engine, plan.engine_model).padding_rows == "zeros":
+        return None
+    return padding_content(spec, plan, impl.stride(plan), device)
 
 
 def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
@@ -248,6 +292,44 @@ def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe
         rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}"
                  + (f" ({diff})" if diff else "") + (_overcount(out, ref, moe, local, plan.cp_size, tol)
                                                       if ok_shape else ""))
+
+
+def _count_padding(rep: ImplReport, moe: ReferenceMoE, pads: torch.Tensor, masked: bool) -> None:
+    """How many padding rows of the gathered buffer the router masked, and the
+    most of them one expert got (identical padding rows all go to the same
+    experts: that expert's load, and its statistics, carry them)."""
+    rep.pad_rows_masked = pads.shape[0] if masked else 0
+    if masked or not pads.shape[0]:
+        rep.pad_expert_max = 0
+        return
+    idx, _ = moe.route(pads)
+    rep.pad_expert_max = int(torch.bincount(idx.flatten().cpu(), minlength=moe.num_experts).max())
+
+
+def _check_padding_out(rep: ImplReport, out: object, before: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
+                       plan: CPPlan, n: int, masked: bool) -> None:
+    """A padded shard's rows ``n_r..P`` after the round trip: what the
+    engine's experts make of what its padding rows held, summed over the
+    ranks (:meth:`ReferenceMoE.summed`: zero where the router masks them, the
+    experts' output where it routes them; zero padding gives zero either way).
+    A scatter that masks where the model routes, or routes where it masks,
+    fails here, naming the rows."""
+    if not isinstance(out, torch.Tensor) or out.shape != before.shape:
+        return  # the reference comparison has named the shape
+    content = before[n:]
+    if not bool(content.ne(0).any()):
+        if dirty_tail(out, n) is not None:
+            rep.fail("padding_zero", f"the round trip's [{before.shape[0]}, H] shard has nonzero padding row "
+                     f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
+        return
+    want = moe.summed(content, masked)
+    err = max_rel_err(out[n:], want)
+    tol = tolerance(DTYPES[spec.dtype], plan.cp_size)
+    if not err <= tol:
+        what = ("what the MoE makes of them with no routed expert: the engine's router masks them" if masked
+                else "the routed experts' output on them: the engine's router routes them")
+        rep.fail("padding_zero", f"the round trip's padding rows {n}..{before.shape[0] - 1} of the [{before.shape[0]}, "
+                 f"H] shard are not {what} (err {err:.3g} > {tol:.3g})")
 
 
 def _overcount(out: torch.Tensor, ref: torch.Tensor, moe: ReferenceMoE, local: torch.Tensor, cp: int,
@@ -435,9 +517,11 @@ def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
     n = plan.per_rank_tokens[rank]
     if (not right and impl.shard == "padded" and isinstance(out, torch.Tensor) and out.shape == before.shape
             and bitwise_equal(out[:n], before[:n])):
-        # the rows are right; the [P, H] shard's padding rows are not zero
-        rep.fail("padding_zero", f"the scatter's [{before.shape[0]}, H] shard has nonzero padding row "
-                 f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
+        # the rows are right. Padding rows of zeros must come back zero; rows the engine filled
+        # (vLLM's token-0 rows) are its router's to mask or route, judged after the MoE step
+        if dirty_tail(before, n) is None:
+            rep.fail("padding_zero", f"the scatter's [{before.shape[0]}, H] shard has nonzero padding row "
+                     f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
         right = True
     global_read = "" if right or not usable else _read_by_global_rank(impl, plan, rank, full, out)
     code = _UNJUDGED if not usable else _RIGHT if right else _GLOBAL if global_read else _OTHER
@@ -485,19 +569,27 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         return check_refusal(impl, spec, plan, rank, device, local, group)
     rep = ImplReport()
     full, before, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
-    partial = moe.partial(full, rank, plan.cp_size)
-    # (the MoE gives zero rows zero outputs, no bias: a padded shard's padding
-    # rows of the partials are zero, as the engine's MoE gives them)
+    # The padding rows of the gathered buffer go through the experts as the engine's router for its
+    # model sends them: to no expert (masked), or routed like any row (processed).
+    rule = engines.get(plan.engine, plan.engine_model)
+    pads = padding_mask(impl, plan)
+    masked = pads.to(full.device) if pads is not None and rule.moe_pad_masked else None
+    partial = moe.partial(full, rank, plan.cp_size, masked)
+    if pads is not None:
+        _count_padding(rep, moe, full[pads.to(full.device)], rule.moe_pad_masked)
     n = plan.per_rank_tokens[rank]
     # A replicated shared expert: every rank's whole output on the gathered
     # rows, handed to the implementation beside the partials, to add once.
     out = impl.scatter_moe(partial.clone(), moe.replicated(full), plan, group)
     del partial  # legacy's recomputation below holds its own: one gathered buffer's worth less at the peak
     if usable:
-        _compare_to_reference(rep, out, before, moe, spec, plan, "round trip")
-        if impl.shard == "padded" and dirty_tail(out, n) is not None:
-            rep.fail("padding_zero", f"the round trip's [{before.shape[0]}, H] shard has nonzero padding row "
-                     f"{dirty_tail(out, n)} (rows {n}.. must be zero: every rank's partials are zero there)")
+        padded_ok = impl.shard == "padded" and isinstance(out, torch.Tensor) and out.shape == before.shape
+        # a padded shard's real rows against the reference; its padding rows against what the engine's
+        # experts make of them (below)
+        _compare_to_reference(rep, out[:n] if padded_ok else out, before[:n] if padded_ok else before, moe, spec,
+                              plan, "round trip")
+        if impl.shard == "padded":
+            _check_padding_out(rep, out, before, moe, spec, plan, n, rule.moe_pad_masked)
     if impl.claims_legacy_bits(plan):
         # Legacy on the same inputs: the padded algorithm with m*cp == T must
         # give its bytes, through the general path (no even-plan shortcut).

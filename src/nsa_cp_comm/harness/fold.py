@@ -38,6 +38,7 @@ class ImplResult:
     moe_pad_rows: int | None = None
     attn_pad_masked_rows: int | None = None
     moe_pad_masked_rows: int | None = None
+    moe_pad_expert_max_rows: int | None = None
     graph_pad_rows: int | None = None
     algbw_padded_GBps: float | None = None
     busbw_padded_GBps: float | None = None
@@ -136,9 +137,13 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
     # whether attention computes those rows or zeroes their output is the engine's; whether the
     # MoE's router masks them is the engine's for the model it serves
-    rule = engines.get(plan.engine, spec.engine_model)
+    rule = engines.get(plan.engine, plan.engine_model)
     res.attn_pad_masked_rows = res.attn_pad_rows if rule.attn_pad_masked else 0
-    res.moe_pad_masked_rows = res.moe_pad_rows if rule.moe_pad_masked else 0
+    # what the checks' MoE did with the padding rows of the buffer the implementation returned
+    # (the engine's router for its model), where it ran; the rule's count where it did not
+    res.moe_pad_masked_rows = (reps[0].get("pad_rows_masked") if reps[0].get("pad_rows_masked") is not None
+                               else res.moe_pad_rows if rule.moe_pad_masked else 0)
+    res.moe_pad_expert_max_rows = reps[0].get("pad_expert_max")
     # the rows past the split's own padded length, where the step runs in a CUDA-graph bucket
     eager = ceil_align(plan.max_rank_len, rule.split_align(plan.policy, cp))
     res.graph_pad_rows = (impl.stride(plan) - eager) * cp if impl.pads_split and impl.stride(plan) > eager else 0

@@ -103,7 +103,7 @@ def check_point(
             announce_place((AT_CHECKS, i), name)
             impl = impl_registry.get(name)
             # its own copy; a padded-shard implementation gets the split's [P, H]
-            local = shard_input(impl, plan, shards[rank]) if impl.mode == "FULL" else shards[rank].clone()
+            local = shard_input(impl, plan, shards[rank], spec) if impl.mode == "FULL" else shards[rank].clone()
             reason = impl_registry.skip_reason(impl, backend, plan)
             if reason:
                 reports[name] = ImplReport(status="skipped", reason=reason)

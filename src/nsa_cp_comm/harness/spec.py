@@ -103,7 +103,7 @@ class PointSpec:
         engine's reason, and its row describes this plan)."""
         return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size,
                           align=self.align, pad_batch=engines.get(self.engine).pads_batch, engine=self.engine,
-                          max_capture_size=self.max_capture_size)
+                          max_capture_size=self.max_capture_size, engine_model=self.engine_model)
 
 
 def shard_seed(seed: int, rank: int) -> int:
@@ -135,6 +135,25 @@ def make_shard(spec: PointSpec, plan: CPPlan, rank: int, device: torch.device, s
     g = torch.Generator().manual_seed(shard_seed(spec.seed, rank) + 7919 * salt)
     x = torch.randn(plan.per_rank_tokens[rank], spec.hidden_size, generator=g)
     return x.to(device=device, dtype=_dtypes()[spec.dtype])
+
+
+# The seed's "rank" of the engine's padding row: no rank of a plan (they are below 2**20).
+PADDING_RANK = 2**20 - 1
+
+
+def padding_content(spec: PointSpec, plan: CPPlan, rows: int, device: torch.device) -> torch.Tensor:
+    """``[rows, H]``: what the plan's engine puts in a shard's padding rows
+    (:attr:`nsa_cp_comm.engines.Engine.padding_rows`): zeros, or every row
+    one non-zero row drawn from ``(seed, PADDING_RANK)`` (vLLM's token id 0 at
+    position 0: the same row on every rank, in every padding slot)."""
+    import torch
+
+    dtype = _dtypes()[spec.dtype]
+    if engines.get(plan.engine, plan.engine_model).padding_rows == "zeros" or rows == 0:
+        return torch.zeros((rows, spec.hidden_size), dtype=dtype, device=device)
+    g = torch.Generator().manual_seed(shard_seed(spec.seed, PADDING_RANK))
+    row = torch.randn(1, spec.hidden_size, generator=g).to(device=device, dtype=dtype)
+    return row.expand(rows, spec.hidden_size).clone()
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
