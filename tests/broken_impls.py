@@ -865,3 +865,27 @@ def _drops_a_row_on_rank_1(local, plan, group):
 
 short_on_one_rank = RoundTripImpl("short_on_one_rank", _drops_a_row_on_rank_1, padded_scatter,
                                   doc="gives the library one row short on rank 1")
+
+
+# --- side_tensors: the router logits gathered in another layout than the rows ------------------
+def _packed_side(tensor, plan, group):
+    # Mistake (vllm-ascend #16834): the side tensor gathered packed (rank r's rows at sum(n_<r)) while
+    # the hidden states are gathered rank-major padded (rank r at r*m): the same on even plans only.
+    cp, m = plan.cp_size, plan.max_rank_len
+    block = tensor.new_zeros((m, tensor.shape[1]))
+    block[: tensor.shape[0]] = tensor
+    received = tensor.new_empty((m * cp, tensor.shape[1]))
+    all_gather_into(received, block, group)
+    out = tensor.new_zeros((m * cp, tensor.shape[1]))
+    at = 0
+    for r, n in enumerate(plan.per_rank_tokens):
+        out[at : at + n] = received[r * m : r * m + n]
+        at += n
+    return out
+
+
+side_packed = dataclasses.replace(_PADDED, gather_side=_packed_side,
+                                  doc="padded whose router logits are gathered packed, its rows padded")
+# Mistake: the side tensor handed back as this rank's own, never gathered.
+side_not_gathered = dataclasses.replace(_PADDED, gather_side=lambda tensor, plan, group: tensor,
+                                        doc="padded that leaves the router logits ungathered")

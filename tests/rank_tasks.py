@@ -532,3 +532,23 @@ def folded(spec, results, k: int | None = None) -> dict:
     assert all(r.ok for r in results), [(r.status, r.error) for r in results]
     values = [r.value if k is None else r.value[k] for r in results]
     return by_impl(fold_reports(spec, spec.plan(), values))
+
+
+def point_without_check(spec, backend: str, check: str = ""):
+    """``point_on_rank`` with the check ``check`` turned off on this rank (its failures dropped):
+    a broken checker, to show what the check alone catches."""
+    from unittest import mock
+
+    from nsa_cp_comm.harness import checks
+    from nsa_cp_comm.harness.measure import point_on_rank
+
+    if not check:
+        return point_on_rank(spec, backend)
+    fail = checks.ImplReport.fail
+
+    def fail_but(self, name, message):
+        if name != check:
+            fail(self, name, message)
+
+    with mock.patch.object(checks.ImplReport, "fail", fail_but):
+        return point_on_rank(spec, backend)

@@ -115,7 +115,8 @@ NOT_YET: tuple[tuple[str, str, str], ...] = (
      "masked and the most of the rest one expert got (`moe_pad_expert_max_rows`), by the engine's rule for its "
      "model; an implementation's own router is not in the protocol, so there is no copy of it to break"),
     ("vllm-ascend #16834", "a side tensor (routing ids) gathered in another layout than the hidden states",
-     "needs side tensors (the router logits) carried by the protocol and gathered beside the rows"),
+     "caught at points whose engine gathers a side tensor (`side_tensors`: vLLM's router logits; "
+     "tests/lib/test_side_tensors.py), which this preset's seed-fix points do not"),
 )
 
 BY_NAME = {b.name: b for b in BUGS}

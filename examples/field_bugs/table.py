@@ -107,8 +107,8 @@ def render(df: pd.DataFrame) -> str:
                      f"{_cell(reason)} |")
     twin = df[df["bug"].eq(TWIN)]
     lines += ["", f"The twin (`examples.field_bugs.bugs:twin`): `ok` on {int(twin['status'].eq('ok').sum())} of "
-              f"{len(twin)} points.", "", "## Filed, not caught yet", "",
-              "| tracker | mechanism | what the matrix lacks |", "|---|---|---|"]
+              f"{len(twin)} points.", "", "## Filed, not caught by this preset", "",
+              "| tracker | mechanism | where it stands |", "|---|---|---|"]
     lines += [f"| {t} | {_cell(m)} | {_cell(why)} |" for t, m, why in NOT_YET]
     return "\n".join(lines) + "\n"
 

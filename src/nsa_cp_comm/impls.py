@@ -102,6 +102,12 @@ class RoundTripImpl:
     gathered layout, the same on every rank): the partials summed over ranks,
     plus this rank's rows of ``replicated`` added once; without it the
     caller adds them to what ``scatter`` returns (:meth:`scatter_moe`).
+    ``gather_side(tensor, plan, group)`` (optional): how the round trip
+    gathers a row-indexed side tensor beside the hidden states (the router
+    logits, ``[rows, experts]``, one row per row ``gather`` takes), into the
+    hidden states' layout; without it, ``gather`` itself gathers it. The
+    matrix asks for it where the point's engine gathers one (vLLM's router
+    logits) and routes the MoE from what comes back.
     """
 
     name: str
@@ -122,6 +128,7 @@ class RoundTripImpl:
     supports: Callable[[CPPlan], str] | None = None
     shard: str = "rows"
     scatter_replicated: Callable[..., Any] | None = None
+    gather_side: Callable[..., Any] | None = None
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -131,7 +138,7 @@ class RoundTripImpl:
         for attr in ("gather", "scatter"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
-        for attr in ("prepare", "supports", "row_stride", "scatter_replicated"):
+        for attr in ("prepare", "supports", "row_stride", "scatter_replicated", "gather_side"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
         if self.shard not in SHARDS:

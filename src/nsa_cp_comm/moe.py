@@ -39,6 +39,7 @@ class ReferenceMoE:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         shared_expert: str = "none",
+        logits_dtype: torch.dtype | None = None,
     ) -> None:
         if not 1 <= topk <= num_experts:
             raise ValueError(f"topk={topk} must be in [1, num_experts={num_experts}]")
@@ -46,6 +47,10 @@ class ReferenceMoE:
             raise ValueError(f"shared_expert={shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
         self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
         self.dtype, self.shared_expert = dtype, shared_expert
+        # The router logits' dtype where an engine gathers them beside the rows (its side tensor):
+        # every routing then reads them in that dtype, as the engine's router reads the gathered
+        # logits; None: float64, each row by itself.
+        self.logits_dtype = logits_dtype
         g = torch.Generator().manual_seed(seed)
         router = torch.randn(hidden_size, num_experts, generator=g) / math.sqrt(hidden_size)
         w1 = torch.randn(num_experts, hidden_size, ffn_size, generator=g) / math.sqrt(hidden_size)
@@ -60,9 +65,16 @@ class ReferenceMoE:
         self.s1 = s1.to(device=device, dtype=dtype)
         self.s2 = s2.to(device=device, dtype=dtype)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(expert ids [N, k], weights [N, k] float32)`` for each row of ``x``."""
-        logits = x.to(torch.float64) @ self.router
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The router logits of each row of ``x`` (``[N, num_experts]``), computed in
+        float64 row by row, in ``logits_dtype`` (float64 without one)."""
+        out = x.to(torch.float64) @ self.router
+        return out if self.logits_dtype is None else out.to(self.logits_dtype)
+
+    def route(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(expert ids [N, k], weights [N, k] float32)`` for each row of ``x``,
+        from ``logits`` where given (gathered beside the rows), else its own."""
+        logits = (self.logits(x) if logits is None else logits).to(torch.float64)
         top, idx = logits.topk(self.topk, dim=-1)
         return idx, torch.softmax(top, dim=-1).to(torch.float32)
 
@@ -72,8 +84,8 @@ class ReferenceMoE:
         per = self.num_experts // cp_size
         return range(rank * per, (rank + 1) * per)
 
-    def _apply(self, x: torch.Tensor, experts: range) -> torch.Tensor:
-        idx, weight = self.route(x)
+    def _apply(self, x: torch.Tensor, experts: range, logits: torch.Tensor | None = None) -> torch.Tensor:
+        idx, weight = self.route(x, logits)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in experts:
             rows, slot = (idx == e).nonzero(as_tuple=True)
@@ -103,13 +115,15 @@ class ReferenceMoE:
             return torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         return self._shared(x).to(torch.float32)
 
-    def partial(self, x: torch.Tensor, rank: int, cp_size: int, masked: torch.Tensor | None = None) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, rank: int, cp_size: int, masked: torch.Tensor | None = None,
+                logits: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's experts' contribution for every row of ``x``, in ``x.dtype``
         (with a sharded shared expert, its share of that too). Zero rows give
         zero outputs (no biases). ``masked`` (bool per row): rows the router
         sends to no expert (an engine's padding mask), whose routed output is
-        zero; a sharded shared expert still runs on them."""
-        out = self._apply(x, self.experts_of(rank, cp_size))
+        zero; a sharded shared expert still runs on them. ``logits``: the
+        router logits gathered beside ``x``, routed from as they are."""
+        out = self._apply(x, self.experts_of(rank, cp_size), logits)
         if masked is not None:
             out[masked] = 0
         if self.shared_expert == "sharded":

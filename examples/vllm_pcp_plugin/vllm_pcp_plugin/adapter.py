@@ -15,8 +15,11 @@ DeepSeek-V4 masks them, DeepSeek-V3.2 and GLM-5 route them), so the
 reduce-scatter sums the partials as they come. A rank left without rows by a
 short prefill still enters both collectives (vLLM gives it an empty
 segment). What vLLM would not run on this path is refused with its reason (a
-``skipped`` row). Not done here: the router logits, which vLLM gathers beside
-the hidden states (the protocol carries no side tensor yet).
+``skipped`` row). The router logits go through the same all-gather as the
+hidden states (``moe_runner.py:828-829``: ``gather_side``), and the matrix
+routes the experts from what comes back. Not done here: 0.34's quantized
+gather (fp8 rows and their scales), which the matrix's bf16/fp32 rows never
+take.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ impl = RoundTripImpl(
     shard="padded",  # takes and returns the split's [P, H]; the plan's engine owns P
     row_stride=physical_len,  # vLLM's own P, held to the matrix's rule for the engine (physical_len)
     supports=supports,
+    gather_side=gather,  # the router logits, all-gathered as the hidden states are
     backends=("gloo", "nccl"),
     # P = max n_r: on an even plan no rank is padded, and the buffer is legacy's
     legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,

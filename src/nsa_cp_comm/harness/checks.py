@@ -66,6 +66,11 @@ CHECKS: dict[str, str] = {
                      "this rank's own rows byte-exact (a wrong chunk, a wrong slice, a lost row; the reason names a "
                      "wrong dtype, shape or device, and where in the gathered buffer the returned rows are: rows at "
                      "the wrong offset)",
+    "side_tensors": "where the point's engine gathers a side tensor beside the rows (vLLM: the router logits, "
+                    "`[rows, experts]`, fp32 for GLM-5 and DeepSeek-V4), the implementation's `gather_side` (its "
+                    "`gather` where it has none) returned it in the hidden states' layout, every rank's logits where "
+                    "its rows are; the MoE then routes from what came back, as the engine's router does (a tensor "
+                    "gathered in another layout, or not at all, is named)",
     "reference_moe": "the round trip through a small MoE (every rank's experts on all gathered rows, "
                      "reduce-scattered, and the shared expert as `shared_expert` places it: `sharded`, each rank's "
                      "share in its partials; `replicated`, computed whole on every rank and handed to the "
@@ -292,6 +297,41 @@ def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe
         rep.fail("reference_moe", f"{what} vs reference MoE: max_rel_err {rep.max_rel_err:.3g} > {tol:.3g}"
                  + (f" ({diff})" if diff else "") + (_overcount(out, ref, moe, local, plan.cp_size, tol)
                                                       if ok_shape else ""))
+
+
+def _gather_router_logits(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int,
+                          local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor],
+                          rep: ImplReport) -> torch.Tensor | None:
+    """Where the point's engine gathers the router logits beside the rows (a
+    side tensor: vLLM's ``moe_runner.py:829``): this rank's logits of the rows
+    it gathered (a padded shard's padding rows too), gathered by the
+    implementation's ``gather_side`` (its ``gather`` where it has none), and
+    ``side_tensors`` failed, naming the tensor, where a rank's logits are not
+    where its hidden states are. Returns what came back (the MoE routes from
+    it, as the engine's router does), or None where the engine gathers none
+    or it has not the layout's shape. Decided from the plan alone, so every
+    rank issues the same collectives."""
+    if moe.logits_dtype is None:
+        return None
+    gather = impl.gather_side or impl.gather
+    with observing(group) as seen:
+        got = gather(moe.logits(local), plan, group)
+    _check_group(rep, seen, "side tensors' gather")
+    want = stand_in((impl.buffer_rows(plan), moe.num_experts), moe.logits_dtype, local.device)
+    diff = unlike(got, want)
+    if diff:
+        rep.fail("side_tensors", f"router_logits gathered beside the rows: {diff} (the hidden states' layout: "
+                 f"{impl.buffer_rows(plan)} rows)")
+        return None
+    for r, start in enumerate(impl.starts(plan)):
+        n = plan.per_rank_tokens[r]
+        if not bitwise_equal(got[start : start + n], moe.logits(shards[r])):
+            at = _found_at(got, moe.logits(shards[r])) if n else None
+            where = f" (found at row {at})" if at is not None and at != start else ""
+            rep.fail("side_tensors", f"router_logits of rank {r} are not at row {start}, where its hidden states "
+                     f"are{where}: the experts would route its rows by other rows' logits")
+            break
+    return got
 
 
 def _count_padding(rep: ImplReport, moe: ReferenceMoE, pads: torch.Tensor, masked: bool) -> None:
@@ -574,7 +614,8 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     rule = engines.get(plan.engine, plan.engine_model)
     pads = padding_mask(impl, plan)
     masked = pads.to(full.device) if pads is not None and rule.moe_pad_masked else None
-    partial = moe.partial(full, rank, plan.cp_size, masked)
+    logits = _gather_router_logits(impl, spec, plan, rank, before, moe, group, shards, rep)
+    partial = moe.partial(full, rank, plan.cp_size, masked, logits)
     if pads is not None:
         _count_padding(rep, moe, full[pads.to(full.device)], rule.moe_pad_masked)
     n = plan.per_rank_tokens[rank]

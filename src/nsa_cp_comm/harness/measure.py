@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import engines
 from .. import impls as impl_registry
 from ..agree import agreed
 from .checks import (
@@ -67,8 +68,17 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
     largest thing a rank generates), the same on every rank."""
     return ReferenceMoE(
         spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed, dtype=DTYPES[spec.dtype],
-        device=device, shared_expert=spec.shared_expert,
+        device=device, shared_expert=spec.shared_expert, logits_dtype=logits_dtype(spec),
     )
+
+
+def logits_dtype(spec: PointSpec) -> torch.dtype | None:
+    """The dtype the point's engine gathers the router logits in (a side tensor), None where it gathers none."""
+    rule = engines.get(spec.engine, spec.engine_model)
+    side = next((t for t in rule.side_tensors if t.name == "router_logits"), None)
+    if side is None:
+        return None
+    return torch.float32 if side.itemsize == 4 else DTYPES[spec.dtype]
 
 
 def check_point(
