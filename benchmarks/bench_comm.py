@@ -134,8 +134,13 @@ BAD_STATUSES = ("failed", "error", "timeout")
 
 def gate_verdict(ratios: list[float], aa_ratios: list[float], target: float = RATIO_TARGET) -> dict:
     """The even-plan verdict of :data:`GATE_RULE` from per-iteration paired
-    ratios (padded/legacy) and A/A ratios (control/legacy)."""
+    ratios (padded/legacy) and A/A ratios (control/legacy), with the paired
+    ratio's distribution-free 95% interval (``ratio_lo``, ``ratio_hi``; NaN
+    with too few iterations)."""
+    from nsa_cp_comm.harness.calibrate import median_ci
+
     ratio = float(statistics.median(ratios))
+    lo, hi = median_ci(ratios)
     aa = float(statistics.median(aa_ratios))
     p25, p75 = (float(x) for x in np.percentile(aa_ratios, [25, 75]))
     ceiling = max(p75, 1 / p25 if p25 > 0 else math.inf)
@@ -145,7 +150,8 @@ def gate_verdict(ratios: list[float], aa_ratios: list[float], target: float = RA
         verdict = "within noise"
     else:
         verdict = "FAIL"
-    return {"ratio": ratio, "aa_ratio": aa, "aa_ceiling": ceiling, "verdict": verdict}
+    return {"ratio": ratio, "ratio_lo": lo, "ratio_hi": hi, "aa_ratio": aa, "aa_ceiling": ceiling,
+            "verdict": verdict}
 
 
 # ---------------------------------------------------------------------------

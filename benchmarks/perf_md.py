@@ -81,6 +81,14 @@ def markdown(headers: list[str], rows: list[list[str]], align: list[str]) -> str
 # ---------------------------------------------------------------------------
 
 
+def _with_interval(e: dict) -> str:
+    """The paired ratio, with its 95% interval where the run kept one."""
+    lo, hi = e.get("ratio_lo"), e.get("ratio_hi")
+    if lo is None or hi is None or lo != lo or hi != hi:  # absent, or NaN (too few iterations)
+        return num(e.get("ratio"))
+    return f"{num(e.get('ratio'))} ({num(lo)}-{num(hi)})"
+
+
 def even_table(entries: list[dict]) -> tuple[list[str], list[list[str]], list[str]]:
     headers = ["plan", "cp", "T", "S MB", "iters", "legacy rt ms", "padded local ms", "padded coll. ms",
                "padded rt ms", "in-place rt ms", "paired ratio", "in-place ratio", "A/A ratio", "A/A ceiling",
@@ -92,7 +100,7 @@ def even_table(entries: list[dict]) -> tuple[list[str], list[list[str]], list[st
         rows.append([plan_label(e["plan"]), str(e["plan"]["cp"]), str(e["plan"]["tokens"]),
                      f"{e['plan']['bytes'] / 1e6:.1f}", f"{e['warmup']}+{e['iters']}",
                      ms(_stat(leg, "roundtrip")), ms(_stat(pad, "local")), ms(_stat(pad, "collective")),
-                     ms(_stat(pad, "roundtrip")), ms(_stat(zc, "roundtrip")), num(e.get("ratio")),
+                     ms(_stat(pad, "roundtrip")), ms(_stat(zc, "roundtrip")), _with_interval(e),
                      num(e.get("ratio_in_place")), num(e.get("aa_ratio")), num(e.get("aa_ceiling")),
                      num((pad or {}).get("busbw_GBps")), e.get("verdict", "")])
     return headers, rows, ["left"] + ["right"] * 14 + ["left"]

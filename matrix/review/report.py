@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .. import command, count
@@ -791,6 +792,9 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
     missed = _missed_targets(run, df)
     if missed:
         lines += ["", missed]
+    even = even_paired(run, df)
+    if even:
+        lines += ["", even["line"]]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     body, more = sections(run, df, derived, model)
@@ -810,8 +814,49 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         "ratio_to_reference": ref_ratio(derived.pairs),
         "merged_impls": df.attrs.get("merged", {}),
         "wall_time": wall_time(df),
+        "even_padded_over_legacy": {k: v for k, v in even.items() if k != "line"} if even else None,
     }
     return doc
+
+
+def even_paired(run: Run, df: pd.DataFrame) -> dict:
+    """On even plans the padded path issues legacy's call: padded over legacy as
+    the paired ratio of the same timed iterations (both timed in turns in each
+    iteration: the machine's load moves both alike), pooled over every even
+    point where both were timed, its median with a distribution-free 95%
+    interval (``median``, ``lo``, ``hi``, ``points``, ``iterations``, and the
+    report's ``line``); empty where no such point has both samples."""
+    from nsa_cp_comm.harness.calibrate import median_ci
+
+    from ..store.samples import read_beside
+
+    needed = {"point_id", "impl", "is_even", "status"}
+    if not needed <= set(df.columns):
+        return {}
+    even = df[df["is_even"].astype(str).str.lower().eq("true") & df["status"].astype(str).eq("ok")]
+    pids = sorted(set(even.loc[even["impl"].eq("padded"), "point_id"].astype(str))
+                  & set(even.loc[even["impl"].eq("legacy"), "point_id"].astype(str)))
+    if not pids:
+        return {}
+    samples = read_beside(run.files, skip_bad=True)
+    ratios, points = [], 0
+    for pid in pids:
+        a, b = samples.roundtrip(pid, "padded"), samples.roundtrip(pid, "legacy")
+        if a is None or b is None or len(a) != len(b) or not len(a):
+            continue
+        ratios.extend((np.asarray(a, dtype=float) / np.asarray(b, dtype=float)).tolist())
+        points += 1
+    if not ratios:
+        return {}
+    med = float(np.median(ratios))
+    lo, hi = median_ci(ratios)
+    known = lo == lo and hi == hi  # NaN: too few iterations for any interval
+    interval = f" (95% interval {lo:.3f}-{hi:.3f})" if known else " (too few iterations for an interval)"
+    line = (f"**Even plans, padded over legacy:** {med:.3f}{interval}, the paired ratio of the same timed "
+            f"iterations over {count(points, 'even point')} ({len(ratios)} iterations): on an even plan the padded "
+            "path issues legacy's call.")
+    return {"median": round(med, 4), "lo": round(float(lo), 4) if known else None,
+            "hi": round(float(hi), 4) if known else None, "points": points, "iterations": len(ratios), "line": line}
 
 
 def _missed_targets(run: Run, df: pd.DataFrame) -> str:

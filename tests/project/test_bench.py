@@ -134,6 +134,12 @@ def test_gate_rule():
     # Noise is symmetric: a control that reads fast widens the ceiling as much as one that reads slow.
     low = bench.gate_verdict([1.1] * 3, [0.85, 0.85, 0.9, 1.0])
     assert low["aa_ceiling"] == pytest.approx(1 / 0.85) and low["verdict"] == "within noise"
+    # the paired ratio's 95% interval: order statistics of the iterations' ratios (none from three)
+    ratios = [1.0 + i / 100 for i in range(20)]  # 1.00 .. 1.19
+    got = bench.gate_verdict(ratios, tight)
+    assert (got["ratio_lo"], got["ratio_hi"]) == (pytest.approx(1.05), pytest.approx(1.14)), got
+    assert perf_md._with_interval({"ratio": got["ratio"], **got}) == "1.095 (1.050-1.140)"
+    assert perf_md._with_interval(bench.gate_verdict([1.1] * 3, tight)) == "1.100"
 
 
 def test_perf_md_is_rendered_from_the_committed_json():

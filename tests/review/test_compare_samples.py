@@ -522,3 +522,36 @@ def test_the_report_names_a_calibration_short_of_its_target(tmp_path, capsys):
     md = (Path(base) / "report.md").read_text()
     lines = [line for line in md.splitlines() if line.startswith("**Calibration**")]
     assert len(lines) == 1 and "on 1 of 1 calibrated row(s)" in lines[0], md[:2000]
+
+
+def _even_pair(path: Path, padded: list[float], legacy: list[float], even: bool = True) -> Path:
+    """One point's padded and legacy rows, timed in the same iterations (their samples)."""
+    rows = [make_row(impl, cp=2, seq_lens="[1024]", p50=float(np.median(rt)), point_id="even0001", is_even=even,
+                     timestamp="2026-01-01T00:00:00+00:00") for impl, rt in (("padded", padded), ("legacy", legacy))]
+    write_run(path, rows)
+    append_samples(path, rows, [{"roundtrip": padded, "control": []}, {"roundtrip": legacy, "control": []}])
+    return path
+
+
+def test_the_report_gives_padded_over_legacy_on_even_plans_as_the_paired_ratio(tmp_path, capsys):
+    """The same iterations paired: a load that moves both alike leaves the ratio where it is (here
+    every iteration 1.01x, while the round trips themselves drift 3x); a padded path 1.3x slower in
+    every iteration reads 1.3; an uneven point or a missing samples line gives no line."""
+    legacy = [100.0 * (1 + 2 * i / 40) for i in range(40)]  # the machine's load drifting
+    from matrix.review._review import load_run
+
+    same = _even_pair(tmp_path / "same", [x * 1.01 for x in legacy], legacy)
+    got = report.even_paired(load_run("R", str(same)), report.prepare(load_run("R", str(same))))
+    assert got["median"] == pytest.approx(1.01) and got["lo"] == pytest.approx(1.01) and got["points"] == 1, got
+    assert "**Even plans, padded over legacy:** 1.010" in got["line"]
+    slow = _even_pair(tmp_path / "slow", [x * 1.3 for x in legacy], legacy)
+    assert report.even_paired(load_run("R", str(slow)), report.prepare(load_run("R", str(slow))))["median"] == \
+        pytest.approx(1.3)
+    few = _even_pair(tmp_path / "few", [101.0, 102.0], [100.0, 100.0])  # no interval from two iterations
+    got = report.even_paired(load_run("R", str(few)), report.prepare(load_run("R", str(few))))
+    assert (got["lo"], got["hi"]) == (None, None) and "too few iterations for an interval" in got["line"], got
+    uneven = _even_pair(tmp_path / "uneven", [x * 1.3 for x in legacy], legacy, even=False)
+    assert report.even_paired(load_run("R", str(uneven)), report.prepare(load_run("R", str(uneven)))) == {}
+    (same / SAMPLES_FILE).unlink()
+    assert report.even_paired(load_run("R", str(same)), report.prepare(load_run("R", str(same)))) == {}
+    capsys.readouterr()

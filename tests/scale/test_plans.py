@@ -169,7 +169,11 @@ def test_cli_writes_stats_and_plot(tmp_path):
         (e, c, d) for e in ("seed_fix", "sglang_0_5_23") for c in (2, 8) for d in plans.DESIGNS}
     assert set(out["meta"]["engines"]) == set(engines.NAMES)
     assert out["meta"]["engines"]["vllm_ascend"]["padding_at"] == "the tail rank(s) of the stream"
-    assert out["meta"]["engines"]["vllm_0_33"]["moe_padding"] == "masked"
+    # DeepSeek-V3.2 (the default model): vLLM's experts process the padding, in CUDA-graph buckets up to 512 rows
+    assert out["meta"]["engines"]["vllm_0_33"]["moe_padding"] == "processed"
+    assert out["meta"]["engines"]["vllm_0_33"]["cuda_graphs"] == "up to 512 rows per rank"
+    assert out["meta"]["engines"]["vllm_0_33"]["gathered"] == ["hidden_states", "router_logits"]
+    assert out["meta"]["engine_model"] == "deepseek_v32"
     assert any(line.startswith("vllm_0_33/zigzag: ") for line in out["meta"]["not_planned"])
     assert "sglang==0.5.23" in out["meta"]["engines"]["sglang_0_5_23"]["source"]
     assert all(r["overhead_p99"] == 0 if r["design"] == "legacy_even" else r["overhead_mean"] >= 0
