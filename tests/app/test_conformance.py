@@ -282,3 +282,20 @@ def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(t
     head = (res / "report.md").read_text().split("## Verdicts")[0]
     assert f"**WARNING: `{BROKEN}:skips_cp3` ran nothing at cp=3**" in head, head
     assert f"**WARNING: `{BROKEN}:even_only` ran no uneven plan at cp=2, 3**" in head, head
+
+
+def test_a_plan_of_several_classes_counts_as_uneven_by_any_of_them():
+    """A row whose plan is even and many short requests (``even+many_short``: the first label even) ran
+    an uneven plan class; the coverage rule reads every label, not the first."""
+    mine = "tests.broken_impls:x"
+    assert coverage.gaps([_cov_row(mine, 2, "ok", "even+many_short")]) == []
+    assert coverage.gaps([_cov_row(mine, 2, "ok", "even")]) == [(mine, 2, coverage.NO_UNEVEN, "")]
+
+
+def test_an_entry_point_plugin_is_outside_though_its_name_has_no_colon():
+    """A plug-in installed by entry point is named without ``module:attr``; its origin (its
+    distribution) says it is not the project's, and its gaps are reported as any plug-in's."""
+    assert coverage.is_outside("engine_comm", "engine-comm 0.1.0")
+    assert not coverage.is_outside("padded", coverage.BUILTIN_ORIGIN + " 0.1.0")
+    rows = [_cov_row("engine_comm", 2, "ok", "even", origin="engine-comm 0.1.0")]
+    assert coverage.gaps(rows) == [("engine_comm", 2, coverage.NO_UNEVEN, "")]

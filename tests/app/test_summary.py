@@ -89,3 +89,20 @@ def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path):
     assert "2 points, 4 rows (a row: one point and one impl)" in first, first
     doc = json.loads((res / "report.json").read_text())
     assert (doc["summary"]["points"], doc["summary"]["rows"]) == (2, 4)
+
+
+def test_allow_skipped_passes_the_gaps_only_where_every_point_allows_them(tmp_path):
+    """An outside plug-in that ran no uneven plan at cp 2: allowed when every point of the sweep
+    says allow_skipped=true, a gap (exit 1) when one point does not."""
+    mine = "tests.broken_impls:x"
+    write_run(tmp_path, [make_row(mine, point_id="p1", plan_class="even", impl_origin="tests.broken_impls"),
+                         make_row(mine, point_id="p2", seq_lens="[1024]", plan_class="even",
+                                  impl_origin="tests.broken_impls")])
+    cfg = {"results_dir": str(tmp_path)}
+    both = [({**cfg, "seq_lens": [1], "allow_skipped": True}, "p1"), ({**cfg, "seq_lens": [2], "allow_skipped": True},
+                                                                          "p2")]
+    counts, _, gaps = summary.summarize(both)
+    assert gaps and counts["coverage gaps"] == 0 and summary.exit_code(counts) == 0
+    one = [both[0], ({**cfg, "seq_lens": [2], "allow_skipped": False}, "p2")]
+    counts, _, _ = summary.summarize(one)
+    assert counts["coverage gaps"] == 1 and summary.exit_code(counts) == summary.EXIT_BAD

@@ -154,3 +154,14 @@ def test_the_time_cap_is_shortened_only_by_seconds_within_it(monkeypatch, tmp_pa
     run = run_matrix(tmp_path / "r", "cp_size=2", "hidden_size=64", "iters=auto", multirun=False)
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert run.returncode == 2 and lines == ["error: NSA_CP_AUTO_MAX_S='ten': must be seconds in (0, 30]"], run.stderr
+
+
+def test_the_gate_power_is_the_least_over_the_implementations_in_any_order():
+    """A quiet first implementation and a noisy second: the loop goes on past the soft cap for the
+    second (its rows could not show a 1.3x change), whichever comes first."""
+    rng = np.random.default_rng(5)
+    quiet, noisy = rng.lognormal(0, 0.05, 60), rng.lognormal(0, 0.8, 60)
+    caps = {"target": 0.01, "min_iters": 20, "max_iters": 2000, "time_cap_s": 30.0, "hard_cap_s": 60.0}
+    for metric in ({"padded": quiet, "legacy": noisy}, {"legacy": noisy, "padded": quiet}):
+        assert calibrate.gate_power(metric) == pytest.approx(calibrate.gate_power({"x": noisy}))
+        assert not decide(metric, elapsed_s=31.0, **caps).stop

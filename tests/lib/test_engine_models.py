@@ -49,6 +49,8 @@ VLLM_MODELS = {
     "deepseek_v4": ("FusedTopKBiasRouter", True, False, 4),
 }
 SGLANG_MASKS = False  # every gathered row routed, for every model here
+# vllm-ascend's DSA-CP: the equal all-gather of the padded slices carries no padding mask: processed
+ASCEND_MASKS = False
 # config/vllm.py:2579-2590 at M = 512: written out, not computed the way the engine module does
 VLLM_SIZES_512 = (1, 2, 4, *(8 * k for k in range(1, 32)), *(256 + 16 * k for k in range(17)))
 
@@ -75,6 +77,9 @@ def model_mismatches(rules: engines.Engine, model: str) -> list[str]:
         side = [(t.name, t.columns, t.itemsize or None) for t in rules.side_tensors]
         if side != [("router_logits", "experts", logits)]:
             out.append(f"side tensors {side}")
+    elif rules.name == "vllm_ascend":
+        if rules.moe_pad_masked != ASCEND_MASKS:
+            out.append(f"MoE padding masked={rules.moe_pad_masked}: vllm-ascend's experts process it")
     elif rules.name == "sglang_0_5_23":
         if rules.moe_pad_masked != SGLANG_MASKS:
             out.append(f"MoE padding masked={rules.moe_pad_masked}")
@@ -85,7 +90,7 @@ def model_mismatches(rules: engines.Engine, model: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", [*VLLM, "sglang_0_5_23"])
+@pytest.mark.parametrize("name", [*VLLM, "sglang_0_5_23", "vllm_ascend"])
 @pytest.mark.parametrize("model", engines.MODELS)
 def test_each_engine_follows_its_code_for_each_model(name, model):
     assert model_mismatches(engines.get(name, model), model) == []
@@ -138,6 +143,12 @@ def test_a_broken_model_rule_is_caught(broken, needle):
     assert model_mismatches(rules, "deepseek_v32") == []
     got = model_mismatches(dataclasses.replace(rules, **broken), "deepseek_v32")
     assert any(needle in m for m in got), got
+
+
+def test_vllm_ascends_padding_read_as_masked_is_caught():
+    ascend = engines.get("vllm_ascend")
+    assert model_mismatches(ascend, "deepseek_v32") == []
+    assert model_mismatches(dataclasses.replace(ascend, moe_pad_masked=True), "deepseek_v32")
 
 
 def test_a_broken_bucket_rule_is_caught():

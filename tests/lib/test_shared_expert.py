@@ -177,3 +177,14 @@ def test_a_reference_without_the_shared_expert_fails_correct_rows(rank_pool):
     # and the same mutation with no shared expert changes nothing
     rows = run(rank_pool, ("padded",), cp=2, shared="none", mutation="reference_without_shared")
     assert rows["padded"].status == "ok", rows["padded"].reason
+
+
+def test_the_default_sweep_exercises_the_replicated_term():
+    """DeepSeek-V3.2's shared expert, whole on every rank, is the default placement everywhere a point
+    is made (the config a sweep composes, the spec a library user builds): a default sweep runs the
+    term the SGLang #35535 class gets wrong."""
+    from matrix.app.config import MatrixConfig
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    assert MatrixConfig().shared_expert == "replicated"
+    assert PointSpec((8,), 2, policy="zigzag").shared_expert == "replicated"

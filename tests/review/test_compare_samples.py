@@ -430,6 +430,19 @@ def _aa(tmp_path: Path, n: int, spread: float, calibration: bool = False) -> tup
     return paths[0], paths[1]
 
 
+def test_a_row_with_a_coin_flips_chance_to_show_the_change_is_not_a_pass(tmp_path, capsys):
+    """Compare's power cut (POWER_MIN), not a looser one: samples with about an even chance of showing
+    a 1.3x change (12 a side, spread 0.8: P = 0.54) are unverified, not "within noise"."""
+    from nsa_cp_comm.harness.significance import power, resolved_change
+
+    base, new = _aa(tmp_path, 12, 0.8)
+    b = read_samples(Path(base) / SAMPLES_FILE).paired("p1", "padded")
+    n = read_samples(Path(new) / SAMPLES_FILE).paired("p1", "padded")
+    assert 0.45 < power(b, n, resolved_change(0.15)) < 0.75
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "unverified=1 underpowered=1" in summary(out), out
+
+
 @pytest.mark.parametrize("n,spread,verdict", [
     (8, 0.5, "low power"),  # the default preset's iters under load: a 15% change cannot show
     (8, 0.01, "pass"),  # the same count on quiet samples can
