@@ -56,6 +56,14 @@ def _broken(variant: str, impl):
             out[plugin_tasks.rank_rows(plan, group):] = 1.0
             return out
         return dataclasses.replace(impl, scatter=scatter)
+    if variant == "ignores_graphs":
+        # P = max n_r everywhere, as if the step ran eager: the split's shard cut back to it
+        def eager_p(plan):
+            return max(plan.per_rank_tokens)
+
+        def gather(local, plan, group):
+            return adapter.gather(local[: eager_p(plan)], plan, group)
+        return dataclasses.replace(impl, gather=gather, row_stride=eager_p)
     if variant == "masks_padding":
         # the router's mask applied to every model, as this plug-in did: the partials' padding rows
         # zeroed before the reduce-scatter, where DeepSeek-V3.2's experts process them

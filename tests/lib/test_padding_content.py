@@ -27,9 +27,9 @@ plugin_tasks.on_path(tasks.PLUGIN)
 DCS = "dual_chunk_swap"
 
 
-def _spec(lens, cp, model="deepseek_v32", impls_=(tasks.REF,), engine="vllm_0_33"):
+def _spec(lens, cp, model="deepseek_v32", impls_=(tasks.REF,), engine="vllm_0_33", capture=0):
     return PointSpec(tuple(lens), cp, policy=DCS, impls=impls_, hidden_size=32, dtype="bfloat16", warmup=1, iters=2,
-                     engine=engine, engine_model=model)
+                     engine=engine, engine_model=model, max_capture_size=capture)
 
 
 def test_the_engines_padding_rows_are_its_own():
@@ -86,3 +86,16 @@ def test_rows_count_the_padding_the_router_masked_and_the_most_one_expert_got(ra
         assert v32.status == v4.status == "ok", (v32.reason, v4.reason)
         assert (v32.moe_pad_rows, v32.moe_pad_masked_rows, v32.moe_pad_expert_max_rows) == (2, 0, 2)
         assert (v4.moe_pad_rows, v4.moe_pad_masked_rows, v4.moe_pad_expert_max_rows) == (2, 2, 0)
+
+
+def test_a_plugin_that_pads_to_max_n_r_where_vllm_runs_a_graph_bucket_is_named(rank_pool):
+    """[9] at pcp 2 is (3, 6): the step runs in the 8-row capture bucket, so P = 8, not 6; [7] is (3, 4),
+    whose bucket is 4 itself: the same copy is right there."""
+    runs = [(_spec([9], 2, capture=512), "ignores_graphs"), (_spec([7], 2, capture=512), "ignores_graphs"),
+            (_spec([9], 2, capture=512), "as_is")]
+    rows = plugin_tasks.rows(rank_pool, tasks, 2, runs)
+    wrong, fits, right = (r[tasks.REF] for r in rows)
+    assert (wrong.status, wrong.failed_check) == ("failed", "physical_len"), wrong.reason
+    assert "the CUDA-graph capture size that holds max n_r = 6 (max_capture_size=512) = 8" in wrong.reason
+    assert fits.status == "ok" and right.status == "ok", (fits.reason, right.reason)
+    assert right.graph_pad_rows == (8 - 6) * 2

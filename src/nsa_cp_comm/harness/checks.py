@@ -32,7 +32,7 @@ from ..communicator import CPLayerCommunicator
 from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
-from ..plan import CPPlan
+from ..plan import CPPlan, ceil_align
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard, padding_content
 
@@ -265,9 +265,13 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
         rule = engines.get(plan.engine)
         want_p = rule.physical_len(plan)
         if impl.stride(plan) != want_p:
+            align = rule.split_align(plan.policy, plan.cp_size)
+            how = (f"ceil_align(max n_r = {plan.max_rank_len}, {align})"
+                   if want_p == ceil_align(plan.max_rank_len, align)
+                   else f"the CUDA-graph capture size that holds max n_r = {plan.max_rank_len} "
+                        f"(max_capture_size={plan.max_capture_size})")
             rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
-                     f"gives P = ceil_align(max n_r = {plan.max_rank_len}, "
-                     f"{rule.split_align(plan.policy, plan.cp_size)}) = {want_p}")
+                     f"gives P = {how} = {want_p}")
     content = _padded_content(impl, spec, plan, device)
     for check, r, s in layout_faults(impl, plan, full, lambda r, rows: bitwise_equal(rows, shards[r]), content):
         rep.fail(check, f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard" if check == "gather_rows"
