@@ -25,7 +25,7 @@ from . import BUGS, BY_NAME, NOT_YET, RAISED
 PREFIX = "field_bugs_"
 TWIN = "twin"
 BAD = ("failed", "error", "timeout")
-REASON_CHARS = 240
+REASON_CHARS = 360  # room for an error's site (file:line, step); the collective checks' long texts cut
 
 
 def load(results_dir: str | Path) -> pd.DataFrame:

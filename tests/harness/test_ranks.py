@@ -61,11 +61,14 @@ def test_rank_raising_gives_error_peer_aborted_and_pool_closes(pool_workdir):
     results = pool.run(rank_tasks.raise_on_last_others_in_collective, timeout_s=600)
     took = time.monotonic() - t0
     assert results[1].status == "error"
-    assert results[1].error == "KeyError: 'injected failure'"
+    # the error, and where outside the library it was raised
+    site = " (raised at tests/rank_tasks.py:"
+    assert results[1].error.startswith("KeyError: 'injected failure'" + site), results[1].error
+    assert results[1].error.endswith(" in raise_on_last_others_in_collective)"), results[1].error
     assert "raise_on_last_others_in_collective" in results[1].traceback
     # rank 0 was blocked in the all-reduce the failed rank never joined
     assert results[0].status == "aborted", results[0]
-    assert summarize_failure(results) == ("error", "rank 1 error: KeyError: 'injected failure'")
+    assert summarize_failure(results) == ("error", "rank 1 error: " + results[1].error)
     # far below the 600 s timeout: the grace period after the first failure, then a kill
     assert took < NOTICED_WITHIN_S, took
     assert pool.closed and not pool.alive

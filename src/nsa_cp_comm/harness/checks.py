@@ -317,9 +317,9 @@ def _gather_router_logits(impl: impl_registry.RoundTripImpl, spec: PointSpec, pl
     rank issues the same collectives."""
     if moe.logits_dtype is None:
         return None
-    gather = impl.gather_side or impl.gather
     with observing(group) as seen:
-        got = gather(moe.logits(local), plan, group)
+        got = (impl.gather_side(moe.logits(local), plan, group) if impl.gather_side is not None
+               else impl.gather(moe.logits(local), plan, group))
     _check_group(rep, seen, "side tensors' gather")
     want = stand_in((impl.buffer_rows(plan), moe.num_experts), moe.logits_dtype, local.device)
     diff = unlike(got, want)

@@ -242,7 +242,9 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             fn, args, kwargs = _load_task(payload, main_path)
             value = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            conn.send((task_id, "error", one_line_error(exc), traceback.format_exc()))
+            # where an implementation's own code raised, and in which of its steps
+            site = implementation_site(exc.__traceback__)
+            conn.send((task_id, "error", one_line_error(exc) + site, traceback.format_exc()))
         else:
             conn.send((task_id, "ok", value, ""))
 
@@ -280,6 +282,16 @@ def _load_task(payload: bytes, main_path: str | None) -> tuple[Callable[..., Any
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     sys.modules["__main__"] = module
     return pickle.loads(payload)
+
+
+def implementation_site(tb) -> str:
+    """:func:`.sites.implementation_site`, never raising (a rank reports its error whatever happens here)."""
+    try:
+        from .sites import implementation_site as site
+
+        return site(tb)
+    except Exception:  # noqa: BLE001 - the error itself is what matters
+        return ""
 
 
 def one_line_error(exc: BaseException) -> str:
