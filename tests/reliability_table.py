@@ -311,9 +311,11 @@ BROKEN = "tests.broken_impls"
 # Reasons number ranks as the CP group does: in reverse world order, so the
 # failing last world rank is the group's rank 0 (an error's own text is quoted).
 _CP = " (ranks numbered as in the CP group)"
+# where the implementation's own code raised, and in which of its steps (nsa_cp_comm.harness.sites)
+_RAISED = " (raised at tests/broken_impls.py:* in _raise, in the implementation's gather)"
 POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason; * matches anything)
     "raise_rank": (600.0, "error", f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on "
-                                   f"rank 1{_CP}"),
+                                   f"rank 1{_RAISED}{_CP}"),
     "crash_rank": (600.0, "error", f"in {BROKEN}:crash_rank's checks: rank 0 crashed: exited with code 17{_CP}"),
     # where each rank waited, from its stack: the hung one in its sleep, its peer in the all-gather
     "hang_rank": (3.0, "timeout", f"in {BROKEN}:hang_rank's checks: rank 0,1 timeout: no answer within 3s; where they "
@@ -325,7 +327,7 @@ POOL_FAULTS = {  # tests.broken_impls attribute -> (timeout_s, status, reason; *
 # reports nothing, so no place.
 TORCHRUN_FAULTS = {
     "raise_rank": (600.0, "error",
-                   f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on rank 1{_CP}"),
+                   f"in {BROKEN}:raise_rank's checks: rank 0 error: RuntimeError: injected fault on rank 1{_RAISED}{_CP}"),
     # torchrun stops every rank once one exits; rank 1 may go before it posted its outcome
     "crash_rank": (600.0, "error", f"rank 0* crashed: no report: torchrun stopped the point after a rank exited{_CP}"),
     "hang_rank": (3.0, "timeout", f"in {BROKEN}:hang_rank's checks: rank 0,1 timeout: no answer within 3s{_CP}"),

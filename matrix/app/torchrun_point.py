@@ -33,7 +33,7 @@ import time
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, one_line_error
+from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, implementation_site, one_line_error
 
 from .config import ConfigError, validate_overrides
 from ..store.results import SchemaError
@@ -151,7 +151,7 @@ def _point_outcome(spec: Any, backend: str, device: Any, timeout_s: float,
                 torch.cuda.set_device(device)
             box["out"] = ("ok", point_on_rank(spec, backend), "")
         except BaseException as exc:  # noqa: BLE001 - reported to rank 0
-            box["out"] = ("error", None, one_line_error(exc))
+            box["out"] = ("error", None, one_line_error(exc) + implementation_site(exc.__traceback__))
 
     thread = threading.Thread(target=body, name="matrix-point", daemon=True)
     thread.start()

@@ -99,7 +99,8 @@ def test_a_broken_padded_path_exits_1(tmp_path, broken, section, check):
 def test_a_rank_that_raises_exits_1(tmp_path):
     proc, data = run_bench(tmp_path, "--sections", "even", "--padded", f"{BROKEN}:raise_rank")
     assert proc.returncode == 1, _log(proc)
-    assert "rank 0 error: RuntimeError: injected fault on rank 1 (ranks numbered as in the CP group)" in proc.stdout, _log(proc)
+    assert "rank 0 error: RuntimeError: injected fault on rank 1 (raised at " in proc.stdout, _log(proc)
+    assert "in _raise, in the implementation's gather) (ranks numbered as in the CP group)" in proc.stdout, _log(proc)
     assert data["exit_code"] == 1 and data["even"] == []
 
 
