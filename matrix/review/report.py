@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -264,6 +265,19 @@ def _incorrect(df: pd.DataFrame) -> pd.DataFrame:
     return df[holds(df["correct"], False) | holds(df["even_bitwise_equal"], False)]
 
 
+# A failing group's key and its example, in characters: room for an error's type, text and the site
+# the implementation raised at (nsa_cp_comm.harness.sites).
+WHY_CHARS = 200
+EXAMPLE_CHARS = 400
+EXAMPLES = 3
+
+
+def reason_kind(reason: object) -> str:
+    """A reason with its numbers as ``N`` (sizes, ranks, line numbers apart): rows that one mistake
+    failed at different sizes share it."""
+    return re.sub(r"\d+", "N", " ".join(str(reason or "").split()))
+
+
 def _failing(df: pd.DataFrame) -> pd.DataFrame:
     """failed/error/timeout rows, and rows whose status the schema does not know."""
     return df[df["status"].isin(BAD) | ~df["status"].isin(STATUSES)]
@@ -310,13 +324,21 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
         part.main += ["No failed, error or timeout point.", ""]
     else:
         part.main += [f"### Failed, error and timeout: {_rows_of_points(failing)}", ""]
-        why = failing["failed_check"].where(failing["failed_check"].str.strip().ne(""), failing["reason"])
-        groups = (
-            failing.assign(why=why.map(lambda r: one_line(r, 90) or "(no reason)"))
-            .groupby(["status", "impl", "why"]).size().rename("points").reset_index()
-            .sort_values("points", ascending=False, kind="stable")
-        )
-        part.main += ["By status, impl and first failed check (or reason):", "", *_head(groups, "groups", rows=5, name="failing_groups"), ""]
+        why = failing["failed_check"].where(failing["failed_check"].str.strip().ne(""),
+                                            failing["reason"].map(reason_kind))
+        grouped = failing.assign(why=why.map(lambda r: one_line(r, WHY_CHARS) or "(no reason)"))
+        groups = (grouped.groupby(["status", "impl", "why"], sort=False).size().rename("points").reset_index()
+                  .sort_values("points", ascending=False, kind="stable"))
+        part.main += ["By status, impl and first failed check (or the reason, its numbers as N: one mistake is one "
+                      "group whatever sizes it met):", "", *_head(groups, "groups", rows=5, name="failing_groups")]
+        # a group keyed by its reason's words alone: one row's whole reason, its numbers and where a
+        # plug-in raised (a row of the appendix's list has them all)
+        firsts = grouped.drop_duplicates(["status", "impl", "why"]).set_index(["status", "impl", "why"])["reason"]
+        examples = [f"`{impl}` {status}: {one_line(firsts[(status, impl, w)], EXAMPLE_CHARS)}"
+                    for status, impl, w in zip(*(groups[c].head(5) for c in ("status", "impl", "why")))
+                    if one_line(firsts[(status, impl, w)], WHY_CHARS) != w][:EXAMPLES]
+        part.main += ["", "One row's reason as written, for each group read with its numbers as N: "
+                      + "; ".join(examples) + ".", ""] if examples else [""]
         detail = failing[["status"] + POINT + ["backend", "device", "failed_check", "reason", "repro"]]
         part.appendix += ["## Failed, error and timeout points", "", *_whole(detail, name="failing_points"), ""]
 

@@ -305,7 +305,7 @@ def test_default_sweep_report_fits_two_screens(tmp_path, capsys):
     bench = bench_review()
     sweep = bench.synthesise(400, dup_frac=0, error_frac=0)  # 160 points x 2-3 impls, as +matrix=default
     sweep.loc[sweep.index[:7], "status"] = ["error", "error", "failed", "timeout", "error", "failed", "error"]
-    sweep.loc[sweep.index[:7], "reason"] = [f"reason {i}" for i in range(7)]
+    sweep.loc[sweep.index[:7], "reason"] = [f"reason {c}" for c in "abcdefg"]  # seven mistakes: seven groups
     bench.write(sweep, tmp_path)
     md, appendix, _ = run_report(tmp_path, code=1)  # its 7 failing rows: verdict FAIL
     lines = md.rstrip().splitlines()
@@ -477,3 +477,25 @@ def test_the_cp1_line_says_a_copy_only_where_the_results_have_one(local, says):
             for p in ("a", "b") for impl, us in (("legacy", 100.0), ("padded", 101.0))]
     text = " ".join(report._cp1_lines(pd.DataFrame(rows)))
     assert says in text, text
+
+
+def test_one_mistake_at_many_sizes_is_one_failing_group_with_its_numbers_in_an_example(tmp_path):
+    """A plug-in whose pad target is wrong raises the same error at every uneven plan, with the sizes
+    of each: one group (the numbers read as N), its count, and one row's reason with its numbers and
+    the site the plug-in raised at; another mistake is another group."""
+    site = " (raised at mycomm.py:41 in gather, in the implementation's gather)"
+    rows = [make_row("mycomm:ceil_pad", seq_lens=(n, n + 1), status="error", p50=None, correct=None,
+                     reason=f"in mycomm:ceil_pad's checks: rank 0 error: RuntimeError: The size of tensor a ({n}) must "
+                            f"match the size of tensor b ({n + 1}) at non-singleton dimension 0{site}")
+            for n in (17, 33, 65, 129)]
+    rows.append(make_row("mycomm:ceil_pad", seq_lens=(8, 8), status="error", p50=None, correct=None,
+                         reason="in mycomm:ceil_pad's checks: rank 1 error: KeyError: 'plan'"))
+    md, _, _ = run_report(tmp_path, code=1, rows=rows)
+    part = section(md, "Failed, error and timeout")
+    lines = part.splitlines()
+    assert [line.split("|")[-2].strip() for line in lines if "rank N error: RuntimeError: The size of tensor a (N)"
+            in line] == ["4"], part
+    assert [line.split("|")[-2].strip() for line in lines if "rank N error: KeyError" in line] == ["1"], part
+    example = next(line for line in lines if line.startswith("One row's reason as written"))
+    assert "`mycomm:ceil_pad` error: in mycomm:ceil_pad's checks: rank 0 error: RuntimeError: The size of tensor a (17) " \
+           "must match the size of tensor b (18) at non-singleton dimension 0" + site in example, example
