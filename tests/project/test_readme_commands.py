@@ -183,24 +183,45 @@ def _shell(cmd: str, cwd: Path, bin_dir: Path = ENV_BIN) -> subprocess.Completed
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def overlay(at: Path) -> Path:
+def overlay(at: Path, source: Path = ENV_BIN) -> Path:
     """The bin folder of a virtual environment at ``at`` that sees every package
     of the suite's own (a ``.pth`` adds that site folder) and installs into its
     own: a chain's ``pip install`` lands there and leaves the suite's
     environment as it was. The other tests, running beside it, read that
     environment's entry points, and a process started before the install could
-    not import what it names. Its console commands are the suite's, run by its
-    interpreter."""
+    not import what it names. Its console commands are the suite's (``source``'s
+    scripts), run by its interpreter: every script whose interpreter is one of
+    ``source``'s Pythons, however its first lines name it (:func:`retarget`)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True, timeout=120)
     bin_dir = at / "bin"
     site_dir = at / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     (site_dir / "_suite_env.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
-    for script in ENV_BIN.iterdir():
-        head, _, rest = script.read_bytes().partition(b"\n") if script.is_file() else (b"", b"", b"")
-        if head == b"#!" + bytes(ENV_BIN / "python") and not (bin_dir / script.name).exists():
-            (bin_dir / script.name).write_bytes(b"#!" + bytes(bin_dir / "python") + b"\n" + rest)
+    for script in source.iterdir():
+        if not script.is_file() or (bin_dir / script.name).exists():
+            continue
+        moved = retarget(script.read_bytes(), source, bin_dir)
+        if moved is not None:
+            (bin_dir / script.name).write_bytes(moved)
             (bin_dir / script.name).chmod(0o755)
     return bin_dir
+
+
+# A script's interpreter as its first lines name it: "#!DIR/python3.11", or (a path too long for a
+# kernel's shebang) "#!/bin/sh" and then an exec line naming "DIR/python", as pip writes them.
+_INTERPRETER = re.compile(rb"""^(#!|'''exec' ")(?P<dir>[^"\n]+)/python[0-9.]*(?=["\s])""", re.M)
+
+
+def retarget(text: bytes, source: Path, bin_dir: Path) -> bytes | None:
+    """``text`` (a script of ``source``) run by ``bin_dir``'s Python instead, or None where its first two
+    lines name no interpreter of ``source``'s."""
+    head_end = text.find(b"\n", text.find(b"\n") + 1)
+    head = text if head_end < 0 else text[:head_end]
+    found = [m for m in _INTERPRETER.finditer(head) if m.group("dir") == bytes(source)]
+    if not found:
+        return None
+    for m in reversed(found):
+        head = head[: m.start("dir")] + bytes(bin_dir) + b"/python" + head[m.end():]
+    return head + (b"" if head_end < 0 else text[head_end:])
 
 
 def installed() -> list[str]:
@@ -280,3 +301,27 @@ def test_the_plugin_doc_runs_from_a_plugin_authors_folder():
     seen = checkout_only(["python -m matrix -m impl=x", "pip install --no-deps -e examples/x", "nsa-cp-matrix -m",
                           CHECKOUT_FORM[url_form], url_form])
     assert seen == ["python -m matrix -m impl=x", "pip install --no-deps -e examples/x", CHECKOUT_FORM[url_form]]
+
+
+def test_the_overlay_runs_every_script_of_the_suites_python_however_it_names_it(tmp_path):
+    """A venv's scripts name their Python as `python`, `python3` or `python3.11`, or, where the path is
+    too long for a shebang, in an exec line under `#!/bin/sh`: each runs the overlay's Python, so a
+    chain's `pip install` lands in the overlay; a script of another interpreter is not copied."""
+    src = tmp_path / "src" / "bin"
+    src.mkdir(parents=True)
+    scripts = {
+        "pip": f"#!{src}/python3\nfrom pip import main\n",
+        "pip3.11": f"#!{src}/python3.11\nfrom pip import main\n",
+        "tool": f"#!{src}/python\nimport tool\n",
+        "long": f"#!/bin/sh\n'''exec' \"{src}/python\" \"$0\" \"$@\"\n' '''\nimport long\n",
+        "other": "#!/usr/bin/env bash\necho hi\n",
+        "elsewhere": "#!/opt/python/bin/python3\nimport x\n",
+    }
+    for name, text in scripts.items():
+        (src / name).write_text(text)
+    bin_dir = overlay(tmp_path / "env", src)
+    for name in ("pip", "pip3.11", "tool", "long"):
+        text = (bin_dir / name).read_text()
+        assert str(bin_dir / "python") in text and str(src) not in text, (name, text)
+        assert text.splitlines()[-1] == scripts[name].splitlines()[-1]
+    assert not (bin_dir / "other").exists() and not (bin_dir / "elsewhere").exists()
