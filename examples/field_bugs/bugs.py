@@ -49,16 +49,23 @@ def _own_rows(replicated, plan, group):
     return replicated[rank * m : rank * m + plan.per_rank_tokens[rank]]
 
 
-def _scatter_replicated(partials, replicated, plan, group):
-    # the replicated shared expert added once, after the sum
-    return _scatter(partials, plan, group) + _own_rows(replicated, plan, group)
+def then_replicated(scatter):
+    """``scatter``'s result with this rank's rows of the replicated shared expert added once, after the
+    sum: the right place, whatever ``scatter`` itself gets wrong."""
+    def scatter_replicated(partials, replicated, plan, group):
+        return scatter(partials, plan, group) + _own_rows(replicated, plan, group)
+    return scatter_replicated
 
 
-twin = RoundTripImpl("field_bugs_twin", _gather, _scatter, scatter_replicated=_scatter_replicated,
+twin = RoundTripImpl("field_bugs_twin", _gather, _scatter, scatter_replicated=then_replicated(_scatter),
                      doc="the catalog's correct padded round trip: each bug is this with one mistake")
 
 
 def _bug(name: str, doc: str, **parts) -> RoundTripImpl:
+    """The twin with ``parts`` replaced; a replaced ``scatter`` is also the replicated step's (the term
+    added after it, :func:`then_replicated`) unless ``parts`` replaces that too."""
+    if "scatter" in parts:
+        parts.setdefault("scatter_replicated", then_replicated(parts["scatter"]))
     return dataclasses.replace(twin, name=f"field_bugs_{name}", doc=doc, **parts)
 
 
@@ -123,8 +130,7 @@ def _ceil_scatter(full, plan, group):
 
 
 ceil_pad = _bug("ceil_pad", "shards padded to ceil(T/cp) rows (SGLang #23269)", gather=_ceil_gather,
-                scatter=_ceil_scatter,
-                scatter_replicated=lambda p, r, plan, g: _ceil_scatter(p, plan, g) + _own_rows(r, plan, g))
+                scatter=_ceil_scatter)
 
 
 # --- SGLang #20360: a wrong reduce-scatter ---------------------------------------------------------
@@ -139,9 +145,7 @@ def _own_stride_scatter(full, plan, group):
 
 
 own_stride_scatter = _bug("own_stride_scatter", "the scatter's rows read at rank * n_r (SGLang #20360)",
-                          scatter=_own_stride_scatter,
-                          scatter_replicated=lambda p, r, plan, g: _own_stride_scatter(p, plan, g)
-                          + _own_rows(r, plan, g))
+                          scatter=_own_stride_scatter)
 
 
 # --- SGLang #21170: a residual sized by the gathered rows ------------------------------------------
@@ -154,9 +158,7 @@ def _residual_scatter(full, plan, group):
 
 
 residual_gathered_rows = _bug("residual_gathered_rows", "a residual of the gathered rows added to the "
-                              "rank's rows (SGLang #21170)", scatter=_residual_scatter,
-                              scatter_replicated=lambda p, r, plan, g: _residual_scatter(p, plan, g)
-                              + _own_rows(r, plan, g))
+                              "rank's rows (SGLang #21170)", scatter=_residual_scatter)
 
 
 # --- SGLang #30895: padding rows left non-zero -------------------------------------------------------

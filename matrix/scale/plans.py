@@ -184,7 +184,7 @@ def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, mod
             "overhead_mean": float(over.mean()) if len(over) else None, "overhead_p50": _pct(over, 50),
             "overhead_p99": _pct(over, 99), "overhead_max": float(over.max()) if len(over) else None,
             "collectives_per_layer": int(c["collectives"].max()) if len(over) else 0,
-            "gathered": ", ".join(["hidden_states", *(t.name for t in rules.side_tensors)]),
+            "gathered": ", ".join(rules.gathered),
             "max_capture_size": int(stats.get("max_capture_size", 0)),
             "graph_pad_p50": _pct(c["graph_pad"], 50), "graph_pad_p99": _pct(c["graph_pad"], 99),
             "gather_MB_mean": float(gbytes.mean() / 1e6) if len(over) else None,
@@ -303,9 +303,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default=engines.DEFAULT_MODEL, choices=engines.MODELS,
                     help="the model the engines serve (its router's masking, CUDA graphs, side tensors)")
     ap.add_argument("--graphs", default="auto", choices=("auto", "true", "false"),
-                    help="CUDA graphs for the CP prefill, as the matrix's graphs key (auto: where the engine runs them)")
-    ap.add_argument("--max-capture-size", type=int, default=None, help="the largest capture size (default: each engine's)")
-    ap.add_argument("--experts", type=int, default=256, help="routed experts (router logits' columns; DeepSeek-V3.2: 256)")
+                    help="CUDA graphs for the CP prefill, as the matrix's graphs key (auto: where the engine "
+                         "runs them)")
+    ap.add_argument("--max-capture-size", type=int, default=None,
+                    help="the largest capture size (default: each engine's)")
+    ap.add_argument("--experts", type=int, default=256,
+                    help="routed experts (router logits' columns; DeepSeek-V3.2: 256)")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--hidden-size", type=int, default=7168)
     ap.add_argument("--dtype", default="bfloat16", choices=tuple(ITEMSIZE))
@@ -353,7 +356,7 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     except (WorkloadError, NcclTestsError) as exc:
         raise SystemExit(_usage(str(exc))) from None
     t_draw = time.perf_counter() - t0
-    graphs = {"true": True, "false": False}.get(args.graphs, "auto")
+    graphs = args.graphs  # auto | true | false: Engine.graphs reads the words as the config's values
     rows = []
     for eng, pol in pairs:
         for cp in cps:
@@ -386,7 +389,7 @@ def _engine_meta(rules: engines.Engine, graphs: str | bool, max_capture_size: in
             "attention_padding": "masked" if rules.attn_pad_masked else "processed",
             "moe_padding": "masked" if rules.moe_pad_masked else "processed",
             "cuda_graphs": f"up to {capture} rows per rank" if capture else f"eager: {why or rules.graph_refusal}",
-            "gathered": ["hidden_states", *(t.name for t in rules.side_tensors)]}
+            "gathered": list(rules.gathered)}
 
 
 def _write(out: Path, meta: dict, rows: list[dict], plot_title: str | None) -> None:

@@ -143,12 +143,22 @@ class Engine:
             return 0, (why if graphs is True or graphs == "true" else "")
         return int(max_capture_size if max_capture_size is not None else self.default_max_capture_size), ""
 
+    @property
+    def gathered(self) -> tuple[str, ...]:
+        """What each layer all-gathers: the hidden states, then each side tensor."""
+        return ("hidden_states", *(t.name for t in self.side_tensors))
+
+    def split_len(self, mx: Any, policy: str, cp: int) -> Any:
+        """The split's own padded length for a longest rank of ``mx`` rows,
+        ``ceil_align(mx, split_align)``: ``P`` where the step runs eager."""
+        return ceil_align(mx, self.split_align(policy, cp))
+
     def physical_rows(self, mx: Any, policy: str, cp: int, max_capture_size: int = 0) -> Any:
         """``P`` for a longest rank of ``mx`` rows (scalar or numpy array): the
         smallest capture size at least ``mx`` where the step runs in graphs
-        (an exact fit is its own bucket), else eager at
-        ``ceil_align(mx, split_align)`` (past the largest size too)."""
-        eager = ceil_align(mx, self.split_align(policy, cp))
+        (an exact fit is its own bucket), else eager at :meth:`split_len`
+        (past the largest size too)."""
+        eager = self.split_len(mx, policy, cp)
         sizes = np.asarray(sorted(self.capture_sizes(max_capture_size)) if max_capture_size else [], dtype=np.int64)
         if not len(sizes):
             return eager
@@ -187,7 +197,7 @@ def design_costs(engine: Engine, raw: Any, total: Any, mx: Any, mn: Any, cp: int
     keep = 1 - (refused * 1)  # 0 where the batch runs without CP
     raw, total, mx, mn = raw * keep, total * keep, mx * keep, mn * keep
     phys = engine.physical_rows(mx, policy, cp, max_capture_size) * keep
-    graph = (phys - ceil_align(mx, engine.split_align(policy, cp))) * cp
+    graph = (phys - engine.split_len(mx, policy, cp)) * cp
     zero = raw * 0
     colls = (2 + len(engine.side_tensors)) * keep
 

@@ -32,7 +32,7 @@ from ..communicator import CPLayerCommunicator
 from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
-from ..plan import CPPlan, ceil_align
+from ..plan import CPPlan
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, bitwise_equal, make_shard, padding_content
 
@@ -267,7 +267,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
         if impl.stride(plan) != want_p:
             align = rule.split_align(plan.policy, plan.cp_size)
             how = (f"ceil_align(max n_r = {plan.max_rank_len}, {align})"
-                   if want_p == ceil_align(plan.max_rank_len, align)
+                   if want_p == rule.split_len(plan.max_rank_len, plan.policy, plan.cp_size)
                    else f"the CUDA-graph capture size that holds max n_r = {plan.max_rank_len} "
                         f"(max_capture_size={plan.max_capture_size})")
             rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
@@ -328,9 +328,9 @@ def _gather_router_logits(impl: impl_registry.RoundTripImpl, spec: PointSpec, pl
                  f"{impl.buffer_rows(plan)} rows)")
         return None
     for r, start in enumerate(impl.starts(plan)):
-        n = plan.per_rank_tokens[r]
-        if not bitwise_equal(got[start : start + n], moe.logits(shards[r])):
-            at = _found_at(got, moe.logits(shards[r])) if n else None
+        n, want = plan.per_rank_tokens[r], moe.logits(shards[r])
+        if not bitwise_equal(got[start : start + n], want):
+            at = _found_at(got, want) if n else None
             where = f" (found at row {at})" if at is not None and at != start else ""
             rep.fail("side_tensors", f"router_logits of rank {r} are not at row {start}, where its hidden states "
                      f"are{where}: the experts would route its rows by other rows' logits")

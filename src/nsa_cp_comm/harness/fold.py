@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import engines
 from .. import impls as impl_registry
-from ..plan import CPPlan, ceil_align
+from ..plan import CPPlan
 from .calibrate import CALIBRATION
 from .spec import DTYPES, PointSpec
 from .steps import CONTROL
@@ -145,7 +145,7 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
                                else res.moe_pad_rows if rule.moe_pad_masked else 0)
     res.moe_pad_expert_max_rows = reps[0].get("pad_expert_max")
     # the rows past the split's own padded length, where the step runs in a CUDA-graph bucket
-    eager = ceil_align(plan.max_rank_len, rule.split_align(plan.policy, cp))
+    eager = rule.split_len(plan.max_rank_len, plan.policy, cp)
     res.graph_pad_rows = (impl.stride(plan) - eager) * cp if impl.pads_split and impl.stride(plan) > eager else 0
     if cp > 1:  # with one rank nothing moves: no bandwidth
         res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
