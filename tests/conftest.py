@@ -188,13 +188,16 @@ SLOW: dict[str, str] = {
 # Each entry is a SLOW test (a node id prefix, as there); order by durations
 # (`pytest -m slow --durations=20`).
 LONGEST: tuple[str, ...] = (
-    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[review]",
-    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
+    "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv",
     "tests/app/test_matrix_cli.py::test_ctrl_c",
-    "tests/app/test_conformance.py::test_the_preset_through_the_cli",
+    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[engine_comm]",
+    "tests/project/test_readme_commands.py::test_readme_commands_run_as_written[review]",
+    "tests/app/test_matrix_cli.py::test_smoke_sweep",
+    "tests/app/test_plugins.py::test_what_outside_code_slips_past",
+    "tests/app/test_hardening.py::test_torchrun",
     "tests/harness/test_blame.py::test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was",
-    "tests/harness/test_blame.py::test_timed_forms_that_break_the_ranks_are_diagnosed",
     "tests/project/test_install.py::test_a_wheel_runs_the_app_from_an_empty_folder",
+    "tests/app/test_hostile_sweeps.py::test_a_huge_error_message_leaves_a_resumable_folder",
 )
 
 
