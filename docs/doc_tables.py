@@ -40,6 +40,7 @@ for _path in (REPO / "src", REPO, REPO / "tests"):  # the app runs from the repo
 from matrix.app import help as app_help  # noqa: E402
 from matrix.app import summary  # noqa: E402
 from matrix.review import report  # noqa: E402
+from matrix.scale import plan_classes  # noqa: E402
 from matrix.store import results  # noqa: E402
 from nsa_cp_comm.harness.checks import CHECKS  # noqa: E402
 import reliability_table  # noqa: E402
@@ -93,8 +94,8 @@ COLUMN_MEANING: dict[str, str] = {
     "padded_total": "`m * cp`: the padded gather buffer's rows",
     "padding_frac": "`1 - T / (m * cp)`: the share of the padded buffer that is padding",
     "is_even": "every rank holds the same number of tokens",
-    "plan_class": "the plan's classes, `+`-joined: `even`, `uneven_by_one`, `empty_rank`, `paged_uneven`, "
-                  "`many_short`, `longest_not_first` ([plugins.md](plugins.md#plan-classes))",
+    "plan_class": "the plan's classes, `+`-joined: " + ", ".join(f"`{c}`" for c in plan_classes.CLASSES)
+                  + " ([plugins.md](plugins.md#plan-classes))",
     "claim_holds": "`m * cp == ceil_align(T, cp)`: the cp alignment alone would size the buffer "
                    "([design.md](design.md), section 2)",
     "status": "the row's outcome (table above); readers go by this column, never by `reason`",

@@ -22,7 +22,8 @@ import pytest
 from matrix.review import coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
-from matrix_cli import config_of, run_matrix, sweep_here
+from matrix_cli import compose_config, config_of, run_matrix, sweep_here
+from nsa_cp_comm import engines
 from nsa_cp_comm.plan import plan_split
 from report_rows import append, make_row
 
@@ -67,8 +68,12 @@ def test_each_class_batch_is_that_class_at_every_cp(cp):
         plan = _plan(plan_class, cp)
         found = classify(plan)
         assert plan_class in found, (cp, plan_class, plan.per_rank_tokens, found)
-        assert ("even" in found) == (plan_class == "even"), (cp, plan_class, plan.per_rank_tokens)
+        if plan_class != "bucket_edge":  # the longest shard's rows, even or not
+            assert ("even" in found) == (plan_class == "even"), (cp, plan_class, plan.per_rank_tokens)
         assert plan_classes.label(plan) == "+".join(found)
+    for bystanders in (0, 1):
+        plan = plan_split(batch("bucket_edge", cp, bystanders=bystanders), cp, policy="zigzag")
+        assert max(plan.per_rank_tokens) == plan_classes.bucket_edge(cp, bystanders)
     assert _plan("even", 1).is_even
     with pytest.raises(ValueError, match="plan_class=empty_rank: needs cp_size of at least 2"):
         batch("empty_rank", 1)
@@ -85,7 +90,7 @@ def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
         cfg, plan = p.cfg, p.resolved.plan()
         found = classify(plan)
         # the point's batch is its class's batch at its cp, and the plan is in that class
-        asked = [c for c in CLASSES if cfg["seq_lens"] == batch(c, cfg["cp_size"])]
+        asked = [c for c in CLASSES if cfg["seq_lens"] == batch(c, cfg["cp_size"], bystanders=cfg["bystanders"])]
         assert asked and asked[0] in found, (cfg["cp_size"], cfg["seq_lens"], found)
         by_world.setdefault((cfg["cp_size"], cfg["bystanders"]), set()).update(found)
         assert (cfg["hidden_size"], cfg["iters"]) == (32, 3)
@@ -93,7 +98,63 @@ def test_the_preset_runs_every_class_at_every_cp_and_fits_this_machine():
     assert set(by_world) == {(cp, b) for b in (0, 1) for cp in (2, 3, 4, largest[b])}
     for world, found in by_world.items():
         assert found == set(CLASSES), (world, set(CLASSES) - found)
-    assert len(points) == 6 * len(by_world)
+    assert len(points) == len(CLASSES) * len(by_world)
+
+
+# Where an engine's split never makes a class, or the engine runs such a batch without CP:
+# the point is skipped with the engine's reason (rows that say the class did not run there).
+NOT_IN_SPLIT = {
+    ("vllm_ascend", "longest_not_first"): "contiguous slices: rank 0 is never short",
+    ("vllm_ascend", "paged_uneven"): "no page-aligned split",
+    ("vllm_0_33", "paged_uneven"): "no page-aligned split",
+    ("vllm_0_34", "paged_uneven"): "no page-aligned split",
+    ("sglang_0_5_23", "paged_uneven"): "no page-aligned split",
+    ("sglang_0_5_23", "empty_rank"): "zigzag can_apply refuses requests under 2*cp tokens",
+    ("sglang_0_5_23", "many_short"): "zigzag can_apply refuses requests under 2*cp tokens",
+}
+
+
+@pytest.mark.parametrize("engine", engines.NAMES)
+def test_each_class_is_made_in_the_split_the_engine_makes(engine):
+    """Through the config group, as a point composes it: every class at cp 2
+    to 8 is a plan of that class by the engine's own rules and split (vLLM's
+    DualChunkSwap of the raw lengths, vllm-ascend's contiguous slices), or a
+    point the engine refuses, for the reason the engine has."""
+    rules = engines.get(engine)
+    for plan_class in CLASSES:
+        cfg = compose_config(f"+plan_class={plan_class}", f"engine={engine}")
+        for cp, bystanders in ((cp, b) for cp in range(2, 9) for b in (0, 1)):
+            # the group's values are interpolations, resolved as they are read: per point
+            cfg.cp_size, cfg.bystanders = cp, bystanders
+            policy = "zigzag_page" if cfg.shared_kv else cfg.split
+            where = (engine, cp, plan_class, bystanders, list(cfg.seq_lens), policy)
+            if (engine, plan_class) in NOT_IN_SPLIT:
+                assert rules.refusal(list(cfg.seq_lens), cp, policy), where
+                continue
+            assert policy in rules.strategies and not rules.refusal(list(cfg.seq_lens), cp, policy), where
+            plan = rules.plan(list(cfg.seq_lens), cp, policy=policy, page_size=cfg.page_size)
+            assert plan_class in classify(plan), (where, plan.per_rank_tokens)
+            if plan_class == "bucket_edge":
+                assert max(plan.per_rank_tokens) == plan_classes.bucket_edge(cp, bystanders), where
+
+
+def test_the_preset_crosses_every_graph_bucket_edge_for_vllm():
+    """With vLLM's engine the preset's bucket_edge points put the longest
+    shard at 255, 256, 257, 511, 512 and 513 rows: P is the capture size
+    holding it (256, 256, 272, 512, 512) and, past the largest, the rows
+    themselves (513, eager)."""
+    from matrix.app.preflight import preflight
+
+    points = preflight(["+matrix=conformance", "engine=vllm_0_33", "impl=padded",
+                        "results_dir=/nonexistent/never-written"])
+    edges = {}
+    for p in points:
+        plan, spec = p.resolved.plan(), p.resolved.spec
+        assert not p.resolved.skip or plan.policy == "zigzag_page", (plan.seq_lens, p.resolved.skip)
+        if "bucket_edge" in classify(plan):
+            assert plan.policy == "dual_chunk_swap" and spec.max_capture_size == 512
+            edges[max(plan.per_rank_tokens)] = engines.get("vllm_0_33").physical_len(plan)
+    assert edges == {255: 256, 256: 256, 257: 272, 511: 512, 512: 512, 513: 513}
 
 
 def _cfg(cp: int, plan_class: str, impl: str) -> dict:

@@ -17,6 +17,7 @@ import pytest
 import plugin_tasks
 from matrix_cli import sweep_here
 import vllm_plugin_tasks as tasks
+from matrix.scale import plan_classes
 from nsa_cp_comm import impls
 
 plugin_tasks.on_path(tasks.PLUGIN)
@@ -103,3 +104,23 @@ def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path, monkeypatch,
     assert "rank 1 skipped _ALLGATHER_BASE (already in _REDUCE_SCATTER_BASE)" in bad["reason"], bad["reason"]
     assert rows[("vllm_pcp", "[7]")]["status"] == "ok"
     assert {rows[("padded", lens)]["status"] for lens in ("[1]", "[7]")} == {"ok"}
+
+
+def test_the_conformance_preset_with_vllms_engine_is_ok_on_every_class_vllm_makes(tmp_path, monkeypatch, capsys):
+    """The plug-in author's first command with vLLM's engine, at cp 2: every
+    class is a DualChunkSwap plan of the raw lengths (the page-aligned one,
+    which vLLM has no split for, skipped with vLLM's reason), the plug-in pads
+    to the graph bucket (255 rows to 256) and every row of it is ok."""
+    run = sweep_here(tmp_path / "res", "+matrix=conformance", f"impl={REF},padded", "engine=vllm_0_33",
+                     "+conformance_cp=cp2", "bystanders=0", monkeypatch=monkeypatch, capsys=capsys)
+    rows = run.rows()
+    mine = {r["plan_class"]: r for r in rows if r["impl"] == "vllm_pcp"}
+    assert {c for label in mine for c in label.split("+")} == set(plan_classes.CLASSES), sorted(mine)
+    for label, r in mine.items():
+        if "paged_uneven" in label:
+            assert r["status"] == "skipped" and "has no zigzag_page split" in r["reason"], r["reason"]
+            continue
+        assert (r["policy"], r["status"]) == (DCS, "ok"), (label, r["status"], r["reason"])
+    (edge,) = [r for label, r in mine.items() if "bucket_edge" in label]
+    assert (edge["max_rank_len"], edge["graph_pad_rows"]) == ("255", "2"), edge  # one row on each of 2 ranks
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
