@@ -230,7 +230,7 @@ def cli_doc(case: CliCase) -> str:
 
 @dataclass(frozen=True)
 class FileCase:
-    command: str  # "plans", "report", "compare" or "matrix" (python -m matrix.COMMAND / python -m matrix)
+    command: str  # "plans", "report", "compare" or "matrix" (python -m matrix.<command> / python -m matrix)
     args: tuple[str, ...]  # {tmp} is the test's folder; files made by ``setup``
     doc: str  # the input, as the document states it
     expect: str  # the one stderr line

@@ -1,6 +1,6 @@
 """Bounds from the machine: what a sweep will cost, checked before it runs.
 
-:func:`estimate` puts figures on a resolved point (matrix.resolve): rank
+:func:`estimate` puts figures on a resolved point (matrix.app.resolve): rank
 processes, memory per rank, seconds on the machine's device;
 :func:`check_sweep` refuses, in one line naming the key, the estimate and the
 limit, a sweep beyond the machine (nsa_cp_comm.harness.machine): more rank
@@ -221,7 +221,7 @@ def _over(key: str, estimate: str, limit: str) -> ConfigError:
 
 def _starts(ests: Sequence[Estimate]) -> list[Estimate]:
     """The points that start ranks: the first, and each whose world differs
-    from the previous point's (matrix.point keeps one warm pool at a time)."""
+    from the previous point's (matrix.app.point keeps one warm pool at a time)."""
     return [e for i, e in enumerate(ests) if i == 0 or e.world != ests[i - 1].world]
 
 
@@ -284,7 +284,7 @@ def check_sweep(points: Sequence[Resolved], *, runs_here: bool, machine: Machine
     start or more memory than it has (host, or GPU), or a sweep estimated to
     run longer than :data:`MAX_SWEEP_S` here. Points with ``force=true`` are
     not checked. With a remote launcher (``runs_here=False``; the points
-    resolved by matrix.resolve.resolve_remote) only a rank's buffers beyond
+    resolved by matrix.app.resolve.resolve_remote) only a rank's buffers beyond
     any node are refused; the job checks its own node."""
     todo = [p for p in points if not p.force]
     if not todo:

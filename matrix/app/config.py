@@ -7,7 +7,7 @@ before anything starts, and by the point itself (a job on a cluster node);
 :func:`validate_value` is its per-key part, also applied to each value of a
 command line before Hydra composes anything, so a bad value reads as one line
 instead of Hydra's traceback. Both raise :class:`ConfigError`, whose message is
-one line naming the key and the value. matrix.resolve.resolve then turns a valid
+one line naming the key and the value. matrix.app.resolve.resolve then turns a valid
 config into the frozen spec the ranks run.
 """
 
@@ -68,7 +68,7 @@ class MatrixConfig:
     seed: int = 0
     flush_l2: bool = False
     timeout_s: float = 120.0  # per point, once its ranks are up
-    # null: from the point's world and this machine (matrix.budget.startup_timeout_s)
+    # null: from the point's world and this machine (matrix.app.budget.startup_timeout_s)
     startup_timeout_s: Optional[float] = None
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
@@ -76,7 +76,7 @@ class MatrixConfig:
     # pass a sweep where an outside implementation ran nothing, or no uneven plan, at some cp
     allow_skipped: bool = False
     # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
-    # batches (matrix.workload.expand_argv); recorded in each row, not in the point's identity
+    # batches (matrix.scale.workload.expand_argv); recorded in each row, not in the point's identity
     workload: Optional[Any] = None
     # conf/engine/NAME: the serving engine whose split and padding the plan follows (nsa_cp_comm.engines)
     engine: str = "seed_fix"
@@ -106,7 +106,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "shared_expert": SHARED_EXPERTS,
 }
 # Every int key's range: far beyond any real point, but not past what the
-# machine can represent or start (machine-dependent bounds: matrix.budget).
+# machine can represent or start (machine-dependent bounds: matrix.app.budget).
 INT_RANGES: dict[str, tuple[int, int]] = {
     "cp_size": (1, 1024),
     "bystanders": (0, 1024),
@@ -484,7 +484,7 @@ def register_resolvers() -> None:
 
 
 # Registered on import: a launcher's job (e.g. a SLURM node) imports this
-# module through matrix.point before anything resolves the config.
+# module through matrix.app.point before anything resolves the config.
 register_resolvers()
 # --- end cluster launchers ---
 

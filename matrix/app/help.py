@@ -2,7 +2,7 @@
 
 Every key with its default, its range or choices and what it means; the
 presets and layouts found in conf/ with the first line of their comment; the
-``+matrix=NAME`` form. Built from :class:`matrix.config.MatrixConfig` and the
+``+matrix=NAME`` form. Built from :class:`matrix.app.config.MatrixConfig` and the
 validation tables, so it cannot disagree with what the app accepts. Hydra's
 own help stays at ``--hydra-help``.
 """

@@ -89,7 +89,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit,
     every value quoted for Hydra and the shell) into a fresh results_dir,
     naming the app as it runs now (:func:`matrix.command`), after the
-    environment the point needs (matrix.repro_env: ``env PYTHONPATH=... K=V``,
+    environment the point needs (matrix.app.repro_env: ``env PYTHONPATH=... K=V``,
     with the directory an outside implementation was imported from).
     Provenance only: neither ``point_id`` nor resume reads it."""
     parts = [*env_prefix(str(cfg["impl"])), *command()]
@@ -102,7 +102,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
 
 
 def environment() -> dict[str, Any]:
-    """This process's run (matrix.runs): its ``run_id`` and what is the same
+    """This process's run (matrix.store.runs): its ``run_id`` and what is the same
     for every row it writes. Computed once per process; a forked child that
     writes rows is a run of its own."""
     return _environment(os.getpid())

@@ -3,14 +3,14 @@
 Hydra composes a job's config only when the job starts, so a value that is
 fine alone but wrong with another key (``align=3`` with ``cp_size=2``), a
 point this machine cannot run (``backend=nccl`` with more ranks than GPUs), a
-sweep beyond the machine's memory or time (matrix.budget) or a results file of
+sweep beyond the machine's memory or time (matrix.app.budget) or a results file of
 another schema would otherwise surface mid-sweep, after other points wrote
 rows. :func:`points` expands the sweep as Hydra's basic sweeper does (the
 cartesian product of every swept key, in command-line order, through Hydra's
 public override parser; one compose per distinct choice of config groups;
 plain keys set on a copy, as Hydra applies them after the defaults) and
-:func:`preflight` resolves each once (matrix.resolve) and runs
-:func:`matrix.point.run`'s checks on it: the sweep fails in one line, with
+:func:`preflight` resolves each once (matrix.app.resolve) and runs
+:func:`matrix.app.point.run`'s checks on it: the sweep fails in one line, with
 nothing written. With a remote launcher (``hydra/launcher=slurm``) the
 machine checks are left to the job, on the machine that runs the point.
 """
@@ -228,7 +228,7 @@ def composed_once(points: list[Point]) -> Iterator[None]:
 
 def check_machine(points: list[Point]) -> None:
     """Refuse (ConfigError, one line) a sweep beyond the machine its points run
-    on: this one, or with a remote launcher what no node holds (matrix.budget)."""
+    on: this one, or with a remote launcher what no node holds (matrix.app.budget)."""
     if points:
         from .budget import check_sweep
 

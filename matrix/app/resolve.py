@@ -4,8 +4,8 @@
 with so many GPUs (backend, device, split policy, page size, mode, the
 implementations ``impl`` names) and builds the frozen spec the ranks run.
 Preflight resolves every point of a sweep once; the budget
-(matrix.budget) estimates from the result, the dry run prints it and the point
-(matrix.point) runs it. This module imports neither of them.
+(matrix.app.budget) estimates from the result, the dry run prints it and the point
+(matrix.app.point) runs it. This module imports neither of them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Resolved:
     page_size: int  # the page size the plan uses (1 unless zigzag_page)
     skip: str  # non-empty: the point is skipped, for this reason
     spec: PointSpec
-    force: bool = False  # force=true: the machine checks (matrix.budget) leave the point out
+    force: bool = False  # force=true: the machine checks (matrix.app.budget) leave the point out
 
     def plan(self) -> CPPlan:
         return self.spec.plan()

@@ -6,7 +6,7 @@ points preflight expanded: it is the same whichever launcher ran the points
 a row counts as ``missing``. The exit code is 1 when any point is failed,
 error, timeout or missing, or when an implementation from outside the
 project ran no plan, or no uneven plan, at a cp of the sweep
-(matrix.coverage: a plug-in that skips everything is no pass; each such gap
+(matrix.review.coverage: a plug-in that skips everything is no pass; each such gap
 is a line after the summary, and ``allow_skipped=true`` lets it exit 0),
 else 0. Timed rows with too few samples for compare to flag a change (iters
 below MIN_SAMPLES) are named on a line of their own: compare, not the sweep,
@@ -71,7 +71,7 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
               ) -> tuple[Counter[str], list[str], list[tuple[str, str]]]:
     """``points``: (config, point_id). Counts of the points' latest rows by
     status, read from the results files, the results files read, and the
-    coverage gaps of outside implementations (matrix.coverage.gap_lines);
+    coverage gaps of outside implementations (matrix.review.coverage.gap_lines);
     counts of points (a point: a configuration, its impls apart, so that a
     sweep over impls, a job per point and impl, counts each point once):
     ``points``, ``missing`` (points with a job that wrote no row) and

@@ -3,7 +3,7 @@
 Thin on purpose: preflight expands and checks every point before Hydra starts
 (one line and exit 2 for a bad value), ``--dry-run`` lists the points and
 their estimated cost without starting a rank, each job runs one point
-(matrix.point), and the closing summary is read back from the results files:
+(matrix.app.point), and the closing summary is read back from the results files:
 exit 1 when a point failed, errored, timed out or wrote no row, else 0.
 """
 

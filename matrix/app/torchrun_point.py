@@ -6,9 +6,9 @@
 Run the same command on every node of the allocation. Not a Hydra app (torchrun
 starts one process per rank; a Hydra app would sweep in each of them): it takes
 ``python -m matrix``'s ``key=value`` overrides for ONE point, composes and
-checks them the same way (matrix.config, matrix.preflight), and runs
+checks them the same way (matrix.app.config, matrix.app.preflight), and runs
 :func:`nsa_cp_comm.harness.measure.point_on_rank` on every rank (``cp_size`` must be
-torchrun's world size). Rank 0 appends the rows with matrix.point's code.
+torchrun's world size). Rank 0 appends the rows with matrix.app.point's code.
 
 torchrun owns the processes, so failures are handled here, never by hanging:
 every rank runs the point in a thread and waits at most ``timeout_s``; each

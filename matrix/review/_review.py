@@ -4,7 +4,7 @@ Both tools take a results argument (a results directory or a CSV file), load it
 into a DataFrame of strings, keep one row per point (the last in file order),
 and report bad input as one line with exit code 2. Nothing here writes files.
 
-Each file is read by its layout (matrix.runs.layout_version): whatever the
+Each file is read by its layout (matrix.store.runs.layout_version): whatever the
 layout, the frame has the same columns (:data:`READ_COLUMNS`): a row of
 layout 3 gets its run's environment joined from ``runs.jsonl`` by
 ``run_id``; a row of layout 2 carries it already; a row of layout 1 also
@@ -227,7 +227,7 @@ class _File:
 
 
 def join_runs(frame: pd.DataFrame, runs: Runs, columns: Iterable[str]) -> dict[str, int]:
-    """Give each row of ``frame`` the ``columns`` (fields of matrix.runs.META_COLUMNS)
+    """Give each row of ``frame`` the ``columns`` (fields of matrix.store.runs.META_COLUMNS)
     of the run its ``run_id`` names, as text; empty where that run has no line.
     Returns the rows of each run_id that has no line."""
     ids = frame["run_id"].astype(str).str.strip()
@@ -287,7 +287,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         runs = read_runs(path.parent) if layout >= 3 else Runs()
     except inputs.BadInputFile as exc:
         raise InputError(f"{where}: {exc}") from None
-    # How a file of each layout (matrix.runs.layout_version) becomes rows of READ_COLUMNS: layout 1 was written
+    # How a file of each layout (matrix.store.runs.layout_version) becomes rows of READ_COLUMNS: layout 1 was written
     # before refused/passthrough, layout 2 carries the environment in its rows, 3 and on join it from runs.jsonl.
     if layout == 1 and len(frame):
         file.upgraded = _statuses_of_layout_1(frame)

@@ -10,7 +10,7 @@ gate trips (:data:`GATES`: missing, status worse, failing in NEW, correctness
 lost, regressed, unverified), else 0; 2 on bad input (one line). A row
 regresses when it is worse by more than ``--fail-above`` **and** beyond the
 noise: a one-sided Mann-Whitney U test of NEW's per-iteration samples against
-BASE's (matrix.samples), Benjamini-Hochberg at false discovery rate 1% over
+BASE's (matrix.store.samples), Benjamini-Hochberg at false discovery rate 1% over
 the rows tested (nsa_cp_comm.harness.significance), or where neither run kept
 samples, worse by more than the rows' spread. What each gate asks, the
 default metric (:data:`PAIRED`) and the smoke preset's exception: docs/review.md.

@@ -1,4 +1,4 @@
-"""Plan coverage: which plan classes (matrix.plan_classes) each
+"""Plan coverage: which plan classes (matrix.scale.plan_classes) each
 implementation ran at each cp, and the gaps of an implementation from
 outside the project (:func:`gaps`): a cp of the sweep where it ran no plan,
 or no uneven plan (its bugs in uneven shards cannot have shown

@@ -36,7 +36,7 @@ from .side_by_side import group_keys
 LATENCY_PNG = "roundtrip_latency.png"
 PADDING_PNG = "padding_frac.png"
 BUSBW_PNG = "busbw.png"
-COMMON = "_common"  # matrix.report.COMMON: a point every impl of its cp size was timed at
+COMMON = "_common"  # matrix.review.report.COMMON: a point every impl of its cp size was timed at
 
 # Filled-capable markers only: the bandwidth plot draws each one hollow too.
 MARKERS = "osD^vP*h"

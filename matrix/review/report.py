@@ -6,11 +6,11 @@ RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
 CSV (or into the directory given, when several were concatenated), or into
 ``--out``; report.md is also printed. What report.md says, in which order, and
-the like-with-like rule (matrix.side_by_side): docs/review.md.
+the like-with-like rule (matrix.review.side_by_side): docs/review.md.
 
 report.json is the source of truth: every table as records with the points
 its figures cover; report.md and the appendix are rendered from it
-(matrix.report_doc). A section is a function of the typed rows and what is
+(matrix.review.report_doc). A section is a function of the typed rows and what is
 derived from them once (:class:`Derived`) returning a :class:`Part`: lines and
 tables (:func:`_head`, :func:`_whole`) for report.md and for the appendix.
 
@@ -69,7 +69,7 @@ STATUS_MEANING: dict[str, str] = {
     "passthrough": "SCATTERED mode: the communicator moves nothing; rows checked untouched, nothing timed.",
 }
 
-# Per row, or joined from the run each row names (matrix.runs): the same either way.
+# Per row, or joined from the run each row names (matrix.store.runs): the same either way.
 ENV_FIELDS = ("torch_version", "nccl_version", "python_version", "nsa_cp_comm_version", "host", "device_name",
               "backend", "device", "git_sha", "impl_origin")
 # What the appendix lists of each run that wrote the rows.
@@ -897,7 +897,7 @@ def _missed_targets(run: Run, df: pd.DataFrame) -> str:
 
 def build(run: Run, model=None, reference: str = DEFAULT_REFERENCE) -> tuple[dict, dict[str, bytes]]:
     """(the report's document, PNG bytes by file name), all in memory.
-    ``model``: a matrix.nccl_tests.Model, for the predicted-beside-measured section."""
+    ``model``: a matrix.scale.nccl_tests.Model, for the predicted-beside-measured section."""
     df = prepare(run)
     reference = next((kept for kept, names in df.attrs["merged"].items() if reference in names), reference)
     doc = render(run, df, model, reference)

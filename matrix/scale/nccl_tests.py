@@ -107,7 +107,7 @@ def _nranks(path: Path, config: object) -> int:
 def read(path: Path | str) -> Curve:
     """One nccl-tests JSON file as a :class:`Curve`; NcclTestsError (one line) otherwise."""
     path, label = Path(path), f"--nccl-tests={path}"
-    # read as matrix.inputs reads every input: a regular file of at most MAX_BYTES (a FIFO
+    # read as matrix.store.inputs reads every input: a regular file of at most MAX_BYTES (a FIFO
     # or /dev/zero refused, not waited on), nesting and numbers bounded
     data = inputs.loads_json(inputs.read_bytes(path, label, MAX_BYTES, NcclTestsError), label, NcclTestsError)
     if not isinstance(data, dict) or not isinstance(data.get("results"), list) or not data["results"]:

@@ -217,7 +217,7 @@ def class_split(plan_class: str, cp_size: int, *, engine: str = "seed_fix", byst
 
 def largest_cp(bystanders: int = 0) -> int:
     """The largest cp up to :data:`LARGEST_CP` whose world (cp plus
-    ``bystanders``) this machine may start (matrix.budget's rank limit)."""
+    ``bystanders``) this machine may start (matrix.app.budget's rank limit)."""
     from nsa_cp_comm.harness.machine import this_machine
 
     return max(1, min(LARGEST_CP, this_machine().max_ranks - int(bystanders)))
@@ -242,7 +242,7 @@ def _class_split(plan_class: Any, cp: Any, *, _root_: Any) -> str:
                        bystanders=_bystanders(_root_))
 
 
-# The config's resolvers of plan classes (matrix.config.register_resolvers registers them):
+# The config's resolvers of plan classes (matrix.app.config.register_resolvers registers them):
 # ``${matrix.plan_lens:CLASS,CP}`` and ``${matrix.class_split:CLASS,CP}`` (conf/plan_class/*.yaml: the
 # batch, in the split the point's engine makes it in) and ``${matrix.largest_cp:}``
 # (conf/conformance_cp/largest.yaml). Each reads the point's own engine, split, shared_kv and

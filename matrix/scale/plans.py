@@ -23,7 +23,7 @@ nothing: it is counted in ``refused_frac`` and left out of the overheads. The
 plot draws mean and p99 overhead against cp per design. With ``--nccl-tests``
 JSON files, each design's predicted collective time per layer is added (a
 model: nccl-tests' figures interpolated at the design's bytes,
-matrix.nccl_tests).
+matrix.scale.nccl_tests).
 
 Bad input: one line naming the option and value, exit 2.
 """

@@ -234,7 +234,7 @@ def _trace_path(path: str) -> Path:
 def read_trace(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """``(lens, sizes)`` of a CSV trace: a header with ``seq_len`` (and
     optionally ``batch``), one request a line. Raises WorkloadError naming the
-    file, the line and the value. The file is read as matrix.inputs reads
+    file, the line and the value. The file is read as matrix.store.inputs reads
     every input (a regular file of at most :data:`TRACE_BYTES_MAX` bytes,
     a byte-order mark read past). A batch id that comes back after other
     batches gathers its requests into one batch, in file order (one note

@@ -6,7 +6,7 @@ moment leaves only whole rows, and parallel sweeps into one directory do not
 interleave. A write that fails (disk full) is undone; a torn last line left
 by anything else is set aside before the next append. Each row names the
 run that wrote it (``run_id``); the run's versions, host and machine are one
-line of ``runs.jsonl`` beside the table (matrix.runs), written under the same
+line of ``runs.jsonl`` beside the table (matrix.store.runs), written under the same
 lock before the run's first row.
 """
 
@@ -61,7 +61,7 @@ PLAN_COLUMNS: tuple[str, ...] = (
     "is_even", "plan_class", "claim_holds",
 )
 
-# What each status means: matrix.report.STATUS_MEANING (docs/columns.md renders
+# What each status means: matrix.review.report.STATUS_MEANING (docs/columns.md renders
 # it with these classes).
 STATUS_VALUES: tuple[str, ...] = ("ok", "failed", "error", "timeout", "skipped", "refused", "passthrough")
 GOOD_STATUSES: tuple[str, ...] = ("ok", "refused", "passthrough")
@@ -92,7 +92,7 @@ TIMING_COLUMNS: tuple[str, ...] = (
 
 # Where a row came from. What is the same for every row of one process (versions,
 # host, git sha, machine, command) is not here: it is the run's line in
-# runs.jsonl, which ``run_id`` names (matrix.runs). device_name varies with the
+# runs.jsonl, which ``run_id`` names (matrix.store.runs). device_name varies with the
 # point's device, so it stays in the row.
 PROVENANCE_COLUMNS: tuple[str, ...] = (
     "impl_origin", "device_name", "timestamp", "wall_s", "point_id", "overrides", "repro", "run_id",
@@ -419,7 +419,7 @@ def append_rows(results_dir: str | os.PathLike[str], rows: list[Mapping[str, obj
     The header is written with the first rows. Every row must use only schema
     columns (a typo raises before anything is written). Under an exclusive
     lock: a file of another schema raises SchemaError, untouched; ``run``'s
-    metadata (matrix.runs) goes into runs.jsonl unless this process put it
+    metadata (matrix.store.runs) goes into runs.jsonl unless this process put it
     there already, and each row gets its ``run_id``; a torn last line is set
     aside (:func:`_mend_tail`, one warning line on stderr); the rows go in
     one ``write(2)``. A failed write (disk full, a short write) raises

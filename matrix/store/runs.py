@@ -6,7 +6,7 @@ folder. What is the same for every row of one process (the versions, the
 host, the git sha, the machine, the command line) is written once, as one
 JSON line of ``runs.jsonl`` beside ``results.csv``; each row names its line
 by ``run_id``. The line goes in before the process's first row, under the
-results file's lock (``matrix.results.append_rows``), so no row names a run
+results file's lock (``matrix.store.results.append_rows``), so no row names a run
 that has no line, and parallel writers never interleave.
 
 Readers tell a results.csv's layout by its header (:func:`layout_version`):

@@ -214,7 +214,7 @@ def gpus() -> tuple[int, float]:
 
     Read once per process: the devices a process sees do not change while it
     runs (CUDA fixes them as it starts), and a sweep resolves every point
-    against them (matrix.resolve)."""
+    against them (matrix.app.resolve)."""
     import torch
 
     if not torch.cuda.is_available():
