@@ -325,10 +325,11 @@ def _check_impl(value: object) -> None:
     """``impl``: a keyword, a registered name, or package.module:attribute
     (imported here, so a bad reference is one line before any rank starts)."""
     from nsa_cp_comm import impls
+    from nsa_cp_comm.origins import is_reference
 
     if not isinstance(value, str) or not value:
         raise _fail("impl", value, "must be both, all, an implementation name or package.module:attribute")
-    if value == "all" or (value not in IMPL_KEYWORDS and ":" not in value and value not in impls.REGISTRY):
+    if value == "all" or (value not in IMPL_KEYWORDS and not is_reference(value) and value not in impls.REGISTRY):
         try:
             impls.discover()  # an installed plugin that cannot load: one line naming its entry point
         except impls.ImplError as exc:
@@ -338,7 +339,7 @@ def _check_impl(value: object) -> None:
     try:
         impls.get(value)
     except ValueError as exc:
-        if ":" in value:
+        if is_reference(value):
             raise ConfigError(str(exc)) from None
         names = ", ".join((*IMPL_KEYWORDS, *impls.REGISTRY))
         raise _fail("impl", value, f"must be one of {names}, or package.module:attribute") from None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nsa_cp_comm import engines
+from nsa_cp_comm.origins import is_reference
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
 
@@ -187,12 +188,12 @@ def declared_name(name: str) -> str:
 
     from .config import IMPL_KEYWORDS
 
-    if ":" not in name:
+    if not is_reference(name):
         return name
     try:
         impl = impls.get(name)
         declared = impls.DECLARED.get(name, "")
-        if not declared or ":" in declared or declared != declared.strip() or declared in impls.BUILTIN \
+        if not declared or is_reference(declared) or declared != declared.strip() or declared in impls.BUILTIN \
                 or declared in IMPL_KEYWORDS:
             return name
         impls.discover()

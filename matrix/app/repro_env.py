@@ -27,6 +27,8 @@ import sys
 import sysconfig
 from collections.abc import Mapping
 
+from nsa_cp_comm.origins import REFERENCE_SEP, is_reference
+
 PREFIXES: tuple[str, ...] = ("NSA_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "OMP_", "MKL_")
 NAMES: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "PYTHONPATH")
 USER_VAR = "NSA_REPRO_ENV"  # more variables a repro carries, e.g. NSA_REPRO_ENV=MY_ENGINE_FLAGS,HF_HOME
@@ -74,8 +76,8 @@ def plugin_module(impl: str) -> str | None:
     """The module an outside implementation comes from: ``package.module`` of
     a ``package.module:attribute`` reference, or an entry point's module;
     None for the project's own implementations and keywords."""
-    if ":" in impl:
-        return impl.partition(":")[0]
+    if is_reference(impl):
+        return impl.partition(REFERENCE_SEP)[0]
     from nsa_cp_comm import impls
 
     value = impls.ENTRY_POINT_OF.get(impl)

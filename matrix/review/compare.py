@@ -31,7 +31,7 @@ from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_beside
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
-from .coverage import BUILTIN_ORIGIN
+from nsa_cp_comm.origins import clean, is_outside, is_reference
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -170,16 +170,16 @@ def declared_names(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame,
     def names(frame: pd.DataFrame) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for impl, origin in zip(frame["impl"].astype(str), frame["origin"].astype(str)):
-            if origin and origin != "nan" and not origin.startswith(BUILTIN_ORIGIN):
-                out.setdefault(origin, set()).add(impl)
+            if clean(origin) and is_outside(impl, origin):
+                out.setdefault(clean(origin), set()).add(impl)
         return out
 
     def renamed(frame: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
         mine, theirs = names(frame), names(other)
         mapping = {}
         for origin, here in mine.items():
-            plain = {n for n in theirs.get(origin, set()) if ":" not in n}
-            refs = {n for n in here if ":" in n and n not in theirs.get(origin, set())}
+            plain = {n for n in theirs.get(origin, set()) if not is_reference(n)}
+            refs = {n for n in here if is_reference(n) and n not in theirs.get(origin, set())}
             if len(plain) == 1 and len(refs) == 1 and not (plain & here):
                 mapping[refs.pop()] = plain.pop()
         return frame.assign(impl=frame["impl"].astype(str).map(lambda n: mapping.get(n, n))) if mapping else frame

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from nsa_cp_comm.origins import is_outside
+
 from .. import command, doc_url
 from ..scale.plan_classes import CLASSES, SEPARATOR, UNEVEN
 
@@ -25,8 +27,6 @@ if TYPE_CHECKING:  # the sweep's summary calls gaps() without pandas
     import pandas as pd
 
 CONFORMANCE = "+matrix=conformance"
-# The origin of the project's own implementations (nsa_cp_comm.impls.origin): "nsa_cp_comm VERSION".
-BUILTIN_ORIGIN = "nsa_cp_comm "
 
 
 def plan_classes(df: pd.DataFrame) -> pd.Series:
@@ -62,19 +62,11 @@ def _classify(policy: str, cp: str, page: str, align: str, seq_lens: str) -> str
     return label(plan)
 
 
-def is_outside(impl: object, origin: object) -> bool:
-    """Whether a row's implementation is from outside the project (a plug-in,
-    by reference or entry point): its origin is not nsa_cp_comm's own."""
-    text = "" if origin is None else str(origin).strip()
-    if text.lower() == "nan":
-        text = ""
-    return not text.startswith(BUILTIN_ORIGIN) and (text != "" or ":" in str(impl))
+def outside(df: pd.DataFrame, origin_column: str = "impl_origin") -> pd.Series:
+    """Rows of implementations from outside the project (:func:`nsa_cp_comm.origins.is_outside`)."""
+    import pandas as pd
 
-
-def outside(df: pd.DataFrame) -> pd.Series:
-    """Rows of implementations from outside the project (:func:`is_outside`)."""
-    origin = df["impl_origin"].astype(object).fillna("").astype(str).str.strip()
-    return ~origin.str.startswith(BUILTIN_ORIGIN) & (origin.ne("") | df["impl"].astype(str).str.contains(":"))
+    return pd.Series([is_outside(i, o) for i, o in zip(df["impl"], df[origin_column])], index=df.index, dtype=bool)
 
 
 # What a gap is.

@@ -46,6 +46,7 @@ from .alternatives import (
     sumlen_scatter,
 )
 from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
+from .origins import is_reference, own
 from .plan import CPPlan
 from .production import (
     Production,
@@ -64,12 +65,6 @@ LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
 # ``P`` from the plan's engine), as an engine that pads at the split keeps it.
 SHARDS: tuple[str, ...] = ("rows", "padded")
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
-
-
-def _own_origin() -> str:
-    from . import __version__
-
-    return f"nsa_cp_comm {__version__}"
 
 
 @dataclass(frozen=True)
@@ -514,7 +509,7 @@ def get(name: str) -> Impl:
     ``module:attribute`` reference. Raises ImplError (one line) otherwise."""
     if name in REGISTRY:
         return REGISTRY[name]
-    if ":" in name:
+    if is_reference(name):
         impl = load_reference(name)
         REGISTRY[name] = impl
         return impl
@@ -525,10 +520,10 @@ def get(name: str) -> Impl:
 
 
 def origin(impl: Impl) -> str:
-    return impl.origin or _own_origin()
+    return impl.origin or own()
 
 
 def all_of_mode(mode: str) -> tuple[str, ...]:
     """Every registered implementation (built-in and discovered) of ``mode``."""
     discover()
-    return tuple(n for n, impl in REGISTRY.items() if impl.mode == mode and ":" not in n)
+    return tuple(n for n, impl in REGISTRY.items() if impl.mode == mode and not is_reference(n))

@@ -23,7 +23,7 @@ from matrix.review import coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
 from matrix_cli import compose_config, config_of, run_matrix, sweep_here
-from nsa_cp_comm import engines
+from nsa_cp_comm import engines, origins
 from nsa_cp_comm.plan import plan_split
 from report_rows import append, make_row
 
@@ -357,6 +357,6 @@ def test_an_entry_point_plugin_is_outside_though_its_name_has_no_colon():
     """A plug-in installed by entry point is named without ``module:attr``; its origin (its
     distribution) says it is not the project's, and its gaps are reported as any plug-in's."""
     assert coverage.is_outside("engine_comm", "engine-comm 0.1.0")
-    assert not coverage.is_outside("padded", coverage.BUILTIN_ORIGIN + " 0.1.0")
+    assert not coverage.is_outside("padded", origins.own())
     rows = [_cov_row("engine_comm", 2, "ok", "even", origin="engine-comm 0.1.0")]
     assert coverage.gaps(rows) == [("engine_comm", 2, coverage.NO_UNEVEN, "")]

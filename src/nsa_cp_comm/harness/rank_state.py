@@ -174,8 +174,10 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
                           if not attr.startswith("__") and inspect.isfunction(member)]
     impls = sys.modules.get("nsa_cp_comm.impls")
     if impls is not None:
+        from .. import origins
+
         found += [(f"nsa_cp_comm.impls.REGISTRY[{name!r}]", impls.REGISTRY, name, impl)
-                  for name, impl in list(impls.REGISTRY.items()) if impls.origin(impl) == impls._own_origin()]
+                  for name, impl in list(impls.REGISTRY.items()) if impls.origin(impl) == origins.own()]
     return found
 
 
