@@ -13,6 +13,8 @@ Each table has one home, the code that uses it; the docs quote it between
   others' from :data:`COLUMN_MEANING` below;
 * ``checks`` (docs/design.md): every ``failed_check`` name and what passing it
   proves (``nsa_cp_comm.harness.checks.CHECKS``);
+* ``verdict_tests`` (docs/design.md): every verdict with the test that breaks the
+  thing checked and the one that breaks the checker (``tests/verdicts.py``);
 * ``reliability_*`` (RELIABILITY.md): the bad inputs, faults and bounds the
   hardening tests run, from their home ``tests/reliability_table.py`` (``TABLES``).
 
@@ -44,9 +46,11 @@ from matrix.scale import plan_classes  # noqa: E402
 from matrix.store import results  # noqa: E402
 from nsa_cp_comm.harness.checks import CHECKS  # noqa: E402
 import reliability_table  # noqa: E402
+import verdicts  # noqa: E402
 
 DOCS = {"statuses": REPO / "docs" / "columns.md", "columns": REPO / "docs" / "columns.md",
-        "checks": REPO / "docs" / "design.md", **dict.fromkeys(reliability_table.TABLES, REPO / "RELIABILITY.md")}
+        "checks": REPO / "docs" / "design.md", "verdict_tests": REPO / "docs" / "design.md",
+        **dict.fromkeys(reliability_table.TABLES, REPO / "RELIABILITY.md")}
 BLOCK = re.compile(r"(<!-- tables:(\w+) -->\n)(.*?)(<!-- /tables -->)", re.S)
 
 # The schema's groups of columns, in file order: (tuple in matrix.store.results,
@@ -195,7 +199,18 @@ def checks_table() -> str:
     return "\n".join(lines)
 
 
-RENDER = {"statuses": statuses_table, "columns": columns_table, "checks": checks_table, **reliability_table.TABLES}
+def verdict_tests_table() -> str:
+    def cell(node: str) -> str:
+        path, _, name = node.partition("::")
+        return f"`{path.removeprefix('tests/')}::{name}`"
+
+    lines = ["| verdict | the thing broken | the checker broken |", "| --- | --- | --- |"]
+    lines += [f"| `{v}` | {cell(thing)} | {cell(checker)} |" for v, (thing, checker) in verdicts.VERDICTS.items()]
+    return "\n".join(lines)
+
+
+RENDER = {"statuses": statuses_table, "columns": columns_table, "checks": checks_table,
+          "verdict_tests": verdict_tests_table, **reliability_table.TABLES}
 
 
 def rendered(text: str) -> str:

@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
+from examples.field_bugs.bugs import packed_side
+
 import nsa_cp_comm.harness.checks as checks
 from nsa_cp_comm import alternatives, impls, moe
 from nsa_cp_comm.collectives import all_gather_into, reduce_scatter_into
@@ -868,23 +870,8 @@ short_on_one_rank = RoundTripImpl("short_on_one_rank", _drops_a_row_on_rank_1, p
 
 
 # --- side_tensors: the router logits gathered in another layout than the rows ------------------
-def _packed_side(tensor, plan, group):
-    # Mistake (vllm-ascend #16834): the side tensor gathered packed (rank r's rows at sum(n_<r)) while
-    # the hidden states are gathered rank-major padded (rank r at r*m): the same on even plans only.
-    cp, m = plan.cp_size, plan.max_rank_len
-    block = tensor.new_zeros((m, tensor.shape[1]))
-    block[: tensor.shape[0]] = tensor
-    received = tensor.new_empty((m * cp, tensor.shape[1]))
-    all_gather_into(received, block, group)
-    out = tensor.new_zeros((m * cp, tensor.shape[1]))
-    at = 0
-    for r, n in enumerate(plan.per_rank_tokens):
-        out[at : at + n] = received[r * m : r * m + n]
-        at += n
-    return out
-
-
-side_packed = dataclasses.replace(_PADDED, gather_side=_packed_side,
+# The mistake (vllm-ascend #16834), as the field bugs' catalog writes it: the logits gathered packed.
+side_packed = dataclasses.replace(_PADDED, gather_side=packed_side,
                                   doc="padded whose router logits are gathered packed, its rows padded")
 # Mistake: the side tensor handed back as this rank's own, never gathered.
 side_not_gathered = dataclasses.replace(_PADDED, gather_side=lambda tensor, plan, group: tensor,

@@ -151,7 +151,12 @@ SLOW: dict[str, str] = {
     "tests/app/test_summary.py::test_the_console_the_summary_and_the_report_count_the_same_points": "the conformance "
         "preset through the CLI: its dry run, a sweep and its report",
     "tests/app/test_declared_names.py::test_rows_console_and_resume_of_a_plugin_by_reference": "two sweeps",
-    "tests/project/test_bench.py": "the benchmark as a user runs it, in fresh interpreters",
+    "tests/project/test_bench.py::test_bench_quick_runs": "the benchmark as a user runs it, in a fresh interpreter",
+    "tests/project/test_bench.py::test_a_broken_padded_path_exits_1": "the benchmark run, broken, in a fresh "
+                                                                     "interpreter",
+    "tests/project/test_bench.py::test_a_rank_that_raises_exits_1": "the benchmark run in a fresh interpreter",
+    "tests/project/test_bench.py::test_a_slow_padded_path_fails_the_gate": "the benchmark run twice in fresh "
+                                                                           "interpreters",
     "tests/app/test_app_name.py::test_printed_commands_name_the_package_the_app_runs_under": "two fresh interpreters, "
         "the app loaded under each of its names (no verdict: what the printed commands say)",
     "tests/app/test_main_job.py::test_a_sweep_with_checked_rows_exits_0_and_composes_each_choice_of_groups_once": "a "
@@ -217,10 +222,12 @@ def pytest_collection_modifyitems(config, items):
     longest = {e for e in LONGEST for item in items if item.nodeid.startswith(e)}
     for item in items:
         if grouped and "rank_pool" in getattr(item, "fixturenames", ()):
-            # One xdist worker runs every test on the warm pools (`--dist
-            # loadgroup`): each worker would otherwise start its own ranks of
-            # every size, each rank importing torch.
-            item.add_marker(pytest.mark.xdist_group("rank_pool"))
+            # Two xdist workers run the tests on the warm pools (`--dist
+            # loadgroup`), the library's (tests/lib/) and the rest's: each
+            # worker would otherwise start its own ranks of every size, and one
+            # worker holding all of them (about 115 s) was the fast set's longest.
+            lib = item.nodeid.startswith("tests/lib/")
+            item.add_marker(pytest.mark.xdist_group("rank_pool_lib" if lib else "rank_pool"))
         entry = _slow_entry(item.nodeid)
         if entry is not None:
             used.add(entry)

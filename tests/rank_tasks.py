@@ -537,13 +537,20 @@ def folded(spec, results, k: int | None = None) -> dict:
 def point_without_check(spec, backend: str, check: str = ""):
     """``point_on_rank`` with the check ``check`` turned off on this rank (its failures dropped):
     a broken checker, to show what the check alone catches."""
+    from nsa_cp_comm.harness.measure import point_on_rank
+
+    return without_check(point_on_rank, spec, backend, check)
+
+
+def without_check(runner, spec, backend: str, check: str = "", *args):
+    """``runner(spec, backend, *args)`` (a rank task: ``point_on_rank``, or one with a mutation)
+    with the check ``check`` turned off on this rank: every failure it names is dropped."""
     from unittest import mock
 
     from nsa_cp_comm.harness import checks
-    from nsa_cp_comm.harness.measure import point_on_rank
 
     if not check:
-        return point_on_rank(spec, backend)
+        return runner(spec, backend, *args)
     fail = checks.ImplReport.fail
 
     def fail_but(self, name, message):
@@ -551,4 +558,4 @@ def point_without_check(spec, backend: str, check: str = ""):
             fail(self, name, message)
 
     with mock.patch.object(checks.ImplReport, "fail", fail_but):
-        return point_on_rank(spec, backend)
+        return runner(spec, backend, *args)

@@ -70,6 +70,17 @@ def _always(plan: CPPlan) -> bool:
     return plan.cp_size > 1
 
 
+def _side_misplaced(plan: CPPlan) -> bool:
+    # the engine gathers a side tensor (vLLM's router logits), and a rank with rows has a short rank
+    # before it: its rows packed start at sum(n_<r), padded at r*m
+    from nsa_cp_comm import engines
+
+    if not engines.get(plan.engine, plan.engine_model).side_tensors:
+        return False
+    per_rank, m = plan.per_rank_tokens, plan.max_rank_len
+    return any(n > 0 and sum(per_rank[:r]) != r * m for r, n in enumerate(per_rank))
+
+
 # The check column of a bug the implementation's own code trips over: the row is an ``error`` whose
 # reason carries the exception, raised inside the round trip before any check could judge it.
 RAISED = "raised"
@@ -105,18 +116,20 @@ BUGS: tuple[FieldBug, ...] = (
     FieldBug("all_zero_output", "TE #3536", "TransformerEngine",
              "an all-zero output (the kernel never ran) that a parity check against the same backend's "
              "non-CP run passed", "scatter_chunk", _always),
+    FieldBug("side_layout", "vllm-ascend #16834", "vllm-ascend",
+             "a side tensor (the router logits) gathered packed, rank r's rows at sum(n_<r), while the hidden "
+             "states are gathered padded, at r*m: the experts route rows by other rows' logits",
+             "side_tensors", _side_misplaced),
 )
 
 # Filed, and not yet caught: the router is the checks' MoE's (modelling the engine's), not the
-# implementation's, and the protocol carries no side tensor.
+# implementation's.
 NOT_YET: tuple[tuple[str, str, str], ...] = (
     ("SGLang #31838, vLLM #38128", "identical padding rows routed to the same experts: one expert's load "
      "skewed, expert-load statistics polluted", "measured, not judged: every row counts the padding the router "
      "masked and the most of the rest one expert got (`moe_pad_expert_max_rows`), by the engine's rule for its "
      "model; an implementation's own router is not in the protocol, so there is no copy of it to break"),
-    ("vllm-ascend #16834", "a side tensor (routing ids) gathered in another layout than the hidden states",
-     "caught at points whose engine gathers a side tensor (`side_tensors`: vLLM's router logits; "
-     "tests/lib/test_side_tensors.py), which this preset's seed-fix points do not"),
+
 )
 
 BY_NAME = {b.name: b for b in BUGS}

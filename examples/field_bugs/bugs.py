@@ -232,5 +232,25 @@ def _zero_scatter(full, plan, group):
     return full.new_zeros((plan.per_rank_tokens[rank], full.shape[1]))
 
 
+# --- vllm-ascend #16834: a side tensor gathered in another layout ----------------------------------
+
+def packed_side(tensor, plan, group):
+    """The side tensor gathered packed (rank r's rows at sum(n_<r)) while the hidden states are gathered
+    rank-major padded (rank r at r*m): the same on plans where no rank with rows follows a short one."""
+    cp, m = plan.cp_size, plan.max_rank_len
+    received = tensor.new_empty((m * cp, tensor.shape[1]))
+    all_gather_into(received, _block(tensor, m), group)
+    out = tensor.new_zeros((m * cp, tensor.shape[1]))
+    at = 0
+    for r, n in enumerate(plan.per_rank_tokens):
+        out[at : at + n] = received[r * m : r * m + n]
+        at += n
+    return out
+
+
+side_layout = _bug("side_layout", "the router logits gathered packed, the rows padded (vllm-ascend #16834)",
+                   gather_side=packed_side)
+
+
 all_zero_output = _bug("all_zero_output", "the scatter returns zeros (TE #3536)", scatter=_zero_scatter,
                        scatter_replicated=lambda p, r, plan, g: _zero_scatter(p, plan, g))

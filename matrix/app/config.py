@@ -137,7 +137,7 @@ AUTO_TIMEOUT_MIN_S = 2 * calibrate.EXTENDED_CAP_S
 BOOLS = ("shared_kv", "flush_l2", "resume", "force", "allow_skipped")
 
 # Config groups and Hydra's own keys that may appear on the command line.
-GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp", "engine")
+GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp", "field_bugs_at", "engine")
 
 
 def _is_int(v: object) -> bool:

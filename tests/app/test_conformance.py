@@ -114,25 +114,42 @@ NOT_IN_SPLIT = {
 }
 
 
-@pytest.mark.parametrize("engine", engines.NAMES)
-def test_each_class_is_made_in_the_split_the_engine_makes(engine):
-    """Through the config group, as a point composes it: every class at cp 2
-    to 8 is a plan of that class by the engine's own rules and split (vLLM's
-    DualChunkSwap of the raw lengths, vllm-ascend's contiguous slices), or a
-    point the engine refuses, for the reason the engine has."""
-    rules = engines.get(engine)
+def _class_point(plan_class: str, engine: str, cp: int, bystanders: int) -> tuple[list[int], str]:
+    """``(seq_lens, policy)`` of a class's point, as conf/plan_class/CLASS.yaml resolves them."""
+    if plan_class == "paged_uneven":  # split: zigzag with shared_kv: true
+        return batch(plan_class, cp, "zigzag_page", engine=engine, bystanders=bystanders), "zigzag_page"
+    split = plan_classes.class_split(plan_class, cp, engine=engine, bystanders=bystanders)
+    return batch(plan_class, cp, split, engine=engine, bystanders=bystanders), split
+
+
+def test_the_config_group_resolves_a_class_as_the_rule_does():
+    """Through Hydra, as a point composes it (vLLM's engine, whose split is not zigzag): the
+    group's split and batch are :func:`_class_point`'s at every cp and bystander count."""
     for plan_class in CLASSES:
-        cfg = compose_config(f"+plan_class={plan_class}", f"engine={engine}")
-        for cp, bystanders in ((cp, b) for cp in range(2, 9) for b in (0, 1)):
+        cfg = compose_config(f"+plan_class={plan_class}", "engine=vllm_0_33")
+        for cp, bystanders in ((2, 0), (3, 1), (8, 1)):
             # the group's values are interpolations, resolved as they are read: per point
             cfg.cp_size, cfg.bystanders = cp, bystanders
             policy = "zigzag_page" if cfg.shared_kv else cfg.split
-            where = (engine, cp, plan_class, bystanders, list(cfg.seq_lens), policy)
+            assert (list(cfg.seq_lens), policy) == _class_point(plan_class, "vllm_0_33", cp, bystanders)
+
+
+@pytest.mark.parametrize("engine", engines.NAMES)
+def test_each_class_is_made_in_the_split_the_engine_makes(engine):
+    """Every class at cp 2 to 8 is a plan of that class by the engine's own rules and split
+    (vLLM's DualChunkSwap of the raw lengths, vllm-ascend's contiguous slices), or a point the
+    engine refuses, for the reason the engine has."""
+    rules = engines.get(engine)
+    for plan_class in CLASSES:
+        for cp, bystanders in ((cp, b) for cp in range(2, 9) for b in (0, 1)):
+            seq_lens, policy = _class_point(plan_class, engine, cp, bystanders)
+            page = plan_classes.PAGE_SIZE if policy == "zigzag_page" else 1
+            where = (engine, cp, plan_class, bystanders, seq_lens, policy)
             if (engine, plan_class) in NOT_IN_SPLIT:
-                assert rules.refusal(list(cfg.seq_lens), cp, policy), where
+                assert rules.refusal(seq_lens, cp, policy), where
                 continue
-            assert policy in rules.strategies and not rules.refusal(list(cfg.seq_lens), cp, policy), where
-            plan = rules.plan(list(cfg.seq_lens), cp, policy=policy, page_size=cfg.page_size)
+            assert policy in rules.strategies and not rules.refusal(seq_lens, cp, policy), where
+            plan = rules.plan(seq_lens, cp, policy=policy, page_size=page)
             assert plan_class in classify(plan), (where, plan.per_rank_tokens)
             if plan_class == "bucket_edge":
                 assert max(plan.per_rank_tokens) == plan_classes.bucket_edge(cp, bystanders), where
@@ -145,8 +162,9 @@ def test_the_preset_crosses_every_graph_bucket_edge_for_vllm():
     themselves (513, eager)."""
     from matrix.app.preflight import preflight
 
-    points = preflight(["+matrix=conformance", "engine=vllm_0_33", "impl=padded",
+    points = preflight(["+matrix=conformance", "+plan_class=bucket_edge", "engine=vllm_0_33", "impl=padded",
                         "results_dir=/nonexistent/never-written"])
+    assert len(points) == 8  # the preset's (cp, bystanders) cells, this class only
     edges = {}
     for p in points:
         plan, spec = p.resolved.plan(), p.resolved.spec
@@ -351,6 +369,20 @@ def test_a_plan_of_several_classes_counts_as_uneven_by_any_of_them():
     mine = "tests.broken_impls:x"
     assert coverage.gaps([_cov_row(mine, 2, "ok", "even+many_short")]) == []
     assert coverage.gaps([_cov_row(mine, 2, "ok", "even")]) == [(mine, 2, coverage.NO_UNEVEN, "")]
+
+
+@pytest.mark.parametrize("rule, broken, gone", [
+    ("RAN", ("ok", "failed", "error", "timeout", "skipped", "refused", "passthrough"), coverage.RAN_NOTHING),
+    ("UNEVEN", CLASSES, coverage.NO_UNEVEN),
+])
+def test_each_coverage_rule_broken_lets_its_gap_pass(monkeypatch, rule, broken, gone):
+    """What counts as having run (a skipped row ran nothing) and what counts as uneven (an
+    even plan is not): each rule widened, the gap it finds is no longer found."""
+    mine = "tests.broken_impls:x"
+    rows = [_cov_row(mine, 2, "ok", "even"), _cov_row(mine, 3, "skipped", "uneven_by_one", reason="no")]
+    assert {what for _, _, what, _ in coverage.gaps(rows)} == {coverage.RAN_NOTHING, coverage.NO_UNEVEN}
+    monkeypatch.setattr(coverage, rule, broken)
+    assert gone not in {what for _, _, what, _ in coverage.gaps(rows)}
 
 
 def test_an_entry_point_plugin_is_outside_though_its_name_has_no_colon():

@@ -23,6 +23,10 @@ from rank_tasks import folded, point_without_check
 MODULE = "examples.field_bugs.bugs"
 EVEN = dict(seq_lens=(96,), cp_size=3, policy="zigzag")  # n = (32, 32, 32)
 UNEVEN = dict(seq_lens=(216, 99), cp_size=3, policy="zigzag_page", page_size=16)  # n = (96, 110, 112)
+# vLLM's DualChunkSwap of the raw lengths, the router logits gathered beside the rows: n = (17, 18, 18)
+VLLM_UNEVEN = dict(seq_lens=(53,), cp_size=3, policy="dual_chunk_swap", engine="vllm_0_33")
+# The bugs whose mechanism needs an engine that gathers a side tensor (vLLM's points only).
+SIDE = ("side_layout",)
 # Ranks that raise or hang are diagnosed into rows by the app (the slow test's).
 DIAGNOSED = ("empty_rank_returns", "ceil_pad", "residual_gathered_rows")
 ON_WARM_RANKS = tuple(b.name for b in BUGS if b.name not in DIAGNOSED)
@@ -38,7 +42,7 @@ def rows(rank_pool, where: dict, names, check: str = "") -> dict:
     return {name: got[ref(name)] for name in names}, spec.plan()
 
 
-@pytest.mark.parametrize("where", [EVEN, UNEVEN], ids=["even", "uneven"])
+@pytest.mark.parametrize("where", [EVEN, UNEVEN, VLLM_UNEVEN], ids=["even", "uneven", "vllm_uneven"])
 def test_each_bug_is_caught_where_its_mechanism_shows_and_ok_elsewhere(rank_pool, where):
     got, plan = rows(rank_pool, where, ("twin", *ON_WARM_RANKS))
     assert got["twin"].status == "ok", got["twin"].reason
@@ -54,8 +58,14 @@ def test_each_bug_is_caught_where_its_mechanism_shows_and_ok_elsewhere(rank_pool
         else:
             assert row.status in ("failed", "error") and row.failed_check == bug.check, (name, row.status,
                                                                                         row.failed_check, row.reason)
-    # the two plans between them show every mechanism here, and hide some
-    assert len(shown) < len(ON_WARM_RANKS) if where is EVEN else len(shown) == len(ON_WARM_RANKS), shown
+    # the seed fix's uneven plan shows every mechanism but the side tensors' (its engine gathers none),
+    # vLLM's shows that one too; the even plan hides some
+    if where is EVEN:
+        assert len(shown) < len(ON_WARM_RANKS), shown
+    elif where is UNEVEN:
+        assert set(ON_WARM_RANKS) - set(shown) == set(SIDE), shown
+    else:
+        assert set(SIDE) <= set(shown), shown
 
 
 # The checks an implementation's report names (the pool's collective checks, collective_shapes and
@@ -66,8 +76,10 @@ REPORTED = sorted({b.check for b in BUGS if b.check not in (RAISED, "collective_
 @pytest.mark.parametrize("check", REPORTED)
 def test_each_check_turned_off_lets_its_bugs_past_it(rank_pool, check):
     names = [b.name for b in BUGS if b.check == check and b.name in ON_WARM_RANKS]
-    got, _ = rows(rank_pool, UNEVEN, names, check)
+    where = VLLM_UNEVEN if set(names) <= set(SIDE) else UNEVEN
+    got, plan = rows(rank_pool, where, names, check)
     for name in names:
+        assert BY_NAME[name].shows(plan), name  # where the check, on, catches it
         assert got[name].failed_check != check, (name, got[name].status, got[name].reason)
 
 
@@ -85,6 +97,8 @@ def _row(bug: str, status: str, failed_check: str = "", reason: str = "", **plan
     (_row("ceil_pad", "failed", "collective_shapes", seq_lens="[96]", policy="zigzag", effective_page_size="1"),
      "expected ok"),  # blamed where its mechanism cannot show
     (_row("residual_gathered_rows", "failed", "scatter_chunk"), "expected error"),
+    # skipped by the plug-in itself, not by the engine's refusal: judged, and wrong
+    (_row("side_layout", "skipped", reason="not built for cp=3"), "skipped, expected ok"),
 ])
 def test_the_catalogs_judge_fails_a_row_that_is_not_as_expected(row, needle):
     right = {**row, "status": "ok", "failed_check": ""} if row["bug"] == "twin" else None
@@ -92,6 +106,16 @@ def test_the_catalogs_judge_fails_a_row_that_is_not_as_expected(row, needle):
         assert fb_table.wrong(pd.DataFrame([right])) == []
     got = fb_table.wrong(pd.DataFrame([row]))
     assert len(got) == 1 and needle in got[0], got
+
+
+def test_a_point_the_engine_refuses_is_not_judged():
+    """vLLM has no page-aligned split: every row of such a point is skipped with the engine's
+    reason, the twin's too; the judge leaves them out, and the doc counts them apart."""
+    refused = _row("side_layout", "skipped", reason="engine=vllm_0_33: vLLM 0.33 has no zigzag_page split",
+                   engine="vllm_0_33", engine_model="deepseek_v32")
+    assert fb_table.wrong(pd.DataFrame([refused, {**refused, "bug": "twin", "impl": "field_bugs_twin"}])) == []
+    assert "so its rows there are `skipped` (2 rows)" in fb_table.render(
+        pd.DataFrame([refused, {**refused, "bug": "twin", "impl": "field_bugs_twin"}])).replace("\n", " ")
 
 
 def test_the_doc_lists_every_bug_and_every_one_not_yet_caught():
@@ -111,7 +135,7 @@ def test_the_preset_at_cp_2_catches_the_bugs_ranks_raise_or_wait_on(tmp_path, mo
     fold (each raises or waits on some rank) beside the twin: the app's diagnosis makes them
     rows, judged as docs/field_bugs.md was."""
     impls = ",".join(ref(n) for n in ("twin", *DIAGNOSED))
-    run = sweep_here(tmp_path / "fb", "+matrix=field_bugs", "+conformance_cp=cp2", f"impl={impls}",
+    run = sweep_here(tmp_path / "fb", "+matrix=field_bugs", "+field_bugs_at=seed_fix_cp2", f"impl={impls}",
                      monkeypatch=monkeypatch, capsys=capsys)
     assert run.returncode == 1, run.stdout + run.stderr  # the bugs' rows fail the sweep
     df = fb_table.load(tmp_path / "fb")

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from broken_impls import ref as B
 from matrix.app import torchrun_point
-from nsa_cp_comm.harness import RankPool, checks, measure
+from nsa_cp_comm.harness import RankPool, blame, checks, measure
 from nsa_cp_comm.harness.blame import AT_CHECKS, AT_TIMED, announce_place, diagnose, failed_run
 from nsa_cp_comm.harness.cpgroup import group_rank_of
 from nsa_cp_comm.harness.measure import point_on_rank, run_point
@@ -226,3 +227,21 @@ def test_a_rank_torchrun_started_reports_the_place_it_failed_in(monkeypatch):
     assert json.loads(out[3])["impl"] == "legacy"
     (rank,) = torchrun_point._rank_results({0: out}, 1)
     assert rank.doing == out[3]
+
+
+@pytest.mark.parametrize("bug, where, check", [
+    ("ceil_pad", dict(seq_lens=(17, 17), policy="zigzag"), "collective_shapes"),  # n = (18, 16), ceil = 17
+    ("empty_rank_returns", dict(seq_lens=(1, 1), policy="zigzag"), "collective_skipped"),  # n = (2, 0)
+])
+def test_the_correctness_groups_finding_is_what_names_a_mismatched_collective(rank_pool, monkeypatch, bug, where,
+                                                                            check):
+    """The two field bugs whose ranks part in a collective (examples/field_bugs): the correctness
+    group's fingerprints name the mismatch; with its reading broken (``blame._mismatch`` finds
+    nothing) the row no longer names it."""
+    spec = PointSpec(**where, cp_size=2, impls=(f"examples.field_bugs.bugs:{bug}",), hidden_size=32, warmup=0,
+                     iters=1)
+    (res,) = run_point(spec, rank_pool(2), timeout_s=60)
+    assert (res.status, res.failed_check) == ("error", check), res.reason
+    monkeypatch.setattr(blame, "_mismatch", lambda results: ("", ""))
+    (res,) = run_point(spec, rank_pool(2), timeout_s=60)
+    assert res.failed_check != check, (res.status, res.reason)

@@ -106,16 +106,19 @@ def test_a_rank_that_skips_the_gather_on_no_rows_is_named(tmp_path, monkeypatch,
     assert {rows[("padded", lens)]["status"] for lens in ("[1]", "[7]")} == {"ok"}
 
 
-def test_the_conformance_preset_with_vllms_engine_is_ok_on_every_class_vllm_makes(tmp_path, monkeypatch, capsys):
-    """The plug-in author's first command with vLLM's engine, at cp 2: every
-    class is a DualChunkSwap plan of the raw lengths (the page-aligned one,
-    which vLLM has no split for, skipped with vLLM's reason), the plug-in pads
-    to the graph bucket (255 rows to 256) and every row of it is ok."""
+def test_the_conformance_preset_with_vllms_engine_runs_vllms_plans(tmp_path, monkeypatch, capsys):
+    """The plug-in author's first command with vLLM's engine, at cp 2, over the
+    classes this module's sweep does not hold (the others: test above): each
+    is a DualChunkSwap plan of the raw lengths (the page-aligned one, which
+    vLLM has no split for, skipped with vLLM's reason), the plug-in pads to the
+    graph bucket (255 rows to 256) and every row of it is ok."""
+    classes = ("empty_rank", "paged_uneven", "bucket_edge")
     run = sweep_here(tmp_path / "res", "+matrix=conformance", f"impl={REF},padded", "engine=vllm_0_33",
-                     "+conformance_cp=cp2", "bystanders=0", monkeypatch=monkeypatch, capsys=capsys)
+                     "+conformance_cp=cp2", "bystanders=0", f"+plan_class={','.join(classes)}",
+                     monkeypatch=monkeypatch, capsys=capsys)
     rows = run.rows()
     mine = {r["plan_class"]: r for r in rows if r["impl"] == "vllm_pcp"}
-    assert {c for label in mine for c in label.split("+")} == set(plan_classes.CLASSES), sorted(mine)
+    assert {c for label in mine for c in label.split("+")} >= set(classes), sorted(mine)
     for label, r in mine.items():
         if "paged_uneven" in label:
             assert r["status"] == "skipped" and "has no zigzag_page split" in r["reason"], r["reason"]

@@ -263,19 +263,19 @@ def test_the_duration_budget_lists_only_unmarked_fast_tests_over_it():
     assert "--durations=10" in ini["addopts"] and any(m.startswith("long(reason): ") for m in ini["markers"])
 
 
-def test_the_warm_pool_tests_share_one_xdist_worker(request, rank_pool):
-    """Under `nox -s tests` (xdist, `--dist loadgroup`) every test on the warm
-    pools runs on one worker, so each world size's ranks start once. Grouping
-    fails silently: the conftest hook that marks the tests must run before
-    xdist reads the marks, and pytest 9.2 stopped honouring the renamed node ids
-    xdist groups by (pyproject.toml pins pytest below it). Either way the suite
-    started ~50% more ranks, each importing torch, and this test sees the
-    missing group suffix. (`rank_pool` is requested to be grouped; no rank
-    starts.)"""
+def test_the_warm_pool_tests_share_their_xdist_worker(request, rank_pool):
+    """Under `nox -s tests` (xdist, `--dist loadgroup`) the tests on the warm
+    pools run on two workers (the library's, tests/lib/, and the rest's), so
+    each world size's ranks start twice at most. Grouping fails silently: the
+    conftest hook that marks the tests must run before xdist reads the marks,
+    and pytest 9.2 stopped honouring the renamed node ids xdist groups by
+    (pyproject.toml pins pytest below it). Either way the suite started ~50%
+    more ranks, each importing torch, and this test sees the missing group
+    suffix. (`rank_pool` is requested to be grouped; no rank starts.)"""
     if not (os.environ.get("PYTEST_XDIST_WORKER") and getattr(request.config.option, "loadgroup", False)):
         pytest.skip("requires an xdist worker under --dist loadgroup (what nox -s tests runs)")
     assert request.node.nodeid.endswith("@rank_pool"), (
-        f"{request.node.nodeid!r}: the warm-pool tests are not grouped on one worker")
+        f"{request.node.nodeid!r}: the warm-pool tests are not grouped")
 
 
 def test_fuzz_session_runs_the_marked_tests_on_the_long_profile(fake):

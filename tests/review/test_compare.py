@@ -380,3 +380,35 @@ def test_a_nan_or_impossible_metric_is_bad_data(base, tmp_path, capsys, which, v
         f"error: {arg}={bad}: bad data: roundtrip_p50_us={shown} in 1 row(s) "
         "(first: cp_size=2 seq_lens=[512,512] impl=padded); a time or size is a finite number >= 0"
     ], err
+
+
+# --- each gate, broken: the row that trips it alone passes
+
+
+def _failing_both(tmp_path):
+    rows = changed(FIRST, status="error")
+    return write_run(tmp_path / "bad_base", rows), write_run(tmp_path / "bad_new", rows)
+
+
+@pytest.mark.parametrize("gate, column, runs", [
+    ("status-worse", "status_worse", lambda base, tmp: (base, write_run(tmp / "new", changed(FIRST, status="exploded")))),
+    ("failing-in-new", "failing_new", lambda base, tmp: _failing_both(tmp)),
+    ("correctness-lost", "correctness_lost", lambda base, tmp: (base, write_run(tmp / "new", changed(2, correct=False)))),
+    ("regressed", "regressed",
+     lambda base, tmp: (base, write_run(tmp / "new", changed(FIRST, roundtrip_p50_us=210.0 * 1.2)))),
+    ("missing", "missing", lambda base, tmp: (base, write_run(tmp / "new", base_rows()[1:]))),
+    ("unverified", "unverified", lambda base, tmp: (write_run(tmp / "b", _without_spread(base_rows())), write_run(
+        tmp / "n", _without_spread(changed(FIRST, roundtrip_p50_us=210.0 * 3))))),
+])
+def test_each_gate_turned_off_lets_the_row_it_alone_trips_pass(base, tmp_path, capsys, monkeypatch, gate, column,
+                                                              runs):
+    """The gate is what fails the run: the same two runs pass once its column no longer gates
+    (``gating`` broken for it), and every other gate's count is 0 on them."""
+    old, new = runs(base, tmp_path)
+    code, out, _ = run([old, new], capsys)
+    assert code == 1 and counts(out)[gate] != "0", out
+    assert [g for g in compare.GATES if g != gate and counts(out)[g] != "0"] == [], out
+    gating = compare.gating
+    monkeypatch.setattr(compare, "gating", lambda j, *a, **k: gating(j.assign(**{column: False}), *a, **k))
+    code, out, _ = run([old, new], capsys)
+    assert code == 0, out

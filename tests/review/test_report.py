@@ -131,6 +131,19 @@ def test_a_failing_folder_exits_1_with_its_verdict_and_reasons_in_the_json(run_d
     assert err.splitlines() == [err.strip()] and err.startswith("verdict FAIL: incorrect results: 2 rows"), err
 
 
+@pytest.mark.parametrize("broken, left", [
+    ("_failing", ["incorrect results: 2 rows of 2 points (`correct` or `even_bitwise_equal` is False)"]),
+    ("_incorrect", ["failed, error or timeout: 3 rows of 3 points (failed 1, error 1, timeout 1)"]),
+])
+def test_the_verdict_is_its_two_rules_each_broken_lets_its_rows_pass(run_dir, monkeypatch, broken, left):
+    """The verdict's rules (the incorrect rows, the failing rows), each broken to find none: its
+    reason is gone from the FAIL; both broken, the same folder PASSes and exits 0."""
+    monkeypatch.setattr(report, broken, lambda df: df.iloc[0:0])
+    assert run_report(run_dir, code=1)[2]["reasons"] == left
+    monkeypatch.setattr(report, "_failing" if broken == "_incorrect" else "_incorrect", lambda df: df.iloc[0:0])
+    assert run_report(run_dir, code=0)[2]["verdict"] == "PASS"
+
+
 def test_exit_zero_keeps_exit_0_on_a_failing_folder(run_dir, capsys):
     assert run_report(run_dir, "--exit-zero")[2]["verdict"] == "FAIL"
     assert "verdict FAIL" not in capsys.readouterr().err

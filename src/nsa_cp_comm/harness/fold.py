@@ -61,6 +61,14 @@ def origin_of(name: str) -> str:
         return ""
 
 
+def agreed_status(statuses: set[str]) -> str | None:
+    """The row's status from the outcomes every rank reported (``""``: it ran; ``refused``;
+    ``passthrough``), when they are one; None when some ranks refused or passed through and
+    others did not (``rank_agreement``)."""
+    return {frozenset({"refused"}): "refused", frozenset({"passthrough"}): "passthrough",
+            frozenset({""}): "ok"}.get(frozenset(statuses))
+
+
 def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[str, Any]]]) -> list[ImplResult]:
     """Combine every rank's reports (``asdict`` of checks.ImplReport) per implementation."""
     itemsize = DTYPES[spec.dtype].itemsize
@@ -76,15 +84,12 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         failures = [(check, f"rank {rank}: {msg}") for rank, rep in enumerate(reps) for check, msg in rep["failures"]]
         errs = [rep["max_rel_err"] for rep in reps if rep["max_rel_err"] is not None]
         evens = [rep["even_bitwise_equal"] for rep in reps if rep["even_bitwise_equal"] is not None]
+        agreed = agreed_status(statuses)
         if failures:
             status = "failed"
-        elif statuses == {"refused"}:
-            status = "refused"
-        elif statuses == {"passthrough"}:
-            status = "passthrough"
-        elif statuses == {""}:
-            status = "ok"
-        else:  # some ranks refused or passed through and others did not
+        elif agreed is not None:
+            status = agreed
+        else:
             status = "failed"
             failures = [("rank_agreement", f"ranks disagree on the outcome: {sorted(statuses)}")]
         res = ImplResult(
