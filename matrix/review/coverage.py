@@ -176,6 +176,37 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     return counts
 
 
+# A status-by-class table's columns, in the order a reader scans them: what went wrong first.
+STATUS_ORDER = ("failed", "error", "timeout", "ok", "skipped", "refused", "passthrough")
+
+
+def by_status(df: pd.DataFrame) -> pd.DataFrame:
+    """Per outside implementation and plan class: its rows by status, and the cps of those
+    that did not pass; per implementation, the classes it never passed first (where a bug
+    shows: `ok` on `even` at every cp, `error` on every uneven class)."""
+    import pandas as pd
+
+    mine = df[outside(df)] if len(df) else df
+    if not len(mine):
+        return pd.DataFrame()
+    rows = mine.assign(_class=plan_classes(mine).str.split(SEPARATOR, regex=False)).explode("_class")
+    rows = rows[rows["_class"].astype(str).str.strip().ne("")]
+    if rows.empty:
+        return pd.DataFrame()
+    key = [rows["impl"].astype(str).rename("impl"), rows["_class"].rename("plan_class")]
+    counts = pd.crosstab(key, rows["status"].astype(str))
+    counts = counts[[s for s in STATUS_ORDER if s in counts] + [s for s in counts if s not in STATUS_ORDER]]
+    counts.columns.name = None
+    bad = rows["status"].astype(str).ne("ok")
+    cps = rows[bad].groupby([k[bad] for k in key])["cp_size"].agg(
+        lambda s: ",".join(str(int(float(c))) for c in sorted(set(s), key=float)))
+    counts["cps not ok"] = [cps.get(ic, "-") for ic in counts.index]
+    passed = counts["ok"] if "ok" in counts else pd.Series(0, index=counts.index)
+    rank = {c: i for i, c in enumerate(CLASSES)}
+    order = sorted(counts.index, key=lambda ic: (ic[0], bool(passed[ic]), rank.get(ic[1], len(rank))))
+    return counts.loc[order]
+
+
 def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]:
     """(report lines, appendix lines) of the coverage section: where an
     outside implementation ran, a line of totals and its table by cp; every
@@ -201,5 +232,13 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
     main.append(frame_md(ours.head(8), index=True))
     if len(ours) > 8:
         main += ["", f"... {len(ours) - 8} more: all in the [appendix]({appendix_file})"]
+    statuses = by_status(df)
+    if not statuses.empty:
+        never = sorted({impl for impl, c in statuses.index if not statuses.loc[(impl, c)].get("ok", 0)})
+        main += ["", "Outside implementations, rows by plan class and status (the classes an impl never passed "
+                     "first; `cps not ok`: where its rows there did not pass)"
+                 + (f": {', '.join(f'`{i}`' for i in never)} never passed some class." if never else "."), "",
+                 frame_md(statuses, index=True)]
+        appendix += ["## Outside implementations, rows by plan class and status", "", frame_md(statuses, index=True), ""]
     return main, appendix
 

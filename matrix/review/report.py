@@ -147,12 +147,15 @@ def ref_ratio(pairs: pd.DataFrame) -> dict[str, dict]:
                         "q3": float(s.quantile(0.75))} for impl, s in r.groupby("impl")["ratio"]}
 
 
-def _ratio_words(derived: Derived) -> str:
-    """What the verdict says of the ratios to the reference, from what was timed."""
+def _ratio_words(derived: Derived, failing: frozenset[str] = frozenset()) -> str:
+    """What the verdict says of the ratios to the reference, from what was timed; for an impl
+    with ``failing`` rows (failed, error or timeout: timed only where it passed) no ratio, but why."""
     ref, rows = derived.reference, derived.timed
     rr = ref_ratio(derived.pairs)
     if rr:
-        each = "; ".join(f"{impl}/{ref} {v['median']:.2f} (quartiles {v['q1']:.2f}-{v['q3']:.2f} over "
+        each = "; ".join(f"{impl}/{ref}: no ratio quoted, it has failing rows (timed only where it passed)"
+                         if impl in failing else
+                         f"{impl}/{ref} {v['median']:.2f} (quartiles {v['q1']:.2f}-{v['q3']:.2f} over "
                          f"{count(v['n'], 'point')})" for impl, v in rr.items())
         return f"round trip relative to {ref} (cp > 1, on the points every impl was timed): {each}"
     impls = sorted(set(rows["impl"])) if len(rows) else []
@@ -190,10 +193,11 @@ def verdict_line(df: pd.DataFrame, derived: Derived) -> str:
     bad, failing = _incorrect(df), _failing(df)
     parts = [f"{count(points, 'point')}, {count(len(df), 'row')} (a row: one point and one impl)"]
     parts.append(f"**!!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!**" if len(bad)
-                 else "correct everywhere checked")
+                 else "correct everywhere checked" if not len(failing)
+                 else "no incorrect result among the rows whose checks ran")
     parts.append(f"**failed, error or timeout: {_rows_of_points(failing)}**" if len(failing)
                  else "none failed, errored or timed out")
-    parts.append(_ratio_words(derived))
+    parts.append(_ratio_words(derived, frozenset(failing["impl"].astype(str))))
     return f"**Verdict: {verdict(df)[0]}**: " + "; ".join(parts) + "."
 
 

@@ -252,6 +252,33 @@ def test_no_warning_where_every_cp_had_an_uneven_plan_or_the_impl_is_built_in(tm
     assert re.search(r"\| legacy +\| +3 \| +1 \| +0 \|", appendix)
 
 
+def test_the_report_shows_an_outside_impls_status_by_class_the_classes_it_never_passed_first(tmp_path):
+    """A plug-in right on even plans only: `ok` on even at every cp, `error` on every uneven
+    class. The report's table by class and status puts the classes it never passed first,
+    with the cps where its rows did not pass; the verdict line quotes it no speed ratio."""
+    rows = _rows({2: ["even", "empty_rank", "longest_not_first"], 3: ["even", "empty_rank"]})
+    mine = f"{BROKEN}:neighbour_rows"
+    for r in rows:
+        if r["impl"] == mine and r["plan_class"] != "even":
+            r.update(status="error", reason="RuntimeError: The size of tensor a (17) must match", correct=None,
+                     roundtrip_p50_us=None)
+    append(tmp_path, rows)
+    _, df = _loaded(tmp_path)
+    table = coverage.by_status(df)
+    classes = [c for impl, c in table.index]
+    # never passed first (in the classes' order), then the one it passed
+    assert classes[-1] == "even" and set(classes[:-1]) == {"uneven_by_one", "empty_rank", "longest_not_first"}
+    assert table.loc[(mine, "even"), "ok"] == 2 and table.loc[(mine, "even"), "cps not ok"] == "-"
+    assert table.loc[(mine, "empty_rank"), "error"] == 2 and table.loc[(mine, "empty_rank"), "cps not ok"] == "2,3"
+    assert list(table.columns) == ["error", "ok", "cps not ok"]  # what went wrong first
+    md = report_doc.markdown(report.render(*_loaded(tmp_path)))[0]
+    assert f"`{mine}` never passed some class." in md
+    verdict = md.splitlines()[[i for i, ln in enumerate(md.splitlines()) if ln.startswith("**Verdict")][0]]
+    assert f"{mine}/padded: no ratio quoted, it has failing rows" in verdict, verdict
+    assert "correct everywhere checked" not in verdict and "no incorrect result among the rows whose checks ran" \
+        in verdict
+
+
 def test_rows_without_a_plan_class_are_classified_from_their_plan(tmp_path):
     rows = _rows({3: ["empty_rank"]})
     for r in rows:

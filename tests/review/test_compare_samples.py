@@ -68,6 +68,16 @@ def test_a_significant_paired_regression_beyond_the_threshold_fails(tmp_path, ca
     assert "roundtrip_vs_control" in out and "Mann-Whitney" in out
 
 
+def test_a_significant_paired_improvement_is_an_improvement_not_noise(tmp_path, capsys):
+    """A quarter faster, significantly: marked improved (the gate passes), never "within noise",
+    whichever side of the threshold the test's direction is read from."""
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(75), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    code, out = gate(base, new, capsys)
+    assert code == 0 and "improved=1" in summary(out) and "within-noise=0" in summary(out), out
+    assert "improved" in marks(out) and not any("within noise" in m for m in marks(out))
+
+
 def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path, capsys):
     """Every absolute time doubled (a busy machine), the paired ratio unchanged."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
