@@ -173,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the sweep would be refused: {exc}", file=sys.stderr)
             return 2
         return 0
+    from nsa_cp_comm.harness import rank_warnings
+
     from . import guards
 
+    rank_warnings.clear()  # this sweep's: each distinct one said once after its summary
     guards.install()
     guards.guard()
     app = task(machine_checked=bool(points) and points[0].runs_here)
@@ -215,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summary.render(counts, files, single=single), flush=True)
     for line in summary.gap_report(gaps, counts):
         print(line, flush=True)
+    for line in rank_warnings.lines():
+        print(line, file=sys.stderr, flush=True)
     why = summary.nothing_checked_line(counts)
     if why:
         print(why, file=sys.stderr, flush=True)

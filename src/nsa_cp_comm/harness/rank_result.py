@@ -30,6 +30,8 @@ class RankResult:
     traceback: str = ""
     doing: str = ""
     waiting: str = ""
+    # The warnings the task raised on the rank, one line each (.rank_warnings), not printed there.
+    warnings: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -50,7 +50,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from . import forkserver
+from . import forkserver, rank_warnings
 from .machine import bind_rank, cgroup_dirs
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
@@ -238,15 +238,16 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
             _leave(0)
         task_id, main_path, payload = item
         _TASK_ID = task_id
-        try:
-            fn, args, kwargs = _load_task(payload, main_path)
-            value = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            # where an implementation's own code raised, and in which of its steps
-            site = implementation_site(exc.__traceback__)
-            conn.send((task_id, "error", one_line_error(exc) + site, traceback.format_exc()))
-        else:
-            conn.send((task_id, "ok", value, ""))
+        # the warnings the task raises go back with its answer, for the sweep to say once (.rank_warnings)
+        with rank_warnings.recording() as raised:
+            try:
+                fn, args, kwargs = _load_task(payload, main_path)
+                answer: tuple[str, Any, str] = ("ok", fn(*args, **kwargs), "")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                # where an implementation's own code raised, and in which of its steps
+                site = implementation_site(exc.__traceback__)
+                answer = ("error", one_line_error(exc) + site, traceback.format_exc())
+        conn.send((task_id, *answer, tuple(raised)))
 
 
 def _leave(code: int) -> None:
@@ -712,7 +713,7 @@ class RankPool:
             for conn in wait(list(waiting), timeout=_POLL_S):
                 r = waiting[conn]
                 try:
-                    tid, status, value, tb = conn.recv()
+                    tid, status, value, tb, *more = conn.recv()  # a task's answer: and its warnings
                 except (EOFError, OSError):
                     # The rank died; its exit status tells how.
                     code = self._procs[r].wait(timeout=5.0)
@@ -721,10 +722,12 @@ class RankPool:
                     continue
                 if tid != task_id:
                     continue  # a late answer of an earlier, abandoned task
+                raised = tuple(more[0]) if more else ()
+                rank_warnings.count(raised)
                 if status == "ok":
-                    got[r] = RankResult(r, "ok", value=value)
+                    got[r] = RankResult(r, "ok", value=value, warnings=raised)
                 else:
-                    got[r] = RankResult(r, "error", error=value, traceback=tb)
+                    got[r] = RankResult(r, "error", error=value, traceback=tb, warnings=raised)
                     failed_at = failed_at or time.monotonic()
         timed_out = failed_at is None
         for r in range(self.world_size):
