@@ -2,7 +2,7 @@
 (nsa_cp_comm.harness.rank_warnings): a rank records each task's warnings instead
 of printing them and sends them with its answer; the sweep prints each distinct
 one once after its summary. A plug-in using a deprecated torch name no longer
-prints a line per rank per point."""
+prints a line per rank per point; nor does Hydra's launcher print a line per job."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ def test_a_plugins_warning_is_said_once_after_the_sweep_with_its_count(tmp_path,
                      "seq_lens=[64],[1001,300]", "hidden_size=32", "iters=1", "warmup=0", monkeypatch=monkeypatch,
                      capsys=capsys)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    # and no line of Hydra's launcher per job repeating the overrides beside the matrix's own (conf/config.yaml)
+    assert "[HYDRA]" not in run.stdout + run.stderr and run.stdout.count("[matrix] cp=2") == 2, run.stdout
     said = [ln for ln in run.stderr.splitlines() if "deprecated" in ln or ln.startswith("warnings raised")]
     assert said[0].startswith("warnings raised on the ranks: ") and len(said) == 2, said
     n = int(said[1].split(" x ")[0])
