@@ -225,6 +225,27 @@ leaves_thread_spinning = RoundTripImpl("leaves_thread_spinning", _gathering(_spi
 leaks_env = RoundTripImpl("leaks_env", _gathering(lambda: os.environ.update(NSA_CP_AUTO_MAX_S="0.5")), _scatter,
                           doc="sets NSA_CP_AUTO_MAX_S=0.5 in its rank")
 
+def _fast_clock() -> None:
+    import time
+
+    real = time.perf_counter
+    time.perf_counter = lambda: real() / 9  # every interval a ninth: "9x faster"
+
+
+patches_clock = RoundTripImpl("patches_clock", _gathering(_fast_clock, after=True), _scatter,
+                              doc="replaces time.perf_counter on its rank with one that runs 9x slow")
+
+
+def _fewer_files() -> None:
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+
+
+lowers_nofile = RoundTripImpl("lowers_nofile", _gathering(_fewer_files, after=True), _scatter,
+                              doc="lowers its rank's open-file limit to 64")
+
 SESSION_MARK = "876543"
 # a daemon in a session of its own, never waited for
 spawns_session_helper = RoundTripImpl("spawns_session_helper", _gathering(lambda: _sleep_once(SESSION_MARK, True)),

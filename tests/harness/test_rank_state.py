@@ -336,6 +336,8 @@ def test_a_plug_in_that_fools_the_state_check_still_leaves_the_next_point_fresh_
     ("renices_rank", "niceness is 19 (was "),
     ("leaves_thread_spinning", "1 thread started by the point still running ('hostile-spinner')"),
     ("leaks_env", "NSA_* environment is {NSA_CP_AUTO_MAX_S='0.5'"),
+    ("patches_clock", "time.perf_counter"),
+    ("lowers_nofile", "RLIMIT_NOFILE is (64, "),
 ])
 def test_a_plug_in_that_leaves_its_process_changed_gets_the_blame_and_padded_beside_it_is_rerun(rank_pool, name, named):
     """A mode entered, a nice level, a spinning thread, an NSA_* variable:

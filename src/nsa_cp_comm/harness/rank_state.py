@@ -119,7 +119,9 @@ _BACKEND_SWITCHES: tuple[tuple[str, Any], ...] = (
 def _functions() -> dict[str, Any]:
     """The torch.distributed functions the harness calls, compared by identity
     (``is``): its module functions, their ``distributed_c10d`` originals and
-    the process group's methods they end in."""
+    the process group's methods they end in; and the clocks (:data:`CLOCKS`,
+    and the harness's own, bound at import): a clock replaced would time every
+    later point with it."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
@@ -134,7 +136,20 @@ def _functions() -> dict[str, Any]:
     for name, fn in vars(dist.ProcessGroup).items():
         if callable(fn) and not name.startswith("__"):
             found[f"torch.distributed.ProcessGroup.{name}"] = fn
+    # the clocks: the standard library's, and the harness's own (bound at its import)
+    import time
+
+    from . import calibrate, timing
+
+    for name in CLOCKS:
+        found[f"time.{name}"] = getattr(time, name)
+    for module in (timing, calibrate):
+        found[f"{module.__name__}._clock"] = module._clock
     return found
+
+
+# The standard library's clocks a task could replace (timing reads its own, bound at import).
+CLOCKS: tuple[str, ...] = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns")
 
 
 def _library_places() -> list[tuple[str, Any, str, Any]]:
@@ -251,6 +266,13 @@ def _process() -> dict[str, Any]:
     state["torch dispatch modes"] = torch._C._len_torch_dispatch_stack()
     state["torch function enabled"] = torch._C._is_torch_function_enabled()
     state["NSA_* environment"] = _env_text()
+    try:
+        import resource
+
+        # a point that lowers the open-file limit leaves the next one unable to open its rendezvous
+        state["RLIMIT_NOFILE"] = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        pass
     return state
 
 
