@@ -264,6 +264,19 @@ def test_a_graph_bucket_smaller_than_the_longest_rank_is_refused():
         vllm_0_33.graph_padded_len([2, 3], bucket=2)
 
 
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(bucket=True), "bucket=True must be a positive int"), (dict(bucket=3.7), "bucket=3.7 must be"),
+    (dict(bucket="8"), "bucket='8' must be"), (dict(bucket=0), "bucket=0 must be"),
+    (dict(buckets=(4, "8")), "buckets[1]='8' must be"),
+])
+def test_a_bucket_that_is_not_a_capture_size_is_refused_in_one_line(kwargs, says):
+    from nsa_cp_comm.engines import vllm_0_33
+
+    with pytest.raises(ValueError) as info:
+        vllm_0_33.graph_padded_len([2, 3], **kwargs)
+    assert str(info.value).startswith(says) and "\n" not in str(info.value), info.value
+
+
 def test_a_broken_bulk_plan_is_caught(monkeypatch):
     """The bulk property can fail: a numpy split that pads the batch where the engine does not."""
     groups = [[18057, 8366, 1064], [16]]

@@ -78,6 +78,7 @@ prefill of 7 tokens ``A..G`` cut into ``2*pcp = 4`` chunks of
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 from . import SideTensor
@@ -103,6 +104,9 @@ def graph_padded_len(per_rank_num_tokens: Sequence[int], bucket: int | None = No
     ``max``). A ``bucket`` smaller than ``max`` cannot hold the longest rank:
     ValueError, as vLLM raises."""
     need = max(per_rank_num_tokens)
+    for name, value in (("bucket", bucket), *((f"buckets[{i}]", b) for i, b in enumerate(buckets))):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a positive int (a CUDA-graph capture size)")
     if bucket is not None:
         if bucket < need:
             raise ValueError(f"padded_num_tokens={bucket} is smaller than max(per_rank_num_tokens)={need}")
