@@ -22,6 +22,7 @@ with the caller's ``label``; :func:`cut` bounds any text quoted in a message.
 
 from __future__ import annotations
 
+import codecs
 import io
 import json
 import os
@@ -136,11 +137,34 @@ def read_bytes(path: str | os.PathLike[str], label: str, limit: int, error: type
         return f.read()
 
 
+# Byte-order marks of the encodings a spreadsheet may save a CSV in, longest first (UTF-32's starts as UTF-16's).
+_OTHER_BOMS: tuple[tuple[bytes, str], ...] = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                                              (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+
+
 def open_text(path: str | os.PathLike[str], label: str, limit: int, error: type[Exception]) -> io.TextIOWrapper:
     """A checked file as UTF-8 text (a byte-order mark skipped, newlines kept
     as written, for the csv module); a byte that is not UTF-8 raises
-    ``UnicodeDecodeError`` as it is read."""
-    return io.TextIOWrapper(open_binary(path, label, limit, error), encoding="utf-8-sig", newline="")
+    ``UnicodeDecodeError`` as it is read; a file that starts with another
+    encoding's byte-order mark (UTF-16, UTF-32) is ``error``, naming it."""
+    f = open_binary(path, label, limit, error)
+    try:
+        refuse_other_encoding(f, label, error)
+    except BaseException:
+        f.close()
+        raise
+    return io.TextIOWrapper(f, encoding="utf-8-sig", newline="")
+
+
+def refuse_other_encoding(f: io.BufferedReader, label: str, error: type[Exception]) -> None:
+    """``error`` (one line, naming the encoding) for a file that starts with a
+    UTF-16 or UTF-32 byte-order mark (a spreadsheet's "Unicode text"): read as
+    UTF-8 its every other byte is NUL, and its header names no column."""
+    head = f.peek(4)[:4]
+    for bom, name in _OTHER_BOMS:
+        if head.startswith(bom):
+            raise error(f"{label}: is {name} text (its first bytes are {name}'s byte-order mark, {bom.hex(' ')}): "
+                        "these files are UTF-8; save it as UTF-8")
 
 
 def read_text(path: str | os.PathLike[str], label: str, limit: int, error: type[Exception],

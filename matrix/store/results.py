@@ -486,6 +486,7 @@ def records(path: Path, label: str, error: type[Exception]) -> Iterable[tuple[in
     """``(line number, line, fields)`` of each line of results file ``path``
     (:func:`parse_line`), read in lines of at most :data:`ROW_BYTES_MAX`."""
     with inputs.open_binary(path, label, RESULTS_BYTES_MAX, error) as f:
+        inputs.refuse_other_encoding(f, label, error)
         for i, line in enumerate(inputs.lines(f, label, ROW_BYTES_MAX, error), start=1):
             yield i, line, parse_line(line, first=i == 1)
 

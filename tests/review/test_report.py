@@ -514,3 +514,21 @@ def test_one_mistake_at_many_sizes_is_one_failing_group_with_its_numbers_in_an_e
     example = next(line for line in lines if line.startswith("One row's reason as written"))
     assert "`mycomm:ceil_pad` error: in mycomm:ceil_pad's checks: rank 0 error: RuntimeError: The size of tensor a (17) " \
            "must match the size of tensor b (18) at non-singleton dimension 0" + site in example, example
+
+
+@pytest.mark.parametrize("encoding, name, bom", [("utf-16", "UTF-16", "ff fe"), ("utf-32", "UTF-32", "ff fe 00 00"),
+                                                ("utf-16-be", "UTF-16", "fe ff")])
+def test_a_results_file_in_another_unicode_encoding_is_named_in_one_line(run_dir, capsys, encoding, name, bom):
+    """A spreadsheet's "Unicode text" export: its header read as UTF-8 names no column.
+    The report and compare say the encoding and exit 2."""
+    path = run_dir / RESULTS_FILE
+    text = path.read_text(encoding="utf-8")
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data  # the big-endian codec writes no mark of its own
+    path.write_bytes(data)
+    for tool, args in ((report.main, [str(run_dir)]), (compare.main, [str(run_dir), str(run_dir)])):
+        assert tool(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"is {name} text (its first bytes are {name}'s byte-order mark, {bom})" \
+            in err, err
