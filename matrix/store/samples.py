@@ -23,7 +23,10 @@ slowest rank's), ``control_us`` the A/A control's round trip in the same
 iterations (nsa_cp_comm.harness.steps.control_steps), so ``roundtrip / control`` per
 iteration is a paired ratio that the machine's load moves far less than either
 time. Lines are appended whole under a lock, as rows are; the last line of a
-(point_id, impl) in file order is the one read, as for rows. A line that is
+(point_id, impl) in file order is the one read, as for rows (a later run of
+the point, a resume's, replaces an earlier run's); a second line of the same
+run for it is an inconsistency that leaves the row without evidence, never a
+silent replacement. A line that is
 not such an object is skipped and counted, never fatal to the read; but the
 samples are the gate's evidence: a timed row whose line is missing, unusable
 or of another run of its point is one compare cannot verify
@@ -176,6 +179,7 @@ def read_samples(path: Path) -> Samples:
         return out
     f = inputs.open_binary(path, str(path), SAMPLES_BYTES_MAX, inputs.BadInputFile)
     out.found = True
+    runs: dict[tuple[str, str], str] = {}  # the run of each (point_id, impl)'s latest line
     with f:
         for line in inputs.lines(f, str(path), SAMPLE_LINE_MAX, inputs.BadInputFile):
             try:
@@ -187,8 +191,18 @@ def read_samples(path: Path) -> Samples:
             if not isinstance(pid, str) or not isinstance(impl, str):
                 out.skipped_lines += 1
                 continue
-            # the latest line of a point and impl decides, usable or not
+            # the latest line of a point and impl decides, usable or not; but two lines of one run for it
+            # are an inconsistency, never a silent replacement (which of them timed the row is not known)
             key = (pid, impl)
+            # a run by its id; a line of before run ids (schema 2) by its timestamp
+            run = f"run {obj['run_id']}" if obj.get("run_id") else (
+                f"one run (timestamp {obj['timestamp']})" if obj.get("timestamp") else "")
+            if run and runs.get(key) == run:
+                out.skipped_lines += 1
+                out.rejected[key] = f"two lines of {run} for this point and impl: which one timed the row is not known"
+                out.by_key.pop(key, None)
+                continue
+            runs[key] = run
             rt, ctl, why = _parsed(obj)
             if why:
                 out.skipped_lines += 1

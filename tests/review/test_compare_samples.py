@@ -78,6 +78,41 @@ def test_a_significant_paired_improvement_is_an_improvement_not_noise(tmp_path, 
     assert "improved" in marks(out) and not any("within noise" in m for m in marks(out))
 
 
+def test_a_second_samples_line_of_the_same_run_is_an_inconsistency_not_a_replacement(tmp_path, capsys):
+    """A regressed row's samples followed by a second line of the same run and point (a fast one):
+    read as "the last line wins", the gate saw the fast one and passed. Now the row is unverified,
+    its reason naming both lines' run; a line of a later run (a resume's) still replaces the old."""
+    base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    new = write_sampled(tmp_path / "n", {"p1": (_noisy(200), _noisy(100)), "p2": (_noisy(100), _noisy(100))})
+    f = Path(new) / SAMPLES_FILE
+    first = json.loads(f.read_text().splitlines()[0])
+    assert first["point_id"] == "p1"
+    with f.open("a") as out:
+        out.write(json.dumps({**first, "roundtrip_us": _noisy(45)}) + "\n")
+    code, out = gate(base, new, capsys)
+    assert code == 1 and "unverified=1" in summary(out) and "regressed=0" in summary(out), out
+    # (these rows carry no run id, as before run ids: one run is told by its timestamp)
+    assert f"two lines of one run (timestamp {first['timestamp']}) for this point and impl" in out
+    with f.open("a") as out_f:  # a later run of the point: its line replaces, as a resume's does
+        out_f.write(json.dumps({**first, "timestamp": "2026-01-02T00:00:00+00:00"}) + "\n")
+    code, out = gate(base, new, capsys)
+    assert "two lines of" not in out and "its line is another run's (timestamp 2026-01-02" in out, out
+
+
+def test_two_lines_of_one_run_id_leave_the_row_without_evidence_and_a_later_run_replaces_them(tmp_path):
+    line = {"schema_version": SCHEMA_VERSION, "point_id": "p1", "impl": "padded", "run_id": "run-a",
+            "timestamp": "t1", "roundtrip_us": [1.0, 2.0], "control_us": [1.0, 2.0]}
+    f = tmp_path / SAMPLES_FILE
+    f.write_text("".join(json.dumps(x) + "\n" for x in (line, {**line, "timestamp": "t2"})))
+    got = read_samples(f)
+    assert got.evidence("p1", "padded", paired=True) == (None, "its samples.jsonl line is unusable (two lines of "
+                                                        "run run-a for this point and impl: which one timed the row "
+                                                        "is not known)")
+    with f.open("a") as out:
+        out.write(json.dumps({**line, "run_id": "run-b"}) + "\n")
+    assert read_samples(f).evidence("p1", "padded", paired=True)[1] == ""
+
+
 def test_a_load_that_slows_the_control_alike_is_no_regression(tmp_path, capsys):
     """Every absolute time doubled (a busy machine), the paired ratio unchanged."""
     base = write_sampled(tmp_path / "b", {"p1": (_noisy(100), _noisy(100))})
