@@ -36,6 +36,7 @@ Pure Python: the report classifies rows without importing torch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -160,7 +161,13 @@ def batch(plan_class: str, cp_size: int, policy: str = "zigzag", *, engine: str 
         raise ValueError(f"plan_class={plan_class}: must be one of {', '.join(CLASSES)}")
     if not isinstance(cp_size, int) or isinstance(cp_size, bool) or cp_size < 1:
         raise ValueError(f"cp_size={cp_size!r}: must be a positive integer")
-    cp = cp_size
+    return list(_made(plan_class, cp_size, str(policy), str(engine), int(bystanders)))
+
+
+# A point's config resolves its batch each time it is read: the search runs once per argument set.
+@functools.lru_cache(maxsize=4096)
+def _made(plan_class: str, cp: int, policy: str, engine: str, bystanders: int) -> tuple[int, ...]:
+    """:func:`batch`'s search, for arguments it checked."""
     if cp == 1 and plan_class not in ("even", "bucket_edge"):
         raise ValueError(f"plan_class={plan_class}: needs cp_size of at least 2 (one rank is always even)")
     if plan_class == "paged_uneven" and policy == "zigzag":  # the class's split: zigzag with shared_kv
@@ -190,10 +197,10 @@ def batch(plan_class: str, cp_size: int, policy: str = "zigzag", *, engine: str 
         else:
             made = plan_class in found and ("even" in found) == (plan_class == "even")
         if made and not rules.refusal(seq_lens, cp, policy):
-            return seq_lens
+            return tuple(seq_lens)
         refused = refused or (seq_lens if made else None)
     if refused:
-        return refused
+        return tuple(refused)
     name = rules.strategy_names(policy)
     raise ValueError(f"plan_class={plan_class}: engine={engine}'s {name} split makes no such plan at cp_size={cp}")
 
