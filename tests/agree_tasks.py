@@ -45,6 +45,8 @@ def _cases(rank: int):
         "expanded_full_rank0": (padded_gather_, (torch.ones(1, H).expand(m, H) if rank == 0 else buf(), plan)),
         "strided_full": (padded_gather_, (torch.zeros(H, m).t() if odd else buf(), plan)),
         "overlapping_full": (padded_gather_, (torch.zeros(m + H).as_strided((m, H), (1, 1)) if odd else buf(), plan)),
+        "neg_view_full": (padded_gather_, (torch._neg_view(buf()) if odd else buf(), plan)),
+        "neg_view_local": (padded_gather, (torch._neg_view(_local(plan, rank)) if odd else _local(plan, rank), plan)),
         # unchecked (the timed loop's form): the rank's own check, before the collective
         "unchecked_expanded_every_rank": (lambda full, plan: padded_gather_(full, plan, check=False),
                                           (torch.ones(1, H).expand(m, H), plan)),

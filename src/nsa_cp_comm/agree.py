@@ -39,7 +39,7 @@ from .plan import CPPlan
 # before any collective (torch would raise on that rank only, mid-collective,
 # and leave its peers waiting in it).
 (USABLE, NOT_A_TENSOR, META, WRONG_DIM, NO_PLAN, REQUIRES_GRAD, EXPANDED, OVERLAPPING,
- NOT_CONTIGUOUS) = range(9)
+ NOT_CONTIGUOUS, LAZY_VIEW) = range(10)
 _KIND_TEXT = {
     NOT_A_TENSOR: "is not a torch.Tensor",
     META: "is on the meta device (no data)",
@@ -53,6 +53,9 @@ _KIND_TEXT = {
                   "cannot write into it; pass a padded_buffer)"),
     NOT_CONTIGUOUS: ("is not contiguous (the in-place collective would write into a copy, "
                      "not into it; pass a padded_buffer or .contiguous())"),
+    LAZY_VIEW: ("is a lazy negative or conjugate view (its memory holds the values before the sign or "
+                "conjugate the view shows, and a collective reads and writes the memory; pass "
+                ".resolve_neg() / .resolve_conj(), or a padded_buffer)"),
 }
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.int8,
            torch.uint8, torch.bool)
@@ -92,11 +95,15 @@ def _all_dtypes() -> list[torch.dtype]:
 
 def layout_kind(tensor: torch.Tensor, *, in_place: bool) -> int:
     """USABLE, or why a 2-D ``tensor`` cannot be handed to a collective: it
-    needs autograd (grad mode on), or, for an in-place form (``in_place``: the
+    needs autograd (grad mode on), it is a lazy negative or conjugate view
+    (``torch._neg_view``, ``.conj()`` of a complex tensor: what it shows is
+    not its memory), or, for an in-place form (``in_place``: the
     collective writes into the tensor itself), its rows do not own contiguous
     memory of their own: expanded (a stride of 0), overlapping, or strided."""
     if tensor.requires_grad and torch.is_grad_enabled():
         return REQUIRES_GRAD
+    if tensor.is_neg() or tensor.is_conj():  # in or out of place: the collective sees the memory, not the view
+        return LAZY_VIEW
     if not in_place or tensor.is_contiguous():
         return USABLE
     if any(st == 0 and n > 1 for n, st in zip(tensor.shape, tensor.stride())):

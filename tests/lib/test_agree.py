@@ -32,6 +32,9 @@ CASES = {
     "expanded_full_rank0": "padded_gather_ full on rank 0 is expanded (a stride of 0",
     "strided_full": "padded_gather_ full on rank 1 is not contiguous",
     "overlapping_full": "padded_gather_ full on rank 1 has rows that overlap in memory",
+    # a negative view's memory holds the un-negated values: the collective would gather those
+    "neg_view_full": "padded_gather_ full on rank 1 is a lazy negative or conjugate view",
+    "neg_view_local": "padded_gather local on rank 1 is a lazy negative or conjugate view",
     "requires_grad_full": "padded_gather_ full on rank 1 requires grad",
     "unchecked_expanded_every_rank": "padded_gather_ full is expanded (a stride of 0: its rows share one row's memory, "
                                      "so the collective cannot write into it; pass a padded_buffer) (unchecked: raised "
@@ -73,7 +76,8 @@ def test_the_layout_verdict_rests_on_the_layout_kind(monkeypatch):
     for t, kind in ((torch.zeros(4, m).t(), agree.NOT_CONTIGUOUS),
                     (torch.zeros(m + 4).as_strided((m, 4), (1, 1)), agree.OVERLAPPING),
                     (torch.zeros(m, 8)[:, :4], agree.NOT_CONTIGUOUS),
-                    (torch.zeros(m, 4).requires_grad_(), agree.REQUIRES_GRAD)):
+                    (torch.zeros(m, 4).requires_grad_(), agree.REQUIRES_GRAD),
+                    (torch._neg_view(torch.zeros(m, 4)), agree.LAZY_VIEW)):
         monkeypatch.undo()
         assert agree.layout_kind(t, in_place=True) == kind, t.stride()
 
