@@ -201,10 +201,21 @@ def by_status(df: pd.DataFrame) -> pd.DataFrame:
     cps = rows[bad].groupby([k[bad] for k in key])["cp_size"].agg(
         lambda s: ",".join(str(int(float(c))) for c in sorted(set(s), key=float)))
     counts["cps not ok"] = [cps.get(ic, "-") for ic in counts.index]
-    passed = counts["ok"] if "ok" in counts else pd.Series(0, index=counts.index)
     rank = {c: i for i, c in enumerate(CLASSES)}
-    order = sorted(counts.index, key=lambda ic: (ic[0], bool(passed[ic]), rank.get(ic[1], len(rank))))
+    failing = never_passed(counts)
+    order = sorted(counts.index, key=lambda ic: (ic[0], not failing[ic], rank.get(ic[1], len(rank))))
     return counts.loc[order]
+
+
+def never_passed(counts: pd.DataFrame) -> pd.Series:
+    """Of a :func:`by_status` table: the (impl, class) rows that failed, errored or timed out
+    and were never ok (a class only skipped or refused there did not run: coverage's to say)."""
+    import pandas as pd
+
+    bad = [s for s in ("failed", "error", "timeout") if s in counts]
+    ran_bad = counts[bad].sum(axis=1).gt(0) if bad else pd.Series(False, index=counts.index)
+    passed = counts["ok"].gt(0) if "ok" in counts else pd.Series(False, index=counts.index)
+    return ran_bad & ~passed
 
 
 def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]:
@@ -234,9 +245,9 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
         main += ["", f"... {len(ours) - 8} more: all in the [appendix]({appendix_file})"]
     statuses = by_status(df)
     if not statuses.empty:
-        never = sorted({impl for impl, c in statuses.index if not statuses.loc[(impl, c)].get("ok", 0)})
-        main += ["", "Outside implementations, rows by plan class and status (the classes an impl never passed "
-                     "first; `cps not ok`: where its rows there did not pass)"
+        never = sorted({impl for impl, _ in statuses.index[never_passed(statuses).to_numpy()]})
+        main += ["", "Outside implementations, rows by plan class and status (first the classes an impl failed "
+                     "and never passed; `cps not ok`: where its rows there did not pass)"
                  + (f": {', '.join(f'`{i}`' for i in never)} never passed some class." if never else "."), "",
                  frame_md(statuses, index=True)]
         appendix += ["## Outside implementations, rows by plan class and status", "", frame_md(statuses, index=True), ""]

@@ -256,21 +256,25 @@ def test_the_report_shows_an_outside_impls_status_by_class_the_classes_it_never_
     """A plug-in right on even plans only: `ok` on even at every cp, `error` on every uneven
     class. The report's table by class and status puts the classes it never passed first,
     with the cps where its rows did not pass; the verdict line quotes it no speed ratio."""
-    rows = _rows({2: ["even", "empty_rank", "longest_not_first"], 3: ["even", "empty_rank"]})
+    rows = _rows({2: ["even", "empty_rank", "longest_not_first"], 3: ["even", "empty_rank", "many_short"]})
     mine = f"{BROKEN}:neighbour_rows"
     for r in rows:
         if r["impl"] == mine and r["plan_class"] != "even":
             r.update(status="error", reason="RuntimeError: The size of tensor a (17) must match", correct=None,
                      roundtrip_p50_us=None)
+        if r["impl"] == mine and "many_short" in r["plan_class"]:
+            r.update(status="skipped", reason="not this engine's")  # did not run: not a class it failed
     append(tmp_path, rows)
     _, df = _loaded(tmp_path)
     table = coverage.by_status(df)
     classes = [c for impl, c in table.index]
-    # never passed first (in the classes' order), then the one it passed
-    assert classes[-1] == "even" and set(classes[:-1]) == {"uneven_by_one", "empty_rank", "longest_not_first"}
+    # failed and never passed first (in the classes' order), then the rest: the one it passed, the one only skipped
+    assert set(classes[:3]) == {"uneven_by_one", "empty_rank", "longest_not_first"}, classes
+    assert set(classes[3:]) == {"even", "many_short"}, classes
+    assert table.loc[(mine, "many_short"), "skipped"] == 1
     assert table.loc[(mine, "even"), "ok"] == 2 and table.loc[(mine, "even"), "cps not ok"] == "-"
     assert table.loc[(mine, "empty_rank"), "error"] == 2 and table.loc[(mine, "empty_rank"), "cps not ok"] == "2,3"
-    assert list(table.columns) == ["error", "ok", "cps not ok"]  # what went wrong first
+    assert list(table.columns) == ["error", "ok", "skipped", "cps not ok"]  # what went wrong first
     md = report_doc.markdown(report.render(*_loaded(tmp_path)))[0]
     assert f"`{mine}` never passed some class." in md
     verdict = md.splitlines()[[i for i, ln in enumerate(md.splitlines()) if ln.startswith("**Verdict")][0]]
