@@ -225,6 +225,16 @@ leaves_thread_spinning = RoundTripImpl("leaves_thread_spinning", _gathering(_spi
 leaks_env = RoundTripImpl("leaks_env", _gathering(lambda: os.environ.update(NSA_CP_AUTO_MAX_S="0.5")), _scatter,
                           doc="sets NSA_CP_AUTO_MAX_S=0.5 in its rank")
 
+def _deprecated() -> None:
+    import warnings
+
+    warnings.warn("this communicator's API is deprecated", FutureWarning, stacklevel=1)
+
+
+warns_deprecated = RoundTripImpl("warns_deprecated", _gathering(_deprecated), _scatter,
+                                 doc="a FutureWarning on every gather, as a deprecated torch name gives")
+
+
 def _fast_clock() -> None:
     import time
 

@@ -129,7 +129,6 @@ NOT_YET: tuple[tuple[str, str, str], ...] = (
      "skewed, expert-load statistics polluted", "measured, not judged: every row counts the padding the router "
      "masked and the most of the rest one expert got (`moe_pad_expert_max_rows`), by the engine's rule for its "
      "model; an implementation's own router is not in the protocol, so there is no copy of it to break"),
-
 )
 
 BY_NAME = {b.name: b for b in BUGS}

@@ -31,7 +31,7 @@ from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_beside
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
-from nsa_cp_comm.origins import clean, is_outside, is_reference
+from nsa_cp_comm.origins import clean, is_own, is_reference
 
 # The paired, load-independent metric: per iteration, the round trip over the
 # A/A control's round trip in the same iteration; read from the samples.
@@ -170,8 +170,9 @@ def declared_names(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame,
     def names(frame: pd.DataFrame) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
         for impl, origin in zip(frame["impl"].astype(str), frame["origin"].astype(str)):
-            if clean(origin) and is_outside(impl, origin):
-                out.setdefault(clean(origin), set()).add(impl)
+            text = clean(origin)
+            if text and not is_own(text):  # a recorded origin, another's: the names to join
+                out.setdefault(text, set()).add(impl)
         return out
 
     def renamed(frame: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:

@@ -62,11 +62,11 @@ def _classify(policy: str, cp: str, page: str, align: str, seq_lens: str) -> str
     return label(plan)
 
 
-def outside(df: pd.DataFrame, origin_column: str = "impl_origin") -> pd.Series:
+def outside(df: pd.DataFrame) -> pd.Series:
     """Rows of implementations from outside the project (:func:`nsa_cp_comm.origins.is_outside`)."""
     import pandas as pd
 
-    return pd.Series([is_outside(i, o) for i, o in zip(df["impl"], df[origin_column])], index=df.index, dtype=bool)
+    return pd.Series([is_outside(i, o) for i, o in zip(df["impl"], df["impl_origin"])], index=df.index, dtype=bool)
 
 
 # What a gap is.
@@ -246,10 +246,10 @@ def section(df: pd.DataFrame, appendix_file: str) -> tuple[list[str], list[str]]
     statuses = by_status(df)
     if not statuses.empty:
         never = sorted({impl for impl, _ in statuses.index[never_passed(statuses).to_numpy()]})
+        shown = frame_md(statuses, index=True)
         main += ["", "Outside implementations, rows by plan class and status (first the classes an impl failed "
                      "and never passed; `cps not ok`: where its rows there did not pass)"
-                 + (f": {', '.join(f'`{i}`' for i in never)} never passed some class." if never else "."), "",
-                 frame_md(statuses, index=True)]
-        appendix += ["## Outside implementations, rows by plan class and status", "", frame_md(statuses, index=True), ""]
+                 + (f": {', '.join(f'`{i}`' for i in never)} never passed some class." if never else "."), "", shown]
+        appendix += ["## Outside implementations, rows by plan class and status", "", shown, ""]
     return main, appendix
 

@@ -24,7 +24,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from nsa_cp_comm.origins import clean, is_outside, is_reference
+from nsa_cp_comm.origins import REFERENCE_SEP, clean, is_own, is_reference
 
 
 def mixed(df: pd.DataFrame) -> list[str]:
@@ -103,12 +103,12 @@ def same_origin(df: pd.DataFrame) -> dict[str, list[str]]:
     implementation that ran under several names (see the module docstring).
     The name kept is one that is not a reference, else the shortest."""
     rows = df[["impl", "impl_origin"]].astype(str)
-    rows = rows[[bool(clean(o)) and is_outside(i, o) for i, o in zip(rows["impl"], rows["impl_origin"])]]
+    rows = rows[[bool(clean(o)) and not is_own(o) for o in rows["impl_origin"]]]
     out: dict[str, list[str]] = {}
     for _, names in rows.drop_duplicates().groupby("impl_origin")["impl"]:
         names = sorted(set(names))
         refs = [n for n in names if is_reference(n)]
-        if len(names) < 2 or len({r.split(":", 1)[1] for r in refs}) > 1:
+        if len(names) < 2 or len({r.partition(REFERENCE_SEP)[2] for r in refs}) > 1:
             continue  # one name, or references to different attributes: different implementations
         kept = min(names, key=lambda n: (is_reference(n), len(n), n))
         out[kept] = names

@@ -190,10 +190,10 @@ def _made(plan_class: str, cp: int, policy: str, engine: str, bystanders: int) -
         tries = _candidates(plan_class, cp)
     refused = None
     for seq_lens in tries:
-        per_rank = rules.plan(seq_lens, cp, policy=policy, page_size=page).per_rank_tokens
-        found = classes(per_rank, policy=policy, page_size=page, seq_lens=seq_lens)
+        plan = rules.plan(seq_lens, cp, policy=policy, page_size=page)
+        found = classify(plan)
         if plan_class == "bucket_edge":
-            made = max(per_rank) == edge
+            made = plan.max_rank_len == edge
         else:
             made = plan_class in found and ("even" in found) == (plan_class == "even")
         if made and not rules.refusal(seq_lens, cp, policy):

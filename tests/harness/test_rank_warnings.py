@@ -6,24 +6,11 @@ prints a line per rank per point; nor does Hydra's launcher print a line per job
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
-import torch.distributed as dist
-
 from matrix_cli import sweep_here
-from nsa_cp_comm import impls
 from nsa_cp_comm.harness import rank_warnings
-
-_PADDED = impls.get("padded")
-
-
-def _noisy_gather(local, plan, group):
-    warnings.warn("this communicator's API is deprecated", FutureWarning, stacklevel=1)
-    return _PADDED.gather(local, plan, group)
-
-
-noisy = dataclasses.replace(_PADDED, name="noisy", gather=_noisy_gather, origin="")
+from tests import hostile_impls
 
 
 def test_recording_keeps_the_warnings_and_leaves_the_module_as_it_was():
@@ -36,8 +23,8 @@ def test_recording_keeps_the_warnings_and_leaves_the_module_as_it_was():
     assert (warnings.filters[:], warnings.showwarning) == before
 
 
-def _line_of(text: str) -> int:
-    return next(i for i, ln in enumerate(open(__file__).read().splitlines(), 1) if f'warnings.warn("{text}' in ln)
+def _line_of(text: str, path: str = __file__) -> int:
+    return next(i for i, ln in enumerate(open(path).read().splitlines(), 1) if f'warnings.warn("{text}' in ln)
 
 
 def test_each_distinct_warning_once_with_its_count_the_rest_in_one_line():
@@ -51,7 +38,7 @@ def test_each_distinct_warning_once_with_its_count_the_rest_in_one_line():
 
 
 def test_a_plugins_warning_is_said_once_after_the_sweep_with_its_count(tmp_path, monkeypatch, capsys):
-    run = sweep_here(tmp_path / "res", "impl=tests.harness.test_rank_warnings:noisy", "cp_size=2",
+    run = sweep_here(tmp_path / "res", "impl=tests.hostile_impls:warns_deprecated", "cp_size=2",
                      "seq_lens=[64],[1001,300]", "hidden_size=32", "iters=1", "warmup=0", monkeypatch=monkeypatch,
                      capsys=capsys)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -60,5 +47,6 @@ def test_a_plugins_warning_is_said_once_after_the_sweep_with_its_count(tmp_path,
     said = [ln for ln in run.stderr.splitlines() if "deprecated" in ln or ln.startswith("warnings raised")]
     assert said[0].startswith("warnings raised on the ranks: ") and len(said) == 2, said
     n = int(said[1].split(" x ")[0])
-    assert n >= 4 and said[1].endswith(f"FutureWarning: this communicator's API is deprecated "
-                                       f"({__file__}:{_line_of('this communicator')})"), said  # 2 points x 2 ranks
+    where = f"{hostile_impls.__file__}:{_line_of('this communicator', hostile_impls.__file__)}"
+    # at least 2 points x 2 ranks
+    assert n >= 4 and said[1].endswith(f"FutureWarning: this communicator's API is deprecated ({where})"), said
