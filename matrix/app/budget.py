@@ -14,7 +14,6 @@ allocates (harness.checks, harness.steps) and the reference MoE's weights.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -24,8 +23,8 @@ from typing import Any
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.machine import Machine, this_machine
-from nsa_cp_comm.harness.spec import DTYPES
-from nsa_cp_comm.moe import ReferenceMoE
+from nsa_cp_comm.harness.spec import DTYPE_BYTES
+from nsa_cp_comm.modes import REFERENCE_FFN_SIZE as FFN_SIZE  # the experts the checks build
 
 from .config import ConfigError, override_value
 from .resolve import Resolved
@@ -38,7 +37,6 @@ MB, GIB = 1e6, float(1 << 30)
 RANK_BASE_BYTES = 370 * MB
 # A CUDA rank also holds the CUDA runtime on the host, and a context on its GPU.
 CUDA_RANK_HOST_BYTES, CUDA_CONTEXT_BYTES = 600 * MB, 500 * MB
-FFN_SIZE = inspect.signature(ReferenceMoE).parameters["ffn_size"].default  # the experts the checks build
 MAX_SWEEP_S = 3600.0  # a sweep estimated to take longer here is refused
 REMOTE_MAX_RANK_BYTES = 2 * (1 << 40)  # remote launchers: refuse only what no node holds
 POINT_OVERHEAD_S = 0.3  # per point: sending the task, folding reports, writing the rows
@@ -104,7 +102,7 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     machine = machine or this_machine()
     spec, plan, kinds = res.spec, res.plan(), _timed(res)
     cp, H, ranks, experts, topk = spec.cp_size, spec.hidden_size, spec.world_size, spec.experts, spec.topk
-    m, P, item = plan.max_rank_len, plan.padded_total, DTYPES[spec.dtype].itemsize
+    m, P, item = plan.max_rank_len, plan.padded_total, DTYPE_BYTES[spec.dtype]
     # An implementation that takes the split's padded shard ([P_r, H], the
     # engine's physical length) gathers P_r*cp rows, at least m*cp.
     if any(getattr(impl_registry.get(name), "shard", "rows") == "padded" for name in res.impls):

@@ -25,7 +25,7 @@ from typing import Any
 from nsa_cp_comm import engines
 from nsa_cp_comm.origins import is_reference
 from nsa_cp_comm.harness.fold import ImplResult
-from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version
+from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version, torch_version
 
 from .. import command
 from .config import KEYS, ConfigError, override_value, validate
@@ -123,14 +123,12 @@ def _environment(pid: int) -> dict[str, Any]:
         sha = f"{sha}-dirty" if sha and dirty else sha
     except (OSError, subprocess.SubprocessError):
         sha = ""
-    import torch
-
     import nsa_cp_comm
 
     n_gpus = gpus()[0]
     return {
         "run_id": new_run_id(), "started": STARTED, "command": shlex.join(sys.orig_argv), "pid": pid,
-        "host": platform.node(), "git_sha": sha, "torch_version": torch.__version__, "nccl_version": nccl_version(),
+        "host": platform.node(), "git_sha": sha, "torch_version": torch_version(), "nccl_version": nccl_version(),
         "python_version": platform.python_version(), "nsa_cp_comm_version": nsa_cp_comm.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
         "gpu_name": device_name("cuda") if n_gpus else "", "gpu_count": n_gpus,
@@ -246,7 +244,7 @@ def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] |
 
 
 def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
-    from nsa_cp_comm.harness.measure import run_point
+    from nsa_cp_comm.harness.on_pool import run_point
     from nsa_cp_comm.harness.ranks import get_pool, one_line_error
 
     skipped = skipped_results(cfg, res)

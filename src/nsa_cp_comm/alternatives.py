@@ -40,11 +40,6 @@ try:  # the real DeepEP; not installed in this project's environments
 except ImportError:
     DEEP_EP_AVAILABLE = False
 
-A2A_NOTE = (
-    "stand-in for DeepEP: all_to_all_single dispatch/combine under the reference MoE's top-k routing"
-    + ("" if DEEP_EP_AVAILABLE else " (deep_ep not importable)")
-)
-
 
 # ---------------------------------------------------------------------------
 # sumlen_allreduce

@@ -33,30 +33,15 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import engines
-from .alternatives import (
-    A2A_NOTE,
-    a2a_combine,
-    a2a_dispatch,
-    allgatherv_gather,
-    allgatherv_scatter,
-    sumlen_gather,
-    sumlen_scatter,
-)
-from .pad_at_split import pad_at_split_gather, pad_at_split_scatter, physical_len
+from ._lazy import Deferred
 from .origins import is_reference, own
 from .plan import CPPlan
-from .production import (
-    Production,
-    calls_form,
-    legacy_form,
-    pad_at_split_form,
-    padded_form,
-    padded_zero_copy_form,
-)
-from .roundtrip import legacy_gather, legacy_scatter, padded_gather, padded_gather_zero_copy, padded_scatter
+
+if TYPE_CHECKING:
+    from .production import Production
 
 ENTRY_POINT_GROUP = "nsa_cp_comm.impls"
 LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
@@ -160,6 +145,8 @@ class RoundTripImpl:
     def production(self, plan: CPPlan, hidden: int, dtype: Any, device: Any, group: Any) -> Production:
         """The form the timed loop runs at this point: ``prepare``'s, else the
         ``gather`` / ``scatter`` calls themselves."""
+        from .production import Production, calls_form
+
         if self.prepare is None:
             return calls_form(self, plan, hidden, dtype, device, group)
         form = self.prepare(plan, hidden, dtype, device, group)
@@ -369,38 +356,50 @@ def register(impl: Impl) -> Impl:
     return impl
 
 
+def _own(function: str) -> Deferred:
+    """A function of the library's own modules, imported at its first call:
+    this registry is read in processes that never run a collective (a
+    sweep's own process), which then never import torch."""
+    return Deferred(f"{__package__}.{function}")
+
+
 register(
     RoundTripImpl(
-        "padded", padded_gather, padded_scatter, "rank_major_padded", prepare=padded_form,
+        "padded", _own("roundtrip:padded_gather"), _own("roundtrip:padded_scatter"), "rank_major_padded",
+        prepare=_own("production:padded_form"),
         doc="the fix: pad every shard to max_rank_len, all-gather, reduce-scatter equal chunks, slice",
     )
 )
 register(
     RoundTripImpl(
-        "legacy", legacy_gather, legacy_scatter, "rank_major_padded", needs_even=True, prepare=legacy_form,
+        "legacy", _own("roundtrip:legacy_gather"), _own("roundtrip:legacy_scatter"), "rank_major_padded",
+        needs_even=True, prepare=_own("production:legacy_form"),
         legacy_bits_on_even=False,  # it is the reference
         doc="the old path: even shards only; refuses uneven plans on every rank",
     )
 )
 register(
     RoundTripImpl(
-        "sumlen_allreduce", sumlen_gather, sumlen_scatter, "rank_major_packed", legacy_bits_on_even=False,
+        "sumlen_allreduce", _own("alternatives:sumlen_gather"), _own("alternatives:sumlen_scatter"),
+        "rank_major_packed", legacy_bits_on_even=False,
         doc="zero-filled [T, H], rows at rank_offset, all-reduce; back: all-reduce + slice",
     )
 )
 register(
     RoundTripImpl(
-        "allgatherv", allgatherv_gather, allgatherv_scatter, "rank_major_packed", backends=("nccl",),
-        legacy_bits_on_even=False,
+        "allgatherv", _own("alternatives:allgatherv_gather"), _own("alternatives:allgatherv_scatter"),
+        "rank_major_packed", backends=("nccl",), legacy_bits_on_even=False,
         doc="list all_gather / list reduce_scatter with per-rank sizes (gloo refuses uneven lists)",
     )
 )
-register(DispatchImpl("a2a", a2a_dispatch, a2a_combine, doc="stand-in for DeepEP: " + A2A_NOTE))
+register(DispatchImpl("a2a", _own("alternatives:a2a_dispatch"), _own("alternatives:a2a_combine"),
+                      doc="stand-in for DeepEP: all_to_all_single dispatch/combine under the reference MoE's top-k "
+                      "routing"))
 
 register(
     RoundTripImpl(
-        "padded_zero_copy", padded_gather_zero_copy, padded_scatter, "rank_major_padded",
-        prepare=padded_zero_copy_form,
+        "padded_zero_copy", _own("roundtrip:padded_gather_zero_copy"), _own("roundtrip:padded_scatter"),
+        "rank_major_padded", prepare=_own("production:padded_zero_copy_form"),
         doc="the fix's zero-copy form: rows are produced in their slot of a reused buffer (padded_buffer + "
         "padded_gather_); timed without the slot copy, like nccl-tests' in-place column",
     )
@@ -408,10 +407,10 @@ register(
 
 register(
     RoundTripImpl(
-        "pad_at_split", pad_at_split_gather, pad_at_split_scatter, "rank_major_padded", row_stride=physical_len,
-        pads_split=True, prepare=pad_at_split_form,
+        "pad_at_split", _own("pad_at_split:pad_at_split_gather"), _own("pad_at_split:pad_at_split_scatter"),
+        "rank_major_padded", row_stride=shard_len, pads_split=True, prepare=_own("production:pad_at_split_form"),
         # legacy's [T, H] buffer, and bytes, exactly where P*cp == T (no rank padded)
-        legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,
+        legacy_bits_on_even=lambda plan: shard_len(plan) * plan.cp_size == plan.total_tokens,
         doc="the serving engine's rule: every rank padded at the split to P = ceil_align(max n_r, 2*cp zigzag "
         "| cp), attention and MoE process the zero rows, every collective even",
     )
@@ -419,6 +418,18 @@ register(
 
 # The project's own names, before anything outside is discovered.
 BUILTIN: tuple[str, ...] = tuple(REGISTRY)
+_BUILTIN_IMPLS: tuple[Impl, ...] = tuple(REGISTRY.values())
+
+
+def load_builtins() -> None:
+    """Import every function the built-ins defer (:func:`_own`). A rank does so
+    before it runs anything: the built-ins then call the library's own
+    functions whatever a task later rebinds, and the rank-state check
+    records those modules among the library's (.harness.rank_state)."""
+    for impl in _BUILTIN_IMPLS:
+        for value in vars(impl).values():
+            if isinstance(value, Deferred):
+                value.resolve()
 
 
 class ImplError(ValueError):

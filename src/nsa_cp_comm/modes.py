@@ -40,6 +40,10 @@ def mlp_mode(moe_a2a_backend: str, *, sparse_layer: bool = True) -> ScatterMode:
     return ScatterMode.SCATTERED
 
 
+# The width of the reference MoE's experts (nsa_cp_comm.moe.ReferenceMoE's
+# default), here so the app's memory estimate reads it without torch.
+REFERENCE_FFN_SIZE = 32
+
 # Where DeepSeek-V3.2's shared expert runs in the MoE model (nsa_cp_comm.moe):
 # nowhere, sharded like the routed experts, or replicated on every CP rank.
 # Here, beside the modes, so configuration can name them without torch.

@@ -21,7 +21,7 @@ import torch
 
 # Where the shared expert runs: not at all, split over the ranks, or whole on
 # every rank (named in .modes, where configuration reads it without torch).
-from .modes import SHARED_EXPERTS
+from .modes import REFERENCE_FFN_SIZE, SHARED_EXPERTS
 
 
 class ReferenceMoE:
@@ -34,7 +34,7 @@ class ReferenceMoE:
         *,
         num_experts: int = 8,
         topk: int = 2,
-        ffn_size: int = 32,
+        ffn_size: int = REFERENCE_FFN_SIZE,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",

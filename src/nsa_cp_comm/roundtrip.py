@@ -36,11 +36,8 @@ import torch.distributed as dist
 
 from .agree import _KIND_TEXT, USABLE, agree, layout_kind
 from .collectives import all_gather_into, group_rank, group_size, reduce_scatter_into
+from .errors import LEGACY_UNEVEN_ERROR
 from .plan import CPPlan
-
-# What torch's NCCL backend raises when all-gather sizes disagree; the legacy
-# path raises it (with the plan's sizes appended) on every rank of an uneven plan.
-LEGACY_UNEVEN_ERROR = "output tensor size must be equal to world_size times input tensor size"
 
 
 def _rank(plan: CPPlan, group: dist.ProcessGroup | None) -> int:

@@ -4,6 +4,7 @@ the key, the estimate and the limit, before anything starts."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import re
 
@@ -103,6 +104,7 @@ def test_the_gpus_are_read_once_per_process(monkeypatch):
 
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    monkeypatch.setattr(machine, "gpu_driver_absent", lambda: False)  # a GPU machine's answer: torch's
     machine.gpus.cache_clear()
     try:
         on_this = [resolve(cfg(cp_size=cp, hidden_size=64)) for cp in (1, 2, 4)]
@@ -110,6 +112,31 @@ def test_the_gpus_are_read_once_per_process(monkeypatch):
         assert len(asked) == 1
     finally:
         machine.gpus.cache_clear()  # the next caller reads the real devices
+
+
+@pytest.mark.parametrize("nodes, platform, absent", [
+    ((), "linux", True),
+    (("/dev/nvidia0",), "linux", False),
+    (("/dev/kfd",), "linux", False),
+    (("/dev/dxg",), "linux", False),
+    ((), "win32", False),  # no device nodes to read there: torch is asked
+])
+def test_without_a_gpu_drivers_device_node_no_gpu_is_seen_and_torch_is_not_asked(monkeypatch, nodes, platform,
+                                                                                  absent):
+    """A sweep's own process reads the GPUs of the machine; where Linux has no GPU driver's
+    device node it answers none without torch (whose import is seconds of a CLI's start)."""
+    import torch
+
+    monkeypatch.setattr(machine.glob, "glob", lambda pattern: [n for n in nodes if fnmatch.fnmatch(n, pattern)])
+    monkeypatch.setattr(machine.sys, "platform", platform)
+    assert machine.gpu_driver_absent() is absent
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    machine.gpus.cache_clear()
+    try:
+        assert machine.gpus() == (0, 0.0) and len(asked) == (0 if absent else 1)
+    finally:
+        machine.gpus.cache_clear()
 
 
 CGROUP_V2 = {"/proc/self/cgroup": "0::/job\n", "/proc/meminfo": "MemTotal: 64000000 kB\nMemAvailable: 32000000 kB\n"}

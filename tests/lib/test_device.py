@@ -66,7 +66,7 @@ def test_clock_refuses_a_cuda_device_without_an_index():
 def test_timed_loop_syncs_the_steps_device(monkeypatch):
     """The one timed loop times through the clock it is given."""
     fake = FakeCuda(monkeypatch)
-    monkeypatch.setattr(timing.dist, "barrier", lambda group=None: None)
+    monkeypatch.setattr(torch.distributed, "barrier", lambda group=None: None)
     dev = torch.device("cuda", 5)
     steps = [timing.Steps("x", [("gather", lambda i: None), ("scatter", lambda i: None)])]
     out = timing.timed_loop(steps, warmup=1, iters=2, clock=timing.Clock(dev))

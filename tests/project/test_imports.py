@@ -10,7 +10,10 @@ import os
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from matrix_cli import REPO, run_python
+from nsa_cp_comm.harness import machine
 
 LIBRARY = REPO / "src" / "nsa_cp_comm"
 
@@ -190,6 +193,21 @@ def test_help_answers_without_importing_torch():
     assert imported("import time:       425 |     119160 |       torch\n") == {"torch"}
 
 
+@pytest.mark.skipif(not machine.gpu_driver_absent(), reason="needs a machine without a GPU driver (with one, the "
+                    "sweep's own process asks torch for its GPUs)")
+def test_a_sweeps_own_process_never_imports_torch(tmp_path):
+    """The ranks import torch (their fork server, once); the process that
+    composes, resolves, sends the point to its ranks, folds and writes the
+    rows does not: it would pay seconds of imports for nothing, at every
+    sweep. A built-in implementation's functions are imported where called."""
+    proc = run_python("-X", "importtime", "-m", "matrix", "-m", "cp_size=2", "seq_lens=[64]", "hidden_size=32",
+                      "iters=2", "warmup=0", f"results_dir={tmp_path / 'res'}")
+    assert proc.returncode == 0 and "ok 2, failed 0" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    modules = imported(proc.stderr)
+    assert {"nsa_cp_comm.impls", "nsa_cp_comm.harness.on_pool", "nsa_cp_comm.harness.fold"} <= modules
+    assert not {m for m in modules if m.split(".")[0] == "torch"}, sorted(m for m in modules if "torch" in m)[:5]
+
+
 def test_the_librarys_names_load_on_first_use():
     probe = textwrap.dedent("""
         import sys
@@ -303,3 +321,20 @@ def test_tests_share_helpers_through_support_modules_not_other_rooms_tests(tmp_p
     write_files(tmp_path, {"review/test_compare.py": "", "store/test_own.py": "",
                            "store/test_runs.py": "import test_compare as tc\nfrom test_own import x\n"})
     assert cross_room_test_imports(tmp_path) == ["store/test_runs.py: test_compare"]
+
+
+def test_a_deferred_function_is_imported_at_its_first_call_and_pickles_as_its_name():
+    import pickle
+
+    from nsa_cp_comm import impls, roundtrip
+    from nsa_cp_comm._lazy import Deferred
+
+    later = Deferred("json:dumps")
+    assert later._fn is None and later([1]) == "[1]" and later._fn is not None
+    again = pickle.loads(pickle.dumps(later))
+    assert again.target == "json:dumps" and again._fn is None
+    with pytest.raises(ValueError, match="expected module:function"):
+        Deferred("json.dumps")
+    # the built-ins call the library's own functions
+    impls.load_builtins()
+    assert impls.get("padded").gather.resolve() is roundtrip.padded_gather

@@ -15,12 +15,12 @@ from .._lazy import names as _names
 # Each name and its module, imported on first use (PEP 562), as the library's
 # package does: its pure-Python modules (calibrate's limits, spec's names) load
 # without torch.
-_WHERE = {"ImplResult": "fold", "run_point": "measure", "RankResult": "rank_result", "RankPool": "ranks",
+_WHERE = {"ImplResult": "fold", "run_point": "on_pool", "RankResult": "rank_result", "RankPool": "ranks",
           "run_on_ranks": "ranks", "PointSpec": "spec"}
 
 if TYPE_CHECKING:
     from .fold import ImplResult
-    from .measure import run_point
+    from .on_pool import run_point
     from .rank_result import RankResult
     from .ranks import RankPool, run_on_ranks
     from .spec import PointSpec

@@ -83,7 +83,10 @@ if __name__ == "__main__":
         import torch.distributed  # noqa: F401
 
         import nsa_cp_comm.harness.measure  # noqa: F401
+        import nsa_cp_comm.impls
         from nsa_cp_comm.harness.forkserver import serve
+
+        nsa_cp_comm.impls.load_builtins()
 
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
     else:

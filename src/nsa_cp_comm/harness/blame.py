@@ -19,17 +19,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch.distributed as dist
-
+from ..errors import LEGACY_UNEVEN_ERROR
 from .cpgroup import cp_ranks, group_rank_of
 from .fold import ImplResult, origin_of
 from .rank_result import RankResult, summarize_failure
 from .rank_state import STATE_KEY
 from .ranks import announce
-from ..roundtrip import LEGACY_UNEVEN_ERROR
 from .spec import PointSpec
-from .steps import CONTROL
-from .timing import Steps
+from .timing import CONTROL, Steps
 
 # What a rank is about to run, in the order a point runs it (the first element
 # of ``at``). When a point fails, the earliest place any CP rank was in is where

@@ -13,27 +13,34 @@ collective on the default group waits for ranks that never enter it.
 
 torch's ``new_group`` sorts its ranks, so the group is made with
 ``_new_group_with_tag(sort_ranks=False)``, the form DeviceMesh uses; where a
-torch lacks it the group keeps the world's order (:data:`PERMUTED` is False).
+torch lacks it the group keeps the world's order (:func:`permuted` is False).
 Groups are made once per process and world (all ranks call, in the same order).
+
+Each rank reports its group rank beside its point's results
+(:data:`GROUP_RANK_KEY`): the sweep's own process orders the reports by it
+without importing torch (only a failure's diagnosis maps ranks here).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-from torch.distributed import distributed_c10d
+# The key of a rank's point report that holds its CP group rank (a leading
+# underscore: never an implementation's name).
+GROUP_RANK_KEY = "_group_rank"
 
 
+@functools.cache
+def permuted() -> bool:
+    """Whether this torch makes a group in the order given (the CP group is then the world reversed)."""
+    from torch.distributed import distributed_c10d
 
-def _keeps_order() -> bool:
     make = getattr(distributed_c10d, "_new_group_with_tag", None)
     return make is not None and "sort_ranks" in inspect.signature(make).parameters
 
-
-PERMUTED: bool = _keeps_order()
 
 _GROUPS: dict[tuple[Any, ...], Any] = {}
 
@@ -41,7 +48,7 @@ _GROUPS: dict[tuple[Any, ...], Any] = {}
 def cp_ranks(cp_size: int, bystanders: int = 0) -> list[int]:
     """Global ranks of the CP group, in group-rank order."""
     world = cp_size + bystanders
-    return list(range(world - 1, bystanders - 1, -1)) if PERMUTED else list(range(bystanders, world))
+    return list(range(world - 1, bystanders - 1, -1)) if permuted() else list(range(bystanders, world))
 
 
 def group_rank_of(global_rank: int, cp_size: int, bystanders: int = 0) -> int | None:
@@ -51,19 +58,22 @@ def group_rank_of(global_rank: int, cp_size: int, bystanders: int = 0) -> int | 
 
 
 def _make(ranks: list[int], timeout_s: float | None, detail: bool):
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
     kwargs: dict[str, Any] = {"ranks": ranks, "backend": dist.get_backend()}
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=max(1.0, timeout_s))
-    if PERMUTED:
+    if permuted():
         kwargs["sort_ranks"] = False
     if not detail:
-        return distributed_c10d._new_group_with_tag(**kwargs) if PERMUTED else dist.new_group(**kwargs)
+        return distributed_c10d._new_group_with_tag(**kwargs) if permuted() else dist.new_group(**kwargs)
     from torch._C._distributed_c10d import DebugLevel, get_debug_level, set_debug_level
 
     before = get_debug_level()
     set_debug_level(DebugLevel.DETAIL)
     try:
-        return distributed_c10d._new_group_with_tag(**kwargs) if PERMUTED else dist.new_group(**kwargs)
+        return distributed_c10d._new_group_with_tag(**kwargs) if permuted() else dist.new_group(**kwargs)
     finally:
         set_debug_level(before)
 
@@ -73,6 +83,8 @@ def cp_group(cp_size: int, *, bystanders: int = 0, checked: bool, timeout_s: flo
     checking, TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper, which compares every
     collective's op, shapes and dtypes across ranks first), or None on a
     bystander. A collective over the whole world: every rank calls it."""
+    import torch.distributed as dist
+
     key = (dist.get_world_size(), cp_size, bystanders, checked, timeout_s)
     if key not in _GROUPS:
         g = _make(cp_ranks(cp_size, bystanders), timeout_s, checked)

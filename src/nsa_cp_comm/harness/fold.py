@@ -14,9 +14,8 @@ from .. import engines
 from .. import impls as impl_registry
 from ..plan import CPPlan
 from .calibrate import CALIBRATION
-from .spec import DTYPES, PointSpec
-from .steps import CONTROL
-from .timing import fold_phases, roundtrip_bandwidth, summarize
+from .spec import DTYPE_BYTES, PointSpec
+from .timing import CONTROL, fold_phases, roundtrip_bandwidth, summarize
 
 
 @dataclass
@@ -71,7 +70,7 @@ def agreed_status(statuses: set[str]) -> str | None:
 
 def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[str, Any]]]) -> list[ImplResult]:
     """Combine every rank's reports (``asdict`` of checks.ImplReport) per implementation."""
-    itemsize = DTYPES[spec.dtype].itemsize
+    itemsize = DTYPE_BYTES[spec.dtype]
     control = per_rank[0].get(CONTROL)
     control_rt = fold_phases([r[CONTROL]["samples"] for r in per_rank])["roundtrip"] if control else []
     results = []

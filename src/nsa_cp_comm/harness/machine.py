@@ -1,7 +1,9 @@
 """The machine the ranks run on: what a timing was measured on (CPU model,
 GPU name, NCCL version) and what it offers the ranks of a point
 (:func:`this_machine`: cores, memory, rank processes, GPUs, as its cgroups and
-RLIMIT_NPROC limit them). Torch is imported only where a GPU is asked about.
+RLIMIT_NPROC limit them). Torch is imported only where a GPU is asked about
+on a machine that has a GPU driver: a sweep's own process on a CPU machine
+never imports it (the ranks do).
 
 The one reader of this process's cgroups: the ranks read its OOM-kill counter
 through :func:`cgroup_dirs`, the matrix's budget the machine's limits.
@@ -10,10 +12,13 @@ through :func:`cgroup_dirs`, the matrix's budget the machine's limits.
 from __future__ import annotations
 
 import functools
+import glob
+import importlib.metadata
 import math
 import os
 import platform
 import resource
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,21 +103,39 @@ def cpu_model() -> str:
 @functools.lru_cache(maxsize=1)
 def nccl_version() -> str:
     """``"2.21.5"``, or ``""`` where torch has no CUDA/NCCL."""
+    if not gpus()[0]:
+        return ""
     import torch
 
-    if not torch.cuda.is_available():
-        return ""
     try:
         return ".".join(map(str, torch.cuda.nccl.version()))
     except Exception:  # noqa: BLE001 - a build without NCCL
         return ""
 
 
+@functools.lru_cache(maxsize=1)
+def torch_version() -> str:
+    """torch's version (``"2.13.0+cpu"``): ``torch.__version__`` once torch is
+    imported, else its installed distribution's, read without importing it;
+    a torch that is no installed distribution (a source tree on the path) is
+    imported and asked."""
+    if "torch" in sys.modules:
+        return str(sys.modules["torch"].__version__)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        return str(torch.__version__)
+
+
 def device_name(device: str) -> str:
     """The GPU's name for ``cuda``, the CPU model otherwise."""
+    if device != "cuda":
+        return cpu_model()
     import torch
 
-    return torch.cuda.get_device_name(0) if device == "cuda" else cpu_model()
+    return torch.cuda.get_device_name(0)
 
 
 # --- what the machine offers ------------------------------------------------------------
@@ -208,13 +231,27 @@ def _task_room() -> tuple[int, str] | None:
     return min(rooms, default=None)
 
 
+# The device nodes a GPU driver makes on Linux (NVIDIA's, AMD ROCm's, WSL's
+# GPU bridge): without one, no process here sees a GPU, and asking torch
+# (seconds of imports in a sweep's own process) would only say so.
+GPU_DEVICE_NODES: tuple[str, ...] = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_driver_absent() -> bool:
+    """True where this is Linux and no GPU driver's device node exists."""
+    return sys.platform.startswith("linux") and not any(glob.glob(p) for p in GPU_DEVICE_NODES)
+
+
 @functools.lru_cache(maxsize=1)
 def gpus() -> tuple[int, float]:
     """(GPUs this process sees, memory of the smallest); (0, 0.0) without CUDA.
 
     Read once per process: the devices a process sees do not change while it
     runs (CUDA fixes them as it starts), and a sweep resolves every point
-    against them (matrix.app.resolve)."""
+    against them (matrix.app.resolve). Without a GPU driver
+    (:func:`gpu_driver_absent`) the answer is (0, 0.0) without importing torch."""
+    if gpu_driver_absent():
+        return 0, 0.0
     import torch
 
     if not torch.cuda.is_available():

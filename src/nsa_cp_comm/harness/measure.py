@@ -1,16 +1,17 @@
-"""One matrix point on real ranks: correctness first, then timings, then the fold.
+"""One matrix point on real ranks: correctness first, then timings.
 
 :func:`point_on_rank` runs inside every rank (a :class:`~.ranks.RankPool`
-task, or a torchrun process); :func:`run_point` sends it to a pool and folds
-the ranks' reports into one :class:`~.fold.ImplResult` per implementation.
-Nothing here knows about Hydra or CSV files.
+task, or a torchrun process); :func:`.on_pool.run_point` (also importable
+from here) sends it to a pool and folds the ranks' reports into one
+:class:`~.fold.ImplResult` per implementation. Nothing here knows about
+Hydra or CSV files.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -28,39 +29,24 @@ from .checks import (
     checked_group,
     shard_input,
 )
-from .blame import (
-    AT_AGREEMENT,
-    AT_CHECKS,
-    AT_PREPARE,
-    AT_SETUP,
-    Failure,
-    announce_place,
-    announce_turns,
-    culprit_row,
-    diagnose,
-    every_row,
-    not_run_row,
-    state_change,
-)
-from .cpgroup import cp_group, group_rank_of
-from .fold import ImplResult, fold_reports, origin_of
+from .blame import AT_AGREEMENT, AT_CHECKS, AT_PREPARE, AT_SETUP, announce_place, announce_turns
+from .cpgroup import GROUP_RANK_KEY, cp_group, group_rank_of
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_state import STATE_KEY, Watch, begin_point
 from .phases import PHASES_KEY, PhaseClock
-from .ranks import RankPool, one_line_error, rank_device
+from .ranks import rank_device
 from .spec import DTYPES, PointSpec, make_shard
 from .calibrate import CALIBRATION, Calibrator, is_auto
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps
 from .timing import CacheFlusher, Clock, timed_loop
+from .on_pool import CHECKS, run_point  # noqa: F401 - the names' old home, kept
 
 # The correctness group's own timeout: a collective one rank skipped fails
 # there (or the pool's point timeout ends the point first).
 CHECK_TIMEOUT_S = 60.0
 
 
-# How much a point checks before it is timed (run_point's ``checks``).
-CHECKS: tuple[str, ...] = ("full", "light")
 
 
 def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
@@ -219,6 +205,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
                     reports[s.name].fail("production_form", wrong)
                     reports[s.name].correct = False
     out[PHASES_KEY] = clock.report()
+    out[GROUP_RANK_KEY] = rank
     if watch.found is not None:
         out[STATE_KEY] = watch.found
     return {**{name: asdict(rep) for name, rep in reports.items()}, **out}
@@ -235,95 +222,3 @@ def _watched(check: Callable[[str, int, object], object] | None, watch: Watch, n
             watch.after(name, f"its turn in iteration {it} of the timed loop")
 
     return run
-
-
-def _fresh_like(pool: RankPool) -> Callable[[], RankPool]:
-    return lambda: RankPool(pool.world_size, backend=pool.backend, device=pool.device, workdir=pool.workdir)
-
-
-def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full", verify: bool = True,
-              fresh: Callable[[], RankPool] | None = None) -> list[ImplResult]:
-    """Run one point on a warm pool. A rank that raises, dies or hangs yields
-    an ``error``/``timeout`` row (the pool is then closed); never raises for
-    what happens on the ranks. The row is that of the implementation whose
-    turn it was (its checks, its timed form, its turn in the timed loop, the
-    verification of its timed outputs: :func:`diagnose`); the point's other
-    implementations are rerun without it on fresh ranks from ``fresh`` (by
-    default a new pool like ``pool``, closed after the rerun; the matrix
-    passes its warm-pool cache's, which keeps them for the next point). A
-    failure that is no implementation's (the point's setup) is every row's.
-
-    ``checks="full"`` (the matrix's): every check of :mod:`.checks`, then the
-    timed loop with the A/A control, every iteration's outputs checked
-    (``production_form``). ``checks="light"`` (FULL mode only; the
-    benchmark's production shapes): the layout, rows, padding, chunk, refusal
-    and group checks byte-exact, and every timed iteration's, but no
-    reference MoE (``reference_moe``, ``even_bitwise``) and no A/A control,
-    so that a point holds only
-    its implementations' buffers: rows of a failed check are ``failed`` as
-    with full checks, and ``samples`` has no ``control``."""
-    if checks not in CHECKS:
-        raise ValueError(f"checks={checks!r} is not one of {', '.join(CHECKS)}")
-    if checks == "light" and spec.mode != ScatterMode.FULL.value:
-        raise ValueError(f"checks='light' covers mode FULL only, not mode={spec.mode}")
-    if pool.world_size != spec.world_size:
-        raise ValueError(f"pool has {pool.world_size} ranks, cp_size={spec.cp_size} + bystanders={spec.bystanders}")
-    plan = spec.plan()
-    # Every plan-level answer of an implementation (supports, row_stride, a
-    # legacy_bits_on_even rule) is data: asked here first, where the rows are
-    # folded; a bad one is that implementation's error row, and the point's
-    # other implementations run without it.
-    refused = {name: why for name in spec.impls if (why := impl_registry.hook_error(
-        impl_registry.get(name), pool.backend, plan))}
-    if refused:
-        others = tuple(name for name in spec.impls if name not in refused)
-        rows = {name: ImplResult(name, "error", reason=why, origin=origin_of(name)) for name, why in refused.items()}
-        if others:
-            rows.update((r.impl, r) for r in run_point(replace(spec, impls=others), pool, timeout_s=timeout_s,
-                                                       checks=checks, verify=verify, fresh=fresh))
-        return [rows[name] for name in spec.impls]
-    if any(impl_registry.get(name).origin for name in spec.impls):
-        # A plug-in runs on these ranks: no later point may (ranks.get_pool),
-        # proven clean or not (the checks after each step put the blame on
-        # what they see; the fresh ranks cover what they do not).
-        pool.ran_outside_code = True
-    results = pool.run(point_on_rank, spec, pool.backend, checks, verify, timeout_s=timeout_s)
-    if not all(r.ok for r in results):
-        return _rerun_without_culprit(spec, diagnose(spec, results), pool, timeout_s, checks, verify, fresh)
-    changed = state_change(spec, results)
-    if changed is not None:
-        # The ranks are not as they started: no later point may run on them.
-        pool.close(graceful=False)
-        return _rerun_without_culprit(spec, changed, pool, timeout_s, checks, verify, fresh)
-    # In the CP group's rank order, bystanders left out.
-    by_group = {group_rank_of(r.rank, spec.cp_size, spec.bystanders): r.value for r in results}
-    return fold_reports(spec, plan, [by_group[r] for r in range(spec.cp_size)])
-
-
-def _rerun_without_culprit(spec: PointSpec, failure: Failure, pool: RankPool, timeout_s: float, checks: str,
-                           verify: bool, fresh: Callable[[], RankPool] | None) -> list[ImplResult]:
-    if not failure.culprit:
-        return every_row(spec, failure)
-    others = tuple(name for name in spec.impls if name != failure.culprit)
-    rows = {failure.culprit: culprit_row(failure)}
-    if others:
-        owned = fresh is None
-        start = fresh or _fresh_like(pool)
-        try:
-            new = start()
-        except Exception as exc:  # noqa: BLE001 - a point's failure is a row
-            rows.update((name, not_run_row(name, failure, f"fresh ranks to rerun it on did not start: "
-                                                       f"{one_line_error(exc)}")) for name in others)
-        else:
-            try:
-                # A failure of the rerun is blamed the same way (each rerun has one implementation fewer).
-                rerun = run_point(replace(spec, impls=others), new, timeout_s=timeout_s, checks=checks, verify=verify,
-                                  fresh=fresh)
-            finally:
-                if owned:
-                    new.close()
-            for r in rerun:
-                if r.status in ("error", "timeout") and not r.reason.startswith("not run"):
-                    r.reason = f"rerun on fresh ranks without {failure.culprit}, which failed first: {r.reason}"
-                rows[r.impl] = r
-    return [rows[name] for name in spec.impls]

@@ -160,6 +160,7 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
     registry's built-in implementations; a namespace is the live ``vars()``
     of a module or class, or the registry itself. Walked once, at
     :func:`remember`: a look after every timed turn reads only these places."""
+    import importlib
     import inspect
     import sys
 
@@ -171,6 +172,7 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
     for package in (nsa_cp_comm, nsa_cp_comm.harness):
         for name in package.__all__:
             getattr(package, name)
+    importlib.import_module("nsa_cp_comm.impls").load_builtins()
     found: list[tuple[str, Any, str, Any]] = []
     classes: set[int] = set()  # a class's methods once, under its own module's name
     for modname, module in list(sys.modules.items()):

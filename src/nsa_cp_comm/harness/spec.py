@@ -18,9 +18,12 @@ from ..plan import CPPlan, plan_split
 if TYPE_CHECKING:
     import torch
 
-# The dtypes by name; DTYPES maps them to torch's, built on first use so that
-# the names (the app's config and --help read them) load without torch.
-DTYPE_NAMES = ("float32", "bfloat16")
+# The dtypes by name and their bytes per element; DTYPES maps the names to
+# torch's, built on first use so that the names and sizes (the app's config,
+# --help and memory estimate read them in the sweep's own process) load
+# without torch.
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2}
+DTYPE_NAMES = tuple(DTYPE_BYTES)
 # Seeds are mixed with the rank into a 63-bit torch seed (see shard_seed).
 MAX_SEED = 2**31 - 1
 

@@ -32,7 +32,7 @@ from ..collectives import all_gather_into, reduce_scatter_into
 from ..moe import ReferenceMoE
 from ..plan import CPPlan
 from .spec import DTYPES, PointSpec
-from .timing import Steps
+from .timing import CONTROL, Steps
 from .verify import TimedCheck
 from .verify_dispatch import DispatchCheck
 
@@ -125,11 +125,6 @@ def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPl
 
     return DispatchSteps(impl.name, [("gather", dispatch), ("scatter", combine)], reset=reset,
                          check=verify_phase if verify else None, timed_check=check if verify else None)
-
-
-# The control's name in the timed loop: never an implementation's (a leading
-# underscore is not a valid registry name).
-CONTROL = "_control"
 
 
 def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device, group: dist.ProcessGroup | None) -> Steps:

@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 # The host clock, bound here at import: a task that replaces ``time.perf_counter``
 # (a plug-in's rank) times nothing of the harness with it (.rank_state names the change).
@@ -34,6 +37,9 @@ from time import perf_counter as _clock
 PERCENTILES = (10, 50, 90, 99)
 PHASES: tuple[str, ...] = ("local", "gather", "scatter")
 DERIVED: tuple[str, ...] = ("collective", "roundtrip")
+# The A/A control's name in the timed loop (.steps.control_steps): never an
+# implementation's (a leading underscore is not a valid registry name).
+CONTROL = "_control"
 
 
 class Clock:
@@ -44,7 +50,12 @@ class Clock:
     current device is (it is per thread, and a point may run in a new one).
     """
 
+    # torch is imported where a rank uses it: the statistics below are read
+    # by the sweep's own process, which never imports torch.
+
     def __init__(self, device: torch.device | str) -> None:
+        import torch
+
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
@@ -52,6 +63,8 @@ class Clock:
 
     def mark(self) -> object:
         if self.cuda:
+            import torch
+
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(self.device))
             return ev
@@ -59,6 +72,8 @@ class Clock:
 
     def sync(self) -> None:
         if self.cuda:
+            import torch
+
             torch.cuda.synchronize(self.device)
 
     def elapsed_us(self, start: object, end: object) -> float:
@@ -72,6 +87,8 @@ class CacheFlusher:
     (H200 L2 is 50 MiB; server CPUs' L3 is tens of MiB)."""
 
     def __init__(self, device: torch.device, nbytes: int = 256 << 20) -> None:
+        import torch
+
         self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
@@ -125,6 +142,8 @@ def timed_loop(
     first phase of each turn waits at its barrier instead of ``group``'s, so
     a step that issued a collective more than its peers cannot meet the next
     turn's barrier (it stays in its own turn: :func:`.blame.announce_turns`)."""
+    import torch.distributed as dist
+
     samples = {s.name: {p: [] for p, _ in s.phases} for s in steps}
     n = len(steps)
     for it in range(warmup + iters):
