@@ -258,17 +258,20 @@ def shared_python(session: nox.Session) -> str:
             STAMP.write_text(json.dumps(record, indent=1) + "\n")
     session.env["VIRTUAL_ENV"] = str(SHARED_ENV)
     session.env["PATH"] = os.pathsep.join([str(py.parent), os.environ.get("PATH", "")])
-    # Bytecode for the checkout (its __pycache__ folders are ignored by git),
-    # where PYTHONDONTWRITEBYTECODE is set (CI images): without it pytest
-    # rewrites every test module's asserts in every xdist worker at every run
-    # (3-4 CPU-s a worker, about 5% of the fast set on 2 cores) and each fresh
-    # interpreter compiles the project's modules again. Empty is unset.
-    session.env["PYTHONDONTWRITEBYTECODE"] = ""
     return str(py)
 
 
-def _run(session: nox.Session, *args: str, **kwargs) -> None:
-    session.run(shared_python(session), *args, external=True, **kwargs)
+# What every session's command runs with. Bytecode for the checkout (its
+# __pycache__ folders are ignored by git) where PYTHONDONTWRITEBYTECODE is set
+# (CI images): without it pytest rewrites every test module's asserts in every
+# xdist worker at every run (3-4 CPU-s a worker, about 5% of the fast set on 2
+# cores) and each fresh interpreter compiles the project's modules again.
+# Empty is unset.
+SESSION_ENV = {"PYTHONDONTWRITEBYTECODE": ""}
+
+
+def _run(session: nox.Session, *args: str, env: dict[str, str] | None = None, **kwargs) -> None:
+    session.run(shared_python(session), *args, external=True, env={**SESSION_ENV, **(env or {})}, **kwargs)
 
 
 # --- sessions ---------------------------------------------------------------

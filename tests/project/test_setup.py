@@ -280,7 +280,7 @@ def test_the_warm_pool_tests_share_their_xdist_worker(request, rank_pool):
 
 def test_fuzz_session_runs_the_marked_tests_on_the_long_profile(fake):
     args, kwargs = fake("fuzz")
-    assert kwargs["env"] == {"HYPOTHESIS_PROFILE": "fuzz"}
+    assert kwargs["env"] == {**NOX.SESSION_ENV, "HYPOTHESIS_PROFILE": "fuzz"}
     line = " ".join(args[1:])
     assert "-m pytest -m fuzz -p no:xdist -x" in line
     assert kwargs["success_codes"] == [0]
@@ -375,3 +375,13 @@ def test_gate_figures_append_only_to_a_measurement_of_the_same_setting(tmp_path,
     assert "fault_fraction" in capsys.readouterr().err
     assert compare_power.main(["--append", "--pairs", "1", "--json", str(tmp_path / "none.json"), "--no-doc"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("session", sorted(SESSIONS))
+def test_every_session_writes_the_checkouts_bytecode(fake, session):
+    """A CI image's PYTHONDONTWRITEBYTECODE=1 would have pytest rewrite every test
+    module in every worker at every run, and each fresh interpreter compile the
+    project again: every session's command runs with it emptied (unset)."""
+    posargs = ("x", "y") if session == "compare" else ()
+    _, kwargs = fake(session, *posargs)
+    assert kwargs["env"]["PYTHONDONTWRITEBYTECODE"] == ""

@@ -458,9 +458,13 @@ def _unreaped_status(pid: int) -> int | None:
 _SERVERS: dict[tuple[Any, ...], ForkServer] = {}
 
 
-# Variables a server's key leaves out: pytest sets this one anew for every
-# test, and no rank reads it at start-up; a forked rank still gets its value.
-VOLATILE = ("PYTEST_CURRENT_TEST",)
+# Variables a server's key leaves out, none read by a rank at start-up (a
+# forked rank still gets its value): pytest sets PYTEST_CURRENT_TEST anew for
+# every test; the app sets HYDRA_FULL_ERROR for Hydra in its own process
+# (matrix.app.sweep), so a sweep run in a process that had pools before it
+# would otherwise start a second server; torch sets TORCHINDUCTOR_CACHE_DIR in
+# the starter to the default a rank derives alike, when its inductor loads.
+VOLATILE = ("PYTEST_CURRENT_TEST", "HYDRA_FULL_ERROR", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def _key(env: dict[str, str], worker: Path) -> tuple[Any, ...]:
