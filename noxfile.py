@@ -62,8 +62,9 @@ PYTEST_ARGS = ("-n", "auto", "--maxprocesses=4", "--dist", "loadgroup", "-q", "-
 # `nox -s slow`: the slow set (tests/conftest.py SLOW), which .ci/run runs too.
 # Four workers whatever the CPUs: its tests are fresh interpreters, sweeps and
 # drills that wait on their children, and the longest (tests/conftest.py
-# LONGEST) start first; on 2 cores four finish it sooner than three.
-SLOW_ARGS = ("-n", "4", "--dist", "loadgroup", "-q", "-m", "slow")
+# LONGEST) start first; on 2 cores four finish it sooner than three. `-v`:
+# each test's line as it finishes (its minutes are otherwise a row of dots).
+SLOW_ARGS = ("-n", "4", "--dist", "loadgroup", "-v", "-m", "slow")
 
 nox.options.sessions = ["tests"]
 

@@ -167,19 +167,25 @@ STARTUP_MIN_S = 60.0
 STARTUP_MARGIN = 10.0
 
 
-def startup_timeout_s(res: Resolved, machine: Machine | None = None, load: float | None = None) -> float:
-    """How long a point's ranks get to start (``startup_timeout_s=null``): ten
-    times the estimate for its world on this machine, scaled by how far the
-    1-minute load average exceeds the cores (``load``: read here when not
-    given), never below :data:`STARTUP_MIN_S`."""
-    machine = machine or this_machine()
+def load_factor(machine: Machine, load: float | None = None) -> tuple[float, float]:
+    """``(factor, load)``: how many times longer work takes on this machine
+    now than idle, by how far the 1-minute load average (``load``: read here
+    when not given) exceeds the cores; 1 when it does not."""
     if load is None:
         try:
             load = os.getloadavg()[0]
         except OSError:
             load = 0.0
+    return max(1.0, load / machine.cores), load
+
+
+def startup_timeout_s(res: Resolved, machine: Machine | None = None, load: float | None = None) -> float:
+    """How long a point's ranks get to start (``startup_timeout_s=null``): ten
+    times the estimate for its world on this machine, scaled by its
+    :func:`load_factor`, never below :data:`STARTUP_MIN_S`."""
+    machine = machine or this_machine()
     start_s = estimate(res, machine).start_s
-    return max(STARTUP_MIN_S, STARTUP_MARGIN * start_s * max(1.0, load / machine.cores))
+    return max(STARTUP_MIN_S, STARTUP_MARGIN * start_s * load_factor(machine, load)[0])
 
 
 def _memory_key(res: Resolved, weights: float, buffers: float) -> str:
@@ -228,8 +234,10 @@ def _total_seconds(ests: Sequence[Estimate]) -> float:
 
 
 def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -> tuple[float, str]:
-    """``(seconds, description)`` of a sweep on this machine, for the dry run:
-    e.g. ``(5280.0, "cpu/gloo, 8 rank starts, at ~0.075 GB/s busbw; peak 8 ranks x ~2.6 GiB")``."""
+    """``(seconds, description)`` of a sweep on this machine idle, for the dry
+    run (which scales it by :func:`load_factor` too) and the sweep's time
+    bound: e.g. ``(5280.0, "cpu/gloo, 8 rank starts, at ~0.075 GB/s busbw;
+    peak 8 ranks x ~2.6 GiB")``."""
     if not points:
         return 0.0, "no points"
     machine = machine or this_machine()

@@ -124,7 +124,9 @@ def dry_run(points: list[Point]) -> str:
                 seen[eid] = i
         lines.append(f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
                      f"impls={','.join(res.impls)}{note}")
-    from .budget import sweep_estimate
+    from nsa_cp_comm.harness.machine import this_machine
+
+    from .budget import load_factor, sweep_estimate
 
     # Points as the summary and the report count them (a configuration, its
     # impls apart); the lines above are jobs, one per point and swept impl.
@@ -132,7 +134,12 @@ def dry_run(points: list[Point]) -> str:
     size = count(n, "point") + (f" ({count(len(points), 'job')}: one per point and impl)" if n != len(points) else "")
     if points and points[0].runs_here:
         seconds, detail = sweep_estimate([p.resolved for p in points])
-        lines.append(f"estimate: {size}, about {seconds / 60:.1f} min on this machine ({detail})")
+        line = f"estimate: {size}, about {seconds / 60:.1f} min on this machine ({detail})"
+        machine = this_machine()
+        factor, load = load_factor(machine)
+        if factor > 1:  # the sweep's time bound reads the idle figure; a user waiting now reads this one
+            line += f"; at its load now ({load:.1f} on {machine.cores} cores) about {seconds * factor / 60:.1f} min"
+        lines.append(line)
     else:
         lines.append(f"{size}, run by a remote launcher")
     return "\n".join(lines)

@@ -216,6 +216,29 @@ def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypa
     assert "same effective configuration as point 0" in out[1], out
 
 
+def test_dry_run_says_how_long_the_sweep_takes_at_the_machines_load_now(tmp_path, capsys, monkeypatch):
+    """Idle, the estimate alone; on a machine loaded past its cores, also the
+    time at that load (the idle figure is what the sweep's time bound reads)."""
+    from matrix.app import budget
+    from matrix.app import sweep as cli
+    from nsa_cp_comm.harness.machine import this_machine
+
+    cores = this_machine().cores
+    argv = ["-m", "--dry-run", "cp_size=2", "seq_lens=[100]", f"results_dir={tmp_path / 'res'}"]
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 0.5, 0.0, 0.0))
+    assert cli.main(argv) == 0
+    idle = capsys.readouterr().out.splitlines()[-1]
+    assert idle.startswith("estimate: 1 point, about ") and "at its load now" not in idle, idle
+    minutes = float(idle.split("about ", 1)[1].split(" min", 1)[0])
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 4.0, 0.0, 0.0))
+    assert cli.main(argv) == 0
+    loaded = capsys.readouterr().out.splitlines()[-1]
+    assert loaded.startswith(idle.split("; at")[0]), (idle, loaded)
+    head, _, clause = loaded.partition(f"; at its load now ({cores * 4.0:.1f} on {cores} cores) about ")
+    assert head == idle and clause.endswith(" min"), (idle, loaded)
+    assert abs(float(clause.removesuffix(" min")) - 4 * minutes) <= 4 * 0.05 + 0.05  # each printed to 0.1 min
+
+
 def test_dry_run_of_a_sweep_beyond_the_machine_lists_it_then_refuses(tmp_path, capsys, monkeypatch):
     from matrix.app import sweep as cli
     from matrix.app import budget

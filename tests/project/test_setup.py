@@ -241,6 +241,7 @@ def test_the_fast_set_and_the_slow_set_split_the_suite_and_ci_runs_both(fake):
     slow, kwargs = fake("slow")
     assert " ".join(fast[1:]).endswith("-m not slow") and " ".join(slow[1:]).endswith("-m slow")
     assert kwargs["success_codes"] == [0]
+    assert "-v" in slow and "-q" not in slow  # the slow set names each test as it finishes, no silent minutes
     lines = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
     assert "set -euo pipefail" in lines and "nox -s tests" in lines and "nox -s slow" in lines
 
