@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .. import command, count
+from ..progress import Progress
 from . import summary
 from .config import ConfigError, register, validate_overrides
 from ..store.inputs import error_line
@@ -167,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         given = argv  # the resume hint repeats workload=NAME, not the seq_lens it expands to
         argv = expand_argv(argv)  # workload=NAME: a sweep over its batches' seq_lens
         validate_overrides([a for a in argv if ("=" in a or a.startswith("~")) and not a.startswith("-")])
-        # every point of the sweep, before Hydra writes anything
-        points = preflight(argv, budget=not dry, start=start)
+        # every point of the sweep, before Hydra writes anything (a large sweep: minutes, said as they pass)
+        with Progress("matrix") as progress:
+            progress.stage("composing, checking and resolving every point of the sweep before it starts")
+            points = preflight(argv, budget=not dry, start=start)
     except (ConfigError, SchemaError, WorkloadError) as exc:
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2

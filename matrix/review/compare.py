@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .. import command, doc_url
+from ..progress import Progress
 from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, holds, load_run, parse_bool, point_codes
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
@@ -676,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
         return exc.code if isinstance(exc.code, int) else 2
+    with Progress("compare") as progress:
+        return _compare(args, progress)
+
+
+def _compare(args: argparse.Namespace, progress: Progress) -> int:
     try:
         if args.metric not in METRICS:
             raise InputError(f"--metric={args.metric}: unknown metric; one of {', '.join(METRICS)}")
@@ -686,6 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         # the schema columns compare reads (the rest of a file is skipped)
         wanted = (*CONFIG_COLUMNS, "status", "correct", column, SPREAD, "roundtrip_p50_us", "point_id", "timestamp",
                   "load_1m", "overrides", "impl_origin", *ENV_COLUMNS)
+        progress.stage(f"reading BASE={args.base} and NEW={args.new}")
         base, new = load_run("BASE", args.base, wanted), load_run("NEW", args.new, wanted)
         check_metric(base, column), check_metric(new, column)
         sb, sn = run_samples(base), run_samples(new)
@@ -705,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     # a calibration that stopped at its cap is named, per run, whatever the gate makes of its rows
     notes += [line for run, smp in ((base, sb), (new, sn)) if (line := missed_target_line(
         f"note: {run.arg}={run.value}", smp, zip(_column(run.latest, "point_id"), _column(run.latest, "impl"))))]
+    progress.stage(f"joining and gating {len(base.latest)} and {len(new.latest)} rows")
     j = compare(keyed(base, metric, sb), keyed(new, metric, sn), metric, threshold, samples_kept=sb.found or sn.found)
     gate = gating(j, args.allow_missing, args.allow_unverified)
     empty = nothing_compared(j)

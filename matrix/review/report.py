@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .. import command, count
+from ..progress import Progress
 from . import coverage, designs, plots, report_doc
 from ..scale import nccl_tests, workload
 from ._review import (
@@ -955,6 +956,11 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
         return exc.code if isinstance(exc.code, int) else 2
+    with Progress("report") as progress:
+        return _report(args, progress)
+
+
+def _report(args: argparse.Namespace, progress: Progress) -> int:
     try:
         if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
             raise InputError(f"--out={args.out}: exists and is not a directory")
@@ -964,6 +970,7 @@ def main(argv: list[str] | None = None) -> int:
                 model = nccl_tests.load_model(args.nccl_tests)
             except nccl_tests.NcclTestsError as exc:
                 raise InputError(str(exc)) from None
+        progress.stage(f"reading RESULTS={args.results}")
         run = load_run("RESULTS", args.results, READ)
         out = Path(args.out) if args.out is not None else run.home
         where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
@@ -973,7 +980,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.reference not in impls:
                 shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
                 raise InputError(f"--reference={args.reference}: no row of RESULTS has this impl (impls: {shown})")
+        progress.stage(f"building the report of {len(run.raw)} rows (tables, then plots)")
         doc, pngs = build(run, model, DEFAULT_REFERENCE if args.reference is None else args.reference)
+        progress.stage(f"writing to {out}")
         try:
             written = write(out, doc, pngs)
         except OSError as exc:

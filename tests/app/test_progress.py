@@ -1,0 +1,46 @@
+"""A long command says which stage it is in once it has been quiet too long,
+and nothing while it is quick (matrix.progress)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from matrix.progress import Progress
+
+
+def _wait_for(stream: io.StringIO, text: str, bound_s: float = 60.0) -> str:
+    """``stream``'s text once it holds ``text`` (polled; the bound only ends a broken run)."""
+    end = time.monotonic() + bound_s
+    while text not in stream.getvalue() and time.monotonic() < end:
+        time.sleep(0.01)
+    return stream.getvalue()
+
+
+def test_a_quick_command_says_nothing():
+    out = io.StringIO()
+    with Progress("report", quiet_s=60.0, stream=out) as progress:
+        progress.stage("reading RESULTS=x")
+    assert out.getvalue() == ""
+
+
+def test_a_long_stage_is_named_with_the_seconds_so_far_and_a_later_stage_as_it_begins():
+    out = io.StringIO()
+    with Progress("report", quiet_s=0.05, stream=out) as progress:
+        progress.stage("reading RESULTS=big")
+        seen = _wait_for(out, "report: reading RESULTS=big (")
+        assert seen.splitlines()[0].startswith("report: reading RESULTS=big (") and seen.endswith(" s so far)\n")
+        progress.stage("writing to out")  # said at once: the command has spoken already
+        assert "report: writing to out (" in out.getvalue()
+    lines = out.getvalue().count("\n")
+    time.sleep(0.2)
+    assert out.getvalue().count("\n") == lines  # the ticker ended with the command
+
+
+def test_a_closed_stream_costs_the_line_not_the_command():
+    out = io.StringIO()
+    out.close()
+    with Progress("matrix", quiet_s=0.01, stream=out) as progress:
+        progress.stage("composing")
+        time.sleep(0.1)
+    # no exception: the command went on
