@@ -5,7 +5,10 @@ minutes before printing anything; at a high load a user cannot tell that from
 a hang. :class:`Progress` says nothing while a command is quick, and after
 :data:`QUIET_S` seconds, and every :data:`QUIET_S` seconds after, one line on
 stderr naming the stage and the seconds so far. stdout is left to the
-command's output (a report's markdown, the dry run's listing).
+command's output (a report's markdown, the dry run's listing). Like other
+tools' progress lines, it speaks to a terminal: a stderr that is a file or a
+pipe (a script, a CI log, a test reading the command's one error line) gets
+none.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Progress:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._tick, name=f"{tool}-progress", daemon=True)
+        self.enabled = stream is not None or _is_terminal(sys.stderr)
 
     def _say(self) -> None:
         with self._lock:
@@ -58,9 +62,18 @@ class Progress:
 
     def __enter__(self) -> Progress:
         self._start = time.monotonic()
-        self._thread.start()
+        if self.enabled:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        self._thread.join()
+        if self.enabled:
+            self._thread.join()
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):  # replaced, or closed
+        return False

@@ -28,6 +28,7 @@ from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version, torch_version
 
 from .. import command
+from ..progress import Progress
 from .config import KEYS, ConfigError, override_value, validate
 from ..scale.plan_classes import label as plan_label
 from .repro_env import env_prefix, join as repro_join
@@ -251,8 +252,11 @@ def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> 
     if skipped is not None:
         return skipped
     try:
-        pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
-                        start_timeout_s=startup_bound(cfg, res), start_retries=1)
+        # A world's first start imports torch in its fork server: at a high load, a minute said as it passes.
+        with Progress("matrix") as progress:
+            progress.stage(f"starting {res.spec.world_size} {res.backend}/{res.device} ranks")
+            pool = get_pool(res.spec.world_size, backend=res.backend, device=res.device, workdir=job_dir,
+                            start_timeout_s=startup_bound(cfg, res), start_retries=1)
     except Exception as exc:  # noqa: BLE001 - a point's failure is a row
         return every_impl(res, "error", one_line_error(exc))
     fresh: list[Any] = []

@@ -44,3 +44,34 @@ def test_a_closed_stream_costs_the_line_not_the_command():
         progress.stage("composing")
         time.sleep(0.1)
     # no exception: the command went on
+
+
+def test_a_stderr_that_is_no_terminal_gets_no_line(capsys):
+    """A script, a CI log or a test reads a command's stderr as its error lines: progress is for a terminal."""
+    with Progress("report", quiet_s=0.01) as progress:
+        assert not progress.enabled
+        progress.stage("reading RESULTS=x")
+        time.sleep(0.1)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_terminal_gets_the_line(monkeypatch):
+    import os
+    import select
+
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w", closefd=False) as term:
+            monkeypatch.setattr("sys.stderr", term)
+            with Progress("matrix", quiet_s=0.01) as progress:
+                assert progress.enabled
+                progress.stage("starting 2 gloo/cpu ranks")
+                got = b""
+                end = time.monotonic() + 60
+                while b"so far)" not in got and time.monotonic() < end:
+                    if select.select([master], [], [], 0.5)[0]:  # never blocks past the bound
+                        got += os.read(master, 4096)
+        assert got.startswith(b"matrix: starting 2 gloo/cpu ranks ("), got
+    finally:
+        os.close(master)
+        os.close(slave)
