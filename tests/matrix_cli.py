@@ -24,11 +24,35 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def under_load(timeout: float) -> tuple[float, str]:
+    """``(seconds, why)``: a test's own wait of ``timeout`` idle seconds scaled
+    by the machine's load now, as the matrix scales its ranks' start bound
+    (matrix.app.budget.load_factor), and the words a timeout's failure says."""
+    from matrix.app.budget import load_factor
+    from nsa_cp_comm.harness.machine import this_machine
+
+    machine = this_machine()
+    factor, load = load_factor(machine)
+    return timeout * factor, (f"{timeout:g} s idle x {factor:.1f} for the 1-minute load {load:.1f} on "
+                              f"{machine.cores} cores")
+
+
+def run(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, timeout=...)`` with the wait :func:`under_load`
+    scales; running past it fails the test naming the load it ran at."""
+    seconds, why = under_load(timeout)
+    try:
+        return subprocess.run(argv, timeout=seconds, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{' '.join(map(str, argv))[:300]} ran past {seconds:.0f} s ({why})") from None
+
+
 def run_python(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python args`` (this interpreter) in ``cwd``, its output captured; ``env``: :func:`cli_env` unless given."""
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=cli_env() if env is None else env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python args`` (this interpreter) in ``cwd``, its output captured; ``env``: :func:`cli_env` unless given;
+    ``timeout``: idle seconds, scaled by the load (:func:`run`)."""
+    return run([sys.executable, *args], timeout, cwd=cwd, env=cli_env() if env is None else env,
+               capture_output=True, text=True)
 
 
 @dataclass
@@ -122,7 +146,7 @@ def sweep_in_background(results_dir: Path, timeout: float = 180, iters: int = BA
     proc = subprocess.Popen([sys.executable, "-m", "matrix", *args], cwd=REPO, env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                             preexec_fn=_sigint_default)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + under_load(timeout)[0]
     while not (results_dir / "results.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     return proc

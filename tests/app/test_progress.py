@@ -75,3 +75,25 @@ def test_a_terminal_gets_the_line(monkeypatch):
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_a_tests_own_wait_scales_with_the_load_and_its_timeout_says_the_load(monkeypatch):
+    """As the matrix scales its ranks' start bound (budget.load_factor): idle, the wait as given; at a load
+    past the cores, longer; running past it, the failure names the load."""
+    import os
+    import sys
+
+    import pytest
+
+    from matrix.app import budget
+    from matrix_cli import run, under_load
+    from nsa_cp_comm.harness.machine import this_machine
+
+    cores = this_machine().cores
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores / 2, 0.0, 0.0))
+    assert under_load(30)[0] == 30
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 3.0, 0.0, 0.0))
+    seconds, why = under_load(30)
+    assert seconds == 90 and why == f"30 s idle x 3.0 for the 1-minute load {cores * 3.0:.1f} on {cores} cores"
+    with pytest.raises(AssertionError, match=r"ran past 0 s \(0.1 s idle x 3.0 for the 1-minute load"):
+        run([sys.executable, "-c", "import time; time.sleep(30)"], 0.1, env=dict(os.environ))

@@ -12,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from matrix_cli import REPO
+from matrix_cli import REPO, run
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SHIPPED = {"conf": "nsa_cp_matrix.conf", "data": "nsa_cp_matrix.data"}
@@ -78,8 +78,9 @@ def test_every_console_command_names_a_main():
 
 
 def _run(args, cwd, env, timeout=600):
-    """``args`` run in ``cwd``: it must exit 0 (the failure shows its output's tail)."""
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """``args`` run in ``cwd``: it must exit 0 (the failure shows its output's tail); ``timeout``: idle
+    seconds, scaled by the load (matrix_cli.run)."""
+    proc = run(args, timeout, cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
