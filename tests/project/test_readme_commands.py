@@ -27,15 +27,15 @@ ENV_BIN = Path(sys.executable).parent
 # Run as written, in order, one chain per test (each in a fresh directory).
 CHAINS: dict[str, tuple[str, ...]] = {
     "help_and_one_point": (
-        "python -m matrix --help",
-        "python -m matrix +matrix=smoke --dry-run",
-        "python -m matrix cp_size=2 'seq_lens=[1001,300]' hidden_size=256",
+        "nsa-cp-matrix --help",
+        "nsa-cp-matrix +matrix=smoke --dry-run",
+        "nsa-cp-matrix cp_size=2 'seq_lens=[1001,300]' hidden_size=256",
     ),
     "review": (
-        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/base",
-        "python -m matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/new",
-        "python -m matrix.report results/new",
-        "python -m matrix.compare results/base results/new",
+        "nsa-cp-matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/base",
+        "nsa-cp-matrix -m cp_size=2,4 'seq_lens=[1000],[1001,300]' hidden_size=256 iters=auto results_dir=results/new",
+        "nsa-cp-matrix-report results/new",
+        "nsa-cp-matrix-compare results/base results/new",
     ),
     "example": ("python example.py",),
     "plans": ("python -m matrix.plans --workload lognormal --batches 100000 --cp 8,16,32,64,128 --out plans/",),
@@ -78,8 +78,8 @@ CHECKOUT_FORM: dict[str, str] = {
 # Run with --dry-run appended: a whole sweep is too long for the suite; its
 # points still compose and pass preflight exactly as written.
 DRY: tuple[str, ...] = (
-    "python -m matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
-    "python -m matrix +matrix=smoke results_dir=results/mine resume=true",
+    "nsa-cp-matrix -m cp_size=2,4 shared_kv=true,false page_size=64 'seq_lens=[1000,300],[1002],[5]' hidden_size=512",
+    "nsa-cp-matrix +matrix=smoke results_dir=results/mine resume=true",
     "python -m matrix +matrix=designs results_dir=results/designs",
     "python -m matrix +matrix=designs engine=sglang_0_5_23 results_dir=results/designs-sglang",
     "python -m matrix -m workload=trace impl=designs cp_size=2,4 hidden_size=256",
@@ -93,12 +93,11 @@ ELSEWHERE: dict[str, str] = {
     "pip install git+https://github.com/nsa-cp-comm/nsa-cp-comm": "tests/project/test_install.py::"
     "test_the_readmes_install_lines_in_a_fresh_venv installs the checkout, the line's own alternative",
     "nsa-cp-matrix +matrix=smoke": "tests/project/test_install.py::test_the_readmes_install_lines_in_a_fresh_venv runs it "
-    "in a fresh venv",
+    "in a fresh venv (the Install section), and tests/app/test_matrix_cli.py::"
+    "test_smoke_sweep_through_the_cli_then_again_and_compare runs its checkout form (A sweep)",
     "nox -s matrix": "the main job: run from a fresh clone before every stop (its exit code is the check)",
     "nox -s tests": "this suite itself (.ci/run)",
     "source .nox/_shared/bin/activate": "test_the_shared_environment_has_what_activation_promises",
-    "python -m matrix +matrix=smoke": "tests/app/test_matrix_cli.py::"
-    "test_smoke_sweep_through_the_cli_then_again_and_compare runs it",
     "nsa-cp-matrix +matrix=conformance impl=YOURS,padded": "YOURS is the reader's implementation; "
     "tests/app/test_conformance.py expands the preset and runs it through the CLI with broken plug-ins",
     "nsa-cp-matrix-report results/<the sweep's folder>": "the folder is the reader's sweep's; the review "
