@@ -12,10 +12,12 @@ Input: the report's typed frame, one row per point. Contracts every plot keeps:
 - each series is drawn once (one line or marker set per cp size and impl);
 - the legend names colours, markers and fills as drawn, through proxy artists,
   each once: N + M entries for N colours by M markers;
-- a cp size (with backend/device, where the run mixes them) has one colour in
-  every plot of a report: the colours are numbered over the whole frame, not
-  over what one plot draws (bandwidth leaves cp=1 out); the padding plot's
-  layouts take colours of another palette, so no colour means two things;
+- a cp size has one colour in every plot of every report (:data:`CP_SLOTS`:
+  cp=4 is the same colour beside cp=2 in one report and beside cp=8 in
+  another, and in a plot that leaves cp=1 out); where a run mixes backends or
+  devices, a second group of one cp size takes the next free colour; the
+  padding plot's layouts take colours of another palette, so no colour means
+  two things;
 - titles are wrapped to the axes' width, so that they lie inside the figure;
 - bandwidth leaves out cp=1, where nothing moves;
 - series that would coincide (e.g. zero padding) are kept apart or annotated.
@@ -71,13 +73,31 @@ def _figure(title: str):  # -> (Figure, Axes); matplotlib imported lazily, bad i
     return fig, ax
 
 
+# The colour (of matplotlib's ten, C0..C9) of each usual cp size, the same in
+# every report; another cp size takes cp % 10, or the next free one.
+CP_SLOTS: dict[int, int] = {cp: i for i, cp in enumerate((1, 2, 4, 8, 16, 32, 64, 128, 3, 6))}
+
+
 def cp_colours(df: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     """``(keys, {label: colour})``: the colour of each cp size (and backend,
-    device where the frame mixes them), numbered over every row of ``df``
-    with a cp size, so that every plot of one report gives a cp one colour."""
+    device where the frame mixes them), by the cp size (:data:`CP_SLOTS`), so
+    that every plot of every report gives a cp one colour; a group whose
+    colour another group of the frame took (another backend at that cp, or
+    an unusual cp) takes the next free one."""
     keys = group_keys(df)
     groups = _keys(df[df["cp_size"].notna()], keys)
-    return keys, {_group_label(k, keys): f"C{i % 10}" for i, k in enumerate(groups)}
+    taken: dict[int, str] = {}
+    colours = {}
+    for k in groups:
+        cp = int(k[keys.index("cp_size")])
+        slot = CP_SLOTS.get(cp, cp % 10)
+        for step in range(10):  # the next free colour, when ten are not all taken
+            if (slot + step) % 10 not in taken:
+                slot = (slot + step) % 10
+                break
+        taken[slot] = _group_label(k, keys)
+        colours[_group_label(k, keys)] = f"C{slot}"
+    return keys, colours
 
 
 def _drawn(colors: dict[str, str], d: pd.DataFrame, keys: list[str]) -> dict[str, str]:

@@ -85,3 +85,17 @@ def test_report_plots_give_each_cp_one_colour_and_titles_inside(tmp_path):
 def test_a_long_title_is_wrapped_inside_the_figure():
     fig, _ = plots._figure("Gathered rows over tokens per design and cp\n" + "a long workload description, " * 6)
     assert len(titles_inside(fig)) == 1
+
+
+def test_a_cp_size_wears_one_colour_in_every_report():
+    """cp=4 beside cp=2 in one run and beside cp=8 in another: the same colour (numbered over one
+    report's cps, it was C2 in the first and C0 in the second); a second backend at one cp size takes
+    the next free colour, never another cp's."""
+    import pandas as pd
+
+    first = plots.cp_colours(pd.DataFrame({"cp_size": [1, 2, 4], "backend": "gloo", "device": "cpu"}))[1]
+    second = plots.cp_colours(pd.DataFrame({"cp_size": [4, 8], "backend": "gloo", "device": "cpu"}))[1]
+    assert first["cp=4"] == second["cp=4"] and first["cp=2"] != first["cp=4"] != second["cp=8"]
+    mixed = plots.cp_colours(pd.DataFrame({"cp_size": [2, 2, 4], "backend": ["gloo", "nccl", "gloo"],
+                                           "device": ["cpu", "cuda", "cpu"]}))[1]
+    assert len(set(mixed.values())) == 3, mixed
