@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -60,8 +61,28 @@ LIST_LIMIT = 200
 # other row with too few samples, or too little power, stays unverified.
 SMOKE_OVERRIDES = frozenset({"+matrix=smoke", "matrix=smoke", "++matrix=smoke"})
 
-# The gates, as the summary line names them.
-GATES = ("missing", "status-worse", "failing-in-new", "correctness-lost", "regressed", "unverified")
+@dataclass(frozen=True)
+class Gate:
+    """A gate: its name (the summary line's count, the FAIL line's), the
+    joined frame's column that trips it, and the flag that allows it
+    (``--allow-missing``: a row may be missing) or None (always fails)."""
+
+    name: str
+    column: str
+    allowed_by: str | None = None
+
+
+# Every gate, once: gating(), the summary's counts and the FAIL line read this table.
+GATE_TABLE: tuple[Gate, ...] = (
+    Gate("missing", "missing", "allow_missing"),
+    Gate("status-worse", "status_worse"),
+    Gate("failing-in-new", "failing_new"),
+    Gate("correctness-lost", "correctness_lost"),
+    Gate("regressed", "regressed"),
+    Gate("unverified", "unverified", "allow_unverified"),
+)
+# The gates, as the summary line names them (the test registry, tests/verdicts.py, reads it).
+GATES = tuple(g.name for g in GATE_TABLE)
 
 
 def sampled(metric: str) -> bool:
@@ -484,9 +505,13 @@ def _sort_key(value: object) -> tuple[int, float, str]:
 
 
 def gating(j: pd.DataFrame, allow_missing: bool, allow_unverified: bool = False) -> pd.Series:
-    """Rows that make the exit status 1."""
-    gate = j["status_worse"] | j["failing_new"] | j["correctness_lost"] | j["regressed"]
-    return gate | (j["missing"] & (not allow_missing)) | (j["unverified"] & (not allow_unverified))
+    """Rows that make the exit status 1: any gate's (:data:`GATE_TABLE`) not allowed."""
+    allowed = {"allow_missing": allow_missing, "allow_unverified": allow_unverified}
+    gate = pd.Series(False, index=j.index)
+    for g in GATE_TABLE:
+        if not (g.allowed_by and allowed[g.allowed_by]):
+            gate |= j[g.column].astype(bool)
+    return gate
 
 
 def remarkable(j: pd.DataFrame) -> pd.Series:
@@ -730,17 +755,13 @@ def _compare(args: argparse.Namespace, progress: Progress) -> int:
                   f"threshold or not timed; --all lists them); {len(marked)} with a mark:"]
         lines += ["", *_listing(marked, args, threshold, cols, False, "marked rows")]
 
-    counts = {
-        "points": points(j),
-        "rows": len(j),
-        "joined": int(j["_merge"].eq("both").sum()),
-        "missing": int(j["missing"].sum()),
-        "only-in-new": int(j["only_new"].sum()),
-        "status-worse": int(j["status_worse"].sum()),
-        "failing-in-new": int(j["failing_new"].sum()),
-        "correctness-lost": int(j["correctness_lost"].sum()),
-        "regressed": int(j["regressed"].sum()),
-        "unverified": int(j["unverified"].sum()),
+    counts = {"points": points(j), "rows": len(j), "joined": int(j["_merge"].eq("both").sum())}
+    for g in GATE_TABLE:
+        counts[g.name] = int(j[g.column].sum())
+        if g.name == "missing":  # the join's other side beside it
+            counts["only-in-new"] = int(j["only_new"].sum())
+    counts.setdefault("only-in-new", int(j["only_new"].sum()))
+    counts |= {
         # of those, tested but without the power to have flagged a regression
         "underpowered": int((j["unverified"] & j["power"].lt(POWER_MIN)).sum()),
         "within-noise": int(j["within_noise"].sum()),
@@ -750,7 +771,7 @@ def _compare(args: argparse.Namespace, progress: Progress) -> int:
     if smoke:  # only then: the summary of every other compare stays as it was
         counts["smoke-untimed"] = smoke
         lines += ["", smoke_note(smoke)]
-    allowed = {"missing": args.allow_missing, "unverified": args.allow_unverified}
+    allowed = {g.name: bool(getattr(args, g.allowed_by)) for g in GATE_TABLE if g.allowed_by}
     fail = bool(gate.any()) or bool(empty)
     if empty:
         lines += ["", f"FAIL: {empty}"]

@@ -412,3 +412,18 @@ def test_each_gate_turned_off_lets_the_row_it_alone_trips_pass(base, tmp_path, c
     monkeypatch.setattr(compare, "gating", lambda j, *a, **k: gating(j.assign(**{column: False}), *a, **k))
     code, out, _ = run([old, new], capsys)
     assert code == 0, out
+
+
+def test_the_gate_table_is_what_gates_counts_and_allows(base, tmp_path, capsys, monkeypatch):
+    """One table (compare.GATE_TABLE) names each gate's column and the flag allowing it: a missing row
+    passes with --allow-missing; with the table's allowance taken away it fails and the FAIL line names
+    the gate; a gate dropped from the table no longer trips or counts."""
+    new = write_run(tmp_path / "new", base_rows()[1:])
+    assert run([base, new, "--allow-missing"], capsys)[0] == 0
+    strict = tuple(compare.Gate(g.name, g.column) for g in compare.GATE_TABLE)
+    monkeypatch.setattr(compare, "GATE_TABLE", strict)
+    code, out, _ = run([base, new, "--allow-missing"], capsys)
+    assert code == 1 and "trip a gate (missing 1)" in out, out
+    monkeypatch.setattr(compare, "GATE_TABLE", tuple(g for g in strict if g.name != "missing"))
+    code, out, _ = run([base, new], capsys)
+    assert code == 0 and "missing=" not in counts(out), out
