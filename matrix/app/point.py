@@ -38,10 +38,21 @@ from ..store.results import COLUMNS, CONFIG_COLUMNS
 from ..store.runs import STARTED, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
-COLUMN_SET = frozenset(COLUMNS)
 # The plan's and the result's fields a row holds under their own names (impl is the row's name for it).
 PLAN_SAME_NAME = ("total_tokens", "max_rank_len", "padded_total", "padding_frac", "is_even", "claim_holds")
-RESULT_SAME_NAME = tuple(f.name for f in fields(ImplResult) if f.name in COLUMN_SET and f.name != "impl")
+# The result's fields a row holds elsewhere, and where; every other field is a
+# column of its own name, so a field added to the result and to no column
+# fails the row's write (results.append_rows refuses a key outside the
+# schema) instead of vanishing from results.csv.
+RESULT_ELSEWHERE: dict[str, str] = {
+    "impl": "impl (the name the row gives it)", "origin": "impl_origin",
+    "stats": "the <phase>_<stat>_us columns (STATS_ELSEWHERE)", "samples": "samples.jsonl",
+    "calibration": "samples.jsonl (its calibration)",
+}
+RESULT_SAME_NAME = tuple(f.name for f in fields(ImplResult) if f.name not in RESULT_ELSEWHERE)
+# The statistics no column holds: every phase's but the round trip's p99 and
+# spread (samples.jsonl holds every iteration's time, whence any statistic).
+STATS_ELSEWHERE: frozenset[str] = frozenset({"p99", "iqr"})
 # Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
 REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
 # Keys that change how a sweep runs, not what a point measures: no column.
@@ -169,9 +180,8 @@ def build_rows(
         row.update({k: getattr(r, k) for k in RESULT_SAME_NAME}, impl=names[r.impl], impl_origin=r.origin)
         for phase, st in r.stats.items():
             for stat, value in st.items():
-                col = f"{phase}_{stat}_us"
-                if col in COLUMN_SET and not (stat == "iqr" and phase != "roundtrip"):
-                    row[col] = value
+                if phase == "roundtrip" or stat not in STATS_ELSEWHERE:
+                    row[f"{phase}_{stat}_us"] = value
         rows.append(row)
     return rows
 

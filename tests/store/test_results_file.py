@@ -433,3 +433,33 @@ def test_a_gigabyte_samples_line_or_runs_file_is_refused_with_its_size(tmp_path)
     os.truncate(tmp_path / "runs.jsonl", 1 << 30)
     with pytest.raises(ResultsPathError, match=r"runs.jsonl is 1073741824 bytes, over the 256 MiB it may hold"):
         Folder(tmp_path).check()
+
+
+def test_a_measured_field_with_no_column_fails_the_write_instead_of_vanishing(tmp_path, monkeypatch):
+    """Every field of a point's result is a column of its own name or has its place named
+    (point.RESULT_ELSEWHERE); a new one with neither reaches the row and the write refuses it in
+    one line (it was filtered out by the column list, without a word)."""
+    from dataclasses import fields
+
+    from matrix.app import point
+    from matrix.app.config import MatrixConfig, validate
+    from matrix.app.resolve import resolve
+    from matrix.store.results import COLUMNS, append_rows
+    from nsa_cp_comm.harness.fold import ImplResult
+
+    assert {f.name for f in fields(ImplResult)} <= set(COLUMNS) | set(point.RESULT_ELSEWHERE)
+    assert set(point.RESULT_SAME_NAME) <= set(COLUMNS)
+    cfg = {**vars(MatrixConfig()), "device": "cpu", "backend": "gloo", "impl": "padded", "results_dir": str(tmp_path),
+           "cp_size": 2, "seq_lens": [100]}
+    validate(cfg)
+    res = resolve(cfg, gpus=0)
+    result = ImplResult("padded", "ok", stats={"roundtrip": {"p50": 1.0, "p99": 2.0}, "gather": {"p50": 0.5,
+                                                                                                  "p99": 0.9}})
+    (row,) = point.build_rows(cfg, res, [result], "", 0.0)
+    assert row["roundtrip_p99_us"] == 2.0 and "gather_p99_us" not in row  # a statistic kept in the samples only
+    append_rows(tmp_path, [row])
+    result.new_measure = 7  # a field the result gained, and no column
+    monkeypatch.setattr(point, "RESULT_SAME_NAME", (*point.RESULT_SAME_NAME, "new_measure"))
+    (row,) = point.build_rows(cfg, res, [result], "", 0.0)
+    with pytest.raises(ValueError, match=r"row has columns outside the schema: \['new_measure'\]"):
+        append_rows(tmp_path, [row])
