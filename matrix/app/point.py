@@ -34,7 +34,7 @@ from ..scale.plan_classes import label as plan_label
 from .repro_env import env_prefix, join as repro_join
 from .resolve import Resolved, resolve
 from ..store.folder import Folder
-from ..store.results import COLUMNS, CONFIG_COLUMNS
+from ..store.results import CONFIG_COLUMNS
 from ..store.runs import STARTED, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]

@@ -68,6 +68,8 @@ BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "cl
 
 # Hidden columns: the file a row came from, and its canonical point key.
 SOURCE = "_source"
+# A row's spread: what report and compare read as its noise.
+SPREAD = "roundtrip_iqr_us"
 POINT_KEY = "_point"
 
 # A column of files written while the matrix had a test-only key that made a

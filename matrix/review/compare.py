@@ -28,7 +28,8 @@ import pandas as pd
 
 from .. import command, doc_url
 from ..progress import Progress
-from ._review import GOOD, NEUTRAL, InputError, Run, fmt, frame_md, holds, load_run, parse_bool, point_codes
+from ._review import (GOOD, NEUTRAL, SPREAD, InputError, Run, fmt, frame_md, holds, load_run, parse_bool,
+                      point_codes)
 from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
 from ..store.inputs import BadInputFile, error_line
 from ..store.samples import SAMPLES_FILE, Samples, missed_target_line, read_beside
@@ -46,7 +47,6 @@ DEFAULT_METRIC = PAIRED
 # quoted there).
 DEFAULT_THRESHOLD = "15%"
 METRICS: tuple[str, ...] = (PAIRED, *TIMING_COLUMNS)
-SPREAD = "roundtrip_iqr_us"
 # Timings from different machines or stacks are not comparable; say so, don't refuse.
 ENV_COLUMNS = ("host", "torch_version", "nccl_version", "device", "device_name")
 # Up to this many rows, every one is listed; above, only rows with a mark

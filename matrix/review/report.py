@@ -38,7 +38,7 @@ from ..progress import Progress
 from . import coverage, designs, plots, report_doc
 from ..scale import nccl_tests, workload
 from ._review import (
-    BAD, POINT_KEY, STATUSES, InputError, Run, fmt, frame_md, holds, layout_label, load_run, m_stride, one_line,
+    BAD, POINT_KEY, SPREAD, STATUSES, InputError, Run, fmt, frame_md, holds, layout_label, load_run, m_stride, one_line,
     point_codes, typed, world,
 )
 from ..store.inputs import error_line
@@ -83,7 +83,6 @@ COMMON = "_common"  # a timed round-trip row of a point every impl of its cp siz
 MISSING = "_missing"  # for the other timed rows: which impls were not timed there, and why
 HEAD_ROWS = 8  # long tables in report.md stop here; the appendix has them whole
 APPENDIX_ROWS = report_doc.RECORDS_MAX  # and the appendix stops here (a 200k-row run is for tools, not eyes)
-SPREAD = "roundtrip_iqr_us"
 # What the report reads of a results file (and which of it is numeric); the
 # other timing columns are skipped, which halves the load of a big file.
 NUMBERS = ("cp_size", "page_size", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err",

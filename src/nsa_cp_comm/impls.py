@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import engines
 from ._lazy import Deferred
+from .modes import BACKENDS
 from .origins import is_reference, own
 from .plan import CPPlan
 
@@ -49,7 +50,6 @@ LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
 # or the split's padded shard ``[P, H]`` (the rows, then ``P - n_r`` zero rows;
 # ``P`` from the plan's engine), as an engine that pads at the split keeps it.
 SHARDS: tuple[str, ...] = ("rows", "padded")
-BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 
 
 @dataclass(frozen=True)

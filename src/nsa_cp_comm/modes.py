@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import enum
 
+# The torch.distributed backends the project's ranks run on.
+BACKENDS: tuple[str, ...] = ("gloo", "nccl")
+
 # The serving code's MoE all-to-all backends. Anything but "none" dispatches
 # tokens itself and accepts uneven per-rank counts.
 A2A_BACKENDS: tuple[str, ...] = ("none", "deepep", "mooncake", "mori", "ascend_fuseep", "flashinfer")

@@ -150,8 +150,8 @@ def test_docs_quote_exactly_the_committed_gate_figures(load):
 
 def test_gate_figures_are_of_the_readme_review_flow():
     """compare_power measures the sweep the README's review flow runs, as written."""
-    base = next(ln for ln in README.splitlines() if ln.startswith("python -m matrix -m") and "results/base" in ln)
-    argv = tuple(a for a in shlex.split(base)[3:] if not a.startswith("results_dir="))
+    base = next(ln for ln in README.splitlines() if ln.startswith("nsa-cp-matrix -m") and "results/base" in ln)
+    argv = tuple(a for a in shlex.split(base)[1:] if not a.startswith("results_dir="))
     assert argv == compare_power.SWEEP
     assert GATE["sweep"] == "python -m matrix " + " ".join(compare_power.SWEEP)
 

@@ -147,7 +147,6 @@ class ImplReport:
     # one expert got (FULL mode, a padded layout)
     pad_rows_masked: int | None = None
     pad_expert_max: int | None = None
-    verify_s: float = 0.0  # seconds spent checking the timed iterations' outputs (untimed)
 
     def fail(self, check: str, message: str) -> None:
         self.failures.append((check, message))

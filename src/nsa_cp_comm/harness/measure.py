@@ -198,7 +198,6 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         for s in steps:
             check = getattr(s, "timed_check", None)
             if check is not None:
-                reports[s.name].verify_s = check.seconds
                 clock.add("of which verification", check.seconds)
                 wrong = check.reason(spec.warmup + timed)
                 if wrong:

@@ -56,8 +56,8 @@ from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
 from .reap import kill_descendants
 from .switches import check_switches, env_switch
+from ..modes import BACKENDS
 
-BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 # How long the surviving ranks get to report after one rank failed before they
