@@ -5,7 +5,8 @@ Input: the report's typed frame, one row per point. Contracts every plot keeps:
   frame has the report's ``_common`` column, lines (latency) and markers
   (bandwidth) are over the points every impl of the cp size was timed at; a
   point timed by only some impls is a hollow marker without a line (latency)
-  or faded (bandwidth);
+  or faded (bandwidth); a batch where a row failed, errored or timed out is
+  marked with a red x along the latency plot's bottom (it has no time);
 - timing plots use only rows with status ``ok`` and a value (refused,
   passthrough, skipped and failing rows carry no measurement), of the round
   trip (the MoE all-to-all at SCATTERED points is another operation);
@@ -32,7 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from ._review import fmt, layout_label, m_stride
+from ._review import BAD, fmt, layout_label, m_stride
 from .side_by_side import group_keys
 
 LATENCY_PNG = "roundtrip_latency.png"
@@ -197,11 +198,31 @@ def latency(df: pd.DataFrame):  # -> Figure
     _log_if_wide(ax, both["total_tokens"], "x")
     _log_if_wide(ax, both["roundtrip_p50_us"], "y")
     groups_ = _proxies(colors, markers, styles)
+    failed = failed_at(df)
+    if len(failed):
+        # a failing row has no time: marked where it ran, along the bottom, not left out unseen
+        ax.scatter(failed, [0.02] * len(failed), marker="x", color="red", s=40, linewidths=1.5, clip_on=False,
+                   transform=ax.get_xaxis_transform())
+    extra = []
     if len(g_apart):
         from matplotlib.patches import Patch
 
-        groups_.append([Patch(facecolor="none", edgecolor="0.2", label="hollow, no line: timed by\nonly some impls")])
+        extra.append(Patch(facecolor="none", edgecolor="0.2", label="hollow, no line: timed by\nonly some impls"))
+    if len(failed):
+        from matplotlib.lines import Line2D
+
+        extra.append(Line2D([], [], linestyle="none", marker="x", color="red",
+                            label="x along the bottom: failed,\nerror or timeout (no time)"))
+    if extra:
+        groups_.append(extra)
     return _finish(fig, ax, None, groups_, title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
+
+
+def failed_at(df: pd.DataFrame) -> list[float]:
+    """The batches (total_tokens) of the round-trip rows that failed, errored or timed out: the
+    latency plot marks each once along its bottom."""
+    bad = df[df["status"].isin(BAD) & df["total_tokens"].notna() & df["mlp_mode"].ne("SCATTERED")]
+    return sorted(set(pd.to_numeric(bad["total_tokens"], errors="coerce").dropna().tolist()))
 
 
 def padding(df: pd.DataFrame):  # -> Figure

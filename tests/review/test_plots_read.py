@@ -99,3 +99,21 @@ def test_a_cp_size_wears_one_colour_in_every_report():
     mixed = plots.cp_colours(pd.DataFrame({"cp_size": [2, 2, 4], "backend": ["gloo", "nccl", "gloo"],
                                            "device": ["cpu", "cuda", "cpu"]}))[1]
     assert len(set(mixed.values())) == 3, mixed
+
+
+def test_a_failed_point_is_marked_as_failed_on_the_latency_plot(tmp_path):
+    """A failing row has no time; it was left out unseen, its batch's other rows hollow as "timed by
+    only some impls". Now a red x along the bottom marks each batch where a row failed, and the legend
+    says so; a run with none has neither."""
+    from matplotlib.colors import to_hex
+
+    rows = plot_rows()
+    append(tmp_path, rows)
+    clean = plots.latency(_frame(tmp_path))
+    assert "x along the bottom" not in " ".join(legend(clean))
+    bad = dict(rows[-1], status="error", roundtrip_p50_us=None)
+    append(tmp_path / "bad", [*rows[:-1], bad])
+    fig = plots.latency(_frame(tmp_path / "bad"))
+    assert any(label.startswith("x along the bottom: failed") for label in legend(fig)), list(legend(fig))
+    reds = [c for c in fig.axes[0].collections if len(c.get_offsets()) and to_hex(c.get_edgecolor()[0]) == "#ff0000"]
+    assert reds and float(reds[0].get_offsets()[0][0]) == float(bad["total_tokens"])
