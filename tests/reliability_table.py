@@ -188,6 +188,8 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("fault=raise",), "error: unknown key 'fault'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
     CliCase(("cp_sise=2",), "error: unknown key 'cp_sise'; valid keys: cp_size, page_size, seq_lens, *", VALUE),
     CliCase(("+matrix=nope",), "error: cannot compose the config: In 'config': Could not find 'matrix/nope' (options: *)", POINT),
+    CliCase(("+layout=../matrix/smoke",), "error: layout=../matrix/smoke: a layout is named by its file in conf/layout/, "
+            "not by a path out of that folder (which composes another group's config)", VALUE),
     CliCase(("cp_size=2", "align=3"), "error: align=3: must be a multiple of cp_size=2", POINT),
     CliCase(("cp_size=1,2,3", "num_experts=4"),
             "error: num_experts=4: must be a multiple of cp_size=3 (experts are split evenly)", POINT),

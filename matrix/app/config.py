@@ -288,6 +288,12 @@ def validate_overrides(overrides: list[str]) -> None:
             for v in (list(ov.value().list) if isinstance(ov.value(), ChoiceSweep) else [ov.value()]):
                 validate_value(key, v)
             continue
+        if key in GROUPS and not ov.is_delete():
+            for v in (list(ov.value().list) if isinstance(ov.value(), ChoiceSweep) else [ov.value()]):
+                if ".." in str(v).replace("\\", "/").split("/"):
+                    # Hydra resolves it against the group's folder: +layout=../matrix/smoke composes a preset
+                    raise ConfigError(f"{key}={v}: a {key} is named by its file in conf/{key}/, not by a path out "
+                                      "of that folder (which composes another group's config)")
         if key.startswith("hydra") or key in GROUPS or ov.is_delete():
             continue
         if key not in KEYS:
