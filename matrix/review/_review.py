@@ -207,12 +207,31 @@ def _statuses_of_layout_1(frame: pd.DataFrame) -> dict[str, int]:
     return {k: int(v) for k, v in (("refused", refused.sum()), ("passthrough", passthrough.sum())) if v}
 
 
+# What no configuration value holds (the app validates every one): a control
+# character in a key cell (a NUL, a stray escape) is a damaged row, which would
+# otherwise read as a point of its own.
+_CONTROL = r"[\x00-\x1f\x7f]"
+
+
+def _control_chars(series: pd.Series) -> np.ndarray:
+    """Cells of ``series`` holding a control character, per row (a category's text read once)."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        bad = np.asarray(series.cat.categories.astype(str).str.contains(_CONTROL, regex=True), dtype=bool)
+        codes = series.cat.codes.to_numpy()
+        return np.where(codes >= 0, bad[np.clip(codes, 0, None)] if len(bad) else False, False)
+    return series.astype(str).str.contains(_CONTROL, regex=True).to_numpy(dtype=bool)
+
+
 def _type_problems(frame: pd.DataFrame) -> pd.Series:
     """Rows whose cells cannot be the writer's: a cp_size that is not an integer
-    (a row shifted by a lost or extra field). An unknown status is kept: the
-    tools count it as bad."""
+    (a row shifted by a lost or extra field), a configuration cell holding a
+    control character. An unknown status is kept: the tools count it as bad."""
     cp = frame["cp_size"].astype(str).str.strip()
-    return ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
+    bad = ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
+    for col in CONFIG_COLUMNS:
+        if col in frame.columns:
+            bad |= _control_chars(frame[col])
+    return bad
 
 
 @dataclass

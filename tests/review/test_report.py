@@ -277,6 +277,23 @@ def test_a_stray_quote_merges_no_rows_a_bom_and_long_cells_read(tmp_path, capsys
     assert "1 malformed row(s) set aside" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("byte", ["\x00", "\x1b"])
+def test_a_control_character_in_a_key_cell_is_a_damaged_row_not_a_point(tmp_path, capsys, monkeypatch, byte):
+    """A NUL (or an escape) in a configuration cell: the report counted a point of its own. No value
+    the app writes holds one: the row is set aside as malformed, and the verdict reads the others;
+    with the rule taken out, the damaged row is a point again."""
+    rows = [make_row(seq_lens=(n, 512)) for n in (100, 200)]
+    append(tmp_path, rows)
+    path = tmp_path / RESULTS_FILE
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b",zigzag,", b",zigzag" + byte.encode() + b",", 1)
+    path.write_bytes(b"\n".join(lines))
+    run = _review.load_run("RESULTS", str(tmp_path))
+    assert run.malformed == 1 and sorted(run.latest["seq_lens"].astype(str)) == ["[100,512]"], run.latest
+    monkeypatch.setattr(_review, "_CONTROL", r"(?!x)x")  # matches nothing
+    assert _review.load_run("RESULTS", str(tmp_path)).malformed == 0
+
+
 def test_file_from_before_refused_and_passthrough(tmp_path, capsys):
     old_columns = [c for c in COLUMNS if c not in ("effective_id", "effective_page_size", "roundtrip_iqr_us",
                                                    "failed_check", "impl_origin", "run_id")] + list(LAYOUT2_ENV)
