@@ -284,16 +284,15 @@ def validate_overrides(overrides: list[str]) -> None:
         if key in ("hydra.sweep.dir", "hydra.run.dir") and not ov.is_sweep_override():
             check_writable(str(ov.value()), key)
             continue
-        if key == "engine" and not ov.is_delete():  # a group whose choices are the engines: checked here
-            for v in (list(ov.value().list) if isinstance(ov.value(), ChoiceSweep) else [ov.value()]):
-                validate_value(key, v)
-            continue
         if key in GROUPS and not ov.is_delete():
             for v in (list(ov.value().list) if isinstance(ov.value(), ChoiceSweep) else [ov.value()]):
-                if ".." in str(v).replace("\\", "/").split("/"):
+                if key == "engine":  # a group whose choices are the engines: checked here
+                    validate_value(key, v)
+                elif ".." in str(v).replace("\\", "/").split("/"):
                     # Hydra resolves it against the group's folder: +layout=../matrix/smoke composes a preset
                     raise ConfigError(f"{key}={v}: a {key} is named by its file in conf/{key}/, not by a path out "
                                       "of that folder (which composes another group's config)")
+            continue
         if key.startswith("hydra") or key in GROUPS or ov.is_delete():
             continue
         if key not in KEYS:

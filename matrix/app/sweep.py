@@ -134,9 +134,9 @@ def dry_run(points: list[Point]) -> str:
     n = len({summary.config_key(p.cfg) for p in points})
     size = count(n, "point") + (f" ({count(len(points), 'job')}: one per point and impl)" if n != len(points) else "")
     if points and points[0].runs_here:
-        seconds, detail = sweep_estimate([p.resolved for p in points])
-        line = f"estimate: {size}, about {seconds / 60:.1f} min on this machine ({detail})"
         machine = this_machine()
+        seconds, detail = sweep_estimate([p.resolved for p in points], machine)
+        line = f"estimate: {size}, about {seconds / 60:.1f} min on this machine ({detail})"
         factor, load = load_factor(machine)
         if factor > 1:  # the sweep's time bound reads the idle figure; a user waiting now reads this one
             line += f"; at its load now ({load:.1f} on {machine.cores} cores) about {seconds * factor / 60:.1f} min"
