@@ -289,6 +289,13 @@ def environment_variable(name: str) -> str | None:
     return os.environ.get(name)
 
 
+def installed_packages_read() -> int:
+    """Whether this rank holds the installed packages' table without having read it (1) or not (0)."""
+    from nsa_cp_comm import impls
+
+    return impls.installed_packages.cache_info().currsize
+
+
 def cpus() -> list[int]:
     """The CPUs this rank may run on."""
     return sorted(os.sched_getaffinity(0))

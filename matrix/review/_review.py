@@ -20,6 +20,7 @@ import collections
 import io
 import math
 import numbers
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +212,9 @@ def _statuses_of_layout_1(frame: pd.DataFrame) -> dict[str, int]:
 # character in a key cell (a NUL, a stray escape) is a damaged row, which would
 # otherwise read as a point of its own.
 _CONTROL = r"[\x00-\x1f\x7f]"
+# The same bytes in a file's text, the line break aside: a file without one
+# has no cell to look at (most files; the per-column look is then skipped).
+_CONTROL_BYTE = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]")
 
 
 def _control_chars(series: pd.Series) -> np.ndarray:
@@ -222,12 +226,15 @@ def _control_chars(series: pd.Series) -> np.ndarray:
     return series.astype(str).str.contains(_CONTROL, regex=True).to_numpy(dtype=bool)
 
 
-def _type_problems(frame: pd.DataFrame) -> pd.Series:
+def _type_problems(frame: pd.DataFrame, data: bytes | None = None) -> pd.Series:
     """Rows whose cells cannot be the writer's: a cp_size that is not an integer
     (a row shifted by a lost or extra field), a configuration cell holding a
-    control character. An unknown status is kept: the tools count it as bad."""
+    control character. An unknown status is kept: the tools count it as bad.
+    ``data``: the file's text the frame was read from, when at hand."""
     cp = frame["cp_size"].astype(str).str.strip()
     bad = ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
+    if data is not None and not _CONTROL_BYTE.search(data):
+        return bad
     for col in CONFIG_COLUMNS:
         if col in frame.columns:
             bad |= _control_chars(frame[col])
@@ -288,7 +295,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         injected = ~frame[_INJECTED_COLUMN].astype(str).str.strip().isin(["", "none"])
         frame = frame[~injected.to_numpy()].drop(columns=_INJECTED_COLUMN).reset_index(drop=True)
     if len(frame):
-        bad = _type_problems(frame)
+        bad = _type_problems(frame, data)
         if bad.any():
             malformed += int(bad.sum())
             frame = frame[~bad.to_numpy()].reset_index(drop=True)

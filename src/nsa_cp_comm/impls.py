@@ -30,7 +30,7 @@ import functools
 import importlib
 import importlib.metadata
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -436,10 +436,23 @@ class ImplError(ValueError):
     """A bad implementation reference: the message is one line naming it."""
 
 
+@functools.lru_cache(maxsize=1)
+def installed_packages() -> Mapping[str, list[str]]:
+    """``importlib.metadata.packages_distributions()``, read once per process
+    (the fork server reads it before it forks, so every rank has it): it
+    reads every installed distribution's file list, torch's thousands of
+    lines among them, and a rank loading a point's outside implementations
+    spent most of its time reading it once per implementation."""
+    try:
+        return importlib.metadata.packages_distributions()
+    except Exception:  # noqa: BLE001 - metadata is best effort
+        return {}
+
+
 def _origin(module_name: str) -> str:
     top = module_name.split(".")[0]
     try:
-        dists = importlib.metadata.packages_distributions().get(top, [])
+        dists = installed_packages().get(top, [])
         if dists:
             return f"{module_name} {importlib.metadata.version(dists[0])}"
     except Exception:  # noqa: BLE001 - metadata is best effort

@@ -244,8 +244,11 @@ def test_a_slow_row_whose_samples_are_damaged_is_unverified_at_any_load(tmp_path
     code, out = gate(base, new, capsys)
     assert code == 1 and "unverified=1" in summary(out) and "regressed=0" in summary(out), out
     assert "FAIL: 1 row(s) of 1 point(s) trip a gate (unverified 1)" in out
-    assert any(m.startswith(f"UNVERIFIED (samples missing, {side.upper()}: ") for m in marks(out)), marks(out)
-    assert gate(base, new, capsys, "--allow-unverified")[0] == 0
+    # what is wrong with the samples, named on the side they are wrong on
+    assert any(m.startswith(f"UNVERIFIED (samples missing, {side.upper()}: {DAMAGES[how]}") for m in marks(out)), \
+        marks(out)
+    if how in ("NaN", "file deleted"):  # the allowance reads the verdict, not the damage: two of them suffice
+        assert gate(base, new, capsys, "--allow-unverified")[0] == 0
 
 
 @pytest.mark.parametrize("iqr", SPREADS.values(), ids=SPREADS.keys())
@@ -256,15 +259,6 @@ def test_the_same_slow_row_with_its_samples_intact_is_regressed_at_any_load(tmp_
     code, out = gate(whole_b, _one_point(tmp_path / "2", "n", _noisy(300), _noisy(100), iqr=iqr), capsys)
     assert code == 1 and any(m.startswith("REGRESSED (beyond 15%, significant") for m in marks(out))
     assert gate(whole_b, _one_point(tmp_path / "3", "n", _noisy(100), _noisy(100), iqr=iqr), capsys)[0] == 0
-
-
-@pytest.mark.parametrize("how,why", DAMAGES.items())
-def test_the_unverified_row_says_what_is_wrong_with_its_samples(tmp_path, capsys, how, why):
-    base = _one_point(tmp_path, "b", _noisy(100), _noisy(100))
-    new = _one_point(tmp_path, "n", _noisy(100), _noisy(100))
-    _break(new, how)
-    code, out = gate(base, new, capsys)
-    assert code == 1 and any(m.startswith(f"UNVERIFIED (samples missing, NEW: {why}") for m in marks(out)), marks(out)
 
 
 def test_only_runs_that_both_kept_no_samples_fall_back_and_the_verdict_says_so(tmp_path, capsys):

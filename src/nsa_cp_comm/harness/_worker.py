@@ -87,6 +87,7 @@ if __name__ == "__main__":
         from nsa_cp_comm.harness.forkserver import serve
 
         nsa_cp_comm.impls.load_builtins()
+        nsa_cp_comm.impls.installed_packages()
 
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
     else:
