@@ -876,3 +876,26 @@ side_packed = dataclasses.replace(_PADDED, gather_side=packed_side,
 # Mistake: the side tensor handed back as this rank's own, never gathered.
 side_not_gathered = dataclasses.replace(_PADDED, gather_side=lambda tensor, plan, group: tensor,
                                         doc="padded that leaves the router logits ungathered")
+
+
+# --- padding_routing: the rows the runner marks as padding, for a router that masks them ----------
+def rank_major_padding(plan):
+    """The gathered buffer's padding rows as vLLM marks them (``pcp_manager.py:630-635``, 0.33.0):
+    rank-major, ``rows >= n_r`` in each rank's block of ``max_rank_len`` rows."""
+    rows = torch.arange(plan.max_rank_len)
+    return (rows >= torch.tensor(plan.per_rank_tokens)[:, None]).flatten()
+
+
+marks_padding = dataclasses.replace(_PADDED, is_padding=rank_major_padding,
+                                    doc="padded that marks its gathered padding rows for the router")
+# Mistake (SGLang #31838, vLLM #38128): the mask left unset, so the router routes every padding row,
+# identical rows all to the same experts.
+marks_no_padding = dataclasses.replace(_PADDED, is_padding=lambda plan: torch.zeros(
+    plan.max_rank_len * plan.cp_size, dtype=torch.bool), doc="padded whose padding mask marks nothing")
+# Mistake: a real row marked too (a mask shifted or built from an off-by-one length).
+marks_a_real_row = dataclasses.replace(_PADDED, is_padding=lambda plan: rank_major_padding(plan).index_fill(
+    0, torch.tensor([0]), True), doc="padded whose padding mask marks the first real row too")
+# Mistake: one bool per rank's row, not per row of the gathered buffer.
+marks_a_short_mask = dataclasses.replace(_PADDED, is_padding=lambda plan: torch.zeros(plan.max_rank_len,
+                                                                                      dtype=torch.bool),
+                                         doc="padded whose padding mask has one rank's rows")

@@ -31,6 +31,8 @@ VERDICTS: dict[str, tuple[str, str]] = {
     "scatter_chunk": (BROKEN_PADDED, BUGS_PAST),
     "side_tensors": ("tests/lib/test_side_tensors.py::test_a_side_tensor_in_another_layout_or_not_gathered_is_named",
                      "tests/lib/test_side_tensors.py::test_with_the_check_off_the_experts_route_by_the_misplaced_logits"),
+    "padding_routing": ("tests/lib/test_padding_routing.py::test_a_padding_mark_that_is_not_the_padding_rows_is_named",
+                        "tests/lib/test_padding_routing.py::test_with_the_check_off_unmarked_padding_is_routed_unseen"),
     "reference_moe": ("tests/lib/test_shared_expert.py::"
                       "test_a_replicated_term_added_before_the_reduce_scatter_fails_at_every_cp", BUGS_PAST),
     "even_bitwise": ("tests/lib/test_checks.py::test_even_bitwise_catches_what_tolerances_allow", CHECKS_OFF),

@@ -44,6 +44,12 @@ def _scatter(full, plan, group):
     return out[: plan.per_rank_tokens[rank]]
 
 
+def _padding_rows(plan):
+    # the gathered buffer's padding rows, rank-major (rows >= n_r in each rank's block of m), as vLLM
+    # marks them for a router that masks what it is told (DeepSeek-V4's)
+    return (torch.arange(plan.max_rank_len) >= torch.tensor(plan.per_rank_tokens)[:, None]).flatten()
+
+
 def _own_rows(replicated, plan, group):
     rank, m = dist.get_rank(group), plan.max_rank_len
     return replicated[rank * m : rank * m + plan.per_rank_tokens[rank]]
@@ -58,6 +64,7 @@ def then_replicated(scatter):
 
 
 twin = RoundTripImpl("field_bugs_twin", _gather, _scatter, scatter_replicated=then_replicated(_scatter),
+                     is_padding=_padding_rows,
                      doc="the catalog's correct padded round trip: each bug is this with one mistake")
 
 
@@ -250,6 +257,18 @@ def packed_side(tensor, plan, group):
 
 side_layout = _bug("side_layout", "the router logits gathered packed, the rows padded (vllm-ascend #16834)",
                    gather_side=packed_side)
+
+
+# --- SGLang #31838, vLLM #38128: padding rows routed to the same experts ----------------------------
+
+def _no_padding_marked(plan):
+    # Mistake: the padding mask left unset (all False): the router routes every padding row, and
+    # identical rows all go to the same experts.
+    return torch.zeros(plan.max_rank_len * plan.cp_size, dtype=torch.bool)
+
+
+padding_unmarked = _bug("padding_unmarked", "the gathered padding rows left unmarked for the router "
+                        "(SGLang #31838)", is_padding=_no_padding_marked)
 
 
 all_zero_output = _bug("all_zero_output", "the scatter returns zeros (TE #3536)", scatter=_zero_scatter,

@@ -87,7 +87,15 @@ class RoundTripImpl:
     logits, ``[rows, experts]``, one row per row ``gather`` takes), into the
     hidden states' layout; without it, ``gather`` itself gathers it. The
     matrix asks for it where the point's engine gathers one (vLLM's router
-    logits) and routes the MoE from what comes back.
+    logits) and routes the MoE from what comes back. ``is_padding(plan)``
+    (optional): the rows of the gathered buffer its runner marks as padding
+    (one bool per row, the same on every rank; vLLM builds it rank-major,
+    ``rows >= n_r`` in each rank's block: ``v1/worker/gpu/pcp_manager.py``
+    lines 630-635 in 0.33.0, 618-623 in 0.34.0), which a router that masks
+    what it is told sends to no expert. The matrix asks for it where the
+    point's model's router masks padding (vLLM's DeepSeek-V4) and masks the
+    rows it names; without it, the rows that are padding (the engine's
+    runner marks them).
     """
 
     name: str
@@ -109,6 +117,7 @@ class RoundTripImpl:
     shard: str = "rows"
     scatter_replicated: Callable[..., Any] | None = None
     gather_side: Callable[..., Any] | None = None
+    is_padding: Callable[[CPPlan], Any] | None = None
     mode: ClassVar[str] = "FULL"
 
     def __post_init__(self) -> None:
@@ -118,7 +127,7 @@ class RoundTripImpl:
         for attr in ("gather", "scatter"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
-        for attr in ("prepare", "supports", "row_stride", "scatter_replicated", "gather_side"):
+        for attr in ("prepare", "supports", "row_stride", "scatter_replicated", "gather_side", "is_padding"):
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
         if self.shard not in SHARDS:

@@ -23,10 +23,11 @@ from rank_tasks import folded, point_without_check
 MODULE = "examples.field_bugs.bugs"
 EVEN = dict(seq_lens=(96,), cp_size=3, policy="zigzag")  # n = (32, 32, 32)
 UNEVEN = dict(seq_lens=(216, 99), cp_size=3, policy="zigzag_page", page_size=16)  # n = (96, 110, 112)
-# vLLM's DualChunkSwap of the raw lengths, the router logits gathered beside the rows: n = (17, 18, 18)
-VLLM_UNEVEN = dict(seq_lens=(53,), cp_size=3, policy="dual_chunk_swap", engine="vllm_0_33")
-# The bugs whose mechanism needs an engine that gathers a side tensor (vLLM's points only).
-SIDE = ("side_layout",)
+# vLLM's DualChunkSwap of the raw lengths, serving DeepSeek-V4: the router logits gathered beside the
+# rows, and the router masks the padding rows it is told of: n = (17, 18, 18)
+VLLM_UNEVEN = dict(seq_lens=(53,), cp_size=3, policy="dual_chunk_swap", engine="vllm_0_33", engine_model="deepseek_v4")
+# The bugs whose mechanism needs vLLM's points: a side tensor gathered, a router that masks what it is told.
+VLLM_ONLY = ("side_layout", "padding_unmarked")
 # Ranks that raise or hang are diagnosed into rows by the app (the slow test's).
 DIAGNOSED = ("empty_rank_returns", "ceil_pad", "residual_gathered_rows")
 ON_WARM_RANKS = tuple(b.name for b in BUGS if b.name not in DIAGNOSED)
@@ -58,14 +59,14 @@ def test_each_bug_is_caught_where_its_mechanism_shows_and_ok_elsewhere(rank_pool
         else:
             assert row.status in ("failed", "error") and row.failed_check == bug.check, (name, row.status,
                                                                                         row.failed_check, row.reason)
-    # the seed fix's uneven plan shows every mechanism but the side tensors' (its engine gathers none),
-    # vLLM's shows that one too; the even plan hides some
+    # the seed fix's uneven plan shows every mechanism but vLLM's (its engine gathers no side tensor and
+    # its MoE masks no padding), vLLM's shows those too; the even plan hides some
     if where is EVEN:
         assert len(shown) < len(ON_WARM_RANKS), shown
     elif where is UNEVEN:
-        assert set(ON_WARM_RANKS) - set(shown) == set(SIDE), shown
+        assert set(ON_WARM_RANKS) - set(shown) == set(VLLM_ONLY), shown
     else:
-        assert set(SIDE) <= set(shown), shown
+        assert set(VLLM_ONLY) <= set(shown), shown
 
 
 # The checks an implementation's report names (the pool's collective checks, collective_shapes and
@@ -76,7 +77,7 @@ REPORTED = sorted({b.check for b in BUGS if b.check not in (RAISED, "collective_
 @pytest.mark.parametrize("check", REPORTED)
 def test_each_check_turned_off_lets_its_bugs_past_it(rank_pool, check):
     names = [b.name for b in BUGS if b.check == check and b.name in ON_WARM_RANKS]
-    where = VLLM_UNEVEN if set(names) <= set(SIDE) else UNEVEN
+    where = VLLM_UNEVEN if set(names) <= set(VLLM_ONLY) else UNEVEN
     got, plan = rows(rank_pool, where, names, check)
     for name in names:
         assert BY_NAME[name].shows(plan), name  # where the check, on, catches it

@@ -17,7 +17,10 @@ short prefill still enters both collectives (vLLM gives it an empty
 segment). What vLLM would not run on this path is refused with its reason (a
 ``skipped`` row). The router logits go through the same all-gather as the
 hidden states (``moe_runner.py:828-829``: ``gather_side``), and the matrix
-routes the experts from what comes back. Not done here: 0.34's quantized
+routes the experts from what comes back; the padding mask over the gathered
+rows (``is_padding``, ``pcp_manager.py:630-635``) is the runner's, built as
+vLLM builds it, and a model whose router masks padding masks the rows it names.
+Not done here: 0.34's quantized
 gather (fp8 rows and their scales), which the matrix's bf16/fp32 rows never
 take.
 """
@@ -49,6 +52,11 @@ def supports(plan) -> str:
     return ""
 
 
+def is_padding(plan):
+    # the gathered [P*cp] rows' padding mask, rank-major, as the runner builds it for the router
+    return engine.moe_is_padding(engine.per_rank_num_tokens(plan.seq_lens, plan.cp_size), physical_len(plan))
+
+
 def gather(local, plan, group):
     # local: the split's [P, H] shard, padding rows included; the gather is sized from it.
     return engine.pcp_all_gather(local, group)
@@ -67,6 +75,7 @@ impl = RoundTripImpl(
     row_stride=physical_len,  # vLLM's own P, held to the matrix's rule for the engine (physical_len)
     supports=supports,
     gather_side=gather,  # the router logits, all-gathered as the hidden states are
+    is_padding=is_padding,  # the runner's padding mask over the gathered rows, for the router
     backends=("gloo", "nccl"),
     # P = max n_r: on an even plan no rank is padded, and the buffer is legacy's
     legacy_bits_on_even=lambda plan: physical_len(plan) * plan.cp_size == plan.total_tokens,

@@ -24,6 +24,9 @@ PCP=2, one prefill ``A..G`` (7 tokens, chunks of ``ceil(7/4) = 2``)::
   no all2all kernels: ``get_pcp_group().all_gather(x, dim=0)`` of the padded
   shard before the experts and ``reduce_scatter(x, dim=0)`` after, equal
   chunks, rank order.
+- ``moe_is_padding``: the padding mask over the gathered rows (rank-major,
+  ``rows >= per_rank_num_tokens[r]`` in rank ``r``'s block of ``P``), which the
+  router of a model that masks padding reads.
 - ``router_masks_padding``: whether the model's router masks the padding rows
   (``VLLM_MOE_SKIP_PADDING``): DeepSeek-V4's ``FusedTopKBiasRouter`` does
   (``topk_ids = -1``, before the experts); DeepSeek-V3.2's and GLM-5's
@@ -91,6 +94,14 @@ def graph_bucket(num_tokens: int, max_capture_size: int) -> int | None:
 def router_masks_padding(model_type: str) -> bool:
     """Whether the model's router keeps the padding rows from the experts on this path."""
     return model_type == "deepseek_v4"
+
+
+def moe_is_padding(per_rank: Sequence[int], num_local_tokens_padded: int) -> torch.Tensor:
+    """``PCPManager``'s padding mask over the gathered rows the MoE routes (``pcp_manager.py:630-635``):
+    rank-major, row ``i`` of rank ``r``'s block is padding when ``i >= per_rank[r]``; the router of a model
+    that masks padding sends those rows to no expert."""
+    rows = torch.arange(num_local_tokens_padded)
+    return (rows >= torch.tensor(list(per_rank))[:, None]).flatten()
 
 
 def pcp_all_gather(hidden_states: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

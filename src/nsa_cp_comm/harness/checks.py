@@ -71,6 +71,12 @@ CHECKS: dict[str, str] = {
                     "`gather` where it has none) returned it in the hidden states' layout, every rank's logits where "
                     "its rows are; the MoE then routes from what came back, as the engine's router does (a tensor "
                     "gathered in another layout, or not at all, is named)",
+    "padding_routing": "where the point's model's router masks the padding rows it is told of (vLLM's "
+                       "DeepSeek-V4: `is_padding`, `pcp_manager.py:630-635`), the implementation's `is_padding` "
+                       "(when it has one) marks exactly the gathered buffer's padding rows: a padding row left "
+                       "unmarked is routed, and identical padding rows all go to the same experts (the reason names "
+                       "how many and the most one expert got: one expert's load and its statistics skewed); a real "
+                       "row marked goes to no expert. The MoE masks what it was told",
     "reference_moe": "the round trip through a small MoE (every rank's experts on all gathered rows, "
                      "reduce-scattered, and the shared expert as `shared_expert` places it: `sharded`, each rank's "
                      "share in its partials; `replicated`, computed whole on every rank and handed to the "
@@ -338,16 +344,67 @@ def _gather_router_logits(impl: impl_registry.RoundTripImpl, spec: PointSpec, pl
     return got
 
 
-def _count_padding(rep: ImplReport, moe: ReferenceMoE, pads: torch.Tensor, masked: bool) -> None:
-    """How many padding rows of the gathered buffer the router masked, and the
-    most of them one expert got (identical padding rows all go to the same
-    experts: that expert's load, and its statistics, carry them)."""
-    rep.pad_rows_masked = pads.shape[0] if masked else 0
-    if masked or not pads.shape[0]:
-        rep.pad_expert_max = 0
-        return
-    idx, _ = moe.route(pads)
-    rep.pad_expert_max = int(torch.bincount(idx.flatten().cpu(), minlength=moe.num_experts).max())
+def _most_to_one_expert(moe: ReferenceMoE, rows: torch.Tensor) -> tuple[int, int]:
+    """The most of ``rows`` the router sends to one expert, and that expert
+    (0, -1 for no rows): identical padding rows all go to the same experts."""
+    if not rows.shape[0]:
+        return 0, -1
+    idx, _ = moe.route(rows)
+    counts = torch.bincount(idx.flatten().cpu(), minlength=moe.num_experts)
+    return int(counts.max()), int(counts.argmax())
+
+
+def _count_padding(rep: ImplReport, moe: ReferenceMoE, full: torch.Tensor, pads: torch.Tensor,
+                   masked: torch.Tensor | None) -> None:
+    """How many padding rows of the gathered buffer the router masked (the
+    rows ``masked`` names, None where it masks none), and the most of the
+    others one expert got (that expert's load, and its statistics, carry them)."""
+    routed = pads if masked is None else pads & ~masked
+    rep.pad_rows_masked = int((pads & ~routed).sum())
+    rep.pad_expert_max = _most_to_one_expert(moe, full[routed])[0]
+
+
+def _told_padding(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: torch.Tensor | None,
+                  moe: ReferenceMoE, rep: ImplReport) -> torch.Tensor | None:
+    """Where the model's router masks what it is told: the rows the
+    implementation's ``is_padding`` marks (None without the hook, or for an
+    answer that is not one bool per row: then the rows that are padding),
+    and ``padding_routing`` failed where they are not the padding rows."""
+    if impl.is_padding is None:
+        return None
+    rows = impl.buffer_rows(plan)
+    answer = impl_registry.ask(impl, "is_padding", plan)
+    try:
+        told = torch.as_tensor(answer)
+    except (TypeError, ValueError, RuntimeError):
+        told = None
+    if told is None or told.dtype != torch.bool or tuple(told.shape) != (rows,):
+        what = (f"a {str(told.dtype).removeprefix('torch.')} tensor of shape {tuple(told.shape)}" if told is not None
+                else type(answer).__name__)
+        rep.fail("padding_routing", f"is_padding(plan) returned {what}, not one bool per row of the gathered "
+                                    f"buffer ({rows} rows)")
+        return None
+    told = told.to(full.device)
+    truth = pads if pads is not None else torch.zeros(rows, dtype=torch.bool, device=full.device)
+    starts = impl.starts(plan)
+
+    def rank_of(row: int) -> int:
+        return max(r for r, start in enumerate(starts) if start <= row)
+
+    real = (told & ~truth).nonzero().flatten()
+    if real.numel():
+        first = int(real[0])
+        rep.fail("padding_routing", f"is_padding marks {real.numel()} real row(s) as padding, first row {first} "
+                                    f"(rank {rank_of(first)}'s): the router sends them to no expert")
+    unmarked = (truth & ~told).nonzero().flatten()
+    if unmarked.numel():
+        first = int(unmarked[0])
+        most, expert = _most_to_one_expert(moe, full[unmarked])
+        rep.fail("padding_routing", f"is_padding leaves {unmarked.numel()} padding row(s) unmarked, first row "
+                                    f"{first} (rank {rank_of(first)}'s): the router routes them, {most} to expert "
+                                    f"{expert} (identical rows go to the same experts: its load and statistics "
+                                    f"skewed)")
+    return told
 
 
 def _check_padding_out(rep: ImplReport, out: object, before: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
@@ -617,11 +674,15 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     # model sends them: to no expert (masked), or routed like any row (processed).
     rule = engines.get(plan.engine, plan.engine_model)
     pads = padding_mask(impl, plan)
-    masked = pads.to(full.device) if pads is not None and rule.moe_pad_masked else None
+    pads = pads.to(full.device) if pads is not None else None
+    masked = None
+    if rule.moe_pad_masked:  # the rows it is told of: the implementation's mark, else the runner's
+        masked = _told_padding(impl, plan, full, pads, moe, rep)
+        masked = pads if masked is None else masked
     logits = _gather_router_logits(impl, spec, plan, rank, before, moe, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size, masked, logits)
     if pads is not None:
-        _count_padding(rep, moe, full[pads.to(full.device)], rule.moe_pad_masked)
+        _count_padding(rep, moe, full, pads, masked)
     n = plan.per_rank_tokens[rank]
     # A replicated shared expert: every rank's whole output on the gathered
     # rows, handed to the implementation beside the partials, to add once.

@@ -18,7 +18,7 @@ from types import TracebackType
 
 # The protocol's hooks a harness or library line calls on an implementation.
 HOOKS = ("gather_side", "gather", "scatter_replicated", "scatter_moe", "scatter", "prepare", "supports",
-         "row_stride", "stage", "dispatch", "combine")
+         "row_stride", "is_padding", "stage", "dispatch", "combine")
 _CALL = re.compile(r"\.(" + "|".join(HOOKS) + r")\(")
 
 
