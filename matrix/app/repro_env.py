@@ -112,14 +112,26 @@ _ANSI_C = re.compile(r"\$'((?:[^'\\]|\\.)*)'")
 _UNESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.S)
 
 
+def _raw_byte(c: str) -> int | None:
+    """The byte a character stands for that was not UTF-8 where Python read it
+    (an environment variable's, decoded with surrogateescape), or None."""
+    return ord(c) - 0xDC00 if 0xDC80 <= ord(c) <= 0xDCFF else None
+
+
+def _escaped(c: str) -> bool:
+    return ord(c) < 32 or ord(c) == 127 or _raw_byte(c) is not None
+
+
 def quote(arg: str) -> str:
     """``arg`` quoted for a POSIX shell, on one line: ``shlex.quote``, or
-    where it holds a control character (a newline in a variable) bash's
-    ``$'...'`` form, which keeps every character (a row's text is one line:
-    a newline in plain quotes would be folded to a space there)."""
-    if not any(ord(c) < 32 or ord(c) == 127 for c in arg):
+    where it holds a control character (a newline in a variable) or a byte
+    that is not UTF-8 bash's ``$'...'`` form, which keeps every character and
+    byte (a row's text is one line of UTF-8: a newline in plain quotes would
+    be folded to a space there, and the byte could not be written at all)."""
+    if not any(_escaped(c) for c in arg):
         return shlex.quote(arg)
-    body = "".join(_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 32 or ord(c) == 127 else c) for c in arg)
+    body = "".join(_ESCAPES.get(c) or (f"\\x{_raw_byte(c) if _raw_byte(c) is not None else ord(c):02x}"
+                                       if _escaped(c) else c) for c in arg)
     return f"$'{body}'"
 
 
@@ -127,10 +139,15 @@ def join(parts: list[str]) -> str:
     return " ".join(quote(p) for p in parts)
 
 
+def _byte_char(byte: int) -> str:
+    # a byte past ASCII alone is not UTF-8: Python reads it from the environment as a lone surrogate
+    return chr(byte) if byte < 0x80 else chr(0xDC00 + byte)
+
+
 def _ansi_c_to_plain(repro: str) -> str:
     """Each ``$'...'`` word of ``repro`` as ``shlex`` reads quoted words."""
     def decode(m: re.Match[str]) -> str:
-        text = _UNESCAPE.sub(lambda e: chr(int(e[1][1:], 16)) if e[1][0] == "x" and len(e[1]) == 3 else
+        text = _UNESCAPE.sub(lambda e: _byte_char(int(e[1][1:], 16)) if e[1][0] == "x" and len(e[1]) == 3 else
                              {"n": "\n", "t": "\t", "r": "\r"}.get(e[1], e[1]), m[1])
         return shlex.quote(text)
 

@@ -142,8 +142,22 @@ def _encode(value: object) -> object:
         return repr(value)  # round-trips exactly
     if isinstance(value, str) and ("\n" in value or "\r" in value):
         # one row, one line: readers tell a damaged line from a row by that
-        return " ".join(value.splitlines())
+        value = " ".join(value.splitlines())
+    if isinstance(value, str) and not value.isascii():
+        value = _undecodable_escaped(value)
     return value
+
+
+def _undecodable_escaped(text: str) -> str:
+    """``text`` with each byte that was not UTF-8 where it came from (an
+    environment variable's or a path's, read by Python as a lone surrogate)
+    written as ``\\xHH``: the file stays UTF-8 and the row is written, where
+    encoding it raised and lost the row."""
+    try:
+        text.encode()
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def bound_cells(rows: list[Mapping[str, object]]) -> tuple[list[dict[str, object]], list[dict[str, object]]]:

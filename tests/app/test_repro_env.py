@@ -122,3 +122,24 @@ def test_a_newline_in_a_carried_variable_is_kept_in_the_repro():
     shown = subprocess.run(["bash", "-c", command.replace("python -c x", "printenv NSA_NOTE")],
                            capture_output=True, text=True, check=True).stdout
     assert shown == value + "\n"
+
+
+def test_bytes_that_are_not_utf8_in_a_carried_variable_are_kept_in_the_repro_and_the_row_is_written(
+        tmp_path):
+    """An NSA_* variable holding bytes that are not UTF-8 (Python reads them as lone surrogates):
+    writing the row raised UnicodeEncodeError, a traceback and results.csv left empty (the row
+    lost). The repro carries the bytes in bash's $'\\xHH' form, read back as Python reads them,
+    and bash hands the same bytes on; any other cell holding such a byte is written \\xHH."""
+    from compare_rows import make_row
+    from matrix.store.results import append_rows, read_rows
+
+    value = "a\udcff\udcfeb"  # os.environ's text of the bytes b"a\xff\xfeb"
+    command = join([*env_prefix("padded", {"NSA_RAW": value}, "/"), "python", "-c", "x"])
+    assert "$'NSA_RAW=a\\xff\\xfeb'" in command, command
+    assert split(command)[0]["NSA_RAW"] == value
+    shown = subprocess.run(["bash", "-c", command.replace("python -c x", "printenv NSA_RAW")], capture_output=True,
+                           check=True).stdout
+    assert shown == b"a\xff\xfeb\n"
+    append_rows(tmp_path, [make_row("padded", repro=command, reason=f"seen {value}")])
+    ((_, row),) = read_rows(tmp_path / "results.csv").rows
+    assert row["repro"] == command and row["reason"] == "seen a\\xff\\xfeb", row
