@@ -3,6 +3,13 @@
 Pure Python: no torch, no torch.distributed. A :class:`CPPlan` is what every
 rank of a CP group agrees on; the round trips decide everything (buffer sizes,
 whether the legacy path may run) from it, never from local tensor shapes.
+
+``zigzag`` at cp 2, one request of 10 tokens ``A..J`` (``2*cp`` blocks, rank
+``k`` owning blocks ``k`` and ``2*cp-1-k``)::
+
+    blocks:   | A B C | D E F | G H | I J |
+    rank 0:   A B C I J        blocks 0, 3: n_0 = 5
+    rank 1:   D E F G H        blocks 1, 2: n_1 = 5   (even: max_rank_len * cp == T)
 """
 
 from __future__ import annotations

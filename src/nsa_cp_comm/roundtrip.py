@@ -16,6 +16,14 @@ zeros after them. There is one padded algorithm for every plan: on an even plan
 ``m*cp == T``, no row is padding, and the result is legacy's, bit for bit
 (the matrix checks this on every even point, see docs/design.md).
 
+The padded round trip at cp 3, shards of 4, 2 and 3 rows (``m = 4``)::
+
+    shards:                 rank 0 [a0 a1 a2 a3]   rank 1 [b0 b1]   rank 2 [c0 c1 c2]
+    gathered [m*cp, H]:     | a0 a1 a2 a3 | b0 b1 0  0  | c0 c1 c2 0  |   rank r at r*m
+    the MoE:                each rank's partial outputs, [m*cp, H] in the same layout
+    reduce-scatter:         the partials summed, equal chunks of m rows: rank r <- rows r*m .. r*m+m-1
+    sliced back:            rank 0 [4, H], rank 1 [2, H], rank 2 [3, H]
+
 What the gather copies (:func:`stages_rows`): a rank whose shard already has
 ``m`` rows, every rank of an even plan, gathers straight from its shard, out
 of place, as legacy does: no copy, no zeroing, and on an even plan the very

@@ -334,3 +334,19 @@ def test_a_points_plan_is_its_engines():
     seed = _resolved(cp_size=4, seq_lens=[18057, 8366, 1064]).plan()
     assert (sg.engine, sg.total_tokens, sg.per_rank_tokens) == ("sglang_0_5_23", 27487, (6872, 6871, 6872, 6872))
     assert (seed.engine, seed.total_tokens, seed.per_rank_tokens) == ("seed_fix", 27488, (6873, 6871, 6872, 6872))
+
+
+@pytest.mark.parametrize("name", engines.NAMES)
+def test_each_engine_module_draws_its_split_and_padding(name):
+    """A reader sees the split and where the padding goes before the rules: each engine's module
+    docstring holds a drawing (a literal block) naming its ranks."""
+    import importlib
+
+    doc = importlib.import_module(f"nsa_cp_comm.engines.{name}").__doc__ or ""
+    blocks = []
+    for after in doc.split("::\n\n")[1:]:  # a literal block: the indented lines after "::"
+        indent = len(after) - len(after.lstrip(" "))
+        lines = after.split("\n")
+        end = next((i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith(" " * indent)), len(lines))
+        blocks.append("\n".join(lines[:end]) if indent else "")
+    assert any("rank" in block for block in blocks), (name, blocks)

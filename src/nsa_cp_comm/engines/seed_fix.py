@@ -14,6 +14,15 @@ Its rules, as the fix found them and docs/design.md section 2 states them:
   modelled beside it pads every rank to ``ceil_align(m, 2*cp)`` for the zigzag
   strategies and ``ceil_align(m, cp)`` otherwise, and attention and the MoE
   compute the padding rows (nothing is masked).
+
+``zigzag_page`` at cp 2, pages of 2, one request of 9 tokens ``A..I``::
+
+    batch, aligned to cp:  A B C D E F G H I x          x: the alignment token, split as real
+    blocks on pages:       | A B C D | E F | G H | I x |
+    rank 0: blocks 0, 3:   A B C D I x                  n_0 = 6
+    rank 1: blocks 1, 2:   E F G H                      n_1 = 4
+    gathered [m*cp, H]:    [A B C D I x | E F G H 0 0]  m = max n_r = 6, zero rows after n_1
+    at the split:          P = ceil_align(6, 2*cp) = 8 rows a rank, the padding computed too
 """
 
 from __future__ import annotations

@@ -45,6 +45,16 @@
 - Which strategy reaches the all-gather MoE: zigzag DSA CP forces DeepEP
   (``arg_groups/model_overrides/deepseek_v2.py``), and DeepSeek V3.2 prefill CP
   refuses zigzag ("use interleave", ``arg_groups/parallel_hook.py``).
+
+``interleave`` (``round_robin``) at cp 2, one request of 7 tokens ``A..G``, eager::
+
+    rank 0: tokens 0, 2, 4, 6:  A C E G          n_0 = 4
+    rank 1: tokens 1, 3, 5:     B D F            n_1 = 3
+    at the split:               P = ceil_align(4, cp) = 4: rank 1 gets one zero row
+    gathered [P*cp, H]:         [A C E G | B D F 0]
+    attention:                  its output of the zero row zeroed (masked)
+    experts:                    every row, the zero row routed (no mask on this path)
+    reduce-scatter:             rank 0 <- rows 0-3, rank 1 <- rows 4-7 ([P, H], the zero row kept)
 """
 
 from __future__ import annotations

@@ -72,6 +72,12 @@ prefill of 7 tokens ``A..G`` cut into ``2*pcp = 4`` chunks of
     experts:               every row, t0 routed (GroupedTopKRouter, no mask)
     reduce-scatter:        rank 0 <- rows 0-2, rank 1 <- rows 3-5 (t0's dropped)
 
+  The same for DeepSeek-V4, whose router masks the rows the runner marks
+  (``is_padding`` over the gathered rows, rank-major, ``pcp_manager.py:630-635``)::
+
+    is_padding [P*pcp]:    | F  F  F  | F  F  T  |
+    experts:               rows 0-4; t0 to no expert (topk_ids -1)
+
 - Refusals: ``maybe_build_pcp_manager`` builds no manager for pcp <= 1 (the
   batch runs without CP); every batch runs at pcp > 1.
 """

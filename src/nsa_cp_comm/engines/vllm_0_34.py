@@ -27,6 +27,16 @@ and its drawing. What changed:
 - The DCP group is listed sorted (``distributed/parallel_state.py:2260-2266``);
   0.33 listed it unsorted, so ``rank_in_group`` could disagree with a
   collective's output order. The PCP group was sorted in both.
+
+The quantized gather, DeepSeek-V3.2 on a monolithic block-fp8 kernel, PCP 2,
+ranks of 3 and 2 rows (``t0``: token id 0's padding row)::
+
+    each rank first:       its [P, H] rows -> fp8 [P, H] and scales [P, H/128] fp32
+    gathered fp8 rows:     | q(a0) q(a1) q(a2) | q(b0) q(b1) q(t0) |
+    gathered scales:       | s(a0) s(a1) s(a2) | s(b0) s(b1) s(t0) |   the same layout
+    gathered logits:       | la0   la1   la2   | lb0   lb1   lt0   |   the same layout
+    experts:               every row, t0 too (the monolithic kernel skips the padding mask)
+    reduce-scatter (bf16): rank 0 <- rows 0-2, rank 1 <- rows 3-5
 """
 
 from __future__ import annotations
