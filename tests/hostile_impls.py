@@ -7,11 +7,14 @@ tests/harness/test_rank_state.py runs the state-changing ones on a warm pool).""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
+import time
 
 import torch
 
+from nsa_cp_comm import impls
 from nsa_cp_comm.impls import RoundTripImpl
 
 from tests.broken_impls import _gather, _scatter
@@ -260,3 +263,23 @@ SESSION_MARK = "876543"
 # a daemon in a session of its own, never waited for
 spawns_session_helper = RoundTripImpl("spawns_session_helper", _gathering(lambda: _sleep_once(SESSION_MARK, True)),
                                       _scatter, doc="leaves a sleep running in a new session")
+
+
+# --- plan hooks that take the asking process down -------------------------------------------------
+def _raising(exc: BaseException):
+    def hook(plan):
+        raise exc
+    return hook
+
+
+# os._exit in supports (the sweep ended with exit 0, no row, no summary)
+supports_exits = dataclasses.replace(impls.get("padded"), name="supports_exits",
+                                     supports=lambda plan: os._exit(0), doc="supports(plan) calls os._exit(0)")
+# a row_stride that never answers (the sweep held past timeout_s)
+stride_sleeps = dataclasses.replace(impls.get("padded"), name="stride_sleeps",
+                                    row_stride=lambda plan: time.sleep(3600) or plan.max_rank_len,
+                                    doc="row_stride(plan) sleeps an hour")
+# a KeyboardInterrupt from supports (read as the user's Ctrl-C: exit 130, 'interrupted')
+supports_interrupts = dataclasses.replace(impls.get("padded"), name="supports_interrupts",
+                                          supports=_raising(KeyboardInterrupt()),
+                                          doc="supports(plan) raises KeyboardInterrupt")

@@ -338,17 +338,22 @@ def run(
     folder = Folder.of(results_dir).refresh()
     if cfg["resume"] and folder.done(point_id(cfg)):
         return None
-    t0 = time.perf_counter()
-    try:
-        if not machine_checked:
-            from .budget import check_sweep  # only an unchecked job needs the estimates
+    from nsa_cp_comm.harness.hook_child import answering
 
-            check_sweep([res], runs_here=True)
-    except ConfigError as exc:
-        results = every_impl(res, "error", f"this machine cannot run the point: {exc}")
-    else:
-        results = _results_for(cfg, res, job_dir)
-    rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    # An outside implementation's answers about the plan, asked once in a child bounded by timeout_s
+    # (an exit, a hang or a KeyboardInterrupt in a hook is its own error row, not the sweep's end)
+    with answering(res.spec.impls, res.spec.plan(), cfg["timeout_s"]):
+        try:
+            if not machine_checked:
+                from .budget import check_sweep  # only an unchecked job needs the estimates
+
+                check_sweep([res], runs_here=True)
+        except ConfigError as exc:
+            results = every_impl(res, "error", f"this machine cannot run the point: {exc}")
+        else:
+            results = _results_for(cfg, res, job_dir)
+        rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     write_point(results_dir, rows, results)
     return rows
 

@@ -305,11 +305,18 @@ def _shown(value: object) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
+class HookEnded(Exception):
+    """A hook's call that ended the process answering it, or gave no answer in
+    time (asked in a child: :mod:`.harness.hook_child`); its text says how."""
+
+
 def ask(impl: Impl, hook: str, plan: CPPlan) -> Any:
     """``impl.<hook>(plan)``: an exception from it (SystemExit included) is a
     :class:`HookError` naming the hook."""
     try:
         return getattr(impl, hook)(plan)
+    except HookEnded as exc:
+        raise HookError(f"impl {impl.name!r}: {hook}(plan) {exc}") from exc
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - outside code: its answer is data
         msg = " ".join(str(exc).split())
         msg = msg if len(msg) <= _SHOWN_CHARS * 2 else msg[: _SHOWN_CHARS * 2] + "..."
