@@ -283,3 +283,11 @@ stride_sleeps = dataclasses.replace(impls.get("padded"), name="stride_sleeps",
 supports_interrupts = dataclasses.replace(impls.get("padded"), name="supports_interrupts",
                                           supports=_raising(KeyboardInterrupt()),
                                           doc="supports(plan) raises KeyboardInterrupt")
+
+
+# --- two plug-ins that declare one name -----------------------------------------------------------
+# asked in different jobs (impl=...:one_name_right,...:one_name_wrong), their rows carried one name and a reader
+# kept the last row per point and name: PASS over the failed one
+one_name_right = dataclasses.replace(impls.get("padded"), name="one_name", doc="padded, declared as one_name")
+one_name_wrong = RoundTripImpl("one_name", lambda local, plan, group: _gather(local, plan, group, slot_of=lambda s, cp:
+                               cp - 1 - s), _scatter, doc="rank blocks reversed, declared as one_name too")

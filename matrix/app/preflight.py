@@ -192,9 +192,29 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
         if cfg["results_dir"] not in schemas:
             schemas.add(cfg["results_dir"])
             Folder.of(cfg["results_dir"]).check()
+    check_declared_names(found)
     if budget:
         check_machine(found)
     return found
+
+
+def check_declared_names(points: list[Point]) -> None:
+    """Refuse (ConfigError, one line) a sweep in which two implementations'
+    rows would carry one name: two references that declare it, run in
+    different jobs (within one point their rows keep their references,
+    :func:`.point.row_names`). A reader keeps one row per point and name
+    (the last): the other's verdict, a failure included, would be lost."""
+    from .point import row_names
+
+    refs: dict[str, set[str]] = {}
+    for p in points:
+        for ref, shown in row_names(list(p.resolved.impls)).items():
+            refs.setdefault(shown, set()).add(ref)
+    for shown, named in refs.items():
+        if len(named) > 1:
+            raise ConfigError(f"impl={','.join(sorted(named))}: each declares the name {shown!r}, so their rows would "
+                              "carry one name and a reader could not tell them apart; give each its own name "
+                              "(RoundTripImpl(name=...))")
 
 
 @contextmanager

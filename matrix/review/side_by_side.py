@@ -12,7 +12,8 @@ and the wall time the runs took.
   from its entry point (``engine_comm``) and once by reference
   (``engine_comm.adapter:impl``) has one ``impl_origin`` (module and version).
   The project's own implementations share their origin and are never merged,
-  nor are two references (``module:attribute``) that name different attributes.
+  nor are two references (``module:attribute``) that name different attributes,
+  nor two declared names (a module's implementations: a catalog of several).
 - :func:`wall_time`: each run from its ``started`` (runs.jsonl) to its last
   row's timestamp, the runs' intervals joined.
 """
@@ -108,8 +109,10 @@ def same_origin(df: pd.DataFrame) -> dict[str, list[str]]:
     for _, names in rows.drop_duplicates().groupby("impl_origin")["impl"]:
         names = sorted(set(names))
         refs = [n for n in names if is_reference(n)]
-        if len(names) < 2 or len({r.partition(REFERENCE_SEP)[2] for r in refs}) > 1:
-            continue  # one name, or references to different attributes: different implementations
+        if len(names) < 2 or len({r.partition(REFERENCE_SEP)[2] for r in refs}) > 1 or len(names) - len(refs) > 1:
+            # one name, references to different attributes, or two names declared in one module (its
+            # implementations each declare their own): different implementations
+            continue
         kept = min(names, key=lambda n: (is_reference(n), len(n), n))
         out[kept] = names
     return out

@@ -67,3 +67,30 @@ def test_compare_joins_a_reference_named_run_with_a_declared_named_one(tmp_path,
     compare.main([old, other, "--metric", "roundtrip_p50_us", "--fail-above", "25%", "--allow-missing"])
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
     assert "joined=1 missing=1 (allowed) only-in-new=1" in line, line
+
+
+def test_two_plugins_that_declare_one_name_are_refused_and_their_rows_never_merged(tmp_path, monkeypatch, capsys):
+    """Two references that declare one name, swept as two jobs: their rows carried one name, and
+    the report kept one row per point and name, the last: PASS over the other's failed row (exit
+    0). The sweep is refused up front in one line; a folder that holds such rows (written before,
+    or by another tool) is refused by the readers, naming the run and the name."""
+    from matrix.app import preflight
+    from matrix.review import _review, report
+
+    from matrix_cli import sweep_here
+
+    both = "impl=tests.hostile_impls:one_name_wrong,tests.hostile_impls:one_name_right"
+    point = ("cp_size=2", "seq_lens=[3,3]", "hidden_size=32", "iters=1", "warmup=0")
+    refused = sweep_here(tmp_path / "a", both, *point, monkeypatch=monkeypatch, capsys=capsys)
+    assert refused.returncode == 2 and not (tmp_path / "a").exists(), refused.stdout[-1500:]
+    assert ("impl=tests.hostile_impls:one_name_right,tests.hostile_impls:one_name_wrong: each declares the name "
+            "'one_name', so their rows would carry one name") in refused.stderr, refused.stderr
+    # the sweep's check taken out: the rows are written, and the readers refuse them
+    monkeypatch.setattr(preflight, "check_declared_names", lambda points: None)
+    ran = sweep_here(tmp_path / "b", both, *point, monkeypatch=monkeypatch, capsys=capsys)
+    assert ran.returncode == 1, ran.stdout[-1500:]  # one_name_wrong failed its gather check
+    assert report.main([str(tmp_path / "b")]) == 2
+    assert "wrote 2 rows of one point named 'one_name' for 2 requested points" in capsys.readouterr().err
+    # and the readers' check taken out too: the report keeps the last row, the right one's, and passes
+    monkeypatch.setattr(_review, "_one_name_two_impls", lambda *a: None)
+    assert report.main([str(tmp_path / "b")]) == 0

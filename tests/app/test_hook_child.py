@@ -10,7 +10,10 @@ the sweep ends with its summary and exit 1. Without the child, the same sweep en
 
 from __future__ import annotations
 
+import contextlib
+
 from matrix_cli import run_python, sweep_here
+from nsa_cp_comm.harness import hook_child
 
 HOSTILE = "tests.hostile_impls"
 POINT = ("cp_size=2", "seq_lens=[64]", "hidden_size=32", "iters=1", "warmup=0", "timeout_s=3")
@@ -46,12 +49,14 @@ sys.exit(sweep.main(sys.argv[1:]))
 """
 
 
-def test_without_the_child_the_hooks_end_the_sweep(tmp_path):
+def test_without_the_child_the_hooks_end_the_sweep(tmp_path, monkeypatch, capsys):
+    # os._exit would end this process too: that sweep runs in a fresh interpreter
     exits = run_python("-c", UNGUARDED, "-m", f"results_dir={tmp_path / 'a'}", f"impl={HOSTILE}:supports_exits,padded",
                        *POINT, timeout=300)
     assert exits.returncode == 0 and "matrix summary" not in exits.stdout, exits.stdout[-2000:]
     assert not (tmp_path / "a" / "results.csv").exists() or not (tmp_path / "a" / "results.csv").read_text()
-    interrupted = run_python("-c", UNGUARDED, "-m", f"results_dir={tmp_path / 'b'}",
-                             f"impl={HOSTILE}:supports_interrupts,padded", *POINT, timeout=300)
+    monkeypatch.setattr(hook_child, "answering", lambda *a, **k: contextlib.nullcontext())
+    interrupted = sweep_here(tmp_path / "b", f"impl={HOSTILE}:supports_interrupts,padded", *POINT,
+                             monkeypatch=monkeypatch, capsys=capsys)
     assert interrupted.returncode == 130 and "interrupted" in interrupted.stdout + interrupted.stderr, \
         interrupted.stdout[-2000:]

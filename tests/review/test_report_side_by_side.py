@@ -135,6 +135,15 @@ def test_same_origin_never_merges_the_built_ins_or_two_attributes():
     assert side_by_side.same_origin(df) == {"e": ["e", "m.y:c"]}
 
 
+def test_same_origin_never_merges_two_names_a_module_declares():
+    """A catalog of implementations in one module (examples/field_bugs: a twin and its twelve bugs, each
+    declaring its own name) has one origin: merged as one implementation, the report kept one row per
+    point, the twin's where it came last, and said PASS-like counts over the bugs' failures."""
+    df = pd.DataFrame({"impl": ["twin", "ceil_pad", "m.z:twin"], "impl_origin": ["m.z 1"] * 3})
+    assert side_by_side.same_origin(df) == {}
+    assert side_by_side.same_origin(df.iloc[[0, 2]]) == {"twin": ["m.z:twin", "twin"]}
+
+
 def test_wall_time_is_the_runs_span(tmp_path, capsys):
     """One run started at 00:00:00 (runs.jsonl) whose rows were written from
     00:00:30 to 00:01:27: 87 s, not the 58.5 s from its first row's start; a
