@@ -248,6 +248,12 @@ FILES: tuple[FileCase, ...] = (
              f"error: workload.path=*/fifo: {FIFO_SAYS}", ("fifo", "w.yaml:fifo")),
     FileCase("matrix", ("--dry-run", "workload={tmp}/w.yaml"), "a trace that is a FIFO",
              f"error: workload.path=*/fifo: {FIFO_SAYS}", ("fifo", "w.yaml:fifo")),
+    FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a workload of 1 kB whose YAML aliases expand to "
+             "10**9 values", "error: workload=*/w.yaml: a YAML alias (*a0, line *): an input file of this project takes "
+             "plain values (aliases can expand without bound)", ("w.yaml:aliases",)),
+    FileCase("matrix", ("--dry-run", "workload={tmp}/w.yaml"), "a workload of 1 kB whose YAML aliases expand to "
+             "10**9 values", "error: workload=*/w.yaml: a YAML alias (*a0, line *): an input file of this project "
+             "takes plain values (aliases can expand without bound)", ("w.yaml:aliases",)),
     FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace that is /dev/zero",
              "error: workload.path=/dev/zero: is a character device, not a regular file", ("w.yaml:/dev/zero",)),
     FileCase("plans", ("--workload", "{tmp}/w.yaml", *PLANS), "a trace with `seq_len` 0",

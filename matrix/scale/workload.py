@@ -142,8 +142,8 @@ def _store_file(name: str) -> str:
     from omegaconf import OmegaConf
 
     path = Path(name).expanduser().absolute()
-    cfg = OmegaConf.to_container(OmegaConf.create(
-        inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError)))
+    text = inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError)
+    cfg = OmegaConf.to_container(OmegaConf.create(inputs.no_yaml_aliases(text, f"workload={name}", WorkloadError)))
     cfg.setdefault("name", str(path))
     choice = "file_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     ConfigStore.instance().store(group="workload", name=choice, node=cfg)
@@ -164,7 +164,8 @@ def load(name: str, overrides: Mapping[str, Any] | None = None, **kw) -> Workloa
     if not path.is_file():
         names = sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml"))
         raise WorkloadError(f"workload={name}: no such workload (one of {', '.join(names)}, or a .yaml path)")
-    text = inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError)
+    text = inputs.no_yaml_aliases(inputs.read_text(path, f"workload={name}", YAML_BYTES_MAX, WorkloadError),
+                                  f"workload={name}", WorkloadError)
     try:
         cfg = OmegaConf.to_container(OmegaConf.create(text))
     except Exception as exc:  # noqa: BLE001 - any YAML error is one line

@@ -178,6 +178,24 @@ def read_text(path: str | os.PathLike[str], label: str, limit: int, error: type[
         raise error(f"{label}: not UTF-8 text (byte {exc.start})") from None
 
 
+def no_yaml_aliases(text: str, label: str, error: type[Exception]) -> str:
+    """``text``, or ``error`` (one line) where it uses a YAML alias (``*name``):
+    a kilobyte of aliases to aliases expands to billions of values when the
+    file is loaded, and an input file of this project needs none. Read as
+    YAML's event stream, which names an alias without expanding it."""
+    import yaml
+
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise error(f"{label}: a YAML alias (*{event.anchor}, line {mark.line + 1}): an input file of "
+                            "this project takes plain values (aliases can expand without bound)")
+    except yaml.YAMLError as exc:
+        raise error(f"{label}: not YAML: {' '.join(str(exc).split())[:200]}") from None
+    return text
+
+
 _DIGITS = re.compile(r"[0-9]+")
 
 

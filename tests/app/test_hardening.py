@@ -234,6 +234,10 @@ def _file_setup(specs: tuple[str, ...], tmp: Path) -> None:
         path = tmp / name
         if name == "w.yaml" and what == "kind":
             path.write_text(_workload_yaml("t.csv").replace("kind: trace", "kind: " + "k" * 1_000_000))
+        elif name == "w.yaml" and what == "aliases":  # a kilobyte of lists of lists: 10**9 values loaded
+            laughs = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+                f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+            path.write_text(_workload_yaml(str(tmp / "t.csv")) + "\n".join(laughs) + "\n")
         elif name == "w.yaml":
             path.write_text(_workload_yaml(what if what.startswith("/") else str(tmp / what)))
         elif name == "fifo" or what == "fifo":
