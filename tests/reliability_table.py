@@ -155,6 +155,11 @@ VALUE = "value"
 POINT = "point"
 
 CLI: tuple[CliCase, ...] = (
+    CliCase(("seed=range(0,1000000000)",), "error: the sweep has 1000000000 points (seed 1000000000), over the "
+            "100000 one sweep may hold: split it into smaller sweeps (each into the same results_dir)", VALUE),
+    CliCase(("seed=range(0,1000)", "hidden_size=range(32,4032,32)"), "error: the sweep has 125000 points (seed "
+            "1000 x hidden_size 125), over the 100000 one sweep may hold: split it into smaller sweeps (each into the "
+            "same results_dir)", VALUE),
     CliCase(("cp_size=0",), "error: cp_size=0: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=-2",), "error: cp_size=-2: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=two",), "error: cp_size=two: must be an integer in [1, 1024]", VALUE),

@@ -261,6 +261,35 @@ def _check_list_lengths(overrides: list[str]) -> None:
             _check_entries(body.count(",") + 1)
 
 
+# The most points one sweep may hold: each is composed and checked before the first runs (about
+# 15 ms each on a CPU core), and a product of a few ranges is soon past anything that can run.
+MAX_POINTS = 100_000
+
+
+def sweep_count(ov: Any) -> int:
+    """How many values an override gives its key (1 unless it sweeps), without
+    listing them: ``range(0, 10**9)`` would be a billion values before any check."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    if not ov.is_sweep_override():
+        return 1
+    value = ov.value()
+    if isinstance(value, RangeSweep) and value.step:
+        return max(0, math.ceil((value.stop - value.start) / value.step))
+    return len(list(ov.sweep_string_iterator()))
+
+
+def check_point_count(parsed: list[Any]) -> None:
+    """ConfigError (one line) for parsed overrides whose sweeps make more than
+    :data:`MAX_POINTS` points (a later override of a key replaces an earlier one)."""
+    counts = {ov.get_key_element(): sweep_count(ov) for ov in parsed}
+    total = math.prod(counts.values())
+    if total > MAX_POINTS:
+        swept = " x ".join(f"{k} {n}" for k, n in counts.items() if n > 1)
+        raise ConfigError(f"the sweep has {total} points ({swept}), over the {MAX_POINTS} one sweep may hold: split it "
+                          "into smaller sweeps (each into the same results_dir)")
+
+
 def validate_overrides(overrides: list[str]) -> None:
     """Check every ``key=value`` (and each value of ``key=a,b`` sweeps) of a
     Hydra command line before Hydra composes anything."""
@@ -277,6 +306,7 @@ def validate_overrides(overrides: list[str]) -> None:
         if any(not a.isascii() or " " in a.split("=", 1)[-1] for a in overrides):
             hint = " (quote a value with spaces or non-ASCII characters: key='value')"
         raise ConfigError(f"cannot parse overrides: {first}{hint}") from None
+    check_point_count([ov for ov in parsed if not ov.is_delete() and not ov.key_or_group.startswith("hydra")])
     for ov in parsed:
         key = ov.key_or_group
         if ov.is_delete() and key in KEYS:

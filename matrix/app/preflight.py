@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import KEYS, ConfigError, register, validate
+from .config import KEYS, ConfigError, check_point_count, register, validate
 from .. import CONF_DIR
 from ..store.folder import Folder
 
@@ -143,13 +143,16 @@ def expand(overrides: list[Any]) -> list[list[str]]:
     """The sweep's jobs: each job's override lines. The cartesian product of
     every swept key's values, the first key varying slowest and a later
     override of the same key replacing an earlier one, as Hydra's basic
-    sweeper orders its jobs."""
+    sweeper orders its jobs. ConfigError (one line) for a sweep of more than
+    :data:`.config.MAX_POINTS`, counted before any job is listed."""
+    for ov in overrides:
+        if ov.is_sweep_override() and not ov.is_discrete_sweep():
+            raise ConfigError(f"{ov.input_line}: only discrete sweeps (a,b,c or range(...)) can be run")
+    check_point_count(overrides)
     by_key: dict[str, list[str]] = {}
     for ov in overrides:
         key = ov.get_key_element()
         if ov.is_sweep_override():
-            if not ov.is_discrete_sweep():
-                raise ConfigError(f"{ov.input_line}: only discrete sweeps (a,b,c or range(...)) can be run")
             by_key[key] = [f"{key}={v}" for v in ov.sweep_string_iterator()]
         else:
             by_key[key] = [f"{key}={ov.get_value_element_as_str()}"]
