@@ -33,6 +33,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from nsa_cp_comm.harness.spec import DTYPE_BYTES
+
 from ._review import BAD, fmt, layout_label, m_stride
 from .side_by_side import group_keys
 
@@ -198,31 +200,35 @@ def latency(df: pd.DataFrame):  # -> Figure
     _log_if_wide(ax, both["total_tokens"], "x")
     _log_if_wide(ax, both["roundtrip_p50_us"], "y")
     groups_ = _proxies(colors, markers, styles)
-    failed = failed_at(df)
-    if len(failed):
-        # a failing row has no time: marked where it ran, along the bottom, not left out unseen
-        ax.scatter(failed, [0.02] * len(failed), marker="x", color="red", s=40, linewidths=1.5, clip_on=False,
-                   transform=ax.get_xaxis_transform())
     extra = []
     if len(g_apart):
         from matplotlib.patches import Patch
 
         extra.append(Patch(facecolor="none", edgecolor="0.2", label="hollow, no line: timed by\nonly some impls"))
-    if len(failed):
-        from matplotlib.lines import Line2D
-
-        extra.append(Line2D([], [], linestyle="none", marker="x", color="red",
-                            label="x along the bottom: failed,\nerror or timeout (no time)"))
+    extra += _mark_failed(ax, failed_at(df, df["total_tokens"]), "no time")
     if extra:
         groups_.append(extra)
     return _finish(fig, ax, None, groups_, title=f"colour: {_colour_title(colour_keys)}\nmarker: impl")
 
 
-def failed_at(df: pd.DataFrame) -> list[float]:
-    """The batches (total_tokens) of the round-trip rows that failed, errored or timed out: the
-    latency plot marks each once along its bottom."""
-    bad = df[df["status"].isin(BAD) & df["total_tokens"].notna() & df["mlp_mode"].ne("SCATTERED")]
-    return sorted(set(pd.to_numeric(bad["total_tokens"], errors="coerce").dropna().tolist()))
+def failed_at(df: pd.DataFrame, x: pd.Series) -> list[float]:
+    """The values of ``x`` (a plot's x axis, per row) of the round-trip rows that failed, errored
+    or timed out, each once: a failing row has no time nor bandwidth, and is marked there."""
+    bad = df["status"].isin(BAD) & x.notna() & df["mlp_mode"].ne("SCATTERED")
+    return sorted(set(pd.to_numeric(x[bad], errors="coerce").dropna().tolist()))
+
+
+def _mark_failed(ax, xs: list[float], lacks: str) -> list:
+    """A red x along the bottom of ``ax`` at each of ``xs`` (where a row failed, not left out
+    unseen), and its legend entry; nothing where none failed."""
+    if not xs:
+        return []
+    from matplotlib.lines import Line2D
+
+    ax.scatter(xs, [0.02] * len(xs), marker="x", color="red", s=40, linewidths=1.5, clip_on=False,
+               transform=ax.get_xaxis_transform())
+    return [Line2D([], [], linestyle="none", marker="x", color="red",
+                   label=f"x along the bottom: failed,\nerror or timeout ({lacks})")]
 
 
 def padding(df: pd.DataFrame):  # -> Figure
@@ -272,7 +278,12 @@ def busbw(df: pd.DataFrame):  # -> Figure
     # cp=1 moves nothing: a bus bandwidth of 0 there is a definition, not a point
     d = df[df["status"].eq("ok") & df["busbw_padded_GBps"].notna() & df["bytes_padded"].notna() & df["cp_size"].gt(1)
            & df["mlp_mode"].ne("SCATTERED")]
-    if d.empty:
+    # a failing row moved no timed bytes: its gathered buffer's size, from its plan, is where it is marked
+    itemsize = df["dtype"].astype(str).str.strip().map(DTYPE_BYTES)
+    gathered = pd.to_numeric(df["padded_total"], errors="coerce") * pd.to_numeric(df["hidden_size"], errors="coerce")
+    wide = df["cp_size"].gt(1)
+    failed = failed_at(df[wide], (gathered * itemsize)[wide])
+    if d.empty:  # as the latency plot: a run that timed nothing says so
         return _finish(fig, ax, "timed ok points with cp > 1 and a bandwidth")
     # side by side on the same points: the points timed by only some impls faded
     same = d[COMMON].astype(bool) if COMMON in d else pd.Series(True, index=d.index)
@@ -302,7 +313,8 @@ def busbw(df: pd.DataFrame):  # -> Figure
     if not same.all():
         ax.set_title(wrapped(f"{ax.get_title()}\nfaded: points timed by only some impls, none beside them"))
         fills.append(Patch(facecolor="0.4", edgecolor="0.2", alpha=0.35, label="faded: timed by\nonly some impls"))
-    _log_if_wide(ax, pd.concat(drawn), "x")
+    fills += _mark_failed(ax, failed, "no bandwidth")
+    _log_if_wide(ax, pd.concat([*drawn, pd.Series(failed, dtype=float)]), "x")
     return _finish(fig, ax, None, [*_proxies(colors, markers), fills],
                    title=f"colour: {_colour_title(colour_keys)}\nmarker: impl\nfill: bytes counted")
 

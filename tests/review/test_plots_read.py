@@ -101,7 +101,7 @@ def test_a_cp_size_wears_one_colour_in_every_report():
     assert len(set(mixed.values())) == 3, mixed
 
 
-def test_a_failed_point_is_marked_as_failed_on_the_latency_plot(tmp_path):
+def test_a_failed_point_is_marked_as_failed_on_the_latency_and_bandwidth_plots(tmp_path):
     """A failing row has no time; it was left out unseen, its batch's other rows hollow as "timed by
     only some impls". Now a red x along the bottom marks each batch where a row failed, and the legend
     says so; a run with none has neither."""
@@ -117,3 +117,10 @@ def test_a_failed_point_is_marked_as_failed_on_the_latency_plot(tmp_path):
     assert any(label.startswith("x along the bottom: failed") for label in legend(fig)), list(legend(fig))
     reds = [c for c in fig.axes[0].collections if len(c.get_offsets()) and to_hex(c.get_edgecolor()[0]) == "#ff0000"]
     assert reds and float(reds[0].get_offsets()[0][0]) == float(bad["total_tokens"])
+    # the bandwidth plot alike, at the bytes its plan gathers (it has no bandwidth)
+    assert "x along the bottom" not in " ".join(legend(plots.busbw(_frame(tmp_path))))
+    fig = plots.busbw(_frame(tmp_path / "bad"))
+    assert any(label.startswith("x along the bottom: failed") for label in legend(fig)), list(legend(fig))
+    reds = [c for c in fig.axes[0].collections if len(c.get_offsets()) and to_hex(c.get_edgecolor()[0]) == "#ff0000"]
+    gathered = float(bad["padded_total"]) * float(bad["hidden_size"]) * {"bfloat16": 2, "float32": 4}[bad["dtype"]]
+    assert reds and float(reds[0].get_offsets()[0][0]) == gathered, (reds[0].get_offsets(), gathered)
