@@ -291,3 +291,38 @@ supports_interrupts = dataclasses.replace(impls.get("padded"), name="supports_in
 one_name_right = dataclasses.replace(impls.get("padded"), name="one_name", doc="padded, declared as one_name")
 one_name_wrong = RoundTripImpl("one_name", lambda local, plan, group: _gather(local, plan, group, slot_of=lambda s, cp:
                                cp - 1 - s), _scatter, doc="rank blocks reversed, declared as one_name too")
+
+
+# --- a plan hook that answers one thing where the rows are folded and another on the ranks ---------
+def _one_more_on_a_rank(plan):
+    import torch.distributed as dist
+
+    return plan.max_rank_len + (1 if dist.is_initialized() else 0)  # a rank's process has its group up
+
+
+def _strided_gather(local, plan, group):
+    from nsa_cp_comm.collectives import all_gather_into
+
+    m = _one_more_on_a_rank(plan)
+    block = local.new_zeros((m, local.shape[1]))
+    block[: local.shape[0]].copy_(local)
+    full = local.new_empty((m * plan.cp_size, local.shape[1]))
+    all_gather_into(full, block, group)
+    return full
+
+
+def _strided_scatter(full, plan, group):
+    import torch.distributed as dist
+
+    from nsa_cp_comm.collectives import reduce_scatter_into
+
+    m = _one_more_on_a_rank(plan)
+    out = full.new_empty((m, full.shape[1]))
+    reduce_scatter_into(out, full.contiguous(), group)
+    return out[: plan.per_rank_tokens[dist.get_rank(group)]]
+
+
+# right on its ranks, with the stride they see; one row shorter wherever else it is asked
+stride_differs_on_ranks = RoundTripImpl("stride_differs_on_ranks", _strided_gather, _strided_scatter,
+                                        row_stride=_one_more_on_a_rank, legacy_bits_on_even=False,
+                                        doc="row_stride(plan) one row longer on the ranks than elsewhere")

@@ -60,3 +60,19 @@ def test_without_the_child_the_hooks_end_the_sweep(tmp_path, monkeypatch, capsys
                              monkeypatch=monkeypatch, capsys=capsys)
     assert interrupted.returncode == 130 and "interrupted" in interrupted.stdout + interrupted.stderr, \
         interrupted.stdout[-2000:]
+
+
+def test_a_hook_answering_the_ranks_otherwise_is_an_error_not_columns_of_another_buffer(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """Its row_stride said m where the rows are folded and m + 1 on the ranks: the row's buffer columns
+    described the buffer it was said to use (padded_total 128), not the one its ranks ran (130)."""
+    from nsa_cp_comm.harness import fold
+
+    args = (f"impl={HOSTILE}:stride_differs_on_ranks,padded", *POINT)
+    run = sweep_here(tmp_path / "a", *args, monkeypatch=monkeypatch, capsys=capsys)
+    row = _rows(run)["stride_differs_on_ranks"]
+    assert row["status"] == "error" and "row_stride(plan) answered 32 where the rows are folded and 33 on the ranks" \
+        in row["reason"], row
+    monkeypatch.setattr(fold, "_stride_elsewhere", lambda *a: "")
+    row = _rows(sweep_here(tmp_path / "b", *args, monkeypatch=monkeypatch, capsys=capsys))["stride_differs_on_ranks"]
+    assert (row["status"], row["padded_total"]) == ("ok", "64"), row  # the columns of the buffer it was said to use

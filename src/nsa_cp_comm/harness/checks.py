@@ -149,6 +149,8 @@ class ImplReport:
     failures: list[tuple[str, str]] = field(default_factory=list)  # (check, message)
     samples: dict[str, list[float]] = field(default_factory=dict)
     rows_sent: int | None = None  # dispatch implementations: rows this rank sent
+    # a round trip's rows per rank's block of the gathered buffer, as this rank's checks asked it
+    stride: int | None = None
     # padding rows of the gathered buffer the engine's router masked, and the most of the routed ones
     # one expert got (FULL mode, a padded layout)
     pad_rows_masked: int | None = None

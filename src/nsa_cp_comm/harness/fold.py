@@ -68,6 +68,27 @@ def agreed_status(statuses: set[str]) -> str | None:
             frozenset({""}): "ok"}.get(frozenset(statuses))
 
 
+def _stride_elsewhere(name: str, plan: CPPlan, reps: list[dict[str, Any]]) -> str:
+    """Why a round trip's rows cannot describe what its ranks ran ('' when
+    they can): its ``row_stride`` answered this process (where the rows'
+    buffer columns come from) otherwise than its ranks (whose checks used
+    their own). An answer about the plan alone must be the same wherever it
+    is asked."""
+    asked = {rep.get("stride") for rep in reps} - {None}
+    if not asked:
+        return ""
+    impl = impl_registry.get(name)
+    try:
+        here = impl.stride(plan) if isinstance(impl, impl_registry.RoundTripImpl) else None
+    except impl_registry.HookError as exc:
+        return str(exc)
+    if asked == {here}:
+        return ""
+    return (f"impl {name!r}: row_stride(plan) answered {here} where the rows are folded and "
+            f"{', '.join(map(str, sorted(asked)))} on the ranks: an answer about the plan alone must be the same "
+            "wherever it is asked (the row's buffer columns would describe a buffer its ranks did not use)")
+
+
 def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[str, Any]]]) -> list[ImplResult]:
     """Combine every rank's reports (``asdict`` of checks.ImplReport) per implementation."""
     itemsize = DTYPE_BYTES[spec.dtype]
@@ -84,6 +105,11 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
         errs = [rep["max_rel_err"] for rep in reps if rep["max_rel_err"] is not None]
         evens = [rep["even_bitwise_equal"] for rep in reps if rep["even_bitwise_equal"] is not None]
         agreed = agreed_status(statuses)
+        # a row whose checks failed says why; one that passed must describe the buffer its ranks used
+        moved = "" if failures else _stride_elsewhere(name, plan, reps)
+        if moved:
+            results.append(ImplResult(name, "error", reason=moved, origin=origin_of(name)))
+            continue
         if failures:
             status = "failed"
         elif agreed is not None:

@@ -118,6 +118,8 @@ def check_point(
                 reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
             else:
                 reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
+            if isinstance(impl, impl_registry.RoundTripImpl) and not reports[name].status:
+                reports[name].stride = impl.stride(plan)  # what the rows' buffer columns must describe
             if watch is not None:
                 watch.after(name, "its checks")
     return reports
