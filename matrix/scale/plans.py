@@ -52,6 +52,7 @@ DESIGNS: tuple[str, ...] = engines.DESIGNS
 COSTS: tuple[str, ...] = ("attn_pad_processed", "attn_pad_masked", "moe_pad_processed", "moe_pad_masked")
 CP_MAX = 1024
 CHUNK = 8192  # batches per vectorised step: bounds memory at cp=128 to tens of MB
+BATCHES_AT_SCALE = 100_000  # batches drawn unless --batches says otherwise: plans' statistics at scale
 PLOT = "plans_overhead.png"
 ITEMSIZE = {"bfloat16": 2, "float32": 4}
 
@@ -292,7 +293,8 @@ def _usage(msg: str) -> int:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=" ".join(command("plans")), description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="lognormal", help="conf/workload/NAME.yaml or a .yaml path")
-    ap.add_argument("--batches", type=int, default=100_000, help="batches to draw (the workload's K)")
+    ap.add_argument("--batches", type=int, default=None,
+                    help=f"batches to draw (the workload's K; default {BATCHES_AT_SCALE}, whatever the file says)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--cp", default="8,16,32,64,128", help="cp sizes, comma-separated")
     ap.add_argument("--policy", default=",".join(POLICIES),
@@ -345,16 +347,20 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
             check_dir(args.out, f"--out={args.out}", ValueError)
         except ValueError as exc:
             raise SystemExit(_usage(str(exc))) from None
-    overrides = {"batches": args.batches}
+    overrides = {"batches": BATCHES_AT_SCALE if args.batches is None else args.batches}
     if args.seed is not None:
         overrides["seed"] = args.seed
     try:
+        own = load(args.workload).batches if args.batches is None else None
         w = load(args.workload, overrides)
         model = load_model(args.nccl_tests) if args.nccl_tests else None
         t0 = time.perf_counter()
         batches = draw(w)  # a trace is read here: its errors are bad input too
     except (WorkloadError, NcclTestsError) as exc:
         raise SystemExit(_usage(str(exc))) from None
+    if own is not None and own != BATCHES_AT_SCALE:  # a workload file's K is a sweep's: said, not silently replaced
+        print(f"note: workload={args.workload} draws {own} batches for a sweep; these plans draw {BATCHES_AT_SCALE} "
+              "(--batches sets it)", file=sys.stderr)
     t_draw = time.perf_counter() - t0
     graphs = args.graphs  # auto | true | false: Engine.graphs reads the words as the config's values
     rows = []

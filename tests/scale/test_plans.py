@@ -253,3 +253,18 @@ def test_workload_report_section_aggregates_over_batches():
     assert "| lognormal  |         2 | zigzag   | padded |        10 | 10.00%" in text
     assert "| 50.95%" in text  # p99 (interpolated) pulled toward the one batch that pads to 2000 bytes
     assert report_lines(pd.DataFrame([dict(rows[0], workload="")])) == []
+
+
+def test_a_workload_files_own_batch_count_is_said_when_plans_draws_its_own(capsys):
+    """A workload file's `batches` is a sweep's K (8 for the shipped ones); plans draws 100000 for
+    statistics at scale, and said nothing of the file's number: one note line now, none when
+    --batches is given."""
+    from matrix.scale import plans as plans_cli
+
+    assert plans_cli.main(["--cp", "8", "--no-plot", "--policy", "zigzag", "--engine", "seed_fix"]) == 0
+    note = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: workload=")]
+    assert note == [f"note: workload=lognormal draws 8 batches for a sweep; these plans draw "
+                    f"{plans_cli.BATCHES_AT_SCALE} (--batches sets it)"], note
+    assert plans_cli.main(["--cp", "8", "--no-plot", "--policy", "zigzag", "--engine", "seed_fix",
+                           "--batches", "200"]) == 0
+    assert "note: workload=" not in capsys.readouterr().err
