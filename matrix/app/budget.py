@@ -250,6 +250,20 @@ def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -
         f"peak {peak.ranks} ranks x ~{_size(peak.rank_bytes)}")
 
 
+def past_timeout(points: Sequence[tuple[Resolved, float]], machine: Machine, factor: float = 1.0) -> str:
+    """One warning line for the points (a resolved point and its ``timeout_s``)
+    whose estimate at this machine's load (``factor``: :func:`load_factor`)
+    is past their ``timeout_s``, which would end them as ``timeout`` rows;
+    '' when none is."""
+    over = [(i, estimate(res, machine).seconds * factor, limit) for i, (res, limit) in enumerate(points)]
+    over = [o for o in over if o[1] > o[2]]
+    if not over:
+        return ""
+    i, seconds, limit = max(over, key=lambda o: o[1] / o[2])
+    return (f"warning: {len(over)} point(s) estimated past their timeout_s, e.g. point {i}: ~{seconds:.0f} s against "
+            f"timeout_s={limit:g}: they would end as timeout rows; raise timeout_s")
+
+
 def check_world(cfg: Mapping[str, Any], machine: Machine | None = None) -> None:
     """Refuse (ConfigError, as :func:`check_sweep` would) a point whose ranks
     this machine may not start, from its config alone: before it is planned

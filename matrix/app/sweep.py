@@ -127,7 +127,7 @@ def dry_run(points: list[Point]) -> str:
                      f"impls={','.join(res.impls)}{note}")
     from nsa_cp_comm.harness.machine import this_machine
 
-    from .budget import load_factor, sweep_estimate
+    from .budget import load_factor, past_timeout, sweep_estimate
 
     # Points as the summary and the report count them (a configuration, its
     # impls apart); the lines above are jobs, one per point and swept impl.
@@ -141,6 +141,9 @@ def dry_run(points: list[Point]) -> str:
         if factor > 1:  # the sweep's time bound reads the idle figure; a user waiting now reads this one
             line += f"; at its load now ({load:.1f} on {machine.cores} cores) about {seconds * factor / 60:.1f} min"
         lines.append(line)
+        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine, max(factor, 1.0))
+        if late:
+            lines.append(late)
     else:
         lines.append(f"{size}, run by a remote launcher")
     return "\n".join(lines)
@@ -183,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the sweep would be refused: {exc}", file=sys.stderr)
             return 2
         return 0
+    if points and points[0].runs_here:  # said before the sweep, as the dry run says it
+        from nsa_cp_comm.harness.machine import this_machine
+
+        from .budget import load_factor, past_timeout
+
+        machine = this_machine()
+        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine,
+                            max(load_factor(machine)[0], 1.0))
+        if late:
+            print(late, file=sys.stderr, flush=True)
     from nsa_cp_comm.harness import rank_warnings
 
     from . import guards

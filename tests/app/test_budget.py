@@ -253,3 +253,17 @@ def test_a_padded_shard_implementation_is_sized_by_the_engines_physical_length()
         assert shard.rank_bytes > padded.rank_bytes
     finally:
         impls.REGISTRY.pop("padded_shard_probe", None)
+
+
+def test_a_point_estimated_past_its_timeout_is_said_before_it_runs(tmp_path, capsys):
+    """A point whose estimate is past its timeout_s would end as a timeout row: the dry run and the
+    sweep's start say so in one line, naming the point, the estimate and the bound; none otherwise."""
+    from matrix.app import sweep
+
+    big = ["-m", f"results_dir={tmp_path / 'r'}", "cp_size=2", "seq_lens=[100000]", "hidden_size=2048", "timeout_s=5"]
+    assert sweep.main([*big, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 1 point(s) estimated past their timeout_s, e.g. point 0: ~" in out, out
+    assert "against timeout_s=5: they would end as timeout rows; raise timeout_s" in out, out
+    assert sweep.main(["-m", f"results_dir={tmp_path / 'r'}", "cp_size=2", "seq_lens=[64]", "--dry-run"]) == 0
+    assert "estimated past their timeout_s" not in capsys.readouterr().out
