@@ -242,7 +242,8 @@ class FileCase:
     doc: str  # the input, as the document states it
     expect: str  # the one stderr line
     setup: tuple[str, ...] = ()  # what tests/app/test_hardening.py:_file_setup makes under {tmp}
-    # "ro_mount": a read-only tmpfs (skipped where none can be mounted); "proc_sys": /proc/sys not writable
+    # "ro_mount": a read-only tmpfs (skipped where none can be mounted), "full_mount": a full one;
+    # "proc_sys": /proc/sys not writable
     needs: str = ""
 
 
@@ -307,6 +308,9 @@ FILES: tuple[FileCase, ...] = (
     FileCase("report", ("{tmp}/res", "--out", "{tmp}/ro/report"), "`--out` on a read-only mount",
              "error: --out=*/ro/report: */ro is not a writable directory (Read-only file system)", ("res",),
              needs="ro_mount"),
+    FileCase("matrix", ("--dry-run", "results_dir={tmp}/full/res"), "`results_dir` on a full filesystem",
+             "error: results_dir=*/full/res: */full's filesystem has 0 bytes free, under the 1 MiB this command "
+             "needs to write into it", needs="full_mount"),
 )
 
 

@@ -23,9 +23,16 @@ from pathlib import Path
 _TELLING = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 
 
+# The least free space a folder written into must have: a full filesystem is refused before any
+# work (each command's rows, samples, reports and Hydra's job folders are kilobytes to megabytes),
+# not met as a bare [Errno 28] after it.
+MIN_FREE_BYTES = 1 << 20
+
+
 def check_dir(path: str | os.PathLike[str], label: str, error: type[Exception]) -> None:
     """Raise ``error`` (one line, ``label: why``) unless ``path`` is a directory,
-    or can be made one, that this process can write into."""
+    or can be made one, that this process can write into, on a filesystem with
+    at least :data:`MIN_FREE_BYTES` free."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise error(f"{label}: {path} exists and is not a directory")
@@ -41,6 +48,11 @@ def check_dir(path: str | os.PathLike[str], label: str, error: type[Exception]) 
         raise error(f"{label}: {probe} is not a writable directory{why}") from None
     os.close(fd)
     os.unlink(name)
+    st = os.statvfs(probe)
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        raise error(f"{label}: {probe}'s filesystem has {free} bytes free, under the {MIN_FREE_BYTES >> 20} MiB "
+                    "this command needs to write into it")
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:

@@ -4,6 +4,7 @@ which RELIABILITY.md's tables are rendered from; its other fault rows name their
 
 from __future__ import annotations
 
+import contextlib
 import ast
 import errno
 import importlib
@@ -298,6 +299,12 @@ def test_a_bad_file_or_output_folder_is_one_line_before_any_work(case, tmp_path,
         if not mount_tmpfs(tmp_path / "ro", "ro,size=64k"):
             pytest.skip("no tmpfs can be mounted here (needs root)")
         mounted = tmp_path / "ro"
+    if case.needs == "full_mount":
+        if not mount_tmpfs(tmp_path / "full", "size=64k"):
+            pytest.skip("no tmpfs can be mounted here (needs root)")
+        mounted = tmp_path / "full"
+        with contextlib.suppress(OSError), open(mounted / "filler", "wb") as f:  # until it is full
+            f.write(b"\0" * (1 << 20))
     try:
         _file_setup(case.setup, tmp_path)
         before = _contents(tmp_path)
@@ -395,12 +402,19 @@ def _full_disk(tmp_path: Path, free: int) -> Path:
 
 
 @pytest.mark.parametrize("command, free", [("plans", 8 << 10), ("report", 16 << 10)])  # plans.json fits, no plot
-def test_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(command, free, tmp_path, capsys):
+def test_out_on_a_full_disk_is_one_line_and_leaves_no_partial_file(command, free, tmp_path, capsys, monkeypatch):
+    from matrix.store import outputs
+
     _file_setup(("res",), tmp_path)
     disk = _full_disk(tmp_path, free)
     plans = ["--batches", "20", "--cp", "8", "--engine", "seed_fix", "--policy", "zigzag"]
     args = plans if command == "plans" else [str(tmp_path / "res")]
     try:
+        # refused up front, under the free space every output folder must have ...
+        assert _command(command)([*args, "--out", str(disk / "out")]) == 2
+        assert "filesystem has" in capsys.readouterr().err
+        # ... and a disk that fills while the command writes (let past that check) is one line too
+        monkeypatch.setattr(outputs, "MIN_FREE_BYTES", 0)
         assert _command(command)([*args, "--out", str(disk / "out")]) == 2
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: --out={disk / 'out'}: cannot write "), err
