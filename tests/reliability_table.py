@@ -160,6 +160,9 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("seed=range(0,1000)", "hidden_size=range(32,4032,32)"), "error: the sweep has 125000 points (seed "
             "1000 x hidden_size 125), over the 100000 one sweep may hold: split it into smaller sweeps (each into the "
             "same results_dir)", VALUE),
+    CliCase(("+plan_class=even", "+layout=round_robin"), "error: +plan_class=even and +layout=round_robin: a plan "
+            "class sets the split, page size and request lengths of its class (in the engine's own split), so the "
+            "layout would be replaced: drop one (engine= picks the split a plan class uses)", POINT),
     CliCase(("cp_size=0",), "error: cp_size=0: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=-2",), "error: cp_size=-2: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=two",), "error: cp_size=two: must be an integer in [1, 1024]", VALUE),

@@ -121,6 +121,7 @@ def points(argv: list[str], *, start: datetime | None = None) -> Iterator[tuple[
         params = OmegaConf.select(primary, "hydra.sweeper.params", default=None) or {}
         lines = [f"{k}={v}" for k, v in params.items()] if multirun else []
         lines += [ov.input_line for ov in task_ovs]
+        _one_source_of_the_split(lines)
         with _hydra_errors("cannot parse the sweep"):
             jobs = expand(parser.parse_overrides(lines))
         composed: dict[tuple[str, ...], DictConfig] = {}
@@ -137,6 +138,18 @@ def points(argv: list[str], *, start: datetime | None = None) -> Iterator[tuple[
                 plain = OmegaConf.to_container(cfg, resolve=True)
             assert isinstance(plain, dict)
             yield plain, runs_here
+
+
+def _one_source_of_the_split(lines: list[str]) -> None:
+    """ConfigError (one line) where a plan class and a layout would both set
+    the split: the plan class sets ``split``, ``page_size`` and ``seq_lens``
+    for its class in the point's engine's own split, and replaced the
+    layout's without a word."""
+    groups = {line.split("=", 1)[0].lstrip("+~"): line for line in lines if "=" in line}
+    if "plan_class" in groups and "layout" in groups:
+        raise ConfigError(f"{groups['plan_class']} and {groups['layout']}: a plan class sets the split, page size "
+                          "and request lengths of its class (in the engine's own split), so the layout would be "
+                          "replaced: drop one (engine= picks the split a plan class uses)")
 
 
 def expand(overrides: list[Any]) -> list[list[str]]:
