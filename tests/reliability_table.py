@@ -163,6 +163,8 @@ CLI: tuple[CliCase, ...] = (
     CliCase(("+plan_class=even", "+layout=round_robin"), "error: +plan_class=even and +layout=round_robin: a plan "
             "class sets the split, page size and request lengths of its class (in the engine's own split), so the "
             "layout would be replaced: drop one (engine= picks the split a plan class uses)", POINT),
+    CliCase(("iters=auto", "+hydra.job.env_set.NSA_CP_AUTO_MAX_S=abc"),
+            "error: NSA_CP_AUTO_MAX_S='abc': must be seconds in (0, 30]", POINT),
     CliCase(("cp_size=0",), "error: cp_size=0: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=-2",), "error: cp_size=-2: must be an integer in [1, 1024]", VALUE),
     CliCase(("cp_size=two",), "error: cp_size=two: must be an integer in [1, 1024]", VALUE),

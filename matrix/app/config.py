@@ -380,8 +380,9 @@ def _check_impl(value: object) -> None:
         raise _fail("impl", value, f"must be one of {names}, or package.module:attribute") from None
 
 
-def validate(cfg: Mapping[str, Any]) -> None:
-    """Check one point: every value, then the relations between keys."""
+def validate(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> None:
+    """Check one point: every value, then the relations between keys;
+    ``environ``: the environment its job will run in (default: this process's)."""
     missing = [k for k in KEYS if k not in cfg]
     if missing:
         raise ConfigError(f"config lacks key(s) {', '.join(missing)}")
@@ -403,7 +404,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
     if calibrate.is_auto(cfg["iters"]):
         try:
-            calibrate.time_cap()
+            calibrate.time_cap(os.environ if environ is None else environ)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if cfg["timeout_s"] < AUTO_TIMEOUT_MIN_S:

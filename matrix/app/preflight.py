@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from datetime import datetime
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,6 +141,15 @@ def points(argv: list[str], *, start: datetime | None = None) -> Iterator[tuple[
             yield plain, runs_here
 
 
+JOB_ENV = "hydra.job.env_set."
+
+
+def job_env(argv: list[str]) -> dict[str, str]:
+    """The variables the command line sets for its jobs (``hydra.job.env_set.K=V``)."""
+    sets = (a.lstrip("+").removeprefix(JOB_ENV) for a in argv if a.lstrip("+").startswith(JOB_ENV))
+    return dict(entry.split("=", 1) for entry in sets if "=" in entry)
+
+
 def _one_source_of_the_split(lines: list[str]) -> None:
     """ConfigError (one line) where a plan class and a layout would both set
     the split: the plan class sets ``split``, ``page_size`` and ``seq_lens``
@@ -197,8 +207,10 @@ def preflight(argv: list[str], *, budget: bool = True, start: datetime | None = 
     found: list[Point] = []
     schemas: set[str] = set()
     machine = None
+    # the jobs run with Hydra's hydra.job.env_set on top of this environment: checked as they will see it
+    environ = {**os.environ, **job_env(argv)}
     for cfg, runs_here in points(argv, start=start):
-        validate(cfg)
+        validate(cfg, environ)
         if runs_here:  # the machine's rank limit, before the point is planned
             from .budget import check_world, this_machine
 
