@@ -15,7 +15,6 @@ allocates (harness.checks, harness.steps) and the reference MoE's weights.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,15 +167,10 @@ STARTUP_MARGIN = 10.0
 
 
 def load_factor(machine: Machine, load: float | None = None) -> tuple[float, float]:
-    """``(factor, load)``: how many times longer work takes on this machine
-    now than idle, by how far the 1-minute load average (``load``: read here
-    when not given) exceeds the cores; 1 when it does not."""
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = 0.0
-    return max(1.0, load / machine.cores), load
+    """``(factor, load)`` on ``machine``: :func:`nsa_cp_comm.harness.machine.load_factor`."""
+    from nsa_cp_comm.harness.machine import load_factor as factor
+
+    return factor(machine.cores, load)
 
 
 def startup_timeout_s(res: Resolved, machine: Machine | None = None, load: float | None = None) -> float:

@@ -15,6 +15,7 @@ from matrix.app.config import GROUPS, KEYS, ConfigError, validate_overrides
 from matrix.app.repro_env import split
 from matrix.store.results import COLUMNS, CONFIG_COLUMNS
 from nsa_cp_comm import engines
+from nsa_cp_comm.harness import machine as load_rule
 
 from matrix_cli import MID_POINT_ITERS, REPO, compose_config, config_of, run_matrix, run_python, sweep_in_background
 
@@ -219,18 +220,17 @@ def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypa
 def test_dry_run_says_how_long_the_sweep_takes_at_the_machines_load_now(tmp_path, capsys, monkeypatch):
     """Idle, the estimate alone; on a machine loaded past its cores, also the
     time at that load (the idle figure is what the sweep's time bound reads)."""
-    from matrix.app import budget
     from matrix.app import sweep as cli
     from nsa_cp_comm.harness.machine import this_machine
 
     cores = this_machine().cores
     argv = ["-m", "--dry-run", "cp_size=2", "seq_lens=[100]", f"results_dir={tmp_path / 'res'}"]
-    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 0.5, 0.0, 0.0))
+    monkeypatch.setattr(load_rule.os, "getloadavg", lambda: (cores * 0.5, 0.0, 0.0))
     assert cli.main(argv) == 0
     idle = capsys.readouterr().out.splitlines()[-1]
     assert idle.startswith("estimate: 1 point, about ") and "at its load now" not in idle, idle
     minutes = float(idle.split("about ", 1)[1].split(" min", 1)[0])
-    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 4.0, 0.0, 0.0))
+    monkeypatch.setattr(load_rule.os, "getloadavg", lambda: (cores * 4.0, 0.0, 0.0))
     assert cli.main(argv) == 0
     loaded = capsys.readouterr().out.splitlines()[-1]
     assert loaded.startswith(idle.split("; at")[0]), (idle, loaded)

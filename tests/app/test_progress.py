@@ -7,6 +7,7 @@ import io
 import time
 
 from matrix.progress import Progress
+from nsa_cp_comm.harness import machine as load_rule
 
 
 def _wait_for(stream: io.StringIO, text: str, bound_s: float = 60.0) -> str:
@@ -85,14 +86,13 @@ def test_a_tests_own_wait_scales_with_the_load_and_its_timeout_says_the_load(mon
 
     import pytest
 
-    from matrix.app import budget
     from matrix_cli import run, under_load
     from nsa_cp_comm.harness.machine import this_machine
 
     cores = this_machine().cores
-    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores / 2, 0.0, 0.0))
+    monkeypatch.setattr(load_rule.os, "getloadavg", lambda: (cores / 2, 0.0, 0.0))
     assert under_load(30)[0] == 30
-    monkeypatch.setattr(budget.os, "getloadavg", lambda: (cores * 3.0, 0.0, 0.0))
+    monkeypatch.setattr(load_rule.os, "getloadavg", lambda: (cores * 3.0, 0.0, 0.0))
     seconds, why = under_load(30)
     assert seconds == 90 and why == f"30 s idle x 3.0 for the 1-minute load {cores * 3.0:.1f} on {cores} cores"
     with pytest.raises(AssertionError, match=r"ran past 0 s \(0.1 s idle x 3.0 for the 1-minute load"):

@@ -178,6 +178,21 @@ def _cgroup_value(controller: str, *names: str) -> int | None:
     return None
 
 
+def load_factor(cores: int | None = None, load: float | None = None) -> tuple[float, float]:
+    """``(factor, load)``: how many times longer work takes on this machine
+    now than idle, by how far the 1-minute load average (``load``: read here
+    when not given) exceeds its ``cores`` (default: this process's, cgroup
+    quota included); 1 when it does not. The one rule every bound that
+    scales with the load reads (a point's rank start, its checks' collective
+    bound, the tests' waits)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = 0.0
+    return max(1.0, load / (cores or _cores())), load
+
+
 def _cores() -> int:
     """CPUs this process may use: its affinity, capped by a cgroup CPU quota."""
     try:

@@ -10,6 +10,7 @@ Hydra or CSV files.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -31,6 +32,7 @@ from .checks import (
 )
 from .blame import AT_AGREEMENT, AT_CHECKS, AT_PREPARE, AT_SETUP, announce_place, announce_turns
 from .cpgroup import GROUP_RANK_KEY, cp_group, group_rank_of
+from .machine import load_factor
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_state import STATE_KEY, Watch, begin_point
@@ -125,6 +127,16 @@ def check_point(
     return reports
 
 
+@functools.lru_cache(maxsize=1)
+def check_bound() -> float:
+    """How long the checks' collectives wait: :data:`CHECK_TIMEOUT_S` idle,
+    longer on a loaded machine (as a rank's start is given longer). Read once
+    per rank process: its groups are made once, by every rank, with it (a
+    bound that changed between points would make a rank ask for a new group,
+    a collective its peers do not enter)."""
+    return CHECK_TIMEOUT_S * load_factor()[0]
+
+
 def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
                   verify: bool = True) -> dict[str, dict[str, Any]]:
     """Runs on every rank: checks (on the correctness group), then timings of
@@ -139,9 +151,10 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     announce_place((AT_SETUP,))
     begin_point(spec.seed, group_rank_of(dist.get_rank(), spec.cp_size, spec.bystanders))
     device = rank_device()
-    group = checked_group(CHECK_TIMEOUT_S, spec.bystanders)
+    bound = check_bound()
+    group = checked_group(bound, spec.bystanders)
     plain = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False)
-    fence = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False, timeout_s=CHECK_TIMEOUT_S)
+    fence = cp_group(spec.cp_size, bystanders=spec.bystanders, checked=False, timeout_s=bound)
     if group is None:
         return {}  # a bystander: in the world, not in the CP group
     light = checks == "light"
