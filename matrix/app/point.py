@@ -320,7 +320,8 @@ def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -
 
 
 def run(
-    cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "", machine_checked: bool = False
+    cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "", machine_checked: bool = False,
+    resolved: Resolved | None = None,
 ) -> list[dict[str, Any]] | None:
     """Run one point and append its rows to ``<results_dir>/results.csv``.
 
@@ -328,12 +329,16 @@ def run(
     machine (the CLI's preflight, for the whole sweep, before any rank held
     memory): not again, mid-sweep. Otherwise (a remote launcher's job, on the
     node the point runs on) a point this machine cannot hold gives error rows.
+    ``resolved``: the point as the caller validated and resolved it (the
+    CLI's preflight, for this very config): the one this run uses.
 
     Returns the rows, or None when ``resume`` found the point already done
     (rows that are not error/timeout). Raises ConfigError (before anything is
     written) for an invalid config."""
-    validate(cfg)
-    res = resolve(cfg)
+    if resolved is None:
+        validate(cfg)
+        resolved = resolve(cfg)
+    res = resolved
     results_dir = cfg["results_dir"]
     folder = Folder.of(results_dir).refresh()
     if cfg["resume"] and folder.done(point_id(cfg)):

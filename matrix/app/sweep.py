@@ -9,12 +9,14 @@ exit 1 when a point failed, errored, timed out or wrote no row, else 0.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -35,7 +37,12 @@ SHOW_FLAGS = ("--cfg", "-c", "--info", "-i")
 _ACTIVE: dict[str, object] = {}
 
 
-def task(machine_checked: bool) -> Callable[[], None]:
+def _config_key(cfg: Mapping[str, Any]) -> str:
+    """One text per configuration: a job's config finds the point preflight resolved for it."""
+    return json.dumps(cfg, sort_keys=True, default=str)
+
+
+def task(machine_checked: bool, points: Sequence[Point] = ()) -> Callable[[], None]:
     """The Hydra app: each job runs one point. ``machine_checked``: preflight
     checked the sweep against the machine the jobs run on (a local launcher),
     so a job does not check again mid-sweep; a remote launcher's job checks
@@ -43,6 +50,8 @@ def task(machine_checked: bool) -> Callable[[], None]:
 
     # An absolute config path: the app also runs imported (matrix.__main__.main), not only as __main__.
     from .point import run as run_point  # imports torch: here, so that --help does not
+
+    resolved = {_config_key(p.cfg): p.resolved for p in points if p.runs_here}
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
     def app(cfg: DictConfig) -> None:
@@ -52,8 +61,9 @@ def task(machine_checked: bool) -> Callable[[], None]:
         hc = HydraConfig.get()
         _ACTIVE["cfg"] = plain
         try:
+            # the point as preflight validated and resolved it, where this job's config is one it checked
             rows = run_point(plain, job_dir=hc.runtime.output_dir, overrides=" ".join(hc.overrides.task),
-                             machine_checked=machine_checked)
+                             machine_checked=machine_checked, resolved=resolved.get(_config_key(plain)))
         except (ConfigError, SchemaError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     rank_warnings.clear()  # this sweep's: each distinct one said once after its summary
     guards.install()
     guards.guard()
-    app = task(machine_checked=bool(points) and points[0].runs_here)
+    app = task(machine_checked=bool(points) and points[0].runs_here, points=points)
     argv = _pin_results_dir(argv, points)
     _ACTIVE["argv"] = argv if given == argv else _pin_results_dir(given, points)
     sys.argv = [sys.argv[0], *argv]

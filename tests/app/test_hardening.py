@@ -135,7 +135,7 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(case, tmp_path, capsys
     def hydra_started():  # the one line must come before Hydra starts
         raise AssertionError("the Hydra app started")
 
-    monkeypatch.setattr(cli, "task", lambda machine_checked: hydra_started)
+    monkeypatch.setattr(cli, "task", lambda machine_checked, points=(): hydra_started)
     code = cli.main(["-m", f"results_dir={tmp_path / 'res'}", *args])
     _one_line_exit_2_nothing_written(code, *capsys.readouterr(), case, tmp_path, before)
     # The table says which check catches it: each value alone, or the composed points.
@@ -371,7 +371,7 @@ def test_the_resume_hint_of_a_workload_sweep_names_the_workload_file(tmp_path, c
     def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "task", lambda machine_checked: interrupted)
+    monkeypatch.setattr(cli, "task", lambda machine_checked, points=(): interrupted)
     monkeypatch.setattr(guards, "install", lambda: None)
     monkeypatch.setattr(guards, "guard", lambda: None)
     monkeypatch.setattr(sys, "argv", list(sys.argv))

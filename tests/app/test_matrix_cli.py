@@ -199,7 +199,7 @@ def test_ctrl_c_prints_one_line_per_point_and_the_resume_command(tmp_path):
 def test_dry_run_lists_every_point_and_starts_no_rank(tmp_path, capsys, monkeypatch):
     from matrix.app import sweep as cli
 
-    monkeypatch.setattr(cli, "task", lambda machine_checked: (_ for _ in ()).throw(AssertionError("the Hydra app started")))
+    monkeypatch.setattr(cli, "task", lambda machine_checked, points=(): (_ for _ in ()).throw(AssertionError("the Hydra app started")))
     res = tmp_path / "res"
     assert cli.main(["+matrix=smoke", "--dry-run", f"results_dir={res}"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -304,3 +304,24 @@ def test_repro_quotes_every_value_so_it_round_trips():
     for key, value in parsed.items():
         assert value == cfg[key], (key, value, cfg[key])
     assert parsed["impl"] == "tests.broken_impls:wrong_order"
+
+
+def test_a_sweep_resolves_each_point_once(tmp_path, monkeypatch, capsys):
+    """Preflight validates and resolves every point before the sweep starts; each job ran the
+    same again (twice per point, and two resolutions that could differ). The job now runs the
+    point preflight resolved for its config."""
+    from matrix.app import point, resolve
+    from matrix_cli import sweep_here
+
+    calls = []
+    real = resolve.resolve
+
+    def counted(cfg, **kw):
+        calls.append(cfg["cp_size"])
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(resolve, "resolve", counted)
+    monkeypatch.setattr(point, "resolve", counted)
+    run = sweep_here(tmp_path / "r", "cp_size=1,2", "seq_lens=[64]", "hidden_size=32", "iters=1", "warmup=0",
+                     monkeypatch=monkeypatch, capsys=capsys)
+    assert run.returncode == 0 and sorted(calls) == [1, 2], (calls, run.stdout[-1500:])
