@@ -52,6 +52,9 @@ HIDDEN = 256
 # The one run that "wrote" a synthetic file: its line of runs.jsonl.
 RUN = dict(run_id="0123456789abcdef", started="2026-01-01T00:00:00+00:00", host="bench", git_sha="0123abcd",
            torch_version="2.13.0+cpu", nccl_version="", command="python -m matrix +matrix=default")
+# the resume that reran the points that errored: a run of its own, as resume=true makes one
+RERUN = {**RUN, "run_id": "fedcba9876543210", "started": "2026-01-01T06:00:00+00:00",
+         "command": "python -m matrix +matrix=default resume=true"}
 BYTES_PER_ELEM = 2  # bfloat16
 
 
@@ -97,7 +100,7 @@ def synthesise(n: int = 200_000, seed: int = 0, dup_frac: float = 0.01, error_fr
 
     Sweeps are repeated with distinct ``seed`` values so every row is its own
     point, except ``dup_frac`` of them: those points first got an ``error`` row
-    and were rerun (resume), the ok row appended at the end of the file."""
+    and were rerun (resume: a run of its own), the ok row appended at the end of the file."""
     rng = np.random.default_rng(seed)
     sweep = _sweep()
     reruns = int(n * dup_frac)
@@ -163,6 +166,7 @@ def synthesise(n: int = 200_000, seed: int = 0, dup_frac: float = 0.01, error_fr
         df.loc[pick, "reason"] = "timed out after 120 s"
         df.loc[pick, "correct"] = ""
         df.loc[pick, list(timings)] = np.nan
+        rerun["run_id"] = RERUN["run_id"]
         df = pd.concat([df, rerun], ignore_index=True)
     return df.reindex(columns=list(COLUMNS))
 
@@ -171,7 +175,7 @@ def write(df: pd.DataFrame, results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / RESULTS_FILE
     df.to_csv(path, index=False, na_rep="", float_format="%.6g")
-    (results_dir / RUNS_FILE).write_bytes(run_line(RUN))
+    (results_dir / RUNS_FILE).write_bytes(run_line(RUN) + run_line(RERUN))
     return path
 
 

@@ -232,14 +232,20 @@ def check_declared_names(points: list[Point]) -> None:
     different jobs (within one point their rows keep their references,
     :func:`.point.row_names`). A reader keeps one row per point and name
     (the last): the other's verdict, a failure included, would be lost."""
+    from nsa_cp_comm import impls
+
     from .point import row_names
+
+    def steps(name: str) -> tuple:  # what it runs: one implementation asked by two names runs the same
+        impl = impls.get(name)
+        return tuple(id(getattr(impl, part, None)) for part in ("gather", "scatter", "dispatch", "combine"))
 
     refs: dict[str, set[str]] = {}
     for p in points:
         for ref, shown in row_names(list(p.resolved.impls)).items():
             refs.setdefault(shown, set()).add(ref)
     for shown, named in refs.items():
-        if len(named) > 1:
+        if len({steps(n) for n in named}) > 1:
             raise ConfigError(f"impl={','.join(sorted(named))}: each declares the name {shown!r}, so their rows would "
                               "carry one name and a reader could not tell them apart; give each its own name "
                               "(RoundTripImpl(name=...))")

@@ -131,7 +131,8 @@ class Run:
         # points as configurations: the impls of one point count once
         where = self.config.loc[keys.duplicated(keep=False), [c for c in self.config.columns if c != "impl"]]
         return (f"{self.duplicates} duplicate row(s) of {len(where.drop_duplicates())} point(s) dropped: "
-                "the last row in file order of each point and impl (the latest run) is used")
+                "the latest run's row of each point and impl is used (within one run, a failing row over a passing "
+                "one)")
 
     def unknown_runs_note(self) -> str:
         """One sentence on rows whose run has no metadata, or "" when there are none."""
@@ -357,7 +358,6 @@ _DTYPES = collections.defaultdict(lambda: str, {c: "category" for c in _CATEGORI
 # Columns every load reads: the key (configuration and bystanders), the verdict, what layout 1 needs for its
 # statuses, and the run each row names.
 BASE_COLUMNS: frozenset[str] = frozenset(CONFIG_COLUMNS + REQUIRED_COLUMNS + ("is_even", "roundtrip_p50_us", "run_id",
-                                                                       "point_id",
                                                                        "bystanders"))
 
 
@@ -383,31 +383,24 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
     raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
     raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
-    _one_name_two_impls(arg, value, raw)
-    latest = raw[~raw[POINT_KEY].duplicated(keep="last")]
+    latest = raw.loc[latest_rows(raw)]
     return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
                upgraded=_summed(f.upgraded for f in read), malformed=malformed,
                unknown_runs=_summed(f.unknown_runs for f in read), runs_skipped=sum(f.runs_skipped for f in read))
 
 
-def _one_name_two_impls(arg: str, value: str, raw: pd.DataFrame) -> None:
-    """InputError where one run wrote two rows of one point and name for
-    different requested points (``point_id``: the implementation asked by
-    another reference that declares the same name). A later run's row
-    supersedes an earlier one's; within a run neither is a rerun of the
-    other, and keeping the last would drop the other's verdict."""
-    if "run_id" not in raw or "point_id" not in raw:
-        return
-    run, pid = raw["run_id"].astype(str).str.strip(), raw["point_id"].astype(str).str.strip()
-    rows = pd.DataFrame({"key": raw[POINT_KEY], "run": run, "pid": pid})[run.ne("") & pid.ne("")]
-    clash = rows.groupby(["key", "run"])["pid"].nunique()
-    if not clash.gt(1).any():
-        return
-    key, run_id = clash[clash.gt(1)].index[0]
-    first = raw[raw[POINT_KEY].eq(key) & run.eq(run_id)]
-    raise InputError(f"{arg}={value}: run {run_id} wrote {len(first)} rows of one point named "
-                     f"{str(first['impl'].iloc[0]).strip()!r} for {first['point_id'].nunique()} requested points: "
-                     "two implementations declared that name, and a reader cannot tell their rows apart")
+def latest_rows(raw: pd.DataFrame) -> pd.Index:
+    """The row kept for each point and name: the last run's (file order), and
+    within one run the last failing row if any failed, else its last. Two rows
+    of one run are no rerun of each other (one implementation swept twice,
+    or two that declared one name): keeping the last would drop the other's
+    failure as a duplicate."""
+    run = raw["run_id"].astype(str).str.strip() if "run_id" in raw else pd.Series("", index=raw.index)
+    rows = pd.DataFrame({"key": raw[POINT_KEY].to_numpy(), "run": run.to_numpy(),
+                         "bad": raw["status"].astype(str).str.strip().isin(BAD).to_numpy(),
+                         "order": np.arange(len(raw))}, index=raw.index)
+    per_run = rows.sort_values(["key", "run", "bad", "order"]).groupby(["key", "run"], sort=False).tail(1)
+    return per_run.sort_values("order").drop_duplicates("key", keep="last").sort_values("order").index
 
 
 def world(rows: pd.DataFrame) -> pd.Series:

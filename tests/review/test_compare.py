@@ -258,8 +258,8 @@ def test_last_row_per_point_is_used(base, tmp_path, capsys, order, code):
     got, out, _ = run([base, new], capsys)
     assert got == code
     assert counts(out)["rows"] == "10" and counts(out)["points"] == "6"
-    assert (f"note: NEW={new}: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "and impl (the latest run) is used") in out
+    assert (f"note: NEW={new}: 1 duplicate row(s) of 1 point(s) dropped: the latest run's row of each point and "
+            "impl is used (within one run, a failing row over a passing one)") in out
 
 
 def test_duplicates_of_two_impls_of_one_point_are_one_point(base, tmp_path, capsys):

@@ -246,12 +246,13 @@ def test_ratio_within_spread_is_marked_noise(tmp_path, capsys):
 
 def test_duplicate_rows_are_said_and_the_last_is_used(tmp_path, capsys):
     append(tmp_path, [make_row(status="error", correct=None, reason="rank died"), make_row("legacy")])
-    md, appendix, _ = run_report(tmp_path, rows=[make_row()])  # the rerun of the error point
+    append(tmp_path, [make_row()], run_id="run00002")  # the rerun of the error point (resume: a run of its own)
+    md, appendix, _ = run_report(tmp_path)
     # padded and legacy of one configuration: 2 rows of 1 point, after the dropped duplicate
     assert "(3 rows read; the latest of each point and impl: 2 rows of 1 point)" in md
     assert md.splitlines()[2].startswith("**Verdict: PASS**: 1 point, 2 rows")
-    assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the last row in file order of each point "
-            "and impl (the latest run) is used") in md
+    assert ("Duplicates: 1 duplicate row(s) of 1 point(s) dropped: the latest run's row of each point and impl is "
+            "used (within one run, a failing row over a passing one)") in md
     verdicts = section(md, "Verdicts")
     assert table_row(verdicts, "ok")[-2] == "2" and table_row(verdicts, "error")[-2] == "0"
     assert "error -> ok" in appendix and "the last" in appendix
