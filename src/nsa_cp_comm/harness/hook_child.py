@@ -161,7 +161,10 @@ def answering(names: tuple[str, ...] | list[str], plan: CPPlan, timeout_s: float
             impl = impl_registry.REGISTRY.get(name)
             if impl is None or not impl.origin or not any(callable(getattr(impl, h, None)) for h in PLAN_HOOKS):
                 continue
-            answers = _ask_in_child(impl, plan, timeout_s)
+            try:
+                answers = _ask_in_child(impl, plan, timeout_s)
+            except OSError:  # no process to spare (fork refused): the hooks are asked directly, as before
+                continue
             parts = {hook: _replayed(hook, record, plan, getattr(impl, hook)) for hook, record in answers.items()}
             saved[name] = impl
             impl_registry.REGISTRY[name] = replace(impl, **parts)
