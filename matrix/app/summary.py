@@ -46,18 +46,26 @@ def describe(row: Mapping[str, Any]) -> str:
 
 
 # A console line keeps a reason this long; past it, the line says it was cut.
-REASON_CHARS = 100
-CUT_MARK = " [...; whole in results.csv's reason]"
+REASON_CHARS = 120
+# Of a cut reason, the end kept: a message's numbers come last ("the size of tensor a (17) must match
+# the size of tensor b (18) at non-singleton dimension 0").
+TAIL_CHARS = 75
+GAP_MARK = " [...] "
+CUT_MARK = " [cut; whole in results.csv's reason]"
 
 
 def clipped(reason: str, limit: int = REASON_CHARS) -> str:
-    """``reason`` on one line, whole when short; else cut at a word and marked,
-    pointing to the row, which keeps it whole."""
+    """``reason`` on one line, whole when short; else its start and its end
+    (where a message's numbers are), each cut at a word, the gap and the
+    cut marked, pointing to the row, which keeps it whole."""
     text = " ".join(reason.split())
     if len(text) <= limit:
         return text
-    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
-    return cut + CUT_MARK
+    head = text[: limit - TAIL_CHARS]
+    head = head.rsplit(" ", 1)[0] if " " in head else head
+    tail = text[-TAIL_CHARS:]
+    tail = tail.split(" ", 1)[1] if " " in tail and not text[-TAIL_CHARS - 1].isspace() else tail
+    return head + GAP_MARK + tail + CUT_MARK
 
 
 def live_line(cfg: Mapping[str, Any], rows: list[Mapping[str, Any]] | None) -> str:

@@ -39,13 +39,16 @@ def test_rows_too_few_to_be_significant_are_named(tmp_path):
 def test_a_long_reason_on_the_console_is_marked_as_cut_and_points_to_the_row():
     short = "rank 1 never entered _ALLGATHER_BASE"
     assert summary.clipped(short) == short
-    long = "scattering rank 0's copy of the gathered buffer did not return this rank's rows; max_rel_err 1.07 > 0.0156"
+    long = ("in mycomm:ceil_pad's checks: rank 0 error: RuntimeError: The size of tensor a (17) must match the "
+            "size of tensor b (18) at non-singleton dimension 0")
     assert len(long) > summary.REASON_CHARS
-    got = summary.describe({"impl": "x", "status": "failed", "failed_check": "scatter_chunk", "reason": long})
+    got = summary.describe({"impl": "x", "status": "error", "failed_check": "", "reason": long})
     assert got.endswith(summary.CUT_MARK + ")") and "results.csv" in got
-    # cut at a word: no half word before the mark
-    kept = summary.clipped(long)[: -len(summary.CUT_MARK)]
-    assert long.startswith(kept) and long[len(kept)] == " "
+    # its start and its end, each cut at a word: the numbers at the end of a message are kept
+    head, tail = summary.clipped(long)[: -len(summary.CUT_MARK)].split(summary.GAP_MARK)
+    assert long.startswith(head) and long[len(head)] == " "
+    assert long.endswith(tail) and long[-len(tail) - 1] == " ", tail
+    assert "(17) must match the size of tensor b (18) at non-singleton dimension 0" in tail, tail
 
 
 def test_a_point_swept_over_its_impls_is_one_point(tmp_path):
