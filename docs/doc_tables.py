@@ -118,8 +118,9 @@ COLUMN_MEANING: dict[str, str] = {
     "attn_pad_masked_rows": "of `attn_pad_rows`, those the engine keeps out of attention's output (SGLang 0.5.23 "
                             "zeroes them, as vLLM 0.33 and vllm-ascend mask them: all; `seed_fix`: none, attention computes them)",
     "moe_pad_masked_rows": "of `moe_pad_rows`, those the engine's router keeps from the experts (vLLM's "
-                           "DeepSeek-V4: all; DeepSeek-V3.2 and GLM-5 on vLLM, and every model on SGLang: none, "
-                           "the experts process them)",
+                           "DeepSeek-V4: the rows the implementation's `is_padding` marks, all where it has none; "
+                           "DeepSeek-V3.2 and GLM-5 on vLLM, and every model on SGLang: none, the experts process "
+                           "them)",
     "moe_pad_expert_max_rows": "the most padding rows of the gathered buffer one routed expert got (the checks' "
                                "MoE, routing as the engine's router does for its model: identical padding rows all "
                                "go to the same experts, whose load and statistics carry them; 0 where masked)",
