@@ -151,7 +151,7 @@ def dry_run(points: list[Point]) -> str:
         if factor > 1:  # the sweep's time bound reads the idle figure; a user waiting now reads this one
             line += f"; at its load now ({load:.1f} on {machine.cores} cores) about {seconds * factor / 60:.1f} min"
         lines.append(line)
-        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine, max(factor, 1.0))
+        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine)
         if late:
             lines.append(late)
     else:
@@ -199,11 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if points and points[0].runs_here:  # said before the sweep, as the dry run says it
         from nsa_cp_comm.harness.machine import this_machine
 
-        from .budget import load_factor, past_timeout
+        from .budget import past_timeout
 
-        machine = this_machine()
-        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine,
-                            max(load_factor(machine)[0], 1.0))
+        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], this_machine())
         if late:
             print(late, file=sys.stderr, flush=True)
     from nsa_cp_comm.harness import rank_warnings

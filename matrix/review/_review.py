@@ -215,7 +215,7 @@ def _statuses_of_layout_1(frame: pd.DataFrame) -> dict[str, int]:
 _CONTROL = r"[\x00-\x1f\x7f]"
 # The same bytes in a file's text, the line break aside: a file without one
 # has no cell to look at (most files; the per-column look is then skipped).
-_CONTROL_BYTE = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]")
+_CONTROL_BYTE = re.compile(rb"(?!\n)" + _CONTROL.encode())
 
 
 def _control_chars(series: pd.Series) -> np.ndarray:
@@ -400,7 +400,7 @@ def latest_rows(raw: pd.DataFrame) -> pd.Index:
                          "bad": raw["status"].astype(str).str.strip().isin(BAD).to_numpy(),
                          "order": np.arange(len(raw))}, index=raw.index)
     per_run = rows.sort_values(["key", "run", "bad", "order"]).groupby(["key", "run"], sort=False).tail(1)
-    return per_run.sort_values("order").drop_duplicates("key", keep="last").sort_values("order").index
+    return per_run.sort_values("order").drop_duplicates("key", keep="last").index
 
 
 def world(rows: pd.DataFrame) -> pd.Series:

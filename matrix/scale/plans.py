@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from nsa_cp_comm import engines
+from nsa_cp_comm.harness.spec import DTYPE_BYTES, DTYPE_NAMES
 from nsa_cp_comm.plan import POLICIES, ceil_align
 
 from .. import command
@@ -54,7 +55,6 @@ CP_MAX = 1024
 CHUNK = 8192  # batches per vectorised step: bounds memory at cp=128 to tens of MB
 BATCHES_AT_SCALE = 100_000  # batches drawn unless --batches says otherwise: plans' statistics at scale
 PLOT = "plans_overhead.png"
-ITEMSIZE = {"bfloat16": 2, "float32": 4}
 
 
 def _block_counts(rem: np.ndarray, batch: np.ndarray, nb: int, n: int, cp: int) -> np.ndarray:
@@ -313,7 +313,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="routed experts (router logits' columns; DeepSeek-V3.2: 256)")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--hidden-size", type=int, default=7168)
-    ap.add_argument("--dtype", default="bfloat16", choices=tuple(ITEMSIZE))
+    ap.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     ap.add_argument("--nccl-tests", action="append", default=[], metavar="JSON",
                     help="nccl-tests -J output (all_gather_perf / reduce_scatter_perf); repeatable")
     ap.add_argument("--out", type=Path, default=None, help="write plans.json and the plot here")
@@ -368,7 +368,7 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         for cp in cps:
             st = plan_stats(batches, cp, pol, page_size=args.page_size, engine=eng, model=args.model,
                             graphs=graphs, max_capture_size=args.max_capture_size)
-            rows.extend(summarize(st, cp, pol, args.hidden_size, ITEMSIZE[args.dtype], model, engine=eng,
+            rows.extend(summarize(st, cp, pol, args.hidden_size, DTYPE_BYTES[args.dtype], model, engine=eng,
                                   engine_model=args.model, experts=args.experts))
     t_plans = time.perf_counter() - t0 - t_draw
     meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
