@@ -17,7 +17,7 @@ import torch
 from nsa_cp_comm import impls
 from nsa_cp_comm.impls import RoundTripImpl
 
-from tests.broken_impls import _gather, _scatter
+from tests.broken_impls import _gather, _scatter, wrong_order
 
 LONG_MESSAGE_CHARS = 229_000
 
@@ -289,8 +289,7 @@ supports_interrupts = dataclasses.replace(impls.get("padded"), name="supports_in
 # asked in different jobs (impl=...:one_name_right,...:one_name_wrong), their rows carried one name and a reader
 # kept the last row per point and name: PASS over the failed one
 one_name_right = dataclasses.replace(impls.get("padded"), name="one_name", doc="padded, declared as one_name")
-one_name_wrong = RoundTripImpl("one_name", lambda local, plan, group: _gather(local, plan, group, slot_of=lambda s, cp:
-                               cp - 1 - s), _scatter, doc="rank blocks reversed, declared as one_name too")
+one_name_wrong = dataclasses.replace(wrong_order, name="one_name", doc="rank blocks reversed, declared as one_name too")
 
 
 # --- a plan hook that answers one thing where the rows are folded and another on the ranks ---------
