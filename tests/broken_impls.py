@@ -876,6 +876,12 @@ side_packed = dataclasses.replace(_PADDED, gather_side=packed_side,
 # Mistake: the side tensor handed back as this rank's own, never gathered.
 side_not_gathered = dataclasses.replace(_PADDED, gather_side=lambda tensor, plan, group: tensor,
                                         doc="padded that leaves the router logits ungathered")
+# Mistake: one side tensor of several gathered packed, the float32 one (at a bfloat16 DeepSeek-V3.2
+# point on vLLM 0.34's monolithic block-fp8 path: the fp8 rows' scales; its logits are bfloat16).
+scales_packed = dataclasses.replace(
+    _PADDED, gather_side=lambda tensor, plan, group: (packed_side if tensor.dtype == torch.float32
+                                                      else padded_gather)(tensor, plan, group),
+    doc="padded whose float32 side tensors (the fp8 rows' scales) are gathered packed")
 
 
 # --- padding_routing: the rows the runner marks as padding, for a router that masks them ----------

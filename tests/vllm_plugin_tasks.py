@@ -83,6 +83,12 @@ def _broken(variant: str, impl):
                 out[n - 1] += out[n:].sum(dim=0)
             return out
         return dataclasses.replace(impl, scatter=scatter)
+    if variant == "packs_side_tensors":
+        # vllm-ascend #16834's layout for what is gathered beside the rows (on vLLM 0.34's quantized
+        # gather: the fp8 rows, their scales, the logits): packed, while the hidden states are padded
+        from examples.field_bugs.bugs import packed_side
+
+        return dataclasses.replace(impl, gather_side=packed_side)
     raise ValueError(variant)
 
 

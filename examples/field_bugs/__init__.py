@@ -75,7 +75,7 @@ def _side_misplaced(plan: CPPlan) -> bool:
     # before it: its rows packed start at sum(n_<r), padded at r*m
     from nsa_cp_comm import engines
 
-    if not engines.get(plan.engine, plan.engine_model).side_tensors:
+    if not engines.of(plan).side_tensors:
         return False
     per_rank, m = plan.per_rank_tokens, plan.max_rank_len
     return any(n > 0 and sum(per_rank[:r]) != r * m for r, n in enumerate(per_rank))
@@ -86,7 +86,7 @@ def _padding_routed(plan: CPPlan) -> bool:
     # gathered buffer has some
     from nsa_cp_comm import engines
 
-    return engines.get(plan.engine, plan.engine_model).moe_pad_masked and _uneven(plan)
+    return engines.of(plan).moe_pad_masked and _uneven(plan)
 
 
 # The check column of a bug the implementation's own code trips over: the row is an ``error`` whose

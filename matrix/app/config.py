@@ -30,7 +30,7 @@ from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.engines import MODELS as ENGINE_MODELS
 from nsa_cp_comm.engines import NAMES as ENGINES
 from nsa_cp_comm.harness.spec import DTYPE_NAMES, MAX_SEED
-from nsa_cp_comm.modes import SHARED_EXPERTS
+from nsa_cp_comm.modes import MOE_QUANTS, QUANT_GROUP, SHARED_EXPERTS
 
 
 class ConfigError(ValueError):
@@ -88,6 +88,10 @@ class MatrixConfig:
     graphs: Any = "auto"
     # the largest capture size (null: the engine's default): past it the step runs eager
     max_capture_size: Optional[int] = None
+    # the experts' activation quantization (nsa_cp_comm.modes.MOE_QUANTS): none, fp8_block (block fp8
+    # on a modular kernel), fp8_block_monolithic (on a monolithic one: vLLM 0.34 gathers the fp8 rows
+    # and their scales in place of the rows, and no router masks padding)
+    moe_quant: str = "none"
 
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
@@ -104,6 +108,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine": ENGINES,
     "engine_model": ENGINE_MODELS,
     "shared_expert": SHARED_EXPERTS,
+    "moe_quant": MOE_QUANTS,
 }
 # Every int key's range: far beyond any real point, but not past what the
 # machine can represent or start (machine-dependent bounds: matrix.app.budget).
@@ -402,6 +407,9 @@ def validate(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -
         raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
     if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
+    if cfg["moe_quant"] != "none" and cfg["hidden_size"] % QUANT_GROUP:
+        raise _fail("hidden_size", cfg["hidden_size"], f"must be a multiple of {QUANT_GROUP} with "
+                    f"moe_quant={cfg['moe_quant']} (a row quantizes in groups of {QUANT_GROUP} columns)")
     if calibrate.is_auto(cfg["iters"]):
         try:
             calibrate.time_cap(os.environ if environ is None else environ)

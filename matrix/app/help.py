@@ -69,6 +69,9 @@ MEANING: dict[str, str] = {
     "graphs": "auto | true | false: CUDA graphs for the CP prefill (auto: where the engine runs them for the model; "
               "the padded length is then the capture bucket that holds the longest rank)",
     "max_capture_size": "the largest CUDA-graph capture size, past which the step runs eager; null: the engine's",
+    "moe_quant": "none | fp8_block | fp8_block_monolithic: the experts' activation quantization (block fp8 on a "
+                 "modular or a monolithic kernel); where the engine quantizes before the gather (vLLM 0.34, "
+                 "monolithic) it gathers the fp8 rows and their scales in place of the rows",
 }
 
 

@@ -60,7 +60,8 @@ NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 
 # Keys added after the first ids, and the values with which a point keeps the id it had.
-LATER_KEYS: dict[str, Any] = {"engine_model": engines.DEFAULT_MODEL, "graphs": "auto", "max_capture_size": None}
+LATER_KEYS: dict[str, Any] = {"engine_model": engines.DEFAULT_MODEL, "graphs": "auto", "max_capture_size": None,
+                              "moe_quant": "none"}
 
 
 def _stable_id(key: dict[str, Any], engine: str, shared_expert: str, bystanders: int) -> str:
@@ -94,6 +95,7 @@ def effective_id(res: Resolved) -> str:
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
         "engine_model": spec.engine_model, "max_capture_size": spec.max_capture_size or None,
+        "moe_quant": spec.moe_quant,
     }
     return _stable_id(key, spec.engine, spec.shared_expert, spec.bystanders)
 

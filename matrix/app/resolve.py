@@ -89,12 +89,16 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     page = cfg["page_size"] if policy == "zigzag_page" else 1
     align = cfg["align"] if cfg["align"] is not None else cp
     model = cfg.get("engine_model", engines.DEFAULT_MODEL)
-    engine = engines.get(cfg.get("engine", engines.DEFAULT), model)
+    quant = cfg.get("moe_quant", "none")
+    engine = engines.get(cfg.get("engine", engines.DEFAULT), model, quant)
     # A strategy or batch the engine does not run with CP: a skipped point with
     # the engine's reason. Without the strategy there is no split of the
     # engine's to describe: the row's plan columns are the default engine's.
     skip = skip or engine.refusal(cfg["seq_lens"], cp, policy, cfg["align"])
-    planner = engine if not engine.strategy_refusal(policy, cfg["align"]) else engines.get(engines.DEFAULT, model)
+    planner = (engine if not engine.strategy_refusal(policy, cfg["align"])
+               else engines.get(engines.DEFAULT, model, quant))
+    # a quantization whose MoE path the engine's module does not model: skipped with that reason
+    skip = skip or planner.quant_refusal
     # graphs=auto: where the engine runs this model's CP prefill in CUDA graphs (its default);
     # graphs=true where it refuses them: the engine would not start, the point is skipped
     capture, why = planner.graphs(cfg.get("graphs", "auto"), cfg.get("max_capture_size"))
@@ -105,7 +109,8 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
             mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
             num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
             seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"], engine=planner.name,
-            shared_expert=cfg.get("shared_expert", "none"), engine_model=model, max_capture_size=capture)
+            shared_expert=cfg.get("shared_expert", "none"), engine_model=model, max_capture_size=capture,
+            moe_quant=quant)
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None
     return Resolved(policy, mode, backend, device, impls, align, page, skip, spec, bool(cfg.get("force", False)))

@@ -33,21 +33,13 @@ from ..store.results import (
     BAD_STATUSES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS, whole_lines,
     results_path,
 )
-from ..store.runs import LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version, read_runs
+from ..store.runs import (ADDED_CONFIG_COLUMNS, LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version,
+                          read_runs)
 
 # A table without these cannot be joined (config) or triaged (status); every
 # other schema column is filled with empty cells when absent, so a file from a
 # slightly older schema still reports.
-REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c not in (
-    "engine", "shared_expert", "engine_model", "graphs", "max_capture_size")) + ("status",)
-# Rows of a layout before 4 have no engine column: they were all planned by these rules.
-ENGINE_BEFORE_LAYOUT_4 = "seed_fix"
-# Rows of a layout before 5 have no shared_expert column: their reference MoE had none.
-SHARED_EXPERT_BEFORE_LAYOUT_5 = "none"
-# Rows of a layout before 6 were planned for DeepSeek-V3.2 with the graphs key's default (the
-# engines modelled then ran eager; their rows join today's rows of the same point).
-ENGINE_MODEL_BEFORE_LAYOUT_6 = "deepseek_v32"
-GRAPHS_BEFORE_LAYOUT_6 = "auto"
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c not in ADDED_CONFIG_COLUMNS) + ("status",)
 # The columns of a loaded run, whatever the file's layout: the rows' own, and
 # the environment of the run each row names.
 READ_COLUMNS: tuple[str, ...] = COLUMNS + tuple(c for c in META_COLUMNS if c not in COLUMNS)
@@ -301,13 +293,9 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
             malformed += int(bad.sum())
             frame = frame[~bad.to_numpy()].reset_index(drop=True)
     layout = layout_version(header)
-    if layout < 4:
-        frame["engine"] = pd.Categorical([ENGINE_BEFORE_LAYOUT_4] * len(frame))
-    if layout < 5:
-        frame["shared_expert"] = pd.Categorical([SHARED_EXPERT_BEFORE_LAYOUT_5] * len(frame))
-    if layout < 6:
-        frame["engine_model"] = pd.Categorical([ENGINE_MODEL_BEFORE_LAYOUT_6] * len(frame))
-        frame["graphs"] = pd.Categorical([GRAPHS_BEFORE_LAYOUT_6] * len(frame))
+    for col, (since, value) in ADDED_CONFIG_COLUMNS.items():
+        if layout < since and value is not None:  # what every row of the older layout had
+            frame[col] = pd.Categorical([value] * len(frame))
     for col in READ_COLUMNS:
         if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""

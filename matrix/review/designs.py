@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from nsa_cp_comm import engines
+from nsa_cp_comm.modes import MOE_QUANTS
 
 from ..store.results import STATUS_VALUES
 from ._review import frame_md
@@ -52,6 +53,12 @@ def _model_of(p: pd.DataFrame) -> pd.Series:
     if "engine_model" not in p:
         return pd.Series(engines.DEFAULT_MODEL, index=p.index)
     return p["engine_model"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT_MODEL)
+
+
+def _quant_of(p: pd.DataFrame) -> pd.Series:
+    if "moe_quant" not in p:
+        return pd.Series("none", index=p.index)
+    return p["moe_quant"].astype(object).fillna("").astype(str).replace("", "none")
 
 
 def _layout(p: pd.DataFrame) -> pd.Series:
@@ -160,16 +167,18 @@ def engines_section(df: pd.DataFrame, table=frame_md) -> list:
     followed the default engine."""
     if "impl" not in df or df.empty:
         return []
-    p = df.assign(engine=_engine_of(df), layout=_layout(df), engine_model=_model_of(df))
+    p = df.assign(engine=_engine_of(df), layout=_layout(df), engine_model=_model_of(df), moe_quant=_quant_of(df))
     if set(p["engine"]) == {engines.DEFAULT}:
         return []
     out = []
-    for (eng, model, impl), g in p.groupby(["engine", "engine_model", "impl"], sort=True, observed=True):
-        rules = engines.get(eng, model) if eng in engines.NAMES and model in engines.MODELS else None
+    for (eng, model, quant, impl), g in p.groupby(["engine", "engine_model", "moe_quant", "impl"], sort=True,
+                                                   observed=True):
+        rules = (engines.get(eng, model, quant) if eng in engines.NAMES and model in engines.MODELS
+                 and quant in MOE_QUANTS else None)
         counts = g["status"].value_counts()
         graph_rows = pd.to_numeric(g.get("graph_pad_rows", pd.Series(dtype=float)), errors="coerce").fillna(0)
         out.append({
-            "engine": eng, "model": model, "impl": impl,
+            "engine": eng, "model": model, "experts' quantization": quant, "impl": impl,
             "rows": ", ".join(f"{s} {int(counts[s])}" for s in STATUS_VALUES if s in counts),
             "splits": ", ".join(sorted(g["layout"].astype(str).unique())),
             "cp": ", ".join(str(c) for c in sorted(pd.to_numeric(g["cp_size"]).astype(int).unique())),
@@ -177,6 +186,7 @@ def engines_section(df: pd.DataFrame, table=frame_md) -> list:
             "attention": ("masked" if rules.attn_pad_masked else "processed") if rules else "",
             "MoE": ("masked" if rules.moe_pad_masked else "processed") if rules else "",
             "rows padded by graph buckets": int(graph_rows.sum()),
+            "gathered": ", ".join(rules.gathered) if rules else "",
         })
     frame = pd.DataFrame(out)
     return [f"Each engine's rules and the implementations run under them ({len(frame['engine'].unique())} "

@@ -40,6 +40,7 @@ import numpy as np
 
 from nsa_cp_comm import engines
 from nsa_cp_comm.harness.spec import DTYPE_BYTES, DTYPE_NAMES
+from nsa_cp_comm.modes import MOE_QUANTS
 from nsa_cp_comm.plan import POLICIES, ceil_align
 
 from .. import command
@@ -125,8 +126,9 @@ def _subset(batches: Batches, lo: int, hi: int) -> Batches:
 
 def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align: int | None = None,
                engine: str = engines.DEFAULT, model: str = engines.DEFAULT_MODEL, graphs: str | bool = "auto",
-               max_capture_size: int | None = None) -> dict:
-    """Per batch (arrays of length B), by ``engine``'s rules for ``model``:
+               max_capture_size: int | None = None, moe_quant: str = "none") -> dict:
+    """Per batch (arrays of length B), by ``engine``'s rules for ``model``
+    and its experts' quantization ``moe_quant``:
     ``raw`` tokens, ``total`` T (what the split divides), ``max`` m, ``min``
     min_r n_r, ``physical`` P (the CUDA-graph bucket where the engine runs the
     step in graphs: ``graphs``, ``max_capture_size`` as the matrix's keys),
@@ -134,7 +136,7 @@ def plan_stats(batches: Batches, cp: int, policy: str, page_size: int = 1, align
     (``costs[design]``, :func:`nsa_cp_comm.engines.design_costs`) the gathered
     rows, the padding rows processed and masked, those a graph bucket added,
     the collectives."""
-    rules = engines.get(engine, model)
+    rules = engines.get(engine, model, moe_quant)
     capture, _ = rules.graphs(graphs, max_capture_size)
     parts = []
     for lo in range(0, len(batches), CHUNK):
@@ -163,13 +165,15 @@ def _pct(x: np.ndarray, q: float) -> float | None:
 
 def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, model=None,
               engine: str = engines.DEFAULT, engine_model: str = engines.DEFAULT_MODEL,
-              experts: int = 256) -> list[dict]:
+              experts: int = 256, moe_quant: str = "none") -> list[dict]:
     """One row per design: overhead, padding rows (processed, masked; those a
     CUDA-graph bucket added) and the bytes every gather of a layer moves (the
-    hidden states' and each side tensor's, for ``experts`` routed experts),
-    p50 / p99 / mean over the batches the engine runs with CP."""
-    rules = engines.get(engine, engine_model)
-    row_bytes = hidden * itemsize + sum(t.row_bytes(hidden, experts, itemsize) for t in rules.side_tensors)
+    hidden states', fp8 where the engine quantizes before the gather, and
+    each side tensor's, for ``experts`` routed experts), p50 / p99 / mean
+    over the batches the engine runs with CP."""
+    rules = engines.get(engine, engine_model, moe_quant)
+    row_bytes = (hidden * (rules.gather_itemsize or itemsize)
+                 + sum(t.row_bytes(hidden, experts, itemsize) for t in rules.side_tensors))
     rows = []
     cp_run = ~stats["refused"]
     raw = stats["raw"][cp_run]
@@ -178,7 +182,7 @@ def summarize(stats: dict, cp: int, policy: str, hidden: int, itemsize: int, mod
         over = c["rows"] / raw - 1.0
         gbytes = c["rows"] * row_bytes
         row = {
-            "engine": engine, "engine_model": engine_model, "cp_size": cp, "policy": policy,
+            "engine": engine, "engine_model": engine_model, "moe_quant": moe_quant, "cp_size": cp, "policy": policy,
             "strategy": engines.get(engine).strategy_names(policy), "design": d, "batches": len(stats["raw"]),
             "padding_at": _padding_at(engine, d),
             "refused_frac": float(stats["refused"].mean()) if len(stats["raw"]) else 0.0,
@@ -309,6 +313,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "runs them)")
     ap.add_argument("--max-capture-size", type=int, default=None,
                     help="the largest capture size (default: each engine's)")
+    ap.add_argument("--moe-quant", default="none", choices=MOE_QUANTS,
+                    help="the experts' activation quantization, as the matrix's moe_quant (an engine that does "
+                         "not model it is not planned)")
     ap.add_argument("--experts", type=int, default=256,
                     help="routed experts (router logits' columns; DeepSeek-V3.2: 256)")
     ap.add_argument("--page-size", type=int, default=64)
@@ -334,7 +341,9 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
         for v in given:
             if v not in known:
                 raise SystemExit(_usage(f"{flag}={v}: must be one of {', '.join(known)}"))
-    pairs = [(e, p) for e in names for p in policies if p in engines.get(e).strategies]
+    quant = args.moe_quant
+    pairs = [(e, p) for e in names for p in policies
+             if p in engines.get(e).strategies and not engines.get(e, args.model, quant).quant_refusal]
     if not pairs:
         raise SystemExit(_usage(f"--policy={args.policy}: no engine of --engine={args.engine} has any of these splits"))
     for name, v, hi in (("--page-size", args.page_size, 1 << 20), ("--hidden-size", args.hidden_size, 1 << 16),
@@ -367,16 +376,18 @@ def run(argv: list[str] | None = None) -> tuple[list[dict], dict]:
     for eng, pol in pairs:
         for cp in cps:
             st = plan_stats(batches, cp, pol, page_size=args.page_size, engine=eng, model=args.model,
-                            graphs=graphs, max_capture_size=args.max_capture_size)
+                            graphs=graphs, max_capture_size=args.max_capture_size, moe_quant=quant)
             rows.extend(summarize(st, cp, pol, args.hidden_size, DTYPE_BYTES[args.dtype], model, engine=eng,
-                                  engine_model=args.model, experts=args.experts))
+                                  engine_model=args.model, experts=args.experts, moe_quant=quant))
     t_plans = time.perf_counter() - t0 - t_draw
     meta = {"workload": w.describe(), "batches": len(batches), "requests": int(batches.sizes.sum()),
-            "engines": {e: _engine_meta(engines.get(e, args.model), graphs, args.max_capture_size) for e in names},
-            "engine_model": args.model, "experts": args.experts,
+            "engines": {e: _engine_meta(engines.get(e, args.model, quant), graphs, args.max_capture_size)
+                        for e in names},
+            "engine_model": args.model, "moe_quant": quant, "experts": args.experts,
             "splits": [f"{e}/{p}" for e, p in pairs],
-            "not_planned": [f"{e}/{p}: {engines.get(e).strategy_refusal(p)}" for e in names for p in policies
-                            if (e, p) not in pairs],
+            "not_planned": [f"{e}/{p}: " + (engines.get(e).strategy_refusal(p)
+                                             or engines.get(e, args.model, quant).quant_refusal)
+                            for e in names for p in policies if (e, p) not in pairs],
             "cp": cps, "policies": policies, "page_size": args.page_size, "hidden_size": args.hidden_size,
             "dtype": args.dtype, "draw_s": round(t_draw, 3), "plans_s": round(t_plans, 3),
             "model": model.describe() if model is not None else None}

@@ -50,7 +50,7 @@ csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 CONFIG_COLUMNS: tuple[str, ...] = (
     "cp_size", "page_size", "seq_lens", "shared_kv", "split", "align", "moe_a2a_backend", "mlp_mode", "impl",
     "backend", "device", "hidden_size", "dtype", "num_experts", "topk", "warmup", "iters", "seed", "flush_l2",
-    "engine", "shared_expert", "engine_model", "graphs", "max_capture_size",
+    "engine", "shared_expert", "engine_model", "graphs", "max_capture_size", "moe_quant",
 )
 
 # Keys of the schema that steer the run rather than the measurement.

@@ -24,8 +24,13 @@ Readers tell a results.csv's layout by its header (:func:`layout_version`):
 - 5: as 4, with ``shared_expert`` (a configuration column); no
   ``engine_model``, ``graphs``, ``max_capture_size``: every row was planned
   eager, for DeepSeek-V3.2;
-- 6 (:data:`SCHEMA_VERSION`): as 5, with those three configuration columns
-  and ``moe_pad_masked_rows``, ``graph_pad_rows``.
+- 6: as 5, with those three configuration columns and
+  ``moe_pad_masked_rows``, ``graph_pad_rows``; no ``moe_quant``: the experts
+  computed on the rows' own dtype (``none``);
+- 7 (:data:`SCHEMA_VERSION`): as 6, with ``moe_quant``.
+
+:data:`ADDED_CONFIG_COLUMNS` holds the configuration columns' part of this
+list: which layout added each, and what every row of an older file had.
 
 Every line of ``runs.jsonl`` and of ``samples.jsonl`` carries the
 ``schema_version`` that wrote it.
@@ -44,7 +49,7 @@ from pathlib import Path
 from . import inputs
 from .outputs import append_whole
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 RUNS_FILE = "runs.jsonl"
 RUNS_BYTES_MAX = 256 << 20  # a line of about 1 kB per run: a quarter of a million runs
 RUN_LINE_MAX = 16 << 20  # a run's line: its command line can list a long seq_lens
@@ -66,12 +71,24 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
     return Path(results_dir) / RUNS_FILE
 
 
+# The configuration columns added after layout 3: the layout that added each, and the value
+# every row of an older file had (None: no one value; read as an empty cell). A file's layout
+# is the newest that added a column its header holds; a reader fills an older file's rows.
+ADDED_CONFIG_COLUMNS: dict[str, tuple[int, str | None]] = {
+    "engine": (4, "seed_fix"),  # every row was planned by the seed fix's rules
+    "shared_expert": (5, "none"),  # the reference MoE had no shared expert
+    # planned for DeepSeek-V3.2 with the graphs key's default (the engines modelled then ran eager;
+    # their rows join today's rows of the same point)
+    "engine_model": (6, "deepseek_v32"), "graphs": (6, "auto"), "max_capture_size": (6, None),
+    "moe_quant": (7, "none"),  # the experts computed on the rows' own dtype
+}
+
+
 def layout_version(header: Iterable[str]) -> int:
-    """The layout (1 to 6; see the module docstring) of a results.csv with ``header``."""
+    """The layout (1 to :data:`SCHEMA_VERSION`; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
     if "run_id" in names:
-        return (6 if "engine_model" in names else 5 if "shared_expert" in names else 4 if "engine" in names
-                else 3)
+        return max((v for c, (v, _) in ADDED_CONFIG_COLUMNS.items() if c in names), default=3)
     return 2 if "effective_id" in names else 1
 
 

@@ -259,7 +259,7 @@ def add_replicated(out: Any, replicated: Any, impl: RoundTripImpl, plan: CPPlan,
 def shard_len(plan: CPPlan) -> int:
     """``P``, the rows of a padded shard: the physical length by the rule of the
     plan's engine (the plan owns the split's padding, not the implementation)."""
-    return engines.get(plan.engine).physical_len(plan)
+    return engines.of(plan).physical_len(plan)
 
 
 def _check_common(impl: Any) -> None:

@@ -51,3 +51,22 @@ REFERENCE_FFN_SIZE = 32
 # nowhere, sharded like the routed experts, or replicated on every CP rank.
 # Here, beside the modes, so configuration can name them without torch.
 SHARED_EXPERTS: tuple[str, ...] = ("none", "sharded", "replicated")
+
+# The experts' activation quantization a point models (nsa_cp_comm.quant), named here so
+# configuration reads it without torch: none (the rows' own dtype); fp8_block (DeepSeek-V3.2's
+# checkpoint format: float8_e4m3fn activations with one float32 scale per QUANT_GROUP columns of a
+# row, on a modular kernel that quantizes the rows it is given); fp8_block_monolithic (the same on
+# a monolithic kernel, which routes from the logits itself: the router's padding mask is not
+# applied, and vLLM 0.34 quantizes before the CP all-gather).
+MOE_QUANTS: tuple[str, ...] = ("none", "fp8_block", "fp8_block_monolithic")
+QUANT_GROUP = 128
+
+
+def quant_refusal(hidden_size: int, quant: str) -> str:
+    """Why a point of ``hidden_size`` columns cannot quantize as ``quant`` ('' when it can)."""
+    if quant not in MOE_QUANTS:
+        return f"moe_quant={quant!r} is not one of {', '.join(MOE_QUANTS)}"
+    if quant != "none" and hidden_size % QUANT_GROUP:
+        return (f"moe_quant={quant} quantizes rows in groups of {QUANT_GROUP} columns: hidden_size={hidden_size} "
+                f"is not a multiple of {QUANT_GROUP}")
+    return ""

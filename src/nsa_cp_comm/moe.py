@@ -21,7 +21,8 @@ import torch
 
 # Where the shared expert runs: not at all, split over the ranks, or whole on
 # every rank (named in .modes, where configuration reads it without torch).
-from .modes import REFERENCE_FFN_SIZE, SHARED_EXPERTS
+from . import quant
+from .modes import MOE_QUANTS, REFERENCE_FFN_SIZE, SHARED_EXPERTS
 
 
 class ReferenceMoE:
@@ -40,6 +41,7 @@ class ReferenceMoE:
         device: torch.device | str = "cpu",
         shared_expert: str = "none",
         logits_dtype: torch.dtype | None = None,
+        moe_quant: str = "none",
     ) -> None:
         if not 1 <= topk <= num_experts:
             raise ValueError(f"topk={topk} must be in [1, num_experts={num_experts}]")
@@ -51,6 +53,12 @@ class ReferenceMoE:
         # every routing then reads them in that dtype, as the engine's router reads the gathered
         # logits; None: float64, each row by itself.
         self.logits_dtype = logits_dtype
+        # The routed experts' activation quantization (.modes.MOE_QUANTS): they compute on each
+        # row quantized and dequantized (.quant), routed from the row's own logits (the router
+        # reads the activations before the quantization).
+        if moe_quant not in MOE_QUANTS:
+            raise ValueError(f"moe_quant={moe_quant!r} is not one of {', '.join(MOE_QUANTS)}")
+        self.moe_quant = moe_quant
         g = torch.Generator().manual_seed(seed)
         router = torch.randn(hidden_size, num_experts, generator=g) / math.sqrt(hidden_size)
         w1 = torch.randn(num_experts, hidden_size, ffn_size, generator=g) / math.sqrt(hidden_size)
@@ -84,8 +92,15 @@ class ReferenceMoE:
         per = self.num_experts // cp_size
         return range(rank * per, (rank + 1) * per)
 
-    def _apply(self, x: torch.Tensor, experts: range, logits: torch.Tensor | None = None) -> torch.Tensor:
+    def expert_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows the routed experts compute on: ``x``, or with a quantized ``moe_quant``
+        each row quantized and dequantized."""
+        return x if self.moe_quant == "none" else quant.round_trip(x)
+
+    def _apply(self, x: torch.Tensor, experts: range, logits: torch.Tensor | None = None,
+               seen: torch.Tensor | None = None) -> torch.Tensor:
         idx, weight = self.route(x, logits)
+        x = self.expert_input(x) if seen is None else seen
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in experts:
             rows, slot = (idx == e).nonzero(as_tuple=True)
@@ -116,14 +131,17 @@ class ReferenceMoE:
         return self._shared(x).to(torch.float32)
 
     def partial(self, x: torch.Tensor, rank: int, cp_size: int, masked: torch.Tensor | None = None,
-                logits: torch.Tensor | None = None) -> torch.Tensor:
+                logits: torch.Tensor | None = None, seen: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's experts' contribution for every row of ``x``, in ``x.dtype``
         (with a sharded shared expert, its share of that too). Zero rows give
         zero outputs (no biases). ``masked`` (bool per row): rows the router
         sends to no expert (an engine's padding mask), whose routed output is
         zero; a sharded shared expert still runs on them. ``logits``: the
-        router logits gathered beside ``x``, routed from as they are."""
-        out = self._apply(x, self.experts_of(rank, cp_size), logits)
+        router logits gathered beside ``x``, routed from as they are. ``seen``:
+        the rows the routed experts compute on where the engine gathered them
+        quantized (dequantized from what came back; else :meth:`expert_input`
+        of ``x``)."""
+        out = self._apply(x, self.experts_of(rank, cp_size), logits, seen)
         if masked is not None:
             out[masked] = 0
         if self.shared_expert == "sharded":

@@ -41,7 +41,7 @@ def split_align(policy: str, cp_size: int, engine: str = engines.DEFAULT) -> int
 def physical_len(plan: CPPlan) -> int:
     """``P``: the rows every rank holds after the split is padded (``>= max_rank_len``),
     by the rule of the plan's engine."""
-    return engines.get(plan.engine).physical_len(plan)
+    return engines.of(plan).physical_len(plan)
 
 
 def padding_rows(plan: CPPlan) -> dict[str, int]:
@@ -49,7 +49,7 @@ def padding_rows(plan: CPPlan) -> dict[str, int]:
 
     ``attn_*``: rows of padding in one rank's attention input (max over ranks);
     ``moe``: padding rows in the gathered buffer every rank's MoE runs on."""
-    c = engines.get(plan.engine).costs(plan)
+    c = engines.of(plan).costs(plan)
     return {
         f"{d}_{part}": c[d][f"{part}_pad_processed"] + c[d][f"{part}_pad_masked"]
         for d in ("padded", "pad_at_split") for part in ("attn", "moe")

@@ -61,6 +61,10 @@ class CPPlan:
     # masking of padding rows and what its padding rows hold are the engine's
     # for that model.
     engine_model: str = "deepseek_v32"
+    # The experts' activation quantization (nsa_cp_comm.modes.MOE_QUANTS):
+    # whether the engine gathers quantized rows, and whether its router's
+    # padding mask runs, are the engine's for it.
+    moe_quant: str = "none"
 
     @property
     def max_rank_len(self) -> int:
@@ -206,6 +210,7 @@ def plan_split(
     engine: str = "seed_fix",
     max_capture_size: int = 0,
     engine_model: str = "deepseek_v32",
+    moe_quant: str = "none",
 ) -> CPPlan:
     """Split a batch of requests with extend lengths ``seq_lens`` over ``cp_size`` ranks.
 
@@ -215,7 +220,8 @@ def plan_split(
     ``engine`` names the rules the plan follows (nsa_cp_comm.engines; use
     ``engines.get(name).plan`` to build a plan by an engine's rules);
     ``max_capture_size`` the largest CUDA-graph capture size where the engine
-    runs the step in graphs (0: eager), ``engine_model`` the model it serves.
+    runs the step in graphs (0: eager), ``engine_model`` the model it serves,
+    ``moe_quant`` its experts' activation quantization.
     ``policy`` is one of ``round_robin``,
     ``zigzag`` (two mirrored blocks per rank of every request, near-equal
     blocks), ``zigzag_page`` (the same on page boundaries, used with a shared
@@ -299,4 +305,5 @@ def plan_split(
         engine=engine,
         max_capture_size=int(max_capture_size),
         engine_model=str(engine_model),
+        moe_quant=str(moe_quant),
     )

@@ -217,3 +217,77 @@ def test_the_plans_table_counts_bucket_rows_side_tensors_and_collectives():
     v4 = plans.plan_stats(batches, 2, "dual_chunk_swap", engine="vllm_0_33", model="deepseek_v4")
     assert list(v4["physical"]) == [500, 516] and not v4["costs"]["pad_at_split"]["graph_pad"].any()
     assert v4["costs"]["padded"]["moe_pad_masked"].sum() > 0 == st["costs"]["padded"]["moe_pad_masked"].sum()
+
+
+# The experts' block fp8 on vLLM ([0.34] lines are 0.34.0's; the rest 0.33.0's):
+# [0.34] moe_runner.py:820-842 (_quantizes_before_pcp_gather: a MoEPrepareAndFinalizeNoDPEPMonolithic
+# kernel with fp8 dynamic block activations) and :863-876 gather the fp8 rows, then their scales, then
+# the logits; :632-640 (0.33 :620-625) a monolithic kernel is handed the logits, select_experts (where
+# the routers' padding mask is) never runs. 0.33 :824-829 gathers the activations and the logits only.
+# (engine, moe_quant) -> (gathered in order, bytes of a gathered hidden-state element (0: the
+# activation dtype), whether DeepSeek-V4's padding is masked)
+VLLM_QUANT = {
+    ("vllm_0_33", "fp8_block"): (("hidden_states", "router_logits"), 0, True),
+    ("vllm_0_33", "fp8_block_monolithic"): (("hidden_states", "router_logits"), 0, False),
+    ("vllm_0_34", "fp8_block"): (("hidden_states", "router_logits"), 0, True),
+    ("vllm_0_34", "fp8_block_monolithic"): (("hidden_states_fp8", "hidden_states_scale", "router_logits"), 1, False),
+}
+
+
+def quant_mismatches(rules: engines.Engine) -> list[str]:
+    gathered, itemsize, v4_masks = VLLM_QUANT[rules.name, rules.moe_quant]
+    out = []
+    if rules.gathered != gathered:
+        out.append(f"gathered {rules.gathered}, the engine's {gathered}")
+    if rules.gather_itemsize != itemsize:
+        out.append(f"hidden-state bytes {rules.gather_itemsize}, the engine's {itemsize}")
+    if rules.model == "deepseek_v4" and rules.moe_pad_masked != v4_masks:
+        out.append(f"MoE padding masked={rules.moe_pad_masked}, the kernel's: {v4_masks}")
+    if rules.model == "deepseek_v32" and rules.moe_pad_masked:
+        out.append("MoE padding masked for DeepSeek-V3.2")
+    return out
+
+
+@pytest.mark.parametrize("name,quant", list(VLLM_QUANT))
+@pytest.mark.parametrize("model", ["deepseek_v32", "deepseek_v4"])
+def test_vllm_quantized_experts_follow_its_code(name, quant, model):
+    rules = engines.get(name, model, quant)
+    assert rules.quant_refusal == "" and quant_mismatches(rules) == []
+
+
+@pytest.mark.parametrize("broken,needle", [
+    (dict(gather_itemsize=0), "hidden-state bytes"),  # 0.34's fp8 rows read as gathered in bf16
+    (dict(moe_pad_masked=True), "the kernel's"),  # the monolithic kernel read as masking V4's padding
+    (dict(side_tensors=engines.get("vllm_0_34", "deepseek_v4").side_tensors), "gathered"),  # no scales
+])
+def test_a_broken_quantization_rule_is_caught(broken, needle):
+    rules = engines.get("vllm_0_34", "deepseek_v4", "fp8_block_monolithic")
+    got = quant_mismatches(dataclasses.replace(rules, **broken))
+    assert any(needle in m for m in got), got
+
+
+def test_engines_that_do_not_model_a_quantization_skip_its_points():
+    for name in ("seed_fix", "sglang_0_5_23", "vllm_ascend"):
+        why = engines.get(name, "deepseek_v32", "fp8_block").quant_refusal
+        assert f"engine={name}" in why and "vllm_0_33, vllm_0_34 model fp8_block" in why, why
+    skipped = _resolved(engine="sglang_0_5_23", split="round_robin", seq_lens=[1000], moe_quant="fp8_block",
+                        hidden_size=256)
+    assert "fp8_block MoE path is not modelled" in skipped.skip, skipped.skip
+    with pytest.raises(ConfigError, match=r"^hidden_size=100: must be a multiple of 128 with moe_quant=fp8_block"):
+        _resolved(seq_lens=[1000], moe_quant="fp8_block", hidden_size=100)
+
+
+def test_the_plans_table_counts_the_quantized_gather():
+    """vLLM 0.34 on a monolithic block-fp8 kernel, DeepSeek-V3.2 in bf16: each row gathers H fp8
+    bytes, H/128 float32 scales and 256 bf16 logits, in four collectives; 0.33 gathers H bf16."""
+    batches = Batches(np.asarray([1000, 1030]), np.asarray([1, 1]))
+    rows = {}
+    for name in VLLM:
+        st = plans.plan_stats(batches, 2, "dual_chunk_swap", engine=name, moe_quant="fp8_block_monolithic")
+        rows[name] = {r["design"]: r for r in plans.summarize(st, 2, "dual_chunk_swap", 7168, 2, engine=name,
+                                                               moe_quant="fp8_block_monolithic")}
+    new, old = rows["vllm_0_34"]["legacy_even"], rows["vllm_0_33"]["legacy_even"]
+    assert (new["collectives_per_layer"], old["collectives_per_layer"]) == (4, 3)
+    assert new["gathered"] == "hidden_states_fp8, hidden_states_scale, router_logits"
+    assert new["gather_MB_mean"] == pytest.approx(1015 * (7168 + 56 * 4 + 256 * 2) / 1e6)
+    assert old["gather_MB_mean"] == pytest.approx(1015 * (7168 * 2 + 256 * 2) / 1e6)

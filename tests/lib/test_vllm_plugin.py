@@ -127,3 +127,29 @@ def test_the_conformance_preset_with_vllms_engine_runs_vllms_plans(tmp_path, mon
     (edge,) = [r for label, r in mine.items() if "bucket_edge" in label]
     assert (edge["max_rank_len"], edge["graph_pad_rows"]) == ("255", "2"), edge  # one row on each of 2 ranks
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
+
+
+def _quantized(lens, cp=2):
+    """A point of vLLM 0.34 on a monolithic block-fp8 kernel: the runner quantizes each rank's rows
+    before the gather and hands the plug-in's ``gather_side`` the fp8 rows, their scales and the logits."""
+    from nsa_cp_comm.harness.spec import PointSpec
+
+    return PointSpec(tuple(lens), cp, policy=DCS, impls=(REF,), hidden_size=128, dtype="bfloat16", warmup=1,
+                     iters=2, engine="vllm_0_34", moe_quant="fp8_block_monolithic")
+
+
+@pytest.mark.parametrize("cp", [2, 3])
+def test_on_vllms_quantized_gather_the_plugin_gathers_rows_scales_and_logits_as_its_rows(rank_pool, cp):
+    """docs/plugins.md's quantized sweep: every point ok; at cp 2, a copy that packs what it gathers
+    beside its padded rows fails naming the fp8 rows (the first the runner hands it)."""
+    lens = ((1,), (7,), (1001, 300))
+    runs = [(_quantized(x, cp), "as_is") for x in lens] + ([(_quantized((7,)), "packs_side_tensors")] if cp == 2
+                                                             else [])
+    found = plugin_tasks.rows(rank_pool, tasks, cp, runs)
+    for x, res in zip(lens, found):
+        r = res[REF]
+        assert (r.status, r.correct) == ("ok", True), (x, r.status, r.failed_check, r.reason)
+    if cp == 2:
+        bad = found[-1][REF]
+        assert (bad.status, bad.failed_check) == ("failed", "side_tensors"), (bad.status, bad.reason)
+        assert "hidden_states_fp8 of rank 1 are not at row 4" in bad.reason, bad.reason

@@ -125,6 +125,10 @@ ELSEWHERE: dict[str, str] = {
     "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=64": "tests/lib/test_vllm_plugin.py::"
     "test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason runs these plans (cp 2 and 3, an empty rank, "
     "even and uneven, another split) on warm ranks",
+    "nsa-cp-matrix -m impl=vllm_pcp engine=vllm_0_34 moe_quant=fp8_block_monolithic +layout=dual_chunk_swap "
+    "cp_size=2,3 'seq_lens=[1],[7],[1001,300]' hidden_size=128": "tests/lib/test_vllm_plugin.py::"
+    "test_on_vllms_quantized_gather_the_plugin_gathers_rows_scales_and_logits_as_its_rows runs these points "
+    "(cp 2 and 3) on warm ranks",
     'srun --ntasks-per-node 1 torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d '
     '--rdzv-endpoint "$HEAD:29500" --rdzv-id "$SLURM_JOB_ID" -m matrix.torchrun_point cp_size=16 +layout=zigzag '
     "'seq_lens=[16384]' results_dir=/shared/nsa-cp/cp16": "needs a SLURM allocation",

@@ -23,8 +23,10 @@ import report_rows as tr
 # The previous layout (schema 2): the environment in every row, no run_id.
 LAYOUT2_PROVENANCE = ("impl_origin", "torch_version", "nccl_version", "device_name", "host", "git_sha", "timestamp",
                       "wall_s", "point_id", "overrides", "repro")
+# Columns layout 7 added (the experts' quantization): no earlier layout has them.
+LAYOUT7_NEW = ("moe_quant",)
 # Columns layout 6 added (the engine's model, its CUDA graphs): no earlier layout has them.
-LAYOUT6_NEW = ("engine_model", "graphs", "max_capture_size", "moe_pad_masked_rows", "graph_pad_rows")
+LAYOUT6_NEW = ("engine_model", "graphs", "max_capture_size", "moe_pad_masked_rows", "graph_pad_rows", *LAYOUT7_NEW)
 # Columns layout 5 added (a shared expert placement per row): no earlier layout has them.
 LAYOUT5_NEW = ("shared_expert", *LAYOUT6_NEW)
 # Columns layout 4 added (an engine per row): no earlier layout has them.
@@ -34,6 +36,7 @@ LAYOUT2_COLUMNS = ([c for c in COLUMNS if c not in PROVENANCE_COLUMNS and c not 
 LAYOUT3_COLUMNS = [c for c in COLUMNS if c not in LAYOUT4_NEW]
 LAYOUT4_COLUMNS = [c for c in COLUMNS if c not in LAYOUT5_NEW]
 LAYOUT5_COLUMNS = [c for c in COLUMNS if c not in LAYOUT6_NEW]
+LAYOUT6_COLUMNS = [c for c in COLUMNS if c not in LAYOUT7_NEW]
 
 
 def _write_csv(results_dir: Path, columns: list[str], rows: list[dict[str, object]]) -> None:
@@ -154,7 +157,9 @@ def test_both_layouts_load_with_the_same_columns_and_environment(tmp_path):
     (4, LAYOUT4_COLUMNS, "shared_expert", "none", "replicated"),
     # Layout 5 has no engine_model column: its rows were planned for DeepSeek-V3.2.
     (5, LAYOUT5_COLUMNS, "engine_model", "deepseek_v32", "deepseek_v4"),
-], ids=["engine", "shared_expert", "engine_model"])
+    # Layout 6 has no moe_quant column: its experts computed on the rows' own dtype.
+    (6, LAYOUT6_COLUMNS, "moe_quant", "none", "fp8_block"),
+], ids=["engine", "shared_expert", "engine_model", "moe_quant"])
 def test_rows_before_a_column_read_as_what_they_ran_and_join_new_ones(tmp_path, capsys, version, columns, column, was,
                                                                       other):
     """A file of a layout without ``column`` reads it as what its rows ran

@@ -20,9 +20,11 @@ hidden states (``moe_runner.py:828-829``: ``gather_side``), and the matrix
 routes the experts from what comes back; the padding mask over the gathered
 rows (``is_padding``, ``pcp_manager.py:630-635``) is the runner's, built as
 vLLM builds it, and a model whose router masks padding masks the rows it names.
-Not done here: 0.34's quantized
-gather (fp8 rows and their scales), which the matrix's bf16/fp32 rows never
-take.
+vLLM 0.34 on a monolithic block-fp8 kernel (``engine=vllm_0_34
+moe_quant=fp8_block_monolithic``) quantizes each rank's rows before the
+gather (``moe_runner.py:863-876``): the runner, which the matrix plays, hands
+``gather_side`` the fp8 rows (their bytes), their scales and the logits, in
+that order, and each goes through the same all-gather.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ impl = RoundTripImpl(
     shard="padded",  # takes and returns the split's [P, H]; the plan's engine owns P
     row_stride=physical_len,  # vLLM's own P, held to the matrix's rule for the engine (physical_len)
     supports=supports,
-    gather_side=gather,  # the router logits, all-gathered as the hidden states are
+    gather_side=gather,  # the router logits (and 0.34's fp8 rows and scales), all-gathered as the rows are
     is_padding=is_padding,  # the runner's padding mask over the gathered rows, for the router
     backends=("gloo", "nccl"),
     # P = max n_r: on an even plan no rank is padded, and the buffer is legacy's

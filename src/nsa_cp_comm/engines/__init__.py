@@ -8,7 +8,9 @@ CUDA-graph capture size that holds ``max_r n_r`` where the engine runs the
 step in graphs), which batches it refuses to run with CP, which padding rows
 its attention and MoE mask rather than process, and which row-indexed side
 tensors it gathers with the hidden states (each one more collective per
-layer). :meth:`Engine.plan` builds the :class:`~nsa_cp_comm.plan.CPPlan` the
+layer), and, for the experts' activation quantization a point names
+(``moe_quant``), whether it gathers the quantized rows and their scales in
+place of the rows. :meth:`Engine.plan` builds the :class:`~nsa_cp_comm.plan.CPPlan` the
 engine would run, :meth:`Engine.costs` what each design pays per layer on it.
 
 The rules are plain scalar formulas that numpy arrays pass through unchanged,
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..modes import MOE_QUANTS, QUANT_GROUP
 from ..plan import CPPlan, ceil_align, plan_split
 
 # The engine every plan and row follows unless told otherwise: the one the
@@ -50,7 +53,8 @@ DESIGNS: tuple[str, ...] = ("legacy_even", "padded", "pad_at_split")
 class SideTensor:
     """A row-indexed tensor an engine all-gathers beside the hidden states
     (one more collective per layer): ``columns`` per row (``"experts"``: one
-    per routed expert, ``"hidden"``: one per hidden unit) of ``itemsize``
+    per routed expert, ``"hidden"``: one per hidden unit, ``"groups"``: one per
+    quantization group of a row) of ``itemsize``
     bytes (0: the hidden states' own dtype)."""
 
     name: str
@@ -58,7 +62,7 @@ class SideTensor:
     itemsize: int = 0
 
     def row_bytes(self, hidden: int, experts: int, hidden_itemsize: int) -> int:
-        cols = {"experts": experts, "hidden": hidden}[self.columns]
+        cols = {"experts": experts, "hidden": hidden, "groups": hidden // QUANT_GROUP}[self.columns]
         return cols * (self.itemsize or hidden_itemsize)
 
 
@@ -75,7 +79,12 @@ class Engine:
     engine runs this model's CP prefill eager ('' where it captures CUDA
     graphs); ``capture_sizes(max)``: its capture sizes up to ``max``
     (``default_max_capture_size`` unless the user sets it). ``side_tensors``:
-    what it gathers beside the hidden states."""
+    what it gathers beside the hidden states. ``moe_quant``: the experts'
+    activation quantization (:data:`~nsa_cp_comm.modes.MOE_QUANTS`);
+    ``gather_itemsize``: the bytes of one gathered hidden-state element where
+    the engine quantizes before the gather (1: fp8; 0: the rows' own dtype);
+    ``quant_refusal``: why the engine's ``moe_quant`` path is not modelled
+    ('' where it is)."""
 
     name: str
     title: str
@@ -97,6 +106,9 @@ class Engine:
     # What the engine's padding rows of a shard hold: "zeros", or "first_token" (every one a copy
     # of one non-zero row: the hidden state of token id 0 at position 0).
     padding_rows: str = "zeros"
+    moe_quant: str = "none"
+    gather_itemsize: int = 0
+    quant_refusal: str = ""
 
     def strategy_refusal(self, policy: str, align: int | None = None) -> str:
         """Why this engine cannot run ``policy`` (or a batch alignment), '' if it can."""
@@ -126,7 +138,7 @@ class Engine:
             raise ValueError(why)
         return plan_split(seq_lens, cp, policy=policy, page_size=page_size, align=align,
                           pad_batch=self.pads_batch, engine=self.name, max_capture_size=max_capture_size,
-                          engine_model=self.model)
+                          engine_model=self.model, moe_quant=self.moe_quant)
 
     def graphs(self, graphs: str | bool = "auto", max_capture_size: int | None = None) -> tuple[int, str]:
         """``(max_capture_size, why)``: the largest capture size of the CUDA
@@ -146,7 +158,8 @@ class Engine:
     @property
     def gathered(self) -> tuple[str, ...]:
         """What each layer all-gathers: the hidden states, then each side tensor."""
-        return ("hidden_states", *(t.name for t in self.side_tensors))
+        return ("hidden_states_fp8" if self.gather_itemsize == 1 else "hidden_states",
+                *(t.name for t in self.side_tensors))
 
     def split_len(self, mx: Any, policy: str, cp: int) -> Any:
         """The split's own padded length for a longest rank of ``mx`` rows,
@@ -217,13 +230,18 @@ def design_costs(engine: Engine, raw: Any, total: Any, mx: Any, mn: Any, cp: int
     }
 
 
+def of(plan: CPPlan) -> Engine:
+    """The rules ``plan`` follows: its engine, for its model and its experts' quantization."""
+    return get(plan.engine, plan.engine_model, plan.moe_quant)
+
+
 def _per_model(value: Any, model: str) -> Any:
     """A module's rule given once for every model, or per model (a dict)."""
     return value[model] if isinstance(value, dict) else value
 
 
 @functools.cache
-def get(name: str, model: str = DEFAULT_MODEL) -> Engine:
+def get(name: str, model: str = DEFAULT_MODEL, quant: str = "none") -> Engine:
     """The engine called ``name`` serving ``model``, from its module's rules
     (ValueError, one line, for an unknown one). A module holds ``TITLE``,
     ``SOURCE``, ``STRATEGIES``, ``PADS_BATCH``, ``ATTN_PAD_MASKED``,
@@ -232,24 +250,41 @@ def get(name: str, model: str = DEFAULT_MODEL) -> Engine:
     engine's own name of a split policy), ``PADDING_AT`` (where its split puts
     the padding rows), ``graph_refusal(model)``, ``capture_sizes(max)`` and
     ``MAX_CAPTURE_SIZE`` (its CUDA graphs), ``side_tensors(model)``,
-    ``PADDING_ROWS`` (what its padding rows hold)."""
+    ``PADDING_ROWS`` (what its padding rows hold), ``QUANTS`` (the
+    ``moe_quant`` values whose MoE path is modelled: ``none`` alone without
+    it), ``moe_pad_masked(model, quant)`` (over ``MOE_PAD_MASKED``) and
+    ``quantized_gather(quant)`` (the quantized rows and their scales gathered
+    in place of the rows: :class:`Engine`'s ``gather_itemsize``)."""
     if name not in NAMES:
         raise ValueError(f"engine={name!r} is not one of {', '.join(NAMES)}")
     if model not in MODELS:
         raise ValueError(f"engine_model={model!r} is not one of {', '.join(MODELS)}")
+    if quant not in MOE_QUANTS:
+        raise ValueError(f"moe_quant={quant!r} is not one of {', '.join(MOE_QUANTS)}")
     mod = importlib.import_module(f"{__name__}.{name}")
+    quants = tuple(getattr(mod, "QUANTS", ("none",)))
+    quant_refusal = "" if quant in quants else (
+        f"engine={name}: {mod.TITLE}'s {quant} MoE path is not modelled (it models moe_quant "
+        f"{', '.join(quants)}; " + ", ".join(n for n in NAMES if quant in getattr(
+            importlib.import_module(f"{__name__}.{n}"), "QUANTS", ("none",))) + f" model {quant})")
+    modelled = quant if not quant_refusal else "none"
+    before = bool(getattr(mod, "quantized_gather", lambda q: False)(modelled))
+    scales = (SideTensor("hidden_states_scale", "groups", 4),) if before else ()
     names = getattr(mod, "STRATEGY_NAMES", {})
     graphs = getattr(mod, "graph_refusal", None)
     return Engine(
         name=name, title=mod.TITLE, source=mod.SOURCE, strategies=tuple(mod.STRATEGIES), pads_batch=mod.PADS_BATCH,
         split_align=mod.split_align, refuses=mod.refuses, refusal_reason=mod.refusal_reason,
-        attn_pad_masked=_per_model(mod.ATTN_PAD_MASKED, model), moe_pad_masked=_per_model(mod.MOE_PAD_MASKED, model),
+        attn_pad_masked=_per_model(mod.ATTN_PAD_MASKED, model),
+        moe_pad_masked=(mod.moe_pad_masked(model, modelled) if hasattr(mod, "moe_pad_masked")
+                        else _per_model(mod.MOE_PAD_MASKED, model)),
         strategy_names=lambda policy: names.get(policy, policy),
         padding_at=getattr(mod, "PADDING_AT", Engine.padding_at),
         model=model,
         graph_refusal=graphs(model) if graphs else Engine.graph_refusal,
         capture_sizes=getattr(mod, "capture_sizes", lambda most: ()),
         default_max_capture_size=getattr(mod, "MAX_CAPTURE_SIZE", 0),
-        side_tensors=tuple(mod.side_tensors(model)) if hasattr(mod, "side_tensors") else (),
+        side_tensors=scales + (tuple(mod.side_tensors(model)) if hasattr(mod, "side_tensors") else ()),
         padding_rows=getattr(mod, "PADDING_ROWS", "zeros"),
+        moe_quant=quant, gather_itemsize=1 if before else 0, quant_refusal=quant_refusal,
     )

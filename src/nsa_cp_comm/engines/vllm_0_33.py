@@ -78,6 +78,13 @@ prefill of 7 tokens ``A..G`` cut into ``2*pcp = 4`` chunks of
     is_padding [P*pcp]:    | F  F  F  | F  F  T  |
     experts:               rows 0-4; t0 to no expert (topk_ids -1)
 
+- Quantized experts (``moe_quant``): block fp8 (DeepSeek-V3.2's checkpoint)
+  changes what is gathered nowhere in 0.33: the runner gathers the
+  activations, the kernel's prepare step quantizes the gathered rows (row by
+  row, so the experts see each row as it would quantize alone). On a
+  monolithic kernel (``fp8_block_monolithic``) the router logits go to the
+  kernel as they are (``moe_runner.py:620-625``) and no router masks the
+  padding rows, DeepSeek-V4's included.
 - Refusals: ``maybe_build_pcp_manager`` builds no manager for pcp <= 1 (the
   batch runs without CP); every batch runs at pcp > 1.
 """
@@ -160,3 +167,19 @@ ATTN_PAD_MASKED = True
 PADDING_ROWS = "first_token"
 # Only a FusedTopK(Bias)Router masks padding rows (see above): DeepSeek-V4's, not V3.2's or GLM-5's.
 MOE_PAD_MASKED = {"deepseek_v32": False, "glm_moe_dsa": False, "deepseek_v4": True}
+# The experts' quantizations modelled: bf16, and block fp8 on a modular or a monolithic kernel.
+QUANTS = ("none", "fp8_block", "fp8_block_monolithic")
+
+
+def moe_pad_masked(model: str, quant: str) -> bool:
+    """Whether the router keeps the padding rows from the experts: the model's router
+    (:data:`MOE_PAD_MASKED`), on a modular kernel only. A monolithic kernel is given the
+    router logits and routes them itself (``moe_runner.py:620-625``): ``select_experts``,
+    where the routers' padding mask is applied, never runs, for any model."""
+    return MOE_PAD_MASKED[model] and quant != "fp8_block_monolithic"
+
+
+def quantized_gather(quant: str) -> bool:
+    """Whether the runner gathers quantized rows: never in 0.33 (``moe_runner.py:824-829``
+    gathers the activations; the kernel's prepare step quantizes the gathered rows)."""
+    return False

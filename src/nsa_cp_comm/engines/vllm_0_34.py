@@ -12,14 +12,19 @@ padding rows as token id 0 at position 0, ``:611-617``); the routers mask as
 and its drawing. What changed:
 
 - Quantize before the gather (``fused_moe/runner/moe_runner.py:820-842,
-  861-878``): with a monolithic block-fp8 (dynamic activation scales) or
-  NVFP4 kernel, each rank quantizes its rows first and gathers the fp8 rows
-  ``[P, H]``, their scales ``[P, H/128]`` fp32 and the router logits: four
-  collectives per layer with the bf16 reduce-scatter (``:900-908``), and a
-  monolithic kernel skips the router's padding mask for every model
-  (``moe_runner.py:620-627``). The matrix's rows are bfloat16 or float32:
-  there the runner gathers the activations and the logits as 0.33 does
-  (three collectives), which :func:`side_tensors` gives.
+  863-876``, ``_quantizes_before_pcp_gather``): where the experts take
+  input quantized row by row by a plain monolithic prepare (block fp8 with
+  dynamic activation scales, ``quantization/fp8.py:477``
+  ``accepts_quantized_input``, on a ``MoEPrepareAndFinalizeNoDPEPMonolithic``
+  kernel; or NVFP4), each rank quantizes its rows first and gathers the fp8
+  rows ``[P, H]``, their scales ``[P, H/128]`` fp32 and the router logits,
+  in that order: four collectives per layer with the bf16 reduce-scatter
+  (``:908``). ``moe_quant=fp8_block_monolithic`` is that path; a monolithic
+  kernel is given the logits and routes them itself (``:632-640``), so no
+  router masks the padding rows, for any model. On a modular block-fp8
+  kernel (``fp8_block``) the runner gathers the activations as 0.33 does
+  (``_quantizes_before_pcp_gather`` is False: no monolithic prepare) and the
+  kernel quantizes the gathered rows (three collectives).
 - On data-center Blackwell (SM100) with no legacy size flags, prefill
   batches dispatch over a new capture grid up to 8192 tokens per rank
   (``config/vllm.py:2604-2645``, ``config/compilation.py:76-99``); other
@@ -56,6 +61,8 @@ from .vllm_0_33 import (  # noqa: F401  (the rules this version keeps)
     graph_refusal,
     refusal_reason,
     refuses,
+    QUANTS,
+    moe_pad_masked,
     side_tensors,
     split_align,
 )
@@ -63,3 +70,9 @@ from .vllm_0_33 import (  # noqa: F401  (the rules this version keeps)
 TITLE = "vLLM 0.34"
 SOURCE = ("vllm==0.34.0 wheel: vllm/v1/worker/gpu/pcp_manager.py, model_executor/layers/fused_moe/runner/"
           "moe_runner.py, fused_moe/router/")
+
+
+def quantized_gather(quant: str) -> bool:
+    """Whether the runner gathers the quantized rows and their scales in place of the
+    rows: on a monolithic block-fp8 kernel (``moe_runner.py:820-842, 863-876``)."""
+    return quant == "fp8_block_monolithic"

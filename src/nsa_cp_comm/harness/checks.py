@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import engines
+from .. import engines, quant
 from .. import impls as impl_registry
 from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
@@ -67,10 +67,12 @@ CHECKS: dict[str, str] = {
                      "wrong dtype, shape or device, and where in the gathered buffer the returned rows are: rows at "
                      "the wrong offset)",
     "side_tensors": "where the point's engine gathers a side tensor beside the rows (vLLM: the router logits, "
-                    "`[rows, experts]`, fp32 for GLM-5 and DeepSeek-V4), the implementation's `gather_side` (its "
-                    "`gather` where it has none) returned it in the hidden states' layout, every rank's logits where "
-                    "its rows are; the MoE then routes from what came back, as the engine's router does (a tensor "
-                    "gathered in another layout, or not at all, is named)",
+                    "`[rows, experts]`, fp32 for GLM-5 and DeepSeek-V4; vLLM 0.34 on a monolithic block-fp8 kernel, "
+                    "`moe_quant=fp8_block_monolithic`: the fp8 rows and their scales first), the implementation's "
+                    "`gather_side` (its `gather` where it has none) returned it in the hidden states' layout, every "
+                    "rank's part where its rows are; the MoE then routes from the logits and computes on the "
+                    "dequantized rows that came back, as the engine's kernels do (a tensor gathered in another "
+                    "layout, or not at all, is named)",
     "padding_routing": "where the point's model's router masks the padding rows it is told of (vLLM's "
                        "DeepSeek-V4: `is_padding`, `pcp_manager.py:630-635`), the implementation's `is_padding` "
                        "(when it has one) marks exactly the gathered buffer's padding rows: a padding row left "
@@ -270,7 +272,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
         rep.fail("gather_shape", f"gathered buffer: {diff}")
         return False
     if impl.pads_split and impl.layout == "rank_major_padded":
-        rule = engines.get(plan.engine)
+        rule = engines.of(plan)
         want_p = rule.physical_len(plan)
         if impl.stride(plan) != want_p:
             align = rule.split_align(plan.policy, plan.cp_size)
@@ -285,7 +287,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
         rep.fail(check, f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard" if check == "gather_rows"
                  else f"padding rows of rank {r} are not zero" if content is None
                  else f"padding rows of rank {r} (from row {s}) are not the ones its shard held (the engine's "
-                      f"padding: {engines.get(plan.engine, plan.engine_model).padding_rows})")
+                      f"padding: {engines.of(plan).padding_rows})")
     return True
 
 
@@ -293,7 +295,7 @@ def _padded_content(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CP
     """The rows an engine's padded shard holds in its padding slots (enough
     for any rank), or None where they are zeros (a shard of rows, or an engine
     that pads with zeros): the gathered buffer moves them as they are."""
-    if impl.shard != "padded" or engines.get(plan.engine, plan.engine_model).padding_rows == "zeros":
+    if impl.shard != "padded" or engines.of(plan).padding_rows == "zeros":
         return None
     return padding_content(spec, plan, impl.stride(plan), device)
 
@@ -311,39 +313,73 @@ def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe
                                                       if ok_shape else ""))
 
 
-def _gather_router_logits(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int,
-                          local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor],
-                          rep: ImplReport) -> torch.Tensor | None:
-    """Where the point's engine gathers the router logits beside the rows (a
-    side tensor: vLLM's ``moe_runner.py:829``): this rank's logits of the rows
-    it gathered (a padded shard's padding rows too), gathered by the
-    implementation's ``gather_side`` (its ``gather`` where it has none), and
-    ``side_tensors`` failed, naming the tensor, where a rank's logits are not
-    where its hidden states are. Returns what came back (the MoE routes from
-    it, as the engine's router does), or None where the engine gathers none
-    or it has not the layout's shape. Decided from the plan alone, so every
-    rank issues the same collectives."""
-    if moe.logits_dtype is None:
-        return None
-    with observing(group) as seen:
-        got = (impl.gather_side(moe.logits(local), plan, group) if impl.gather_side is not None
-               else impl.gather(moe.logits(local), plan, group))
-    _check_group(rep, seen, "side tensors' gather")
-    want = stand_in((impl.buffer_rows(plan), moe.num_experts), moe.logits_dtype, local.device)
-    diff = unlike(got, want)
-    if diff:
-        rep.fail("side_tensors", f"router_logits gathered beside the rows: {diff} (the hidden states' layout: "
-                 f"{impl.buffer_rows(plan)} rows)")
-        return None
-    for r, start in enumerate(impl.starts(plan)):
-        n, want = plan.per_rank_tokens[r], moe.logits(shards[r])
-        if not bitwise_equal(got[start : start + n], want):
-            at = _found_at(got, want) if n else None
-            where = f" (found at row {at})" if at is not None and at != start else ""
-            rep.fail("side_tensors", f"router_logits of rank {r} are not at row {start}, where its hidden states "
-                     f"are{where}: the experts would route its rows by other rows' logits")
-            break
+def _side_tensors(moe: ReferenceMoE, rule: engines.Engine, rows: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """What the point's engine gathers beside the rows, as each rank makes it from its rows
+    ``rows``, named and in the engine's order: where it quantizes before the gather, the fp8
+    rows (their bytes) and their scales; the router logits (of the rows themselves: the
+    router reads the activations before the quantization)."""
+    out: list[tuple[str, torch.Tensor]] = []
+    if rule.gather_itemsize == 1:
+        q, scales = quant.quantize(rows)
+        out += [("hidden_states_fp8", q), ("hidden_states_scale", scales)]
+    if moe.logits_dtype is not None:
+        out.append(("router_logits", moe.logits(rows)))
+    return out
+
+
+def _gather_side_tensors(impl: impl_registry.RoundTripImpl, plan: CPPlan, local: torch.Tensor,
+                         moe: ReferenceMoE, group, shards: list[torch.Tensor],
+                         rep: ImplReport) -> dict[str, torch.Tensor | None]:
+    """Where the point's engine gathers side tensors beside the rows (vLLM: the router
+    logits, ``moe_runner.py:828-829``; 0.34 on a monolithic block-fp8 kernel the fp8 rows and
+    their scales first, ``:863-876``): this rank's tensors of the rows it gathered (a padded
+    shard's padding rows too), each gathered by the implementation's ``gather_side`` (its
+    ``gather`` where it has none), and ``side_tensors`` failed, naming the tensor, where a
+    rank's part is not where its hidden states are. Returns what came back per name (the MoE
+    routes from the logits and computes on the dequantized rows, as the engine's kernels do),
+    None where it has not the layout's shape. Decided from the plan alone, so every rank
+    issues the same collectives."""
+    got: dict[str, torch.Tensor | None] = {}
+    mine = _side_tensors(moe, engines.of(plan), local)
+    theirs = None
+    for i, (name, tensor) in enumerate(mine):
+        with observing(group) as seen:
+            back = (impl.gather_side(tensor, plan, group) if impl.gather_side is not None
+                    else impl.gather(tensor, plan, group))
+        _check_group(rep, seen, "side tensors' gather")
+        want = stand_in((impl.buffer_rows(plan), *tensor.shape[1:]), tensor.dtype, local.device)
+        diff = unlike(back, want)
+        got[name] = None if diff else back
+        if diff:
+            rep.fail("side_tensors", f"{name} gathered beside the rows: {diff} (the hidden states' layout: "
+                     f"{impl.buffer_rows(plan)} rows)")
+            continue
+        if theirs is None:  # every rank's tensors, made once, for the first that came back
+            theirs = [_side_tensors(moe, engines.of(plan), shard) for shard in shards]
+        for r, start in enumerate(impl.starts(plan)):
+            n, expect = plan.per_rank_tokens[r], theirs[r][i][1]
+            if not bitwise_equal(back[start : start + n], expect):
+                at = _found_at(back, expect) if n else None
+                where = f" (found at row {at})" if at is not None and at != start else ""
+                rep.fail("side_tensors", f"{name} of rank {r} are not at row {start}, where its hidden states "
+                         f"are{where}: the experts would " + ("route its rows by other rows' logits"
+                                                             if name == "router_logits" else
+                                                             "compute on other rows than they route"))
+                break
     return got
+
+
+def _experts_rows(rule: engines.Engine, side: dict[str, torch.Tensor | None],
+                  full: torch.Tensor) -> torch.Tensor | None:
+    """The rows the experts compute on where the engine gathered them quantized: the fp8 rows
+    that came back with their scales, dequantized (None where it gathers the rows themselves,
+    or a part did not come back: the experts then compute on the gathered rows' own)."""
+    if rule.gather_itemsize != 1:
+        return None
+    q, scales = side.get("hidden_states_fp8"), side.get("hidden_states_scale")
+    if q is None or scales is None:
+        return None
+    return quant.dequantize(q, scales, full.dtype)
 
 
 def _most_to_one_expert(moe: ReferenceMoE, rows: torch.Tensor) -> tuple[int, int]:
@@ -511,8 +547,8 @@ def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
     if not (isinstance(out, torch.Tensor) and out.dtype == full.dtype and out.dim() == 2 and out.device == full.device
             and out.shape[1:] == full.shape[1:] and 0 < out.shape[0] <= full.shape[0]):
         return None
-    fb = full.contiguous().view(torch.uint8).reshape(full.shape[0], -1)
-    ob = out.contiguous().view(torch.uint8).reshape(out.shape[0], -1)
+    fb = full.contiguous().reshape(-1).view(torch.uint8).reshape(full.shape[0], -1)
+    ob = out.contiguous().reshape(-1).view(torch.uint8).reshape(out.shape[0], -1)
     k, tried = ob.shape[0], 0
     # In blocks of rows: one comparison of a production-sized buffer at once
     # would hold a byte per element.
@@ -674,15 +710,16 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     full, before, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     # The padding rows of the gathered buffer go through the experts as the engine's router for its
     # model sends them: to no expert (masked), or routed like any row (processed).
-    rule = engines.get(plan.engine, plan.engine_model)
+    rule = engines.of(plan)
     pads = padding_mask(impl, plan)
     pads = pads.to(full.device) if pads is not None else None
     masked = None
     if rule.moe_pad_masked:  # the rows it is told of: the implementation's mark, else the runner's
         masked = _told_padding(impl, plan, full, pads, moe, rep)
         masked = pads if masked is None else masked
-    logits = _gather_router_logits(impl, spec, plan, rank, before, moe, group, shards, rep)
-    partial = moe.partial(full, rank, plan.cp_size, masked, logits)
+    side = _gather_side_tensors(impl, plan, before, moe, group, shards, rep)
+    partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"),
+                          _experts_rows(rule, side, full))
     if pads is not None:
         _count_padding(rep, moe, full, pads, masked)
     n = plan.per_rank_tokens[rank]

@@ -167,7 +167,7 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
     # whether attention computes those rows or zeroes their output is the engine's; whether the
     # MoE's router masks them is the engine's for the model it serves
-    rule = engines.get(plan.engine, plan.engine_model)
+    rule = engines.of(plan)
     res.attn_pad_masked_rows = res.attn_pad_rows if rule.attn_pad_masked else 0
     # what the checks' MoE did with the padding rows of the buffer the implementation returned
     # (the engine's router for its model), where it ran; the rule's count where it did not

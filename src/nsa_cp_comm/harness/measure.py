@@ -56,13 +56,13 @@ def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
     largest thing a rank generates), the same on every rank."""
     return ReferenceMoE(
         spec.hidden_size, num_experts=spec.experts, topk=spec.topk, seed=spec.seed, dtype=DTYPES[spec.dtype],
-        device=device, shared_expert=spec.shared_expert, logits_dtype=logits_dtype(spec),
+        device=device, shared_expert=spec.shared_expert, logits_dtype=logits_dtype(spec), moe_quant=spec.moe_quant,
     )
 
 
 def logits_dtype(spec: PointSpec) -> torch.dtype | None:
     """The dtype the point's engine gathers the router logits in (a side tensor), None where it gathers none."""
-    rule = engines.get(spec.engine, spec.engine_model)
+    rule = engines.get(spec.engine, spec.engine_model, spec.moe_quant)
     side = next((t for t in rule.side_tensors if t.name == "router_logits"), None)
     if side is None:
         return None

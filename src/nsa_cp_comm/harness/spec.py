@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import engines
-from ..modes import SHARED_EXPERTS, ScatterMode
+from ..modes import SHARED_EXPERTS, ScatterMode, quant_refusal
 from ..plan import CPPlan, plan_split
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ class PointSpec:
     engine_model: str = engines.DEFAULT_MODEL  # the model the engine serves (engines.MODELS)
     # the largest CUDA-graph capture size the engine runs the step in (Engine.graphs); 0: eager
     max_capture_size: int = 0
+    # the experts' activation quantization (..modes.MOE_QUANTS): what the experts compute on, and
+    # where the engine quantizes before the gather, what it gathers
+    moe_quant: str = "none"
 
     def __post_init__(self) -> None:
         from .. import impls as impl_registry
@@ -64,6 +67,9 @@ class PointSpec:
         if self.shared_expert not in SHARED_EXPERTS:
             raise ValueError(f"shared_expert={self.shared_expert!r} is not one of {', '.join(SHARED_EXPERTS)}")
         engines.get(self.engine, self.engine_model)
+        why = quant_refusal(self.hidden_size, self.moe_quant) if isinstance(self.hidden_size, int) else ""
+        if why:
+            raise ValueError(why)
         if not isinstance(self.max_capture_size, int) or isinstance(self.max_capture_size, bool) \
                 or self.max_capture_size < 0:
             raise ValueError(f"max_capture_size={self.max_capture_size!r} must be a non-negative int (0: eager)")
@@ -106,7 +112,8 @@ class PointSpec:
         engine's reason, and its row describes this plan)."""
         return plan_split(self.seq_lens, self.cp_size, policy=self.policy, page_size=self.page_size,
                           align=self.align, pad_batch=engines.get(self.engine).pads_batch, engine=self.engine,
-                          max_capture_size=self.max_capture_size, engine_model=self.engine_model)
+                          max_capture_size=self.max_capture_size, engine_model=self.engine_model,
+                          moe_quant=self.moe_quant)
 
 
 def shard_seed(seed: int, rank: int) -> int:
@@ -152,7 +159,7 @@ def padding_content(spec: PointSpec, plan: CPPlan, rows: int, device: torch.devi
     import torch
 
     dtype = _dtypes()[spec.dtype]
-    if engines.get(plan.engine, plan.engine_model).padding_rows == "zeros" or rows == 0:
+    if engines.of(plan).padding_rows == "zeros" or rows == 0:
         return torch.zeros((rows, spec.hidden_size), dtype=dtype, device=device)
     g = torch.Generator().manual_seed(shard_seed(spec.seed, PADDING_RANK))
     row = torch.randn(1, spec.hidden_size, generator=g).to(device=device, dtype=dtype)
@@ -165,4 +172,6 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     import torch
 
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    # flattened first: a view as bytes needs a last stride of 1, which an empty tensor of one
+    # column (a [0, 1] of scales: a rank without rows) need not have
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
