@@ -15,7 +15,9 @@
 #      FULL and SCATTERED                                                  (<= 100 s)
 #   3. the benchmark on CUDA (bench_comm.py --device cuda): even-plan ratio,
 #      uneven table, local work at production shape (H=7168 bf16, 8k/16k
-#      tokens, cp 8), NCCL cp 1; writes $OUT/perf_gpu.json after every section
+#      tokens, cp 8; the staging also on one rank alone, beside the device's
+#      copy bandwidth), NCCL cp 1 (its even-plan paired ratio gated at 1.03:
+#      a FAIL fails this step); writes $OUT/perf_gpu.json after every section
 #                                                                          (<= 270 s)
 # Files in $OUT: summary.txt, pytest.log, smoke.log, bench.log, perf_gpu.json.
 # Then: cp $OUT/perf_gpu.json benchmarks/data/ && python benchmarks/perf_md.py, commit both.

@@ -146,6 +146,33 @@ def local_table(entries: list[dict]) -> tuple[list[str], list[list[str]], list[s
     return headers, rows, ["left", "right", "left", "right", "right", "right", "left"] + ["right"] * 7
 
 
+def alone_markdown(entries: list[dict]) -> str:
+    """The padded path's staging on one rank alone on the device, per plan that stages: each
+    column says whether it was measured here or is a model (with its inputs)."""
+    headers = ["plan", "cp", "rank", "rows staged", "MB staged", "stage us (measured, one rank alone)",
+               "copy GB/s (measured, plain copy)", "stage us at copy GB/s (derived)",
+               "collectives us (model)", "local share (model)"]
+    rows = []
+    for e in entries:
+        a, m = e.get("alone"), e.get("model")
+        if not a:
+            continue
+        p = e["plan"]
+        rows.append([plan_label(p), str(p["cp"]), str(a["rank"]), str(a["rows"]), f"{a['bytes'] / 1e6:.1f}",
+                     f"{a['stage_us']:.1f}", f"{a['copy_GBps']:.0f}", f"{a['predicted_us']:.1f}",
+                     f"{m['collectives_us']:.0f}" if m else "", pct(m["local_share"]) if m else ""])
+    if not rows:
+        return ""
+    out = markdown(headers, rows, ["left", "right", "right"] + ["right"] * 7)
+    model = next((e["model"] for e in entries if e.get("model")), None)
+    if model:
+        out += (f"\n\nModel: the gather and the reduce-scatter of one layer on an NVLink node, each "
+                f"`bytes x (cp-1)/cp / {model['busbw_GBps']:.0f} GB/s + {model['latency_us']:.0f} us` (a published "
+                "8-GPU NVLink 4 ring's busbw and fixed cost), beside the stage measured on one rank alone: "
+                "not a measurement of a multi-GPU node.")
+    return out
+
+
 TABLES = {"even": even_table, "single": even_table, "uneven": uneven_table, "local": local_table}
 
 
@@ -227,8 +254,10 @@ on one GPU, no hydra-core or nox needed); it writes `perf_gpu.json`, which goes 
 will then hold, on CUDA with CUDA-event timing:
 
 - **Local work at production shape**: H = 7168, bf16, cp 8, 8k and 16k tokens (the
-  padded path's local share on device memory, and an estimate for 8 GPUs on NVLink);
-- **NCCL, cp 1**: the padded / legacy / in-place round trip on the GPU's own NCCL;
+  padded path's local share with the ranks sharing the GPU, and the staging timed on one
+  rank alone beside the device's copy bandwidth; NVLink collectives only as a labelled model);
+- **NCCL, cp 1**: the padded / legacy / in-place round trip on the GPU's own NCCL, the
+  even-plan paired ratio gated at 1.03;
 - **gloo on CUDA tensors, cp > 1**: the even-plan ratio and the uneven-plan table;
 - the `requires_gpu` tests and a `run_point` smoke (its log, not a table).
 
@@ -274,7 +303,7 @@ SECTION_TEXT = {
              "verdict follows the gate rule above."),
     "single": ("One rank: padded / legacy round trip on the device's own backend",
                "cp 1 at production shape: the collectives of one rank are local copies, so this isolates "
-               "the device-side cost of each form (on CUDA, through NCCL). Reported, not gated."),
+               "the device-side cost of each form (on CUDA, through NCCL). {single_gate}"),
     "uneven": ("Uneven plans: padded vs the alternatives",
                "The matrix's own point (`nsa_cp_comm.harness.measure.point_on_rank`: every check, then the timed "
                "loop). `legacy` refuses an uneven plan on every rank before any collective (`refused`); "
@@ -314,24 +343,31 @@ def _even_note(entries: list[dict]) -> str:
             parts.append(f"{100 * local / rt:.2f} % for {plan_label(e['plan'])} cp {e['plan']['cp']}")
     if not parts:
         return ""
-    return ("\n\nThe padded path's local work (p50) was " + ", ".join(parts) + " of its round trip (p50); the "
-            "rest of any difference from legacy lies in the collectives (in-place vs out-of-place gather) or in "
-            "the noise the A/A columns show.")
+    # an even plan stages nothing since the padded gather issues legacy's call there: local work on
+    # one is a run from before that
+    return ("\n\nThe padded path's local work (p50) was " + ", ".join(parts) + " of its round trip (p50): this "
+            "run predates the padded gather's even-plan form, which copied every shard into the padded buffer "
+            "first; on an even plan it now issues legacy's call from the shard, nothing staged, and a new run "
+            "shows that cost. The rest of any difference from legacy lies in the collectives (in-place vs "
+            "out-of-place gather) or in the noise the A/A columns show.")
 
 
 def _local_note(data: dict) -> str:
-    shares = [(e["plan"]["tokens"], e.get("local_share")) for e in data.get("local_work", [])
+    entries = data.get("local_work", [])
+    shares = [(e["plan"]["tokens"], e["plan"]["cp"], e.get("local_share")) for e in entries
               if e.get("local_share") is not None]
     if not shares:
         return ""
-    listed = ", ".join(f"{pct(s)} at {t} tokens" for t, s in shares)
-    text = f"\n\nOn this machine the padded path's local work was this share of its round trip: {listed}."
-    for e in data.get("local_work", []):
-        est = e.get("nvlink_estimate")
-        if est:
-            text += (f" Estimated for {e['plan']['cp']} GPUs on NVLink ({est['busbw_GBps']:.0f} GB/s busbw, "
-                     f"{est['latency_us']:.0f} us per collective, measured local work): "
-                     f"{pct(est['local_share'])} at {e['plan']['tokens']} tokens.")
+    listed = ", ".join(f"{pct(s)} at {t} tokens" for t, _, s in shares)
+    cp = max(c for _, c, _ in shares)
+    text = (f"\n\nOn this machine the padded path's local work was this share of its round trip: {listed}, "
+            f"measured with the point's {cp} ranks sharing this machine's "
+            + ("one GPU (contended) and its collectives host-staged gloo: " if data["env"].get("device") == "cuda"
+               else "CPUs: ") + "neither is a figure of a node with a device per rank.")
+    if not any(e.get("alone") for e in entries):
+        text += (" No multi-GPU estimate is made from this run: its local work was timed with ranks sharing the "
+                 "device, and no one-rank staging was timed (the benchmark now times it; a new run shows it "
+                 "below this table).")
     return text
 
 
@@ -362,8 +398,12 @@ def run_markdown(title: str, data: dict) -> str:
             continue
         n += 1
         head, text = SECTION_TEXT[section]
+        single_gate = (f"On a GPU its paired ratio is gated at {gate['single_target']} (the rule above)."
+                       if gate.get("single_target") and data["env"].get("device") == "cuda"
+                       else "Reported, not gated" + ("." if gate.get("single_target")
+                                                     else " (this run predates that gate)."))
         body = text.format(target=gate.get("target", ""), hidden=data["params"]["hidden_size"],
-                           dtype=data["params"]["dtype"])
+                           dtype=data["params"]["dtype"], single_gate=single_gate)
         if section == "uneven":
             body += _gloo_note(data)
         if section == "local":
@@ -371,6 +411,10 @@ def run_markdown(title: str, data: dict) -> str:
         if section in ("even", "single"):
             body += _even_note(entries)
         out += [f"### {title} {n}. {head}", provenance(data, key), body, section_markdown(section, entries)]
+        if section == "local" and alone_markdown(entries):
+            out += ["The staging on one rank alone on the device: the rank that stages the most rows copies "
+                    "them into a reused send block, timed with nothing else on the device; beside it, what a "
+                    "plain copy's bandwidth predicts for the same bytes.", alone_markdown(entries)]
     return "\n\n".join(out)
 
 

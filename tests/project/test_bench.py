@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from matrix_cli import REPO
 
@@ -112,6 +113,58 @@ def test_a_slow_padded_path_fails_the_gate(tmp_path, gate, code):
     assert proc.returncode == code, _log(proc)
     assert data["failures"] == [] and [e["verdict"] for e in data["even"]] == ["FAIL"]
     assert "RATIO FAIL" in proc.stdout
+
+
+@pytest.mark.parametrize(("gate", "code"), [("--gate", 1), (None, 0)])
+def test_a_slow_padded_path_fails_the_one_rank_gate(tmp_path, gate, code):
+    """The one-rank rows (``single``, cp 1) are gated at their own target where they are gated (on a
+    GPU by default, here with --gate); not gated, the verdict still says FAIL and the exit is 0."""
+    bench = _load("bench_comm")
+    args = ["--sections", "single", "--padded", f"{BROKEN}:slow_stage"] + ([gate] if gate else [])
+    proc, data = run_bench(tmp_path, *args)
+    assert proc.returncode == code, _log(proc)
+    want = "FAIL" if gate else "FAIL (not gated)"
+    assert data["failures"] == [] and [e["verdict"] for e in data["single"]] == [want], data["single"]
+    assert [e["target"] for e in data["single"]] == [bench.SINGLE_TARGET]
+    assert (f"> target {bench.SINGLE_TARGET} and" in proc.stdout) is bool(gate), _log(proc)
+
+
+def test_the_staging_is_timed_on_one_rank_alone_beside_the_copy_bandwidth():
+    """What an uneven plan's staging costs on one rank with the device to itself, and what the
+    device's copy bandwidth predicts for it; none on an even plan (nothing staged)."""
+    bench = _load("bench_comm")
+    from nsa_cp_comm.plan import plan_split
+
+    uneven = plan_split((1000,), 4, policy="zigzag_page", page_size=64)  # ranks of 192..256 rows
+    got = bench.stage_alone(uneven, 256, torch.bfloat16, "cpu", warmup=1, iters=3)
+    staging = [r for r, n in enumerate(uneven.per_rank_tokens) if n < uneven.max_rank_len]
+    assert got["rank"] in staging and got["rows"] == max(uneven.per_rank_tokens[r] for r in staging)
+    assert got["bytes"] == got["rows"] * 256 * 2 and got["copy_bytes"] == uneven.padded_total * 256 * 2
+    assert got["stage_us"] > 0 and got["copy_GBps"] > 0
+    assert got["predicted_us"] == pytest.approx(got["bytes"] / got["copy_GBps"] / 1e3)
+    assert bench.stage_alone(plan_split((1024,), 4, policy="zigzag"), 256, torch.bfloat16, "cpu") is None
+
+
+def test_perf_md_labels_what_is_measured_and_what_is_a_model():
+    """The one-rank table says which columns were measured and which are a model (and its
+    inputs); the old estimate that mixed contended local work with modelled NVLink is gone."""
+    bench = _load("bench_comm")
+    alone = dict(rank=0, rows=960, bytes=960 * 7168 * 2, stage_us=14.0, copy_bytes=1, copy_us=1.0, copy_GBps=1000.0,
+                 predicted_us=13.8, iters=20)
+    model = dict(busbw_GBps=bench.NVLINK_BUSBW_GBPS, latency_us=bench.NVLINK_LATENCY_US, collectives_us=600.0,
+                 local_share=14 / 614)
+    plan = dict(policy="zigzag_page", page_size=64, seq_lens=[8000], cp=8, tokens=8000)
+    text = perf_md.alone_markdown([dict(plan=plan, alone=alone, model=model)])
+    assert "stage us (measured, one rank alone)" in text and "collectives us (model)" in text, text
+    assert "local share (model)" in text and "2.28 %" in text and "600" in text, text
+    assert f"/ {bench.NVLINK_BUSBW_GBPS:.0f} GB/s + {bench.NVLINK_LATENCY_US:.0f} us" in text, text
+    assert "not a measurement of a multi-GPU node" in text
+    without = perf_md.alone_markdown([dict(plan=plan, alone=alone)])
+    assert "Model:" not in without and "14.0" in without
+    gpu = perf_md.load().get("perf_gpu.json")
+    if gpu is not None:  # the committed GPU run: no estimate printed from ranks that shared the GPU
+        assert "Estimated for" not in perf_md.render({"perf_gpu.json": gpu})
+    assert f"gated at {bench.SINGLE_TARGET}" in perf_md.GPU_PENDING
 
 
 @pytest.mark.parametrize(("ref", "says"), [(f"{BROKEN}:nope", "has no attribute nope"),
