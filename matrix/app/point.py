@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from nsa_cp_comm import engines
 from nsa_cp_comm.origins import is_reference
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version, torch_version
@@ -35,7 +34,7 @@ from .repro_env import env_prefix, join as repro_join
 from .resolve import Resolved, resolve
 from ..store.folder import Folder
 from ..store.results import CONFIG_COLUMNS
-from ..store.runs import STARTED, new_run_id
+from ..store.runs import ADDED_CONFIG_COLUMNS, STARTED, new_run_id
 
 REPO = Path(__file__).resolve().parents[2]
 # The plan's and the result's fields a row holds under their own names (impl is the row's name for it).
@@ -59,20 +58,13 @@ REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch
 NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
 
-# Keys added after the first ids, and the values with which a point keeps the id it had.
-LATER_KEYS: dict[str, Any] = {"engine_model": engines.DEFAULT_MODEL, "graphs": "auto", "max_capture_size": None,
-                              "moe_quant": "none"}
-
-
-def _stable_id(key: dict[str, Any], engine: str, shared_expert: str, bystanders: int) -> str:
-    """``key`` hashed, with the keys added after the first ids only where they are set."""
-    for k, default in LATER_KEYS.items():
-        if key.get(k, default) == default:
+def _stable_id(key: dict[str, Any], bystanders: int) -> str:
+    """``key`` hashed, each configuration column a later results layout added
+    (:data:`matrix.store.runs.ADDED_CONFIG_COLUMNS`) left out where it holds
+    what every row before it had: those points keep the ids they had."""
+    for k, (_, before) in ADDED_CONFIG_COLUMNS.items():
+        if key.get(k, before) == before:
             key.pop(k, None)
-    if engine != engines.DEFAULT:  # the default engine's points keep their ids
-        key["engine"] = engine
-    if shared_expert != "none":  # points without a shared expert keep the ids they had
-        key["shared_expert"] = shared_expert
     if bystanders:  # a world larger than the CP group makes another point
         key["bystanders"] = bystanders
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -80,9 +72,7 @@ def _stable_id(key: dict[str, Any], engine: str, shared_expert: str, bystanders:
 
 def point_id(cfg: Mapping[str, Any]) -> str:
     """Stable id of a point's requested configuration (for resume)."""
-    key = {k: cfg[k] for k in CONFIG_COLUMNS if k in cfg and k not in ("engine", "shared_expert")}
-    return _stable_id(key, cfg.get("engine", engines.DEFAULT), cfg.get("shared_expert", "none"),
-                      cfg.get("bystanders", 0))
+    return _stable_id({k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}, cfg.get("bystanders", 0))
 
 
 def effective_id(res: Resolved) -> str:
@@ -95,9 +85,9 @@ def effective_id(res: Resolved) -> str:
         "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
         "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
         "engine_model": spec.engine_model, "max_capture_size": spec.max_capture_size or None,
-        "moe_quant": spec.moe_quant,
+        "moe_quant": spec.moe_quant, "engine": spec.engine, "shared_expert": spec.shared_expert,
     }
-    return _stable_id(key, spec.engine, spec.shared_expert, spec.bystanders)
+    return _stable_id(key, spec.bystanders)
 
 
 def repro_command(cfg: Mapping[str, Any]) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import inputs
 from .outputs import append_whole, write_atomic
-from .runs import SCHEMA_VERSION, layout_version, record_run, runs_path
+from .runs import ADDED_CONFIG_COLUMNS, SCHEMA_VERSION, layout_version, record_run, runs_path
 
 RESULTS_FILE = "results.csv"
 # Beside results.csv: the whole text of cells cut to MAX_CELL_CHARS, one JSON object a line.
@@ -47,11 +47,12 @@ csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 # The configuration of a point: every key of conf's schema that can change a
 # measurement. Joined on by `compare`, hashed into `point_id` for `resume`.
+# The first layouts' columns, then those a later layout added (runs.ADDED_CONFIG_COLUMNS: a new
+# configuration column goes there, with the value every older row had).
 CONFIG_COLUMNS: tuple[str, ...] = (
     "cp_size", "page_size", "seq_lens", "shared_kv", "split", "align", "moe_a2a_backend", "mlp_mode", "impl",
     "backend", "device", "hidden_size", "dtype", "num_experts", "topk", "warmup", "iters", "seed", "flush_l2",
-    "engine", "shared_expert", "engine_model", "graphs", "max_capture_size", "moe_quant",
-)
+) + tuple(ADDED_CONFIG_COLUMNS)
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")

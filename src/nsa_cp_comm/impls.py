@@ -52,6 +52,13 @@ LAYOUTS: tuple[str, ...] = ("rank_major_padded", "rank_major_packed")
 SHARDS: tuple[str, ...] = ("rows", "padded")
 
 
+# A round trip's hooks: the protocol's functions an implementation gives (each checked callable
+# when it is made; harness.sites names the one a plug-in's exception was raised under).
+REQUIRED_HOOKS: tuple[str, ...] = ("gather", "scatter")
+OPTIONAL_HOOKS: tuple[str, ...] = ("prepare", "supports", "row_stride", "scatter_replicated", "gather_side",
+                                   "is_padding")
+
+
 @dataclass(frozen=True)
 class RoundTripImpl:
     """A FULL-mode round trip: gather before the MoE, reduce-scatter after it.
@@ -124,10 +131,10 @@ class RoundTripImpl:
         _check_common(self)
         if self.layout not in LAYOUTS:
             raise ValueError(f"impl {self.name!r}: layout={self.layout!r} is not one of {', '.join(LAYOUTS)}")
-        for attr in ("gather", "scatter"):
+        for attr in REQUIRED_HOOKS:
             if not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
-        for attr in ("prepare", "supports", "row_stride", "scatter_replicated", "gather_side", "is_padding"):
+        for attr in OPTIONAL_HOOKS:
             if getattr(self, attr) is not None and not callable(getattr(self, attr)):
                 raise ValueError(f"impl {self.name!r}: {attr} is not callable")
         if self.shard not in SHARDS:

@@ -16,13 +16,15 @@ engine would run, :meth:`Engine.costs` what each design pays per layer on it.
 The rules are plain scalar formulas that numpy arrays pass through unchanged,
 so ``matrix.plans`` applies the same functions to a hundred thousand batches
 at once. Adding an engine version is adding a module here (its rules, with the
-engine's file and version cited) and a ``conf/engine/NAME.yaml``.
+engine's file and version cited), a ``conf/engine/NAME.yaml`` and its rules'
+transcription in tests/lib/test_engines.py (docs/design.md, "Where a change goes").
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +38,9 @@ from ..plan import CPPlan, ceil_align, plan_split
 # padded communicator was written for (rows written before engines existed
 # were planned by its rules).
 DEFAULT = "seed_fix"
-# Every engine module of this package, by name (the name is the module's).
-NAMES: tuple[str, ...] = ("seed_fix", "sglang_0_5_23", "vllm_0_33", "vllm_0_34", "vllm_ascend")
+# Every engine module of this package, by name (the name is the module's): a module added
+# here is an engine (``_``-prefixed modules hold shared rules).
+NAMES: tuple[str, ...] = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")))
 # The models whose MoE path the engines' rules are given for (the engines'
 # ``model_type``), and the one every plan follows unless told otherwise: the
 # model this project exists for.

@@ -16,9 +16,13 @@ import sysconfig
 import traceback
 from types import TracebackType
 
-# The protocol's hooks a harness or library line calls on an implementation.
-HOOKS = ("gather_side", "gather", "scatter_replicated", "scatter_moe", "scatter", "prepare", "supports",
-         "row_stride", "is_padding", "stage", "dispatch", "combine")
+from ..impls import OPTIONAL_HOOKS, REQUIRED_HOOKS
+
+# The protocol's hooks a harness or library line calls on an implementation: a round trip's
+# (impls), the method that calls its scatters, a send block's stage, a dispatch's two. Longest
+# first, so that the pattern below takes gather_side before gather.
+HOOKS = tuple(sorted({*REQUIRED_HOOKS, *OPTIONAL_HOOKS, "scatter_moe", "stage", "dispatch", "combine"},
+                     key=lambda h: (-len(h), h)))
 _CALL = re.compile(r"\.(" + "|".join(HOOKS) + r")\(")
 
 
