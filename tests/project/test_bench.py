@@ -115,18 +115,15 @@ def test_a_slow_padded_path_fails_the_gate(tmp_path, gate, code):
     assert "RATIO FAIL" in proc.stdout
 
 
-@pytest.mark.parametrize(("gate", "code"), [("--gate", 1), (None, 0)])
-def test_a_slow_padded_path_fails_the_one_rank_gate(tmp_path, gate, code):
+def test_a_slow_padded_path_fails_the_one_rank_gate(tmp_path):
     """The one-rank rows (``single``, cp 1) are gated at their own target where they are gated (on a
-    GPU by default, here with --gate); not gated, the verdict still says FAIL and the exit is 0."""
+    GPU by default, here with --gate): a FAIL there is exit 1."""
     bench = _load("bench_comm")
-    args = ["--sections", "single", "--padded", f"{BROKEN}:slow_stage"] + ([gate] if gate else [])
-    proc, data = run_bench(tmp_path, *args)
-    assert proc.returncode == code, _log(proc)
-    want = "FAIL" if gate else "FAIL (not gated)"
-    assert data["failures"] == [] and [e["verdict"] for e in data["single"]] == [want], data["single"]
+    proc, data = run_bench(tmp_path, "--sections", "single", "--padded", f"{BROKEN}:slow_stage", "--gate")
+    assert proc.returncode == 1, _log(proc)
+    assert data["failures"] == [] and [e["verdict"] for e in data["single"]] == ["FAIL"], data["single"]
     assert [e["target"] for e in data["single"]] == [bench.SINGLE_TARGET]
-    assert (f"> target {bench.SINGLE_TARGET} and" in proc.stdout) is bool(gate), _log(proc)
+    assert f"> target {bench.SINGLE_TARGET} and" in proc.stdout, _log(proc)
 
 
 def test_the_staging_is_timed_on_one_rank_alone_beside_the_copy_bandwidth():
