@@ -33,8 +33,9 @@ def make_row(impl: str = "padded", policy: str = "zigzag", cp: int = 2, page: in
     padded = total if padded_total is None else padded_total
     even = padded == total
     row: dict[str, object] = dict(
-        cp_size=cp, page_size=page, seq_lens="[" + ",".join(map(str, seq_lens)) + "]", shared_kv=False,
-        split=policy, align=cp, moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo",
+        cp_size=cp, page_size=page, seq_lens="[" + ",".join(map(str, seq_lens)) + "]",
+        # as the writer records a page-aligned split: the config's split with shared KV on
+        shared_kv=policy == "zigzag_page", split="zigzag" if policy == "zigzag_page" else policy, align=cp, moe_a2a_backend="none", mlp_mode="FULL", impl=impl, backend="gloo",
         device="cpu", hidden_size=256, dtype="float32", num_experts=4, topk=2, warmup=1, iters=5, seed=0,
         flush_l2=False, timeout_s=60, results_dir="r", resume=False,
         policy=policy, effective_page_size=page, effective_id=f"{impl}{cp}{page}{seq_lens}", total_tokens=total,

@@ -27,10 +27,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
-from nsa_cp_comm.engines import MODELS as ENGINE_MODELS
-from nsa_cp_comm.engines import NAMES as ENGINES
-from nsa_cp_comm.harness.spec import DTYPE_NAMES, MAX_SEED
-from nsa_cp_comm.modes import MOE_QUANTS, QUANT_GROUP, SHARED_EXPERTS
+from nsa_cp_comm.harness.spec import MAX_SEED
+from nsa_cp_comm.modes import QUANT_GROUP
+
+from ..store.results import COLUMN_VALUES
 
 
 class ConfigError(ValueError):
@@ -98,18 +98,10 @@ KEYS: tuple[str, ...] = tuple(f.name for f in fields(MatrixConfig))
 
 IMPL_KEYWORDS: tuple[str, ...] = ("both", "all", "designs")
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "split": ("zigzag", "round_robin", "dual_chunk_swap", "contiguous"),
-    "moe_a2a_backend": ("none", "deepep"),
-    "mlp_mode": ("auto", "FULL", "SCATTERED"),
-    "backend": ("auto", "gloo", "nccl"),
-    "device": ("auto", "cpu", "cuda"),
-    "dtype": DTYPE_NAMES,
-    "engine": ENGINES,
-    "engine_model": ENGINE_MODELS,
-    "shared_expert": SHARED_EXPERTS,
-    "moe_quant": MOE_QUANTS,
-}
+# The values a row's column holds (matrix.store.results.COLUMN_VALUES), and "auto" where the key
+# resolves to one of them.
+RESOLVED: tuple[str, ...] = ("mlp_mode", "backend", "device")
+CHOICES: dict[str, tuple[str, ...]] = {k: (("auto",) if k in RESOLVED else ()) + v for k, v in COLUMN_VALUES.items()}
 # Every int key's range: far beyond any real point, but not past what the
 # machine can represent or start (machine-dependent bounds: matrix.app.budget).
 INT_RANGES: dict[str, tuple[int, int]] = {

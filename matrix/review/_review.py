@@ -30,8 +30,8 @@ import pandas as pd
 
 from ..store import inputs
 from ..store.results import (
-    BAD_STATUSES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS, whole_lines,
-    results_path,
+    BAD_STATUSES, COLUMN_VALUES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS,
+    results_path, whole_lines,
 )
 from ..store.runs import (ADDED_CONFIG_COLUMNS, LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version,
                           read_runs)
@@ -96,6 +96,7 @@ class Run:
     latest: pd.DataFrame
     upgraded: dict[str, int] = field(default_factory=dict)  # layout-1 rows re-read, by new status
     malformed: int = 0  # lines set aside: not whole rows of the header, or cells of the wrong type
+    malformed_at: list[str] = field(default_factory=list)  # where: line numbers (file:line of several files)
     # rows of layout 3 whose run_id has no line in runs.jsonl, by run_id ("" for none)
     unknown_runs: dict[str, int] = field(default_factory=dict)
     runs_skipped: int = 0  # lines of runs.jsonl that are no run's
@@ -144,8 +145,9 @@ class Run:
         if self.duplicates:
             said.append(self.duplicate_note())
         if self.malformed:
-            said.append(f"{self.malformed} malformed row(s) set aside "
-                        "(not whole rows of the header, or cells of the wrong type)")
+            at = ", ".join(self.malformed_at[:5]) + (" ..." if len(self.malformed_at) > 5 else "")
+            said.append(f"{self.malformed} malformed row(s) set aside (line {at}: not whole rows of the header, "
+                        "cells of the wrong type, or outside their column's values)")
         if self.upgraded:
             parts = ", ".join(f"{n} ok row(s) as {s}" for s, n in sorted(self.upgraded.items()))
             said.append(f"written before the refused/passthrough statuses; read {parts}")
@@ -221,11 +223,16 @@ def _control_chars(series: pd.Series) -> np.ndarray:
 
 def _type_problems(frame: pd.DataFrame, data: bytes | None = None) -> pd.Series:
     """Rows whose cells cannot be the writer's: a cp_size that is not an integer
-    (a row shifted by a lost or extra field), a configuration cell holding a
-    control character. An unknown status is kept: the tools count it as bad.
+    (a row shifted by a lost or extra field), an enumerated configuration cell
+    outside its column's values (:data:`matrix.store.results.COLUMN_VALUES`), a
+    configuration cell holding a control character. An unknown status is
+    kept: the tools count it as bad (a row set aside could hide a failure).
     ``data``: the file's text the frame was read from, when at hand."""
     cp = frame["cp_size"].astype(str).str.strip()
     bad = ~(cp.str.fullmatch(r"\d+(\.0)?") | cp.eq(""))
+    for col, values in COLUMN_VALUES.items():
+        if col in frame.columns:
+            bad |= ~frame[col].astype(str).isin(("", *values))
     if data is not None and not _CONTROL_BYTE.search(data):
         return bad
     for col in CONFIG_COLUMNS:
@@ -245,6 +252,7 @@ class _File:
     malformed: int = 0
     unknown_runs: dict[str, int] = field(default_factory=dict)
     runs_skipped: int = 0
+    malformed_lines: list[int] = field(default_factory=list)  # the file's line numbers set aside
 
 
 def join_runs(frame: pd.DataFrame, runs: Runs, columns: Iterable[str]) -> dict[str, int]:
@@ -269,7 +277,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     try:
         # every row is one line: a stray quote must not join lines into a record,
         # and a line of another width is not a row (read_csv would pad it)
-        data, malformed, header = whole_lines(path, where, InputError)
+        data, dropped, header, kept = whole_lines(path, where, InputError)
         frame = pd.read_csv(io.BytesIO(data), **options)
     except pd.errors.EmptyDataError:
         return _File(pd.DataFrame({c: pd.Series(dtype=str) for c in READ_COLUMNS if c in wanted}))
@@ -284,14 +292,18 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     if missing:
         shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
         raise InputError(f"{where}: not a results table: {len(missing)} required column(s) missing ({shown})")
+    lines = np.asarray(kept, dtype=np.int64)  # each row's line in the file
     if _INJECTED_COLUMN in frame.columns:
-        injected = ~frame[_INJECTED_COLUMN].astype(str).str.strip().isin(["", "none"])
-        frame = frame[~injected.to_numpy()].drop(columns=_INJECTED_COLUMN).reset_index(drop=True)
+        injected = ~frame[_INJECTED_COLUMN].astype(str).str.strip().isin(["", "none"]).to_numpy()
+        frame = frame[~injected].drop(columns=_INJECTED_COLUMN).reset_index(drop=True)
+        lines = lines[~injected]
+    aside = list(dropped)
     if len(frame):
-        bad = _type_problems(frame, data)
+        bad = _type_problems(frame, data).to_numpy()
         if bad.any():
-            malformed += int(bad.sum())
-            frame = frame[~bad.to_numpy()].reset_index(drop=True)
+            aside += lines[bad].tolist()
+            frame = frame[~bad].reset_index(drop=True)
+    malformed = len(aside)
     layout = layout_version(header)
     for col, (since, value) in ADDED_CONFIG_COLUMNS.items():
         if layout < since and value is not None:  # what every row of the older layout had
@@ -299,7 +311,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     for col in READ_COLUMNS:
         if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""
-    file = _File(frame, layout, malformed=malformed)
+    file = _File(frame, layout, malformed=malformed, malformed_lines=sorted(aside))
     try:
         runs = read_runs(path.parent) if layout >= 3 else Runs()
     except inputs.BadInputFile as exc:
@@ -364,6 +376,8 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
     read = [_read_one(arg, value, f, wanted) for f in files]
     raw = pd.concat([f.frame for f in read], ignore_index=True) if len(read) > 1 else read[0].frame
     malformed = sum(f.malformed for f in read)
+    malformed_at = [f"{path}:{line}" if len(files) > 1 else str(line)
+                    for path, f in zip(files, read) for line in f.malformed_lines]
     if raw.empty:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
         aside = f"; {malformed} malformed row(s) set aside" if malformed else ""
@@ -373,7 +387,7 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
     raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
     latest = raw.loc[latest_rows(raw)]
     return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
-               upgraded=_summed(f.upgraded for f in read), malformed=malformed,
+               upgraded=_summed(f.upgraded for f in read), malformed=malformed, malformed_at=malformed_at,
                unknown_runs=_summed(f.unknown_runs for f in read), runs_skipped=sum(f.runs_skipped for f in read))
 
 

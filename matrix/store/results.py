@@ -25,6 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nsa_cp_comm import engines
+from nsa_cp_comm.harness.spec import DTYPE_NAMES
+from nsa_cp_comm.modes import BACKENDS, MOE_QUANTS, SHARED_EXPERTS
+
 from . import inputs
 from .outputs import append_whole, write_atomic
 from .runs import ADDED_CONFIG_COLUMNS, SCHEMA_VERSION, layout_version, record_run, runs_path
@@ -53,6 +57,23 @@ CONFIG_COLUMNS: tuple[str, ...] = (
     "cp_size", "page_size", "seq_lens", "shared_kv", "split", "align", "moe_a2a_backend", "mlp_mode", "impl",
     "backend", "device", "hidden_size", "dtype", "num_experts", "topk", "warmup", "iters", "seed", "flush_l2",
 ) + tuple(ADDED_CONFIG_COLUMNS)
+
+# The values each enumerated configuration column's cells hold (a row's resolved values: the
+# config's choices add "auto" where a key resolves, matrix.app.config.CHOICES). A cell outside
+# them (an empty one aside: a column an older layout lacked) is no row of the writer's: the
+# readers set it aside and name its line.
+COLUMN_VALUES: dict[str, tuple[str, ...]] = {
+    "split": ("zigzag", "round_robin", "dual_chunk_swap", "contiguous"),
+    "moe_a2a_backend": ("none", "deepep"),
+    "mlp_mode": ("FULL", "SCATTERED"),
+    "backend": BACKENDS,
+    "device": ("cpu", "cuda"),
+    "dtype": DTYPE_NAMES,
+    "engine": engines.NAMES,
+    "engine_model": engines.MODELS,
+    "shared_expert": SHARED_EXPERTS,
+    "moe_quant": MOE_QUANTS,
+}
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")
@@ -474,11 +495,15 @@ RERUN_STATUSES: tuple[str, ...] = ("error", "timeout")
 
 
 def row_problem(row: dict[str, str]) -> str:
-    """Why a parsed row cannot be this writer's (a cell of the wrong type), or ""."""
+    """Why a parsed row cannot be this writer's (a cell of the wrong type, or
+    outside its column's values), or ""."""
     if row.get("status", "ok") not in STATUS_VALUES:
         return "status"
     if row.get("cp_size") and not row["cp_size"].isdigit():
         return "cp_size"
+    for col, values in COLUMN_VALUES.items():
+        if row.get(col, "") not in values and row.get(col, ""):
+            return col
     return ""
 
 
@@ -524,15 +549,17 @@ class Rows:
                 f"(line {_first_five(self.malformed)}): not whole rows of this schema")
 
 
-def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, int, list[str]]:
+def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, list[int], list[str], list[int]]:
     """The header and the lines of results file ``path`` that are each one
     record of the header's width (a stray quote would join lines into one
-    record, and pandas would pad a short line), as CSV for pandas; how many
-    lines were left out; and the header's names."""
+    record, and pandas would pad a short line), as CSV for pandas; the line
+    numbers left out; the header's names; and the line number of each row
+    kept, in order."""
     keep: list[str] = []
     header: list[str] = []
-    dropped = 0
-    for _, line, fields in records(path, label, error):
+    dropped: list[int] = []
+    kept: list[int] = []
+    for i, line, fields in records(path, label, error):
         if fields == []:
             continue
         if not keep:
@@ -540,10 +567,12 @@ def whole_lines(path: Path, label: str, error: type[Exception]) -> tuple[bytes, 
                 raise ValueError("the header is not one CSV line")
             header = fields
         elif fields is None or len(fields) != len(header):
-            dropped += 1
+            dropped.append(i)
             continue
+        else:
+            kept.append(i)
         keep.append(line.decode("utf-8" if keep else "utf-8-sig", "replace").removesuffix("\n").removesuffix("\r"))
-    return ("\n".join(keep) + "\n").encode(), dropped, header
+    return ("\n".join(keep) + "\n").encode(), dropped, header, kept
 
 
 def read_rows(path: Path) -> Rows:

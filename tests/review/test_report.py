@@ -4,6 +4,8 @@ bad input as one line."""
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -287,11 +289,36 @@ def test_a_control_character_in_a_key_cell_is_a_damaged_row_not_a_point(tmp_path
     append(tmp_path, rows)
     path = tmp_path / RESULTS_FILE
     lines = path.read_bytes().split(b"\n")
-    lines[2] = lines[2].replace(b",zigzag,", b",zigzag" + byte.encode() + b",", 1)
+    # in the impl cell (no enumerated column: a plug-in's name is any text, a control character none)
+    lines[2] = lines[2].replace(b",padded,", b",padded" + byte.encode() + b",", 1)
     path.write_bytes(b"\n".join(lines))
     run = _review.load_run("RESULTS", str(tmp_path))
     assert run.malformed == 1 and sorted(run.latest["seq_lens"].astype(str)) == ["[100,512]"], run.latest
     monkeypatch.setattr(_review, "_CONTROL", r"(?!x)x")  # matches nothing
+    assert _review.load_run("RESULTS", str(tmp_path)).malformed == 0
+
+
+def test_a_cell_outside_its_columns_values_is_set_aside_with_its_line_named(tmp_path, monkeypatch):
+    """No row the app writes holds a dtype or an engine it does not know (a field shifted, a
+    hand edit): the row is set aside and the note names its line; an unknown status is kept and
+    counted bad (setting it aside could hide a failure). With the rule taken out they are read."""
+    rows = [make_row(seq_lens=(n, 512)) for n in (100, 200, 300, 400)]
+    append(tmp_path, rows)
+    path = tmp_path / RESULTS_FILE
+    table = list(csv.reader(path.read_text().splitlines()))
+    header = table[0]
+    for line, col, value in ((2, "dtype", "float99"), (4, "engine", "vllm_9"), (5, "status", "weird")):
+        table[line - 1][header.index(col)] = value
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(table)
+    path.write_text(buf.getvalue())
+    run = _review.load_run("RESULTS", str(tmp_path))
+    assert run.malformed == 2 and run.malformed_at == ["2", "4"], run.malformed_at
+    assert "line 2, 4: not whole rows of the header" in " ".join(run.notes())
+    assert sorted(run.latest["seq_lens"].astype(str)) == ["[200,512]", "[400,512]"]
+    assert list(run.latest["status"].astype(str)) == ["ok", "weird"]
+    assert report.main([str(tmp_path)]) == 1  # the unknown status is bad
+    monkeypatch.setattr(_review, "COLUMN_VALUES", {})
     assert _review.load_run("RESULTS", str(tmp_path)).malformed == 0
 
 

@@ -297,7 +297,8 @@ def test_an_append_waiting_on_the_lock_follows_a_rewrite(tmp_path, monkeypatch):
     assert [r["point_id"] for r in read_table(path)] == ["a", "c"]
 
 
-@pytest.mark.parametrize("damage", ["missing_field", "extra_field", "bad_status", "bad_cp_size"])
+@pytest.mark.parametrize("damage", ["missing_field", "extra_field", "bad_status", "bad_cp_size", "bad_dtype",
+                                    "bad_engine"])
 def test_a_row_of_the_wrong_shape_or_types_is_set_aside(tmp_path, damage):
     append_rows(tmp_path, [row("a"), {**row("b"), "cp_size": 2}, row("c")])
     path = results_path(tmp_path)
@@ -309,6 +310,8 @@ def test_a_row_of_the_wrong_shape_or_types_is_set_aside(tmp_path, damage):
         fields.append("x")
     elif damage == "bad_status":
         fields[COLUMNS.index("status")] = "1001"
+    elif damage in ("bad_dtype", "bad_engine"):  # outside the column's values
+        fields[COLUMNS.index(damage[4:])] = {"bad_dtype": "float99", "bad_engine": "vllm_9"}[damage]
     else:
         fields[COLUMNS.index("cp_size")] = "[1001"
     buf = io.StringIO()
