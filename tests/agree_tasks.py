@@ -47,15 +47,26 @@ def _cases(rank: int):
         "overlapping_full": (padded_gather_, (torch.zeros(m + H).as_strided((m, H), (1, 1)) if odd else buf(), plan)),
         "neg_view_full": (padded_gather_, (torch._neg_view(buf()) if odd else buf(), plan)),
         "neg_view_local": (padded_gather, (torch._neg_view(_local(plan, rank)) if odd else _local(plan, rank), plan)),
-        # unchecked (the timed loop's form): the rank's own check, before the collective
-        "unchecked_expanded_every_rank": (lambda full, plan: padded_gather_(full, plan, check=False),
-                                          (torch.ones(1, H).expand(m, H), plan)),
+        # check= differs between the ranks, rank 1's buffer expanded: check is no per-rank choice of a
+        # collective (rank 0 exchanging while rank 1 gathered aborted one and gave the other wrong rows)
+        "check_differs_per_rank": (lambda full, plan: padded_gather_(full, plan, check=not odd),
+                                   (torch.ones(1, H).expand(m, H) if odd else buf(), plan)),
         "requires_grad_full": (padded_gather_, (buf().requires_grad_(odd), plan)),
         "requires_grad_local": (padded_gather, (_local(plan, rank).requires_grad_(odd), plan)),
         "requires_grad_scatter": (padded_scatter, (torch.zeros(m, H, requires_grad=odd), plan)),
         "legacy_rows": (legacy_gather, (_local(plan := plan_split([1000], 2, policy="zigzag"), rank, rows=500 + odd),
                                         plan)),
     }
+
+
+def check_differs_per_rank() -> list[int]:
+    """Rank 0 passes check=True, rank 1 check=False, on good inputs: the rows every rank
+    gathered, summed per rank's block (each rank's rows are ones times its rank plus one)."""
+    plan = plan_split([1000], 2, policy="zigzag_page", page_size=64)
+    rank = dist.get_rank()
+    full = padded_gather(_local(plan, rank) * (rank + 1), plan, check=rank == 0)
+    m = plan.max_rank_len
+    return [int(full[r * m : (r + 1) * m].sum().item()) for r in range(plan.cp_size)]
 
 
 def grad_off_on_every_rank() -> list[int]:

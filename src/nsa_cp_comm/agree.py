@@ -15,10 +15,11 @@ them. The verdict and its message are computed from the gathered fingerprints
 only, so all ranks raise the same error, or none does.
 
 Cost: one tiny all-gather per call (tens of microseconds on NCCL, about a
-hundred on gloo), paid by the public functions' ``check=True`` default. The
-matrix's timed loop calls the unchecked forms; its correctness phase runs
-checked, inside one :func:`agreed` block per point: many checked calls on the
-same plan and tensors then cost one exchange.
+hundred on gloo), paid by every public round trip whatever its ``check=`` (a
+per-rank argument must not decide whether a rank enters a collective). The
+matrix's timed loop runs the production forms, sized once from the plan; its
+correctness phase runs inside one :func:`agreed` block per point: many calls
+on the same plan and tensors then cost one exchange.
 """
 
 from __future__ import annotations

@@ -57,9 +57,10 @@ def padding_rows(plan: CPPlan) -> dict[str, int]:
 
 
 def _agree(what: str, tensor: object, plan: CPPlan, rows_of, group, check: bool) -> int:
-    if check:
-        want = rows_of(plan, group_rank(group)) if isinstance(plan, CPPlan) and group_rank(group) < plan.cp_size else -2
-        agree(what, tensor, plan, want, group)
+    # the exchange runs whatever check says (a per-rank argument must not decide a collective;
+    # roundtrip._check), unless an agreed() block covers the call
+    want = rows_of(plan, group_rank(group)) if isinstance(plan, CPPlan) and group_rank(group) < plan.cp_size else -2
+    agree(what, tensor, plan, want, group)
     rank = _rank(plan, group)
     want = rows_of(plan, rank)
     if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:

@@ -4,9 +4,11 @@ Every function takes ``(tensor, plan, group=None)``; the rank is the caller's
 rank in ``group``. Contract: **all ranks of the group must pass the same plan**;
 every size, and whether the legacy path may run at all, is decided from the
 plan, never from a local shape, so all ranks take the same branch and no rank
-enters a collective its peers skip. With ``check=True`` (the default) the ranks
-first agree on their inputs (:mod:`.agree`): a bad input on one rank is a
-ValueError on every rank, never a hang or an abort.
+enters a collective its peers skip. The ranks first agree on their inputs
+(:mod:`.agree`; once for many calls inside an :func:`~.agree.agreed` block): a
+bad input on one rank is a ValueError on every rank, never a hang or an abort.
+Whether they exchange is never a per-rank argument (``check`` no longer
+decides it: ranks passing different values entered different collectives).
 
 Legacy assumes equal shards: it all-gathers into a ``[T, H]`` buffer and
 reduce-scatters ``T/cp``-row chunks. The padded path pads each shard to
@@ -42,7 +44,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .agree import _KIND_TEXT, USABLE, agree, layout_kind
+from .agree import agree
 from .collectives import all_gather_into, group_rank, group_size, reduce_scatter_into
 from .errors import LEGACY_UNEVEN_ERROR
 from .plan import CPPlan
@@ -67,28 +69,25 @@ def _check(
     what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None, check: bool,
     *, even_only: bool = False, in_place: bool = False,
 ) -> int:
-    """Agree on the inputs (``check``), refuse an uneven plan (``even_only``),
-    then this rank's index in the group. ``in_place``: the collective writes
-    into ``tensor``, so its layout is part of the agreement (unchecked: of the
-    rank's own check)."""
-    if check:
-        want = _expected(plan, group_rank(group), rows)
-        if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
-            # The refusal comes first: decided from the plan the ranks agree on,
-            # whatever rows they hold.
-            want = int(tensor.shape[0]) if tensor.dim() else want
-        agree(what, tensor, plan, want, group, in_place=in_place)
+    """Agree on the inputs, refuse an uneven plan (``even_only``), then this
+    rank's index in the group. ``in_place``: the collective writes into
+    ``tensor``, so its layout is part of the agreement.
+
+    Whether the ranks exchange their fingerprints is never decided by
+    ``check``: ranks passing different values would enter different
+    collectives (the agreement's on one, the round trip's on the other: an
+    abort, or wrong rows). The exchange runs unless an :func:`~.agree.agreed`
+    block, entered by every rank together, covers the call; ``check`` is
+    accepted for the callers written when it chose."""
+    want = _expected(plan, group_rank(group), rows)
+    if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
+        # The refusal comes first: decided from the plan the ranks agree on,
+        # whatever rows they hold.
+        want = int(tensor.shape[0]) if tensor.dim() else want
+    agree(what, tensor, plan, want, group, in_place=in_place)
     rank = _rank(plan, group)  # type: ignore[arg-type]
     if even_only:
         _refuse_uneven(plan)  # type: ignore[arg-type]
-    if not check:
-        want = _expected(plan, rank, rows)
-        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:
-            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-            raise ValueError(f"{what} has shape {shape}, the plan expects [{want}, H]")
-        kind = layout_kind(tensor, in_place=in_place)
-        if kind != USABLE:
-            raise ValueError(f"{what} {_KIND_TEXT[kind]} (unchecked: raised on this rank only)")
     return rank
 
 
@@ -254,8 +253,12 @@ def padded_gather_(
     of ``full`` is the collective's input. Returns ``full``. ``full`` must own
     its memory row by row: an expanded (stride-0), overlapping or strided
     buffer, or one that requires grad, is the same ValueError on every rank
-    before any collective (``check=True``)."""
-    rank = _check("padded_gather_ full", full, plan, "full", group, check, in_place=True)
+    before any collective."""
+    return _gather_in_place(full, plan, _check("padded_gather_ full", full, plan, "full", group, check,
+                                                in_place=True), group)
+
+
+def _gather_in_place(full: torch.Tensor, plan: CPPlan, rank: int, group: dist.ProcessGroup | None) -> torch.Tensor:
     m = plan.max_rank_len
     all_gather_into(full, full[rank * m : (rank + 1) * m], group)
     return full
@@ -288,10 +291,10 @@ def padded_gather_zero_copy(
     """The zero-copy gather as a producer uses it: the rows are written into the
     slot of a :func:`padded_buffer` (here: copied, standing in for the
     producer), then gathered in place. Same result as :func:`padded_gather`."""
-    _check("padded_gather_zero_copy local", local, plan, "local", group, check)
+    rank = _check("padded_gather_zero_copy local", local, plan, "local", group, check)
     full, slot = padded_buffer(plan, local.shape[1], dtype=local.dtype, device=local.device, group=group)
     slot.copy_(local)
-    return padded_gather_(full, plan, group, check=False)
+    return _gather_in_place(full, plan, rank, group)  # agreed on local above: the buffer is this function's own
 
 
 def padded_scatter(

@@ -36,9 +36,8 @@ CASES = {
     "neg_view_full": "padded_gather_ full on rank 1 is a lazy negative or conjugate view",
     "neg_view_local": "padded_gather local on rank 1 is a lazy negative or conjugate view",
     "requires_grad_full": "padded_gather_ full on rank 1 requires grad",
-    "unchecked_expanded_every_rank": "padded_gather_ full is expanded (a stride of 0: its rows share one row's memory, "
-                                     "so the collective cannot write into it; pass a padded_buffer) (unchecked: raised "
-                                     "on this rank only)",
+    "check_differs_per_rank": "padded_gather_ full on rank 1 is expanded (a stride of 0: its rows share one row's "
+                              "memory, so the collective cannot write into it; pass a padded_buffer)",
     "requires_grad_local": "padded_gather local on rank 1 requires grad (the collectives are not differentiable",
     "requires_grad_scatter": "padded_scatter full on rank 1 requires grad",
 }
@@ -52,6 +51,16 @@ def test_bad_input_on_one_rank_is_the_same_error_on_every_rank(rank_pool, label)
     assert errors[0].startswith("ValueError: ") and CASES[label] in errors[0], errors[0]
     assert "\n" not in errors[0]
     assert [v["after"] for v in answers] == [2, 2]  # nobody was left in a collective
+
+
+def test_ranks_passing_different_check_values_gather_the_right_rows(rank_pool):
+    """check= is no per-rank choice of a collective: with rank 0 checked and rank 1 not, both
+    exchange (no agreed() block covers the call) and both gather every rank's rows. Where check
+    decided it, rank 0's exchange met rank 1's gather: gloo aborted one and the other returned
+    wrong rows."""
+    plan = agree_tasks.plan_split([1000], 2, policy="zigzag_page", page_size=64)
+    want = [n * agree_tasks.H * (r + 1) for r, n in enumerate(plan.per_rank_tokens)]
+    assert answered(rank_pool(2).run(agree_tasks.check_differs_per_rank, timeout_s=60)) == [want, want]
 
 
 def test_a_tensor_that_requires_grad_is_usable_with_grad_mode_off(rank_pool):

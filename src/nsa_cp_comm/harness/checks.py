@@ -741,8 +741,8 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         # Decided from the plan alone, so every rank issues these collectives.
         # (A padded shard's rows are its first n_r: legacy takes those.)
         before = before[:n]
-        lf = legacy_gather(before, plan, group, check=False)
-        lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group, check=False)
+        lf = legacy_gather(before, plan, group)
+        lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group)
         shared = moe.replicated(lf)
         if shared is not None:  # the same rows of the same term, added the same way, after legacy's sum
             lo = impl_registry.add_replicated(lo, shared, impl_registry.get("legacy"), plan, rank)
