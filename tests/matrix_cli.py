@@ -98,8 +98,9 @@ def run_matrix(results_dir: Path, *overrides: str, multirun: bool = True, timeou
     return CliRun(proc.returncode, proc.stdout, proc.stderr, Path(results_dir))
 
 
-def sweep_here(results_dir: Path, *overrides: str, monkeypatch, capsys) -> CliRun:
-    """``python -m matrix -m results_dir=... overrides`` run in this process
+def sweep_here(results_dir: Path, *overrides: str, monkeypatch, capsys, multirun: bool = True) -> CliRun:
+    """``python -m matrix -m results_dir=... overrides`` (without ``-m``: one
+    point, as a row's repro runs it) run in this process
     (the app's ``main``), for tests that check a sweep's rows, console and exit
     code rather than its process: the points run on real ranks as the CLI's
     do, without a fresh interpreter importing torch and Hydra first. The
@@ -113,7 +114,7 @@ def sweep_here(results_dir: Path, *overrides: str, monkeypatch, capsys) -> CliRu
     monkeypatch.setattr(sys, "argv", ["matrix"])
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # main sets it; monkeypatch restores it after the test
     capsys.readouterr()
-    code = main(["-m", f"results_dir={results_dir}", *overrides])
+    code = main([*(["-m"] if multirun else []), f"results_dir={results_dir}", *overrides])
     out, err = capsys.readouterr()
     return CliRun(code, out, err, Path(results_dir))
 

@@ -47,6 +47,7 @@ RESULT_ELSEWHERE: dict[str, str] = {
     "impl": "impl (the name the row gives it)", "origin": "impl_origin",
     "stats": "the <phase>_<stat>_us columns (STATS_ELSEWHERE)", "samples": "samples.jsonl",
     "calibration": "samples.jsonl (its calibration)",
+    "traceback": "a single-point run's stderr (show_traceback: a repro prints where its rank raised)",
 }
 RESULT_SAME_NAME = tuple(f.name for f in fields(ImplResult) if f.name not in RESULT_ELSEWHERE)
 # The statistics no column holds: every phase's but the round trip's p99 and
@@ -313,7 +314,7 @@ def _after_point_check(pool: Any, results: list[ImplResult], timeout_s: float) -
 
 def run(
     cfg: Mapping[str, Any], *, job_dir: str | Path, overrides: str = "", machine_checked: bool = False,
-    resolved: Resolved | None = None,
+    resolved: Resolved | None = None, show_traceback: bool = False,
 ) -> list[dict[str, Any]] | None:
     """Run one point and append its rows to ``<results_dir>/results.csv``.
 
@@ -323,6 +324,8 @@ def run(
     node the point runs on) a point this machine cannot hold gives error rows.
     ``resolved``: the point as the caller validated and resolved it (the
     CLI's preflight, for this very config): the one this run uses.
+    ``show_traceback``: where a rank raised, print its traceback to stderr
+    after the rows are written (a single point's run: a row's ``repro``).
 
     Returns the rows, or None when ``resume`` found the point already done
     (rows that are not error/timeout). Raises ConfigError (before anything is
@@ -352,6 +355,10 @@ def run(
             results = _results_for(cfg, res, job_dir)
         rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     write_point(results_dir, rows, results)
+    if show_traceback:
+        for r in results:
+            if r.traceback and r.status in ("error", "timeout"):
+                print(f"traceback of {r.impl}'s {r.status}, {r.traceback}", file=sys.stderr, flush=True)
     return rows
 
 

@@ -63,7 +63,8 @@ def task(machine_checked: bool, points: Sequence[Point] = ()) -> Callable[[], No
         try:
             # the point as preflight validated and resolved it, where this job's config is one it checked
             rows = run_point(plain, job_dir=hc.runtime.output_dir, overrides=" ".join(hc.overrides.task),
-                             machine_checked=machine_checked, resolved=resolved.get(_config_key(plain)))
+                             machine_checked=machine_checked, resolved=resolved.get(_config_key(plain)),
+                             show_traceback=single_point(points, _ACTIVE.get("argv", [])))
         except (ConfigError, SchemaError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -74,6 +75,12 @@ def task(machine_checked: bool, points: Sequence[Point] = ()) -> Callable[[], No
         print(summary.live_line(plain, rows), flush=True)
 
     return app
+
+
+def single_point(points: Sequence[Point], argv: Sequence[str]) -> bool:
+    """One point run without -m, as a row's repro runs it: its summary says so, and where a rank
+    raised, the traceback follows the row."""
+    return len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
 
 
 def _resume_hint() -> str:
@@ -245,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     except SchemaError as exc:  # the results file was damaged during the sweep
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    single = len(points) == 1 and not any(a in MULTIRUN_FLAGS for a in argv)
-    print(summary.render(counts, files, single=single), flush=True)
+    print(summary.render(counts, files, single=single_point(points, argv)), flush=True)
     for line in summary.gap_report(gaps, counts):
         print(line, flush=True)
     for line in rank_warnings.lines():

@@ -192,6 +192,8 @@ class Failure:
     reason: str
     failed_check: str = ""
     culprit: str = ""
+    # the first raising rank's traceback ('' where none raised): a single-point run prints it
+    traceback: str = ""
 
 
 def _ranks(ranks: list[int], cp_size: int) -> str:
@@ -300,7 +302,9 @@ def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
         reason = f"{reason}; where they waited: {_grouped(waits)}"
     if first is not None:
         reason = f"in {first.describe()}: {reason}"
-    return Failure(status, f"{reason} ({NUMBERING})", check, culprit)
+    raised = next((r for r in cp_results if r.status == "error" and r.traceback), None)
+    trace = f"rank {raised.rank} ({NUMBERING}):\n{raised.traceback.rstrip()}" if raised else ""
+    return Failure(status, f"{reason} ({NUMBERING})", check, culprit, trace)
 
 
 def state_change(spec: PointSpec, results: list[RankResult]) -> Failure | None:
@@ -326,7 +330,7 @@ def state_change(spec: PointSpec, results: list[RankResult]) -> Failure | None:
 def every_row(spec: PointSpec, failure: Failure) -> list[ImplResult]:
     """Every implementation's row for a failure blamed on none of them."""
     return [ImplResult(name, failure.status, reason=failure.reason, failed_check=failure.failed_check,
-                       origin=origin_of(name)) for name in spec.impls]
+                       origin=origin_of(name), traceback=failure.traceback) for name in spec.impls]
 
 
 def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
@@ -343,7 +347,7 @@ def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:
 
 def culprit_row(failure: Failure) -> ImplResult:
     return ImplResult(failure.culprit, failure.status, reason=failure.reason, failed_check=failure.failed_check,
-                      origin=origin_of(failure.culprit))
+                      origin=origin_of(failure.culprit), traceback=failure.traceback)
 
 
 def not_run_row(name: str, failure: Failure, why: str) -> ImplResult:

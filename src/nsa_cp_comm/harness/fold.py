@@ -51,6 +51,8 @@ class ImplResult:
     samples: dict[str, list[float]] = field(default_factory=dict)
     # iters=auto: how the timed loop's length was decided (.calibrate.Calibrator.record).
     calibration: dict[str, Any] = field(default_factory=dict)
+    # Where a rank raised: its traceback (rank numbered as in the CP group), for a single-point run's console.
+    traceback: str = ""
 
 
 def origin_of(name: str) -> str:
