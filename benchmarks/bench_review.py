@@ -5,8 +5,8 @@ Synthesises a results.csv of N rows (default 200000) with the schema's columns
 size, layout, batch and MoE backend, padded/legacy/a2a rows with the statuses a
 real run writes (ok, refused, passthrough, a few errors, reruns appended as
 duplicates). A second file (NEW) is the same run re-timed with a few points made
-slower. Then, each in a fresh process, it times ``matrix.review.compare.main(BASE NEW)``
-and ``matrix.review.report.main(BASE)`` and prints the seconds of each call, the
+slower. Then, each in a fresh process, it times ``matrix.compare.cli.main(BASE NEW)``
+and ``matrix.report.cli.main(BASE)`` and prints the seconds of each call, the
 process's wall time (imports included) and its peak RSS (resource.getrusage).
 
     python benchmarks/bench_review.py [--rows 200000] [--keep DIR]
@@ -193,10 +193,10 @@ def slower(df: pd.DataFrame, seed: int = 1, frac: float = 0.005, factor: float =
 _CHILD = r"""
 import contextlib, io, json, resource, sys, time
 sys.path[:0] = [{repo!r}, {src!r}]
-from matrix import {tool} as tool
+from matrix.{tool}.cli import main
 start, cpu = time.perf_counter(), time.process_time()
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    code = tool.main({argv!r})
+    code = main({argv!r})
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps(dict(code=code, seconds=seconds, cpu_s=cpu, maxrss_kb=usage.ru_maxrss)))
@@ -204,7 +204,7 @@ print(json.dumps(dict(code=code, seconds=seconds, cpu_s=cpu, maxrss_kb=usage.ru_
 
 
 def time_tool(tool: str, argv: list[str]) -> dict[str, float]:
-    """``matrix.<tool>.main(argv)`` in a fresh process: its wall and CPU seconds
+    """``matrix.<tool>.cli.main(argv)`` in a fresh process: its wall and CPU seconds
     (CPU time is what a loaded machine does not inflate), exit code, the
     process's wall time and peak RSS."""
     code = _CHILD.format(repo=str(REPO), src=str(REPO / "src"), tool=tool, argv=argv)

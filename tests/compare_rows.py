@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.compare import cli as compare_cli
 from matrix.review import compare
 from matrix.store.results import COLUMNS, append_rows
 
@@ -70,7 +71,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     """compare's CLI; these cases gate at 5% unless they name a threshold."""
     if not any(a.startswith("--fail-above") for a in argv):
         argv = [*argv, "--fail-above=5%"]
-    code = compare.main(argv)
+    code = compare_cli.main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

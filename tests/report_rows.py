@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from matrix.report import cli as report_cli
 from matrix.review import _review, report
 from matrix.store.results import COLUMNS, append_rows
 from matrix_cli import REPO
@@ -83,7 +84,7 @@ def run_report(path: Path, *args: str, code: int = 0,
     (1 where a row fails)."""
     if rows is not None:
         append(path, rows)
-    assert report.main([str(path), *args]) == code
+    assert report_cli.main([str(path), *args]) == code
     md, appendix = md_of(path)
     return md, appendix, json.loads((path / "report.json").read_text())
 

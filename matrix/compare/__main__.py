@@ -1,6 +1,6 @@
-"""`python -m matrix.compare`: the command of matrix/review/compare.py."""
+"""`python -m matrix.compare`: the command (matrix/compare/cli.py)."""
 
-from ..review.compare import main
+from .cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

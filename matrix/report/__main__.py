@@ -1,6 +1,6 @@
-"""`python -m matrix.report`: the command of matrix/review/report.py."""
+"""`python -m matrix.report`: the command (matrix/report/cli.py)."""
 
-from ..review.report import main
+from .cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

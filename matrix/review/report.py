@@ -1,6 +1,5 @@
-"""Summarise a results table into ``report.json``, ``report.md``, ``report_appendix.md`` and three PNG plots.
-
-    python -m matrix.report RESULTS [--out DIR] [--reference NAME] [--exit-zero]
+"""Summarise a results table into ``report.json``, ``report.md``, ``report_appendix.md`` and three PNG plots
+(the command: :mod:`matrix.report.cli`).
 
 RESULTS is a results directory (its ``results.csv``, or the ``results.csv``
 files below it, concatenated) or a CSV file. The files are written next to the
@@ -22,10 +21,8 @@ way; report.json's ``verdict`` and ``reasons`` say which. Bad input is one
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,16 +30,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import command, count
-from ..progress import Progress
+from .. import count
 from . import coverage, designs, plots, report_doc
-from ..scale import nccl_tests, workload
+from ..scale import workload
 from ._review import (
-    BAD, POINT_KEY, SPREAD, STATUSES, InputError, Run, fmt, frame_md, holds, layout_label, load_run, m_stride, one_line,
+    BAD, POINT_KEY, SPREAD, STATUSES, Run, fmt, frame_md, holds, layout_label, m_stride, one_line,
     point_codes, typed, world,
 )
-from ..store.inputs import error_line
-from ..store.outputs import check_dir, write_atomic
+from ..store.outputs import write_atomic
 from .report_doc import Show, table
 from ..store.results import CONFIG_COLUMNS
 from .side_by_side import (common, group_keys, missing_label, mixed, point_ids, same_origin, to_reference,
@@ -925,80 +920,3 @@ def write(out: Path, doc: dict, pngs: dict[str, bytes]) -> list[Path]:
     write_atomic(out / APPENDIX_FILE, appendix)
     write_atomic(out / REPORT_FILE, markdown)
     return [out / REPORT_FILE, out / APPENDIX_FILE, out / JSON_FILE, *written]
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=" ".join(command("report")),
-        description="Summarise a results table: verdicts, claim check, latency, bandwidth, environment.",
-    )
-    parser.add_argument("results", metavar="RESULTS", help="results directory or results CSV file")
-    parser.add_argument("--out", metavar="DIR",
-                        help="directory for report.md, its appendix and the PNGs (default: next to the CSV)")
-    parser.add_argument("--nccl-tests", metavar="JSON", action="append", default=[],
-                        help="nccl-tests -J output of all_gather_perf / reduce_scatter_perf (repeatable): predicted "
-                        "collective times beside the measured ones, as a model")
-    parser.add_argument("--reference", metavar="NAME",
-                        help="the impl every other impl's round trip is divided by, on the same points (default: "
-                        f"{DEFAULT_REFERENCE})")
-    parser.add_argument("--exit-zero", action="store_true",
-                        help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 "
-                        "on FAIL)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns 0, 1 when the verdict is FAIL (unless
-    ``--exit-zero``; the files are written either way), or 2 on bad input
-    (one line on stderr, nothing written)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
-        return exc.code if isinstance(exc.code, int) else 2
-    with Progress("report") as progress:
-        return _report(args, progress)
-
-
-def _report(args: argparse.Namespace, progress: Progress) -> int:
-    try:
-        if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-            raise InputError(f"--out={args.out}: exists and is not a directory")
-        model = None
-        if args.nccl_tests:
-            try:
-                model = nccl_tests.load_model(args.nccl_tests)
-            except nccl_tests.NcclTestsError as exc:
-                raise InputError(str(exc)) from None
-        progress.stage(f"reading RESULTS={args.results}")
-        run = load_run("RESULTS", args.results, READ)
-        out = Path(args.out) if args.out is not None else run.home
-        where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
-        check_dir(out, where, InputError)  # before the report is built
-        if args.reference is not None:  # an impl of the run (by any of its names)
-            impls = sorted(set(run.latest["impl"].astype(str).str.strip()))
-            if args.reference not in impls:
-                shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
-                raise InputError(f"--reference={args.reference}: no row of RESULTS has this impl (impls: {shown})")
-        progress.stage(f"building the report of {len(run.raw)} rows (tables, then plots)")
-        doc, pngs = build(run, model, DEFAULT_REFERENCE if args.reference is None else args.reference)
-        progress.stage(f"writing to {out}")
-        try:
-            written = write(out, doc, pngs)
-        except OSError as exc:
-            raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
-    except InputError as exc:
-        print(f"error: {error_line(exc)}", file=sys.stderr)
-        return 2
-    for note in run.notes():
-        print(note)
-    print(report_doc.markdown(doc)[0])
-    print("wrote " + ", ".join(str(p) for p in written))
-    if doc["verdict"] == "FAIL" and not args.exit_zero:
-        # a script or CI job that runs the report stops on a failing sweep
-        print(f"verdict FAIL: {'; '.join(doc['reasons'])} (exit 1; --exit-zero exits 0)", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

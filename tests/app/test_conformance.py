@@ -19,7 +19,8 @@ from dataclasses import replace
 
 import pytest
 
-from matrix.review import coverage, report, report_doc
+from matrix.report import cli as report_cli
+from matrix.review import _review, coverage, report, report_doc
 from matrix.scale import plan_classes
 from matrix.scale.plan_classes import CLASSES, batch, classes, classify
 from matrix_cli import compose_config, config_of, run_matrix, sweep_here
@@ -216,7 +217,7 @@ def _rows(plugin_classes: dict[int, list[str]], impl: str = f"{BROKEN}:neighbour
 
 
 def _loaded(path):
-    run = report.load_run("RESULTS", str(path), report.READ)
+    run = _review.load_run("RESULTS", str(path), report.READ)
     return run, report.prepare(run)
 
 
@@ -321,7 +322,7 @@ def test_the_preset_through_the_cli_fails_each_bug_at_its_largest_cp(tmp_path):
         for r in mine:
             assert r["status"] in ("failed", "error"), (name, r["cp_size"], r["status"], r["reason"])
             assert r["plan_class"].split("+")[0] == "uneven_by_one", r["plan_class"]
-    assert report.main([str(tmp_path / "res")]) == 1  # every row failed or errored: verdict FAIL
+    assert report_cli.main([str(tmp_path / "res")]) == 1  # every row failed or errored: verdict FAIL
     md = (tmp_path / "res" / "report.md").read_text()
     assert "WARNING" not in md and "## Plan classes covered" in md
 
@@ -388,7 +389,7 @@ def test_a_plugin_that_ran_nothing_at_one_cp_fails_the_sweep_with_the_cp_named(t
     assert again.returncode == 0, again.stdout[-3000:]
     assert "coverage: 2 gap(s): allowed (allow_skipped=true)" in again.stdout
     # and the report warns of both
-    assert report.main([str(res)]) == 0
+    assert report_cli.main([str(res)]) == 0
     head = (res / "report.md").read_text().split("## Verdicts")[0]
     assert f"**WARNING: `{BROKEN}:skips_cp3` ran nothing at cp=3**" in head, head
     assert f"**WARNING: `{BROKEN}:even_only` ran no uneven plan at cp=2, 3**" in head, head

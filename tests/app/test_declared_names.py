@@ -6,6 +6,7 @@ reference-named rows with a newer run's declared name."""
 
 from __future__ import annotations
 
+from matrix.compare import cli as compare_cli
 from matrix.review import compare
 from matrix.app.point import declared_name, row_names
 from nsa_cp_comm import impls
@@ -59,12 +60,12 @@ def test_compare_joins_a_reference_named_run_with_a_declared_named_one(tmp_path,
     old = write_run(tmp_path / "old", _rows("engine_comm.adapter:impl", origin))
     new = write_run(tmp_path / "new", _rows("engine_comm", origin))
     for base, newer in ((old, new), (new, old)):
-        compare.main([base, newer, "--metric", "roundtrip_p50_us", "--fail-above", "25%"])
+        compare_cli.main([base, newer, "--metric", "roundtrip_p50_us", "--fail-above", "25%"])
         line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
         assert "joined=2 missing=0 only-in-new=0" in line, line
     # another module's implementation of that name is not the same one
     other = write_run(tmp_path / "other", _rows("engine_comm", "someone_else 1.0"))
-    compare.main([old, other, "--metric", "roundtrip_p50_us", "--fail-above", "25%", "--allow-missing"])
+    compare_cli.main([old, other, "--metric", "roundtrip_p50_us", "--fail-above", "25%", "--allow-missing"])
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("summary:"))
     assert "joined=1 missing=1 (allowed) only-in-new=1" in line, line
 
@@ -75,7 +76,8 @@ def test_two_plugins_that_declare_one_name_are_refused_and_their_rows_never_merg
     0). The sweep is refused up front in one line; of a folder that holds such rows (written before,
     or by another tool) the readers keep, within one run, the failing row over the passing one."""
     from matrix.app import preflight
-    from matrix.review import _review, report
+    from matrix.report import cli as report_cli
+    from matrix.review import _review
 
     from matrix_cli import sweep_here
 
@@ -89,7 +91,7 @@ def test_two_plugins_that_declare_one_name_are_refused_and_their_rows_never_merg
     monkeypatch.setattr(preflight, "check_declared_names", lambda points: None)
     ran = sweep_here(tmp_path / "b", both, *point, monkeypatch=monkeypatch, capsys=capsys)
     assert ran.returncode == 1, ran.stdout[-1500:]  # one_name_wrong failed its gather check
-    assert report.main([str(tmp_path / "b")]) == 1
+    assert report_cli.main([str(tmp_path / "b")]) == 1
     # and the readers' rule taken out too (the last row wins): the right one's is kept, and it passes
     monkeypatch.setattr(_review, "latest_rows", lambda raw: raw.index[~raw[_review.POINT_KEY].duplicated(keep="last")])
-    assert report.main([str(tmp_path / "b")]) == 0
+    assert report_cli.main([str(tmp_path / "b")]) == 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hostile_impls import SESSION_MARK, SLEEP_MARK
+from matrix.report import cli as report_cli
 from matrix.review import report
 from matrix_cli import REPO, cli_env, live_processes, processes_left, run_matrix, sweep_in_background
 
@@ -35,7 +36,7 @@ def test_a_huge_error_message_leaves_a_resumable_folder(tmp_path):
     again = run_matrix(res, f"impl={HOSTILE}:long_error", *SMALL, "resume=true")
     assert again.returncode == 1 and "not CSV" not in again.stderr, again.stderr[-2000:]
     assert len(again.rows()) == 2  # the error point ran again
-    assert report.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
+    assert report_cli.main([str(res), "--out", str(tmp_path / "rep")]) == 1  # the error row: verdict FAIL
 
 
 @pytest.mark.parametrize("impl, mark", [("spawns_helper", SLEEP_MARK), ("spawns_session_helper", SESSION_MARK)])

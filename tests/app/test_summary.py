@@ -73,7 +73,7 @@ def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path):
     import json
     import re
 
-    from matrix.review import report
+    from matrix.report import cli as report_cli
     from matrix_cli import run_matrix
 
     args = ("+matrix=conformance", "impl=padded,legacy", "+plan_class=even,uneven_by_one", "+conformance_cp=cp2",
@@ -87,7 +87,7 @@ def test_the_console_the_summary_and_the_report_count_the_same_points(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     closing = next(ln for ln in run.stdout.splitlines() if ln.startswith("matrix summary:"))
     assert re.match(r"matrix summary: 2 points, 4 rows: ", closing), closing
-    assert report.main([str(res), "--exit-zero"]) == 0
+    assert report_cli.main([str(res), "--exit-zero"]) == 0
     first = next(ln for ln in (res / "report.md").read_text().splitlines() if ln.startswith("**Verdict"))
     assert "2 points, 4 rows (a row: one point and one impl)" in first, first
     doc = json.loads((res / "report.json").read_text())

@@ -19,6 +19,7 @@ import pad_at_split_tasks
 from matrix.app.config import MatrixConfig, validate
 from matrix.app.point import build_rows
 from matrix.app.resolve import resolve
+from matrix.report import cli as report_cli
 from matrix.review import designs, report
 from matrix.review._review import m_stride
 from matrix.scale import plans
@@ -121,14 +122,14 @@ def test_designs_rows_match_the_vectorised_plans_and_report(tmp_path):
     assert skipped["status"] == "skipped" and "SGLang 0.5.23 has no zigzag_page split" in skipped["reason"]
     # the report answers "which is cheaper, where", and shows the nccl-tests model when given one
     data = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
-    assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
+    assert report_cli.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
                         "--nccl-tests", str(data / "nccl_tests_sample_all_gather.json"),
                         "--nccl-tests", str(data / "nccl_tests_sample_reduce_scatter.json")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "## Designs: padded vs pad_at_split" in md
     assert "**Which is cheaper, where:** over 3 point(s) (seed_fix, sglang_0_5_23)" in md
     assert "## Collectives predicted from nccl-tests (a model)" in md and "a model, not a measurement" in md
-    assert report.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
+    assert report_cli.main([str(tmp_path / "r"), "--out", str(tmp_path / "rep2")]) == 0
     assert "nccl-tests" not in (tmp_path / "rep2" / "report.md").read_text()
 
 

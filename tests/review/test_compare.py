@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.compare import cli as compare_cli
 from matrix.review import _review, compare
 from compare_rows import (FIRST, PASSTHROUGH, REFUSED, base_rows, changed, counts, make_row, marks, run,
                           summary, write_run)
@@ -138,7 +139,7 @@ def test_20_percent_slower_fails(base, tmp_path, capsys):
     assert "+20.0%" in out and "REGRESSED (roundtrip_p50_us, neither run kept samples: beyond 5% and the spread)" in out
     # a looser threshold lets it pass, in either spelling
     for threshold in ("25%", "0.25"):
-        assert compare.main([base, new, "--fail-above", threshold]) == 0
+        assert compare_cli.main([base, new, "--fail-above", threshold]) == 0
 
 
 def _without_spread(rows: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -151,7 +152,7 @@ def test_an_absolute_metric_without_spread_gates_on_the_threshold(tmp_path, caps
     code, out, _ = run([base, new, "--metric", "roundtrip_p50_us"], capsys)
     assert code == 1 and any(m.startswith("REGRESSED (beyond 5%; no spread); evidence: ") for m in marks(out))
     assert "none: 5% alone" in out  # the rule that applied is named
-    assert compare.main([base, new, "--metric", "roundtrip_p50_us", "--fail-above", "25%"]) == 0
+    assert compare_cli.main([base, new, "--metric", "roundtrip_p50_us", "--fail-above", "25%"]) == 0
 
 
 def test_the_paired_metric_without_samples_or_spread_is_unverified(tmp_path, capsys):
@@ -206,8 +207,8 @@ def test_a_regression_is_gated_on_the_spread(tmp_path, capsys, iqr_base, iqr_new
 def test_bandwidth_regresses_by_dropping(base, tmp_path, capsys):
     slower = write_run(tmp_path / "drop", changed(FIRST, busbw_padded_GBps=1e4 / 210.0 * 0.8))
     faster = write_run(tmp_path / "rise", changed(FIRST, busbw_padded_GBps=1e4 / 210.0 * 1.2))
-    assert compare.main([base, slower, "--metric", "busbw_padded_GBps"]) == 1
-    assert compare.main([base, faster, "--metric", "busbw_padded_GBps"]) == 0
+    assert compare_cli.main([base, slower, "--metric", "busbw_padded_GBps"]) == 1
+    assert compare_cli.main([base, faster, "--metric", "busbw_padded_GBps"]) == 0
     assert counts(capsys.readouterr().out)["improved"] == "1"
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from matrix.compare import cli as compare_cli
+from matrix.report import cli as report_cli
 from matrix.review import compare, report
 from matrix.store.runs import SCHEMA_VERSION
 from matrix.store.samples import SAMPLES_FILE, append_samples, read_samples
@@ -47,7 +49,7 @@ def write_sampled(path: Path, runs: dict[str, tuple[list[float], list[float]]], 
 
 
 def gate(base: str, new: str, capsys, *extra: str) -> tuple[int, str]:
-    code = compare.main([base, new, *extra])
+    code = compare_cli.main([base, new, *extra])
     return code, capsys.readouterr().out
 
 
@@ -570,7 +572,7 @@ def test_the_fail_above_bound_is_what_refuses_a_useless_threshold(monkeypatch):
 
 def test_the_report_names_a_calibration_short_of_its_target(tmp_path, capsys):
     base, _ = _aa(tmp_path, 40, 0.01, calibration=True)
-    report.main([base, "--exit-zero"])
+    report_cli.main([base, "--exit-zero"])
     md = (Path(base) / "report.md").read_text()
     lines = [line for line in md.splitlines() if line.startswith("**Calibration**")]
     assert len(lines) == 1 and "on 1 of 1 calibrated row(s)" in lines[0], md[:2000]

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from matrix.compare import cli as compare_cli
+from matrix.report import cli as report_cli
 from matrix.review import _review, compare, plots, report
 from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
@@ -155,7 +157,7 @@ def test_exit_zero_keeps_exit_0_on_a_failing_folder(run_dir, capsys):
 
 def test_a_passing_run_exits_0_with_verdict_pass_and_says_so(tmp_path, capsys):
     append(tmp_path, [make_row(), make_row("legacy", p50=90.0)])
-    assert report.main([str(tmp_path / RESULTS_FILE)]) == 0  # named by its results file
+    assert report_cli.main([str(tmp_path / RESULTS_FILE)]) == 0  # named by its results file
     md, _ = md_of(tmp_path)
     assert "No incorrect results" in md and "No failed, error or timeout point." in md and "INCORRECT" not in md
     md, _, doc = run_report(tmp_path)  # named by its folder
@@ -213,7 +215,7 @@ def test_pairs_and_plans_are_computed_once_per_report(run_dir, monkeypatch, caps
             calls[name] += 1
             return real(*args)
         monkeypatch.setattr(report, name, counted)
-    assert report.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
+    assert report_cli.main([str(run_dir)]) == 1  # the mixed run has failing rows: verdict FAIL
     assert calls == {"ratios": 1, "_plans": 1}
     md, _ = md_of(run_dir)
     # each reader got the one table: the ratio of every even pair, and the uneven plan
@@ -276,7 +278,7 @@ def test_a_stray_quote_merges_no_rows_a_bom_and_long_cells_read(tmp_path, capsys
     assert sorted(run.latest["seq_lens"].astype(str)) == ["[100,512]", "[300,512]", "[400,512]"]
     assert run.malformed == 1
     assert "1 malformed row(s) set aside" in " ".join(run.notes())
-    assert report.main([str(tmp_path)]) == 0
+    assert report_cli.main([str(tmp_path)]) == 0
     assert "1 malformed row(s) set aside" in capsys.readouterr().out
 
 
@@ -317,7 +319,7 @@ def test_a_cell_outside_its_columns_values_is_set_aside_with_its_line_named(tmp_
     assert "line 2, 4: not whole rows of the header" in " ".join(run.notes())
     assert sorted(run.latest["seq_lens"].astype(str)) == ["[200,512]", "[400,512]"]
     assert list(run.latest["status"].astype(str)) == ["ok", "weird"]
-    assert report.main([str(tmp_path)]) == 1  # the unknown status is bad
+    assert report_cli.main([str(tmp_path)]) == 1  # the unknown status is bad
     monkeypatch.setattr(_review, "COLUMN_VALUES", {})
     assert _review.load_run("RESULTS", str(tmp_path)).malformed == 0
 
@@ -353,8 +355,8 @@ def test_file_with_the_removed_fault_column(tmp_path, capsys):
     run = _review.load_run("RESULTS", str(tmp_path))
     assert sorted(zip(run.latest["impl"], run.latest["status"])) == [("legacy", "ok"), ("padded", "ok")]
     assert "fault" not in run.raw.columns
-    assert report.main([str(tmp_path)]) == 0
-    assert compare.main([str(tmp_path), str(tmp_path), "--metric", "roundtrip_p50_us"]) == 0
+    assert report_cli.main([str(tmp_path)]) == 0
+    assert compare_cli.main([str(tmp_path), str(tmp_path), "--metric", "roundtrip_p50_us"]) == 0
     capsys.readouterr()
 
 
@@ -442,7 +444,7 @@ def test_big_file_is_handled_column_wise(tmp_path, capsys, column_wise):
 def test_out_dir_and_nested_lookup(tmp_path, capsys):
     append(tmp_path / "sweep" / "multirun" / "0", [make_row()])
     out = tmp_path / "elsewhere"
-    assert report.main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
+    assert report_cli.main([str(tmp_path / "sweep"), "--out", str(out)]) == 0
     assert (out / "report.md").is_file() and (out / "report_appendix.md").is_file()
     assert all((out / p).stat().st_size > 0 for p in PNGS)
     assert not list((tmp_path / "sweep").rglob("report*.md"))
@@ -451,7 +453,7 @@ def test_out_dir_and_nested_lookup(tmp_path, capsys):
 def test_several_nested_csvs_are_concatenated_and_named(tmp_path, capsys):
     append(tmp_path / "a", [make_row(cp=2)])
     append(tmp_path / "b", [make_row(cp=4)])
-    assert report.main([str(tmp_path)]) == 0
+    assert report_cli.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "concatenated 2 results.csv files" in out
     assert str(tmp_path / "a" / RESULTS_FILE) in out and str(tmp_path / "b" / RESULTS_FILE) in out
@@ -483,7 +485,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     append(tmp_path / "good", [make_row()])
     argv, expected = [a.format(t=tmp_path) for a in BAD[case][0]], BAD[case][1].format(t=tmp_path)
     before = sorted(tmp_path.rglob("*"))
-    assert report.main(argv) == 2
+    assert report_cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [captured.err.strip()], captured.err
     assert captured.err.startswith(f"error: {expected}"), captured.err
@@ -492,7 +494,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
 
 
 def test_usage_error_returns_2(capsys):
-    assert report.main([]) == 2
+    assert report_cli.main([]) == 2
     assert "usage:" in capsys.readouterr().err
 
 
@@ -572,7 +574,7 @@ def test_a_results_file_in_another_unicode_encoding_is_named_in_one_line(run_dir
     if encoding == "utf-16-be":
         data = b"\xfe\xff" + data  # the big-endian codec writes no mark of its own
     path.write_bytes(data)
-    for tool, args in ((report.main, [str(run_dir)]), (compare.main, [str(run_dir), str(run_dir)])):
+    for tool, args in ((report_cli.main, [str(run_dir)]), (compare_cli.main, [str(run_dir), str(run_dir)])):
         assert tool(args) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"is {name} text (its first bytes are {name}'s byte-order mark, {bom})" \

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from matrix.report import cli as report_cli
 from matrix.review import plots, report, report_doc, side_by_side
 from report_rows import _frame, append, make_row, run_report, section, table_row
 
@@ -85,7 +86,7 @@ def test_a_plug_in_gets_its_ratio_to_the_reference(tmp_path, capsys):
 
 def test_an_unknown_reference_is_one_line_exit_2(tmp_path, capsys):
     append(tmp_path, [make_row()])
-    assert report.main([str(tmp_path), "--reference", "nope"]) == 2
+    assert report_cli.main([str(tmp_path), "--reference", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == ["error: --reference=nope: no row of RESULTS has this impl (impls: padded)"]
     assert not (tmp_path / "report.md").exists()

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from matrix.report import cli as report_cli
 from matrix.review import designs, report
 from matrix.scale.nccl_tests import NcclTestsError, load_model, read
 from matrix_cli import REPO
@@ -103,7 +104,7 @@ def test_a_file_that_is_no_curve_is_refused_in_one_line(tmp_path, capsys, case, 
         read(p)
     assert str(exc.value).startswith(f"--nccl-tests={p}: {needle}") and "\n" not in str(exc.value)
     # at the command line: one line, exit 2, nothing written
-    code = report.main([str(tmp_path / "results"), "--nccl-tests", str(p)])
+    code = report_cli.main([str(tmp_path / "results"), "--nccl-tests", str(p)])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [f"error: {exc.value}"]
     assert not (tmp_path / "results").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from matrix.report import cli as report_cli
 from matrix.review import _review, report
 from matrix.store import results, runs
 from matrix.store.results import COLUMNS, PROVENANCE_COLUMNS, ResultsWriteError, SchemaError, append_rows, results_path
@@ -225,7 +226,7 @@ def test_a_row_whose_run_has_no_metadata_is_reported(tmp_path, capsys):
     tr.append(tmp_path, tr.mixed_rows()[:4])
     append_rows(tmp_path, [tr.make_row(cp=8, run_id="ghost001")])  # a run that wrote no line
     append_rows(tmp_path, [tr.make_row(cp=16)])  # a row that names no run
-    assert report.main([str(tmp_path)]) == 0
+    assert report_cli.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     md, appendix = tr.md_of(tmp_path)
     said = (f"2 row(s) name a run_id with no line in {RUNS_FILE} (rows by run_id: (empty): 1, ghost001: 1): "
