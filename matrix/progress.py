@@ -13,9 +13,11 @@ none.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 # The longest a command stays silent.
@@ -70,6 +72,19 @@ class Progress:
         self._done.set()
         if self.enabled:
             self._thread.join()
+
+
+def run_command(name: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace, Progress], int],
+                argv: list[str] | None) -> int:
+    """A review command: ``argv`` parsed (a usage error is its exit code 2, already printed;
+    ``--help`` 0: returned, not raised), then ``body(args, progress)`` under the command's
+    :class:`Progress`."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    with Progress(name) as progress:
+        return body(args, progress)
 
 
 def _is_terminal(stream: TextIO) -> bool:

@@ -14,7 +14,7 @@ import sys
 import pandas as pd
 
 from .. import command
-from ..progress import Progress
+from ..progress import Progress, run_command
 from ..review import compare as logic
 from ..review._review import SPREAD, InputError, load_run
 from ..store.inputs import error_line
@@ -66,12 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns 0 (pass), 1 (a gate tripped) or 2 (bad input)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
-        return exc.code if isinstance(exc.code, int) else 2
-    with Progress("compare") as progress:
-        return _compare(args, progress)
+    return run_command("compare", _parser(), _compare, argv)
 
 
 def _compare(args: argparse.Namespace, progress: Progress) -> int:

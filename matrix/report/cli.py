@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import command
-from ..progress import Progress
+from ..progress import Progress, run_command
 from ..review import report_doc
 from ..review._review import InputError, load_run, one_line
 from ..review.report import DEFAULT_REFERENCE, READ, build, write
@@ -48,12 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns 0, 1 when the verdict is FAIL (unless
     ``--exit-zero``; the files are written either way), or 2 on bad input
     (one line on stderr, nothing written)."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # usage error (2, already printed) or --help (0): return, don't raise
-        return exc.code if isinstance(exc.code, int) else 2
-    with Progress("report") as progress:
-        return _report(args, progress)
+    return run_command("report", _parser(), _report, argv)
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:
