@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from matrix.app.sweep import single_point
 from matrix_cli import sweep_here
 
 POINT = ("cp_size=2", "seq_lens=[7]", "hidden_size=32", "iters=1", "warmup=0", "timeout_s=120",
@@ -20,5 +21,13 @@ def test_a_single_points_run_prints_the_raising_ranks_traceback(tmp_path, monkey
                      r"group\):\nTraceback \(most recent call last\)", run.stderr), run.stderr[-3000:]
     assert "Traceback (most recent call last)" in run.stderr and "in _raise" in run.stderr, run.stderr[-3000:]
     assert "RuntimeError: injected fault on rank 1" in run.stderr
-    sweep = sweep_here(tmp_path / "sweep", *POINT, monkeypatch=monkeypatch, capsys=capsys)
-    assert sweep.returncode == 1 and "Traceback (most recent call last)" not in sweep.stderr, sweep.stderr[-3000:]
+
+
+def test_only_one_point_run_without_m_shows_tracebacks():
+    """The rule the job asks (a sweep's rows name the place in one line each; its console stays a
+    line a point)."""
+    point = object()
+    assert single_point([point], ["cp_size=2"]) is True
+    assert single_point([point], ["-m", "cp_size=2"]) is False
+    assert single_point([point], ["--multirun", "cp_size=2"]) is False
+    assert single_point([point, point], ["cp_size=2"]) is False
