@@ -94,7 +94,9 @@ class RoundTripImpl:
     logits, ``[rows, experts]``, one row per row ``gather`` takes), into the
     hidden states' layout; without it, ``gather`` itself gathers it. The
     matrix asks for it where the point's engine gathers one (vLLM's router
-    logits) and routes the MoE from what comes back. ``is_padding(plan)``
+    logits; on vLLM 0.34's quantized gather first the rows' fp8 bytes,
+    ``uint8`` ``[rows, H]``, and their float32 scales) and routes the MoE from
+    what comes back. ``is_padding(plan)``
     (optional): the rows of the gathered buffer its runner marks as padding
     (one bool per row, the same on every rank; vLLM builds it rank-major,
     ``rows >= n_r`` in each rank's block: ``v1/worker/gpu/pcp_manager.py``
