@@ -181,10 +181,10 @@ def test_rlimit_nproc_bounds_the_ranks(monkeypatch):
 
 
 def test_the_oom_counter_is_read_from_this_cgroup_first(monkeypatch):
-    from nsa_cp_comm.harness import ranks
+    from nsa_cp_comm.harness import exits
 
     monkeypatch.setattr(machine, "_read", lambda path: "0::/job\n" if path == "/proc/self/cgroup" else "")
-    files = ranks._oom_counter_files()
+    files = exits.oom_counter_files()
     assert files[0] == "/sys/fs/cgroup/job/memory.events" and files[-1] == "/proc/vmstat"
 
 

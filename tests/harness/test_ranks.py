@@ -13,7 +13,7 @@ import torch
 import rank_tasks
 from matrix_cli import live_processes
 from orphan_drills import read_text
-from nsa_cp_comm.harness import RankPool, RankResult, forkserver, ranks, run_on_ranks
+from nsa_cp_comm.harness import RankPool, RankResult, exits, forkserver, ranks, run_on_ranks
 from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
 
 # Bounds on how long things take are loose: the suite runs on loaded 2-core
@@ -174,7 +174,7 @@ def test_a_rank_killed_by_the_oom_killer_says_so(rank_pool, monkeypatch):
     crash; it rose, so the reason says out of memory."""
     pool = rank_pool(2)
     seen = iter([3, *[4] * 10])  # at the task's start, then at the crash
-    monkeypatch.setattr(ranks, "oom_kill_count", lambda: next(seen))
+    monkeypatch.setattr(exits, "oom_kill_count", lambda: next(seen))
     results = pool.run(sigkill_on_last, timeout_s=600)
     assert (results[1].status, results[1].error) == ("crashed", "killed by SIGKILL (out of memory)")
     assert summarize_failure(results) == ("error", "rank 1 crashed: killed by SIGKILL (out of memory)")
@@ -191,24 +191,24 @@ def test_a_rank_killed_by_the_oom_killer_says_so(rank_pool, monkeypatch):
     (None, None, None, "still running"),
 ])
 def test_how_a_rank_ended_is_told_from_its_exit_code_and_the_oom_counter(monkeypatch, code, before, now, reason):
-    monkeypatch.setattr(ranks, "oom_kill_count", lambda: now)
-    assert ranks._exit_reason(code, before) == reason
+    monkeypatch.setattr(exits, "oom_kill_count", lambda: now)
+    assert exits.exit_reason(code, before) == reason
 
 
 def test_the_oom_kill_counter_is_read_here(tmp_path):
     events = tmp_path / "memory.events"
     events.write_text("low 0\noom 7\noom_kill 3\noom_group_kill 1\n")
-    assert ranks._read_counter(str(events), "oom_kill") == 3  # its own line, not oom's or oom_group_kill's
+    assert exits.read_counter(str(events), "oom_kill") == 3  # its own line, not oom's or oom_group_kill's
     events.write_text("oom 7\n")
-    assert ranks._read_counter(str(events), "oom_kill") is None
+    assert exits.read_counter(str(events), "oom_kill") is None
     events.write_text("oom_kill many\n")
-    assert ranks._read_counter(str(events), "oom_kill") is None
-    assert ranks._read_counter(str(tmp_path / "missing"), "oom_kill") is None
-    n = ranks.oom_kill_count()
+    assert exits.read_counter(str(events), "oom_kill") is None
+    assert exits.read_counter(str(tmp_path / "missing"), "oom_kill") is None
+    n = exits.oom_kill_count()
     if n is None:
         pytest.skip("no OOM-kill counter is readable on this machine")
     # the first candidate file holding the counter, read here by other means
-    for path in ranks._oom_counter_files():
+    for path in exits.oom_counter_files():
         found = [line.split()[1] for line in read_text(path).splitlines() if line.split()[:1] == ["oom_kill"]]
         if found:
             assert n == int(found[0]), path

@@ -50,8 +50,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from . import forkserver, rank_warnings
-from .machine import bind_rank, cgroup_dirs
+from . import exits, forkserver, rank_warnings
+from .machine import bind_rank
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
 from .reap import kill_descendants
@@ -299,58 +299,6 @@ def one_line_error(exc: BaseException) -> str:
     """``"Type: message"`` on one line: how a failure appears in a row's reason."""
     msg = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
-
-
-def _read_counter(path: str, key: str) -> int | None:
-    """The value of the ``key N`` line of a kernel stats file, or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _oom_counter_files() -> list[str]:
-    """Files counting OOM kills (``oom_kill N``), most specific first: this
-    process's memory cgroup (v2 ``memory.events``, v1 ``memory.oom_control``;
-    :func:`.machine.cgroup_dirs`), then the whole system (``/proc/vmstat``)."""
-    names = ("memory.events", "memory.oom_control")
-    return [*(f"{d}/{name}" for d in cgroup_dirs("memory") for name in names), "/proc/vmstat"]
-
-
-def oom_kill_count() -> int | None:
-    """OOM kills so far in the first readable counter of
-    :func:`_oom_counter_files`; None when no counter is readable."""
-    for path in _oom_counter_files():
-        n = _read_counter(path, "oom_kill")
-        if n is not None:
-            return n
-    return None
-
-
-def _exit_reason(code: int | None, oom_before: int | None = None) -> str:
-    """How a rank process ended. A SIGKILL while the OOM-kill counter rose
-    (``oom_before`` -> now) says "out of memory"; when no counter is readable
-    it says "out of memory?" (the usual sender of an unexplained SIGKILL)."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            reason = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-        if -code == signal.SIGKILL:
-            now = oom_kill_count()
-            if oom_before is None or now is None:
-                reason += " (out of memory?)"
-            elif now > oom_before:
-                reason += " (out of memory)"
-        return reason
-    return f"exited with code {code}"
 
 
 def check_seconds(name: str, value: object) -> float:
@@ -692,7 +640,7 @@ class RankPool:
     def _collect(self, task_id: object, timeout_s: float, deadline: float | None = None,
                  parting: bool = False) -> list[RankResult]:
         got: dict[int, RankResult] = {}
-        oom_before = oom_kill_count()
+        oom_before = exits.oom_kill_count()
         deadline = time.monotonic() + timeout_s if deadline is None else deadline
         failed_at: float | None = None
         parted_s: float | None = None
@@ -717,7 +665,7 @@ class RankPool:
                 except (EOFError, OSError):
                     # The rank died; its exit status tells how.
                     code = self._procs[r].wait(timeout=5.0)
-                    got[r] = RankResult(r, "crashed", error=_exit_reason(code, oom_before))
+                    got[r] = RankResult(r, "crashed", error=exits.exit_reason(code, oom_before))
                     failed_at = failed_at or time.monotonic()
                     continue
                 if tid != task_id:
