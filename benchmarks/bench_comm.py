@@ -199,8 +199,7 @@ def stage_alone(plan, hidden: int, dtype: torch.dtype, device: str, warmup: int 
     src = torch.empty((plan.padded_total, hidden), dtype=dtype, device=device)
     dst = torch.empty_like(src)
     copy_us = _median_us(lambda: dst.copy_(src), device, warmup, iters)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    staged, copied = n * hidden * itemsize, src.numel() * itemsize
+    staged, copied = local.numel() * local.element_size(), src.numel() * src.element_size()
     copy_gbps = copied / copy_us / 1e3
     return dict(rank=rank, rows=n, bytes=staged, stage_us=stage_us, copy_bytes=copied, copy_us=copy_us,
                 copy_GBps=copy_gbps, predicted_us=staged / copy_gbps / 1e3, iters=iters)

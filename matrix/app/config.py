@@ -28,7 +28,7 @@ from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.spec import MAX_SEED
-from nsa_cp_comm.modes import QUANT_GROUP
+from nsa_cp_comm.modes import QUANT_GROUP, quant_refusal
 
 from ..store.results import COLUMN_VALUES
 
@@ -399,7 +399,7 @@ def validate(cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None) -
         raise _fail("topk", cfg["topk"], f"must be at most num_experts={experts}")
     if cfg["backend"] == "nccl" and cfg["device"] == "cpu":
         raise _fail("backend", "nccl", "needs device=cuda (NCCL has no CPU tensors)")
-    if cfg["moe_quant"] != "none" and cfg["hidden_size"] % QUANT_GROUP:
+    if quant_refusal(cfg["hidden_size"], cfg["moe_quant"]):  # the library's rule; said here as the key's line
         raise _fail("hidden_size", cfg["hidden_size"], f"must be a multiple of {QUANT_GROUP} with "
                     f"moe_quant={cfg['moe_quant']} (a row quantizes in groups of {QUANT_GROUP} columns)")
     if calibrate.is_auto(cfg["iters"]):

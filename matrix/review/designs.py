@@ -43,22 +43,15 @@ def pairs(df: pd.DataFrame, pair_key: str) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _cells_or(p: pd.DataFrame, column: str, default: str) -> pd.Series:
+    """``column`` as text, ``default`` where it is empty or the rows have none (an older layout)."""
+    if column not in p:
+        return pd.Series(default, index=p.index)
+    return p[column].astype(object).fillna("").astype(str).replace("", default)
+
+
 def _engine_of(p: pd.DataFrame) -> pd.Series:
-    if "engine" not in p:
-        return pd.Series(engines.DEFAULT, index=p.index)
-    return p["engine"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT)
-
-
-def _model_of(p: pd.DataFrame) -> pd.Series:
-    if "engine_model" not in p:
-        return pd.Series(engines.DEFAULT_MODEL, index=p.index)
-    return p["engine_model"].astype(object).fillna("").astype(str).replace("", engines.DEFAULT_MODEL)
-
-
-def _quant_of(p: pd.DataFrame) -> pd.Series:
-    if "moe_quant" not in p:
-        return pd.Series("none", index=p.index)
-    return p["moe_quant"].astype(object).fillna("").astype(str).replace("", "none")
+    return _cells_or(p, "engine", engines.DEFAULT)
 
 
 def _layout(p: pd.DataFrame) -> pd.Series:
@@ -167,7 +160,9 @@ def engines_section(df: pd.DataFrame, table=frame_md) -> list:
     followed the default engine."""
     if "impl" not in df or df.empty:
         return []
-    p = df.assign(engine=_engine_of(df), layout=_layout(df), engine_model=_model_of(df), moe_quant=_quant_of(df))
+    p = df.assign(engine=_engine_of(df), layout=_layout(df),
+                  engine_model=_cells_or(df, "engine_model", engines.DEFAULT_MODEL),
+                  moe_quant=_cells_or(df, "moe_quant", "none"))
     if set(p["engine"]) == {engines.DEFAULT}:
         return []
     out = []

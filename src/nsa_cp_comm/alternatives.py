@@ -52,7 +52,7 @@ def sumlen_gather(
     """``[n_r, H]`` per rank -> packed ``[T, H]``: zero-filled buffer, this
     rank's rows at ``plan.rank_offset(rank)``, all-reduce (sum). Exact: every
     element is one rank's value plus zeros."""
-    rank = _check("sumlen_gather local", local, plan, "local", group, check)
+    rank = _check("sumlen_gather local", local, plan, "local", group)
     n = plan.per_rank_tokens[rank]
     full = torch.zeros((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
     off = plan.rank_offset(rank)
@@ -66,7 +66,7 @@ def sumlen_scatter(
 ) -> torch.Tensor:
     """Sum packed ``[T, H]`` partials over ranks (all-reduce, in place) and
     return this rank's ``[n_r, H]`` rows (a view)."""
-    rank = _check("sumlen_scatter full", full, plan, "legacy_full", group, check)
+    rank = _check("sumlen_scatter full", full, plan, "legacy_full", group)
     full = full.contiguous()
     dist.all_reduce(full, group=group)
     off = plan.rank_offset(rank)
@@ -83,7 +83,7 @@ def allgatherv_gather(
 ) -> torch.Tensor:
     """``[n_r, H]`` per rank -> packed ``[T, H]`` with one list ``all_gather``
     whose outputs are the per-rank row ranges of the buffer (views)."""
-    _check("allgatherv_gather local", local, plan, "local", group, check)
+    _check("allgatherv_gather local", local, plan, "local", group)
     full = torch.empty((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
     dist.all_gather(list(full.split(list(plan.per_rank_tokens))), local.contiguous(), group=group)
     return full
@@ -94,7 +94,7 @@ def allgatherv_scatter(
 ) -> torch.Tensor:
     """Sum packed ``[T, H]`` partials over ranks with one list
     ``reduce_scatter`` of per-rank sizes; returns a fresh ``[n_r, H]``."""
-    rank = _check("allgatherv_scatter full", full, plan, "legacy_full", group, check)
+    rank = _check("allgatherv_scatter full", full, plan, "legacy_full", group)
     full = full.contiguous()
     out = torch.empty((plan.per_rank_tokens[rank], full.shape[1]), dtype=full.dtype, device=full.device)
     dist.reduce_scatter(out, list(full.split(list(plan.per_rank_tokens))), group=group)

@@ -56,7 +56,7 @@ def padding_rows(plan: CPPlan) -> dict[str, int]:
     }
 
 
-def _agree(what: str, tensor: object, plan: CPPlan, rows_of, group, check: bool) -> int:
+def _agree(what: str, tensor: object, plan: CPPlan, rows_of, group) -> int:
     # the exchange runs whatever check says (a per-rank argument must not decide a collective;
     # roundtrip._check), unless an agreed() block covers the call
     want = rows_of(plan, group_rank(group)) if isinstance(plan, CPPlan) and group_rank(group) < plan.cp_size else -2
@@ -83,7 +83,7 @@ def pad_at_split_gather(
     """``[n_r, H]`` per rank -> ``[P*cp, H]``: the rows padded to ``P`` at the
     split (here: copied into a fresh padded tensor, standing in for the split),
     then one even all-gather."""
-    rank = _agree("pad_at_split_gather local", local, plan, lambda p, r: p.per_rank_tokens[r], group, check)
+    rank = _agree("pad_at_split_gather local", local, plan, lambda p, r: p.per_rank_tokens[r], group)
     block = pad_local(local, plan, rank)
     full = torch.empty((physical_len(plan) * plan.cp_size, local.shape[1]), dtype=local.dtype, device=local.device)
     all_gather_into(full, block, group)
@@ -95,7 +95,7 @@ def pad_at_split_scatter(
 ) -> torch.Tensor:
     """Sum ``[P*cp, H]`` partials over ranks (one even reduce-scatter, in place)
     and return this rank's ``n_r`` real rows (a view: padding dropped)."""
-    rank = _agree("pad_at_split_scatter full", full, plan, lambda p, r: physical_len(p) * p.cp_size, group, check)
+    rank = _agree("pad_at_split_scatter full", full, plan, lambda p, r: physical_len(p) * p.cp_size, group)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)

@@ -66,19 +66,19 @@ def _expected(plan: object, rank: int, rows: str) -> int:
 
 
 def _check(
-    what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None, check: bool,
+    what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None,
     *, even_only: bool = False, in_place: bool = False,
 ) -> int:
     """Agree on the inputs, refuse an uneven plan (``even_only``), then this
     rank's index in the group. ``in_place``: the collective writes into
     ``tensor``, so its layout is part of the agreement.
 
-    Whether the ranks exchange their fingerprints is never decided by
-    ``check``: ranks passing different values would enter different
-    collectives (the agreement's on one, the round trip's on the other: an
-    abort, or wrong rows). The exchange runs unless an :func:`~.agree.agreed`
-    block, entered by every rank together, covers the call; ``check`` is
-    accepted for the callers written when it chose."""
+    Whether the ranks exchange their fingerprints is never decided by the
+    public functions' ``check``: ranks passing different values would enter
+    different collectives (the agreement's on one, the round trip's on the
+    other: an abort, or wrong rows). The exchange runs unless an
+    :func:`~.agree.agreed` block, entered by every rank together, covers the
+    call; ``check`` is accepted for the callers written when it chose."""
     want = _expected(plan, group_rank(group), rows)
     if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
         # The refusal comes first: decided from the plan the ranks agree on,
@@ -113,7 +113,7 @@ def legacy_gather(
     """Old gather: ``[n, H]`` per rank -> ``[T, H]`` rank-major. Even plans only;
     raises ValueError (torch's NCCL text) on every rank of an uneven plan,
     before any collective."""
-    _check("legacy_gather local", local, plan, "local", group, check, even_only=True)
+    _check("legacy_gather local", local, plan, "local", group, even_only=True)
     out = torch.empty((plan.total_tokens, local.shape[1]), dtype=local.dtype, device=local.device)
     return legacy_gather_into(out, local, plan, group)
 
@@ -133,7 +133,7 @@ def legacy_scatter(
     """Old scatter: sum ``[T, H]`` partials over ranks, return this rank's
     ``[T/cp, H]`` chunk. In place: ``full`` is consumed and the result is a
     view of it. Even plans only (same error as :func:`legacy_gather`)."""
-    rank = _check("legacy_scatter full", full, plan, "legacy_full", group, check, even_only=True)
+    rank = _check("legacy_scatter full", full, plan, "legacy_full", group, even_only=True)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)
@@ -254,7 +254,7 @@ def padded_gather_(
     its memory row by row: an expanded (stride-0), overlapping or strided
     buffer, or one that requires grad, is the same ValueError on every rank
     before any collective."""
-    return _gather_in_place(full, plan, _check("padded_gather_ full", full, plan, "full", group, check,
+    return _gather_in_place(full, plan, _check("padded_gather_ full", full, plan, "full", group,
                                                 in_place=True), group)
 
 
@@ -278,7 +278,7 @@ def padded_gather(
     copied or zeroed; where it has fewer, a fresh ``[m, H]`` send block, its
     rows copied in and only its ``m - n_r`` padding rows zeroed. All ranks
     must pass the same plan."""
-    rank = _check("padded_gather local", local, plan, "local", group, check)
+    rank = _check("padded_gather local", local, plan, "local", group)
     full = torch.empty((plan.padded_total, local.shape[1]), dtype=local.dtype, device=local.device)
     send = _send_block(plan, rank, local.shape[1], local.dtype, local.device)
     all_gather_into(full, padded_stage(send, local, plan, rank), group)
@@ -291,7 +291,7 @@ def padded_gather_zero_copy(
     """The zero-copy gather as a producer uses it: the rows are written into the
     slot of a :func:`padded_buffer` (here: copied, standing in for the
     producer), then gathered in place. Same result as :func:`padded_gather`."""
-    rank = _check("padded_gather_zero_copy local", local, plan, "local", group, check)
+    rank = _check("padded_gather_zero_copy local", local, plan, "local", group)
     full, slot = padded_buffer(plan, local.shape[1], dtype=local.dtype, device=local.device, group=group)
     slot.copy_(local)
     return _gather_in_place(full, plan, rank, group)  # agreed on local above: the buffer is this function's own
@@ -303,7 +303,7 @@ def padded_scatter(
     """Sum ``[m*cp, H]`` partials over ranks and return this rank's ``[n_r, H]``
     rows (a view of its chunk: padding dropped, nothing copied). In place:
     ``full`` is consumed."""
-    rank = _check("padded_scatter full", full, plan, "full", group, check)
+    rank = _check("padded_scatter full", full, plan, "full", group)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)

@@ -34,7 +34,7 @@ from ..modes import ScatterMode
 from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
 from ..plan import CPPlan
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
-from .spec import DTYPES, PointSpec, bitwise_equal, make_shard, padding_content
+from .spec import DTYPES, PointSpec, as_bytes, bitwise_equal, make_shard, padding_content
 
 
 # Every name a row's ``failed_check`` can hold, and what passing it proves
@@ -327,8 +327,8 @@ def _side_tensors(moe: ReferenceMoE, rule: engines.Engine, rows: torch.Tensor) -
     return out
 
 
-def _gather_side_tensors(impl: impl_registry.RoundTripImpl, plan: CPPlan, local: torch.Tensor,
-                         moe: ReferenceMoE, group, shards: list[torch.Tensor],
+def _gather_side_tensors(impl: impl_registry.RoundTripImpl, rule: engines.Engine, plan: CPPlan,
+                         local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor],
                          rep: ImplReport) -> dict[str, torch.Tensor | None]:
     """Where the point's engine gathers side tensors beside the rows (vLLM: the router
     logits, ``moe_runner.py:828-829``; 0.34 on a monolithic block-fp8 kernel the fp8 rows and
@@ -340,7 +340,7 @@ def _gather_side_tensors(impl: impl_registry.RoundTripImpl, plan: CPPlan, local:
     None where it has not the layout's shape. Decided from the plan alone, so every rank
     issues the same collectives."""
     got: dict[str, torch.Tensor | None] = {}
-    mine = _side_tensors(moe, engines.of(plan), local)
+    mine = _side_tensors(moe, rule, local)
     theirs = None
     for i, (name, tensor) in enumerate(mine):
         with observing(group) as seen:
@@ -355,7 +355,7 @@ def _gather_side_tensors(impl: impl_registry.RoundTripImpl, plan: CPPlan, local:
                      f"{impl.buffer_rows(plan)} rows)")
             continue
         if theirs is None:  # every rank's tensors, made once, for the first that came back
-            theirs = [_side_tensors(moe, engines.of(plan), shard) for shard in shards]
+            theirs = [_side_tensors(moe, rule, shard) for shard in shards]
         for r, start in enumerate(impl.starts(plan)):
             n, expect = plan.per_rank_tokens[r], theirs[r][i][1]
             if not bitwise_equal(back[start : start + n], expect):
@@ -547,8 +547,8 @@ def _found_at(full: torch.Tensor, out: object, limit: int = 64) -> int | None:
     if not (isinstance(out, torch.Tensor) and out.dtype == full.dtype and out.dim() == 2 and out.device == full.device
             and out.shape[1:] == full.shape[1:] and 0 < out.shape[0] <= full.shape[0]):
         return None
-    fb = full.contiguous().reshape(-1).view(torch.uint8).reshape(full.shape[0], -1)
-    ob = out.contiguous().reshape(-1).view(torch.uint8).reshape(out.shape[0], -1)
+    fb = as_bytes(full).reshape(full.shape[0], -1)
+    ob = as_bytes(out).reshape(out.shape[0], -1)
     k, tried = ob.shape[0], 0
     # In blocks of rows: one comparison of a production-sized buffer at once
     # would hold a byte per element.
@@ -717,7 +717,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     if rule.moe_pad_masked:  # the rows it is told of: the implementation's mark, else the runner's
         masked = _told_padding(impl, plan, full, pads, moe, rep)
         masked = pads if masked is None else masked
-    side = _gather_side_tensors(impl, plan, before, moe, group, shards, rep)
+    side = _gather_side_tensors(impl, rule, plan, before, moe, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"),
                           _experts_rows(rule, side, full))
     if pads is not None:

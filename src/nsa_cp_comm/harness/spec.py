@@ -172,6 +172,13 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     import torch
 
-    # flattened first: a view as bytes needs a last stride of 1, which an empty tensor of one
-    # column (a [0, 1] of scales: a rank without rows) need not have
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return torch.equal(as_bytes(a), as_bytes(b))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes, flat (``uint8``). Flattened first: a view as bytes needs a last stride
+    of 1, which an empty tensor of one column (a ``[0, 1]`` of scales: a rank without rows)
+    need not have."""
+    import torch
+
+    return t.contiguous().reshape(-1).view(torch.uint8)
