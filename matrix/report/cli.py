@@ -1,6 +1,7 @@
 """The report command (``nsa-cp-matrix-report``, ``python -m matrix.report``): its arguments,
 reading the run, writing the files and the exit code. What the report says is
-:mod:`matrix.review.report`'s.
+:mod:`matrix.review.report`'s, read here through the module (as a test that patches it
+sees, whenever this module was first imported).
 
     nsa-cp-matrix-report RESULTS [--out DIR] [--reference NAME] [--nccl-tests JSON] [--exit-zero]
 
@@ -16,9 +17,9 @@ from pathlib import Path
 
 from .. import command
 from ..progress import Progress, run_command
+from ..review import report as logic
 from ..review import report_doc
 from ..review._review import InputError, load_run, one_line
-from ..review.report import DEFAULT_REFERENCE, READ, build, write
 from ..scale import nccl_tests
 from ..store.inputs import error_line
 from ..store.outputs import check_dir
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                         "collective times beside the measured ones, as a model")
     parser.add_argument("--reference", metavar="NAME",
                         help="the impl every other impl's round trip is divided by, on the same points (default: "
-                        f"{DEFAULT_REFERENCE})")
+                        f"{logic.DEFAULT_REFERENCE})")
     parser.add_argument("--exit-zero", action="store_true",
                         help="exit 0 when the verdict is FAIL too (the files are written either way; default: exit 1 "
                         "on FAIL)")
@@ -62,7 +63,7 @@ def _report(args: argparse.Namespace, progress: Progress) -> int:
             except nccl_tests.NcclTestsError as exc:
                 raise InputError(str(exc)) from None
         progress.stage(f"reading RESULTS={args.results}")
-        run = load_run("RESULTS", args.results, READ)
+        run = load_run("RESULTS", args.results, logic.READ)
         out = Path(args.out) if args.out is not None else run.home
         where = f"--out={args.out}" if args.out is not None else f"RESULTS={args.results}"
         check_dir(out, where, InputError)  # before the report is built
@@ -72,10 +73,10 @@ def _report(args: argparse.Namespace, progress: Progress) -> int:
                 shown = ", ".join(impls[:8]) + (", ..." if len(impls) > 8 else "")
                 raise InputError(f"--reference={args.reference}: no row of RESULTS has this impl (impls: {shown})")
         progress.stage(f"building the report of {len(run.raw)} rows (tables, then plots)")
-        doc, pngs = build(run, model, DEFAULT_REFERENCE if args.reference is None else args.reference)
+        doc, pngs = logic.build(run, model, logic.DEFAULT_REFERENCE if args.reference is None else args.reference)
         progress.stage(f"writing to {out}")
         try:
-            written = write(out, doc, pngs)
+            written = logic.write(out, doc, pngs)
         except OSError as exc:
             raise InputError(f"{where}: cannot write the report to {out}: {one_line(exc, 200)}") from None
     except InputError as exc:
