@@ -244,13 +244,13 @@ def sweep_estimate(points: Sequence[Resolved], machine: Machine | None = None) -
         f"peak {peak.ranks} ranks x ~{_size(peak.rank_bytes)}")
 
 
-def past_timeout(points: Sequence[tuple[Resolved, float]], machine: Machine) -> str:
-    """One warning line for the points (a resolved point and its ``timeout_s``)
-    whose estimate at this machine's load now (:func:`load_factor`) is past
-    their ``timeout_s``, which would end them as ``timeout`` rows; '' when
-    none is."""
+def past_timeout(points: Sequence[Any], machine: Machine) -> str:
+    """One warning line for the points (preflight's: ``.resolved``, ``.cfg``) whose
+    estimate at this machine's load now (:func:`load_factor`) is past their
+    ``timeout_s``, which would end them as ``timeout`` rows; '' when none is."""
     factor = load_factor(machine)[0]
-    over = [(i, estimate(res, machine).seconds * factor, limit) for i, (res, limit) in enumerate(points)]
+    over = [(i, estimate(p.resolved, machine).seconds * factor, float(p.cfg["timeout_s"]))
+            for i, p in enumerate(points)]
     over = [o for o in over if o[1] > o[2]]
     if not over:
         return ""

@@ -158,7 +158,7 @@ def dry_run(points: list[Point]) -> str:
         if factor > 1:  # the sweep's time bound reads the idle figure; a user waiting now reads this one
             line += f"; at its load now ({load:.1f} on {machine.cores} cores) about {seconds * factor / 60:.1f} min"
         lines.append(line)
-        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], machine)
+        late = past_timeout(points, machine)
         if late:
             lines.append(late)
     else:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .budget import past_timeout
 
-        late = past_timeout([(p.resolved, float(p.cfg["timeout_s"])) for p in points], this_machine())
+        late = past_timeout(points, this_machine())
         if late:
             print(late, file=sys.stderr, flush=True)
     from nsa_cp_comm.harness import rank_warnings
