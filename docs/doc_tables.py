@@ -139,7 +139,8 @@ COLUMN_MEANING: dict[str, str] = {
     "wall_s": "the point's wall time, ranks' start included",
     "point_id": "hash of the requested configuration: what `resume=true` matches on",
     "overrides": "the point's command-line overrides",
-    "repro": "the command that reruns the point into a fresh results directory (where a rank raised, it prints "
+    "repro": "the command that reruns the point into the same results directory, appending a row (where a rank "
+             "raised, it prints "
              "that rank's traceback after the row)",
     "run_id": "the run (process) that wrote the row: its line in `runs.jsonl` holds the versions, host, git sha, machine and command",
     **_timing_meanings(),

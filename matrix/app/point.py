@@ -53,8 +53,10 @@ RESULT_SAME_NAME = tuple(f.name for f in fields(ImplResult) if f.name not in RES
 # The statistics no column holds: every phase's but the round trip's p99 and
 # spread (samples.jsonl holds every iteration's time, whence any statistic).
 STATS_ELSEWHERE: frozenset[str] = frozenset({"p99", "iqr"})
-# Keys a repro command leaves out: it reruns into a fresh results_dir, from scratch.
-REPRO_OMITS = ("results_dir", "resume", "workload")  # the repro names the batch's seq_lens itself
+# Keys a repro command leaves out: it reruns the point from scratch (no resume) into the
+# folder its row is in (results_dir, absolute since the sweep pinned it), appending a row
+# beside the one it repeats; the report lists both statuses in file order.
+REPRO_OMITS = ("resume", "workload")  # the repro names the batch's seq_lens itself
 # Keys that change how a sweep runs, not what a point measures: no column.
 NOT_IN_ROWS = ("force", "startup_timeout_s", "allow_skipped")
 
@@ -93,7 +95,7 @@ def effective_id(res: Resolved) -> str:
 
 def repro_command(cfg: Mapping[str, Any]) -> str:
     """The command line that reruns exactly this point (every key explicit,
-    every value quoted for Hydra and the shell) into a fresh results_dir,
+    every value quoted for Hydra and the shell) into the same results_dir,
     naming the app as it runs now (:func:`matrix.command`), after the
     environment the point needs (matrix.app.repro_env: ``env PYTHONPATH=... K=V``,
     with the directory an outside implementation was imported from).

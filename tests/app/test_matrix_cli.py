@@ -92,7 +92,8 @@ def test_smoke_sweep_through_the_cli_then_again_and_compare(tmp_path):
     assert a2a["status"] == "ok" and int(a2a["rows_moved"]) > 0 and float(a2a["roundtrip_p50_us"]) > 0
     for r in rows:
         assert split(r["repro"])[1][:3] == ["python", "-m", "matrix"] and f"cp_size={r['cp_size']}" in r["repro"]
-        assert "results_dir=" not in r["repro"]  # a repro runs into its own fresh results_dir
+        # a repro reruns into the folder its row is in (absolute: it runs from any directory)
+        assert f"results_dir={(tmp_path / 'res').resolve()}" in split(r["repro"])[1], r["repro"]
         assert r["run_id"] and r["timestamp"]
     # cp=2, [1] padded to 2 tokens, page-aligned: one page, all on rank 0, rank 1 empty
     empty = by[("2", "zigzag_page", "[1]", "none", "padded")]

@@ -4,9 +4,13 @@ place, file and line, in one line each)."""
 
 from __future__ import annotations
 
+import csv
 import re
 
+from matrix.app.repro_env import split
 from matrix.app.sweep import single_point
+from matrix.review import report
+from matrix.review._review import load_run
 from matrix_cli import sweep_here
 
 POINT = ("cp_size=2", "seq_lens=[7]", "hidden_size=32", "iters=1", "warmup=0", "timeout_s=120",
@@ -31,3 +35,23 @@ def test_only_one_point_run_without_m_shows_tracebacks():
     assert single_point([point], ["-m", "cp_size=2"]) is False
     assert single_point([point], ["--multirun", "cp_size=2"]) is False
     assert single_point([point, point], ["cp_size=2"]) is False
+
+
+def test_a_repro_reruns_into_the_folder_of_its_row_and_the_report_shows_both(tmp_path, monkeypatch, capsys):
+    """The repro as the row writes it (its results_dir named, absolute) appends a second row to the
+    same folder; readers use the later one, and the report's appendix shows both statuses in order."""
+    folder = tmp_path / "one"
+    first = sweep_here(folder, *POINT, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
+    assert first.returncode == 1, first.stderr[-2000:]
+    with open(folder / "results.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    env, argv = split(row["repro"])
+    assert argv[:3] == ["python", "-m", "matrix"] and f"results_dir={folder.resolve()}" in argv, row["repro"]
+    keys = [a for a in argv[3:] if not a.startswith("results_dir=")]
+    again = sweep_here(folder, *keys, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
+    assert again.returncode == 1 and "RuntimeError: injected fault on rank 1" in again.stderr, again.stderr[-2000:]
+    with open(folder / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["point_id"] for r in rows] == [row["point_id"]] * 2
+    appendix = "\n".join(report.duplicates(load_run("RESULTS", str(folder), report.READ)))
+    assert "Points with duplicate rows" in appendix and "error -> error" in appendix, appendix
