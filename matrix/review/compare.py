@@ -468,12 +468,28 @@ def noise_lines(j: pd.DataFrame, metric: str, threshold: float) -> list[str]:
     lines = [f"noise measured: between the runs the median unchanged row moved {pct(nz['between_p50'])} "
              f"(90th percentile {pct(nz['between_p90'])}, {nz['points']} rows); within a run a row's "
              f"samples spread {pct(nz['within'])} (median IQR/median)"]
+    lines += _wide_but_powered(j, nz["within"], threshold)
     if threshold < nz["between_p50"] * 2:
         lines.append(f"warning: --fail-above={threshold * 100:g}% is finer than these runs resolve (twice the median "
                      f"drift between them is {pct(2 * nz['between_p50'])}): differences that small are not told "
                      "apart from the machine's drift; use the paired metric (default), quieter runs, more iters, "
                      "or a larger threshold")
     return lines
+
+
+def _wide_but_powered(j: pd.DataFrame, within: float, threshold: float) -> list[str]:
+    """Why a spread wider than the change the gate must flag still let every
+    tested row judge it (one line), or nothing: the rank test's power grows
+    with the samples a side, so a sample's spread alone does not decide it."""
+    powered = j["power"].dropna() if "power" in j else pd.Series(dtype=float)
+    change = resolved_change(threshold)
+    if not within > change or powered.empty or powered.lt(POWER_MIN).any():
+        return []
+    k = int(fewest_samples(j).loc[powered.index].min())
+    return [f"the spread within a run ({within * 100:.1f}%) is wider than the {change * 100:g}% change the gate must "
+            f"flag, yet every tested row has the power to flag it (least P = {powered.min():.2f} >= {POWER_MIN:g}, "
+            f"{k} or more samples a side): the rank test weighs all the samples of both runs, and its power grows "
+            "with their number, not only with one sample's spread"]
 
 
 def _sorted(j: pd.DataFrame) -> pd.DataFrame:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -136,6 +137,7 @@ def test_beyond_the_threshold_but_too_noisy_to_judge_is_unverified_not_noise(tmp
     assert any(m.startswith("UNVERIFIED (low power: P(flag a 30% change) = 0.")
                and "< 0.8 with 8 samples a side" in m and m.endswith("time both runs with iters=auto)")
                for m in marks(out)), marks(out)
+    assert "has the power to flag it" not in out  # a row lacks it: the row says so, the noise line does not
     assert gate(base, new, capsys, "--allow-unverified")[0] == 0
 
 
@@ -150,6 +152,10 @@ def test_beyond_the_threshold_but_not_significant_with_power_is_noise(tmp_path, 
     code, out = gate(base, new, capsys)
     assert code == 0 and "within-noise=1" in summary(out) and "unverified=0" in summary(out), out
     assert any(m.startswith("within noise (beyond 15% but not significant") for m in marks(out))
+    # a spread far wider than the 30% to flag, with the power to flag it: said, and why
+    assert re.search(r"the spread within a run \(\d+\.\d%\) is wider than the 30% change the gate must flag, yet "
+                     r"every tested row has the power to flag it \(least P = (0\.[89]\d|1\.00) >= 0\.8, 200 or more "
+                     r"samples a side\)", out), out
 
 
 def test_significant_but_within_the_threshold_passes(tmp_path, capsys):
