@@ -260,6 +260,31 @@ def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir, monkeypat
     assert took < 600 - NOTICED_WITHIN_S, f"run() returned after {took:.1f}s"
 
 
+def test_parted_ranks_are_reported_from_the_stacks_that_showed_it(pool_workdir, monkeypatch):
+    """A rank that, once the parting is seen, does not dump its stack in time (a loaded machine):
+    each rank's ``waiting`` is still the collective the parting was seen in, not empty."""
+    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
+    seen = []
+    parted, ask = ranks.RankPool._parted, ranks.RankPool._ask_stacks
+
+    def parted_once(self, pending):
+        seen.append(parted(self, pending))
+        return seen[-1]
+
+    def late_after_parting(self, which):
+        if not any(seen):
+            return ask(self, which)
+        for r in which:  # asked, and nothing written yet when the wait ran out
+            self._stack_from[r] = ranks._marker_path(self._store_path, r, ranks.STACK_SUFFIX).stat().st_size
+        return None
+
+    monkeypatch.setattr(ranks.RankPool, "_parted", parted_once)
+    monkeypatch.setattr(ranks.RankPool, "_ask_stacks", late_after_parting)
+    results = RankPool(2, workdir=pool_workdir).run(rank_tasks.part_in_two_groups, timeout_s=600)
+    assert any(seen) and [r.status for r in results] == ["timeout"] * 2
+    assert all(r.waiting.startswith("waiting in torch.distributed.all_reduce") for r in results), results
+
+
 def test_a_slow_rank_is_not_parted(rank_pool, monkeypatch):
     """One rank computing at its place while its peer waits at the next one
     for longer than the parting check's period: not waiting in a collective,

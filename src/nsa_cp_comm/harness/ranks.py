@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from . import exits, forkserver, rank_warnings
-from .machine import bind_rank
+from .machine import bind_rank, load_factor
 from .rank_result import STOPPED, RankResult, summarize_failure
 from .rank_state import remember
 from .reap import kill_descendants
@@ -93,7 +93,8 @@ MARKER_SUFFIX = ".doing"
 # before killing it: where it waits is the evidence a hang leaves.
 STACK_SIGNAL = signal.SIGUSR1
 STACK_SUFFIX = ".stack"
-STACK_WAIT_S = 1.0
+STACK_WAIT_S = 1.0  # idle; scaled by the load (a loaded machine schedules the dumping rank late)
+STACK_WAIT_MAX_S = 10.0  # a stopped rank never dumps: the wait stays bounded whatever the load
 _STACK_FILE: Any = None
 
 
@@ -440,6 +441,7 @@ class RankPool:
         self.ran_outside_code = False
         self._next_task = 0
         self._stack_from: dict[int, int] = {}  # per rank: where its latest stack dump starts
+        self._parted_stacks = False  # the running task's stacks were read when it parted
         self._conns: list[Connection] = []
         self._procs: list[subprocess.Popen | forkserver.ForkedRank] = []
         workdir = Path(workdir)
@@ -547,10 +549,12 @@ class RankPool:
         main_path = getattr(sys.modules["__main__"], "__file__", None)
         for conn in self._conns:
             conn.send((task_id, main_path, payload))
+        self._parted_stacks = False
         results = self._collect(task_id, timeout_s, parting=True)
         if not all(r.ok for r in results):
             stuck = [r.rank for r in results if r.status == "timeout"]
-            self._ask_stacks(stuck)
+            if not self._parted_stacks:  # parted: the stacks that showed it are the evidence; asking
+                self._ask_stacks(stuck)  # again could find a rank the load keeps from dumping in time
             self._kill()  # first: a rank still running could move its marker
             for r in results:
                 r.doing = self._doing(r.rank, task_id)
@@ -589,7 +593,7 @@ class RankPool:
             except OSError:
                 del before[r]
         last = dict(before)
-        deadline = time.monotonic() + STACK_WAIT_S
+        deadline = time.monotonic() + min(STACK_WAIT_MAX_S, STACK_WAIT_S * load_factor()[0])
         while last and time.monotonic() < deadline:
             time.sleep(_POLL_S)
             for r in list(last):
@@ -654,6 +658,7 @@ class RankPool:
                 pending = [r for r in range(self.world_size) if r not in got]
                 looks = [*looks[-2:], self._idle_apart(task_id, pending)]
                 if _still_apart(looks) and self._parted(pending):
+                    self._parted_stacks = True
                     parted_s = now - (deadline - timeout_s)
                     break
                 next_look = time.monotonic() + PARTED_S
