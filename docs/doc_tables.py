@@ -9,7 +9,7 @@ Each table has one home, the code that uses it; the docs quote it between
   code with it (``matrix.app.summary.exit_code``);
 * ``columns`` (docs/columns.md): every column of ``results.csv``
   (``matrix.store.results.COLUMNS``, in the schema's groups) with its meaning: a
-  config key's from ``matrix.app.help.MEANING`` (what ``--help`` prints), the
+  config key's from ``matrix.app.config.MEANING`` (what ``--help`` prints), the
   others' from :data:`COLUMN_MEANING` below;
 * ``checks`` (docs/design.md): every ``failed_check`` name and what passing it
   proves (``nsa_cp_comm.harness.checks.CHECKS``);
@@ -39,7 +39,7 @@ for _path in (REPO / "src", REPO, REPO / "tests"):  # the app runs from the repo
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from matrix.app import help as app_help  # noqa: E402
+from matrix.app import config as app_config  # noqa: E402
 from matrix.app import summary  # noqa: E402
 from matrix.review import report  # noqa: E402
 from matrix.scale import plan_classes  # noqa: E402
@@ -152,7 +152,7 @@ def meaning(column: str) -> str:
     ``--help``, else ours."""
     text = COLUMN_MEANING.get(column, "")
     if column in results.CONFIG_COLUMNS or column in results.RUN_COLUMNS:
-        text = app_help.MEANING.get(column) or text
+        text = app_config.MEANING.get(column) or text
     return text.replace("|", "\\|")
 
 

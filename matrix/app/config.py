@@ -27,6 +27,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from nsa_cp_comm.harness import calibrate
+from nsa_cp_comm.harness.significance import MIN_SAMPLES as MIN_FLAGGABLE
 from nsa_cp_comm.harness.spec import MAX_SEED
 from nsa_cp_comm.modes import QUANT_GROUP, quant_refusal
 
@@ -132,6 +133,57 @@ TIMEOUT_MAX_S = 7 * 24 * 3600.0
 # A point with iters=auto: room for its timed loop's hard cap and the checks before the loop.
 AUTO_TIMEOUT_MIN_S = 2 * calibrate.EXTENDED_CAP_S
 BOOLS = ("shared_kv", "flush_l2", "resume", "force", "allow_skipped")
+
+# What each key means, one line each (--help; its range or choices come from the tables above):
+# beside the schema, so a new key is written in this file and reaches the help from here.
+MEANING: dict[str, str] = {
+    "cp_size": "CP ranks (one process each)",
+    "page_size": "KV page size of the page-aligned split (shared_kv=true only)",
+    "seq_lens": "request extend lengths of the batch, e.g. '[1001,300]' (each in [1, "
+                f"{SEQ_LEN_MAX}], at most {TOTAL_TOKENS_MAX} in all)",
+    "shared_kv": "true: page-aligned split zigzag_page; false: the split below",
+    "split": "split policy when shared_kv=false",
+    "align": "pad the batch to a multiple of this (a multiple of cp_size); null: cp_size",
+    "moe_a2a_backend": "none: all-gather MoE path (FULL); deepep: all-to-all path (SCATTERED)",
+    "mlp_mode": "auto derives it from moe_a2a_backend; a contradicting explicit mode gives a skipped row",
+    "impl": "both (padded, legacy, + a2a at SCATTERED points), designs (padded, pad_at_split), all, "
+            "one registered name, or package.module:attribute",
+    "backend": "auto: NCCL with one GPU per rank where cp_size GPUs exist, else gloo",
+    "device": "auto follows backend",
+    "bystanders": "world ranks outside the CP group (CP inside TP/DP); the CP group is in reverse world order",
+    "hidden_size": "hidden size H of the rows gathered",
+    "dtype": "dtype of the hidden states",
+    "num_experts": "experts of the reference MoE (a multiple of cp_size); null: two per rank",
+    "topk": "experts per token (at most num_experts)",
+    "shared_expert": "the reference MoE's shared expert: none; sharded (each rank a share of its units, summed by "
+                     "the reduce-scatter); replicated (whole on every rank, added once after the reduce-scatter)",
+    "warmup": "untimed iterations before the timed ones",
+    "iters": (f"timed iterations (fewer than {MIN_FLAGGABLE}: compare can flag nothing), or auto: until each "
+              f"implementation's median round trip over the A/A control's is known within "
+              f"{calibrate.CI_WIDTH:.0%} (95% interval), at least {calibrate.MIN_ITERS}, at most "
+              f"{calibrate.MAX_ITERS} or {calibrate.TIME_CAP_S:g} s ({calibrate.EXTENDED_CAP_S:g} s while compare's "
+              "test lacks the power to flag 1.3x)"),
+    "seed": "data seed; each rank's rows come from (seed, rank)",
+    "flush_l2": "evict caches between iterations",
+    "timeout_s": "per point, once its ranks are up",
+    "startup_timeout_s": "for a point's ranks to start (a timed-out start is retried once); null: ten times the "
+                         "estimate for its world, scaled by the machine's load",
+    "results_dir": "where results.csv and samples.jsonl go; ${now:...} is taken once per sweep",
+    "resume": "rerun only points without a row or whose rows are error/timeout",
+    "force": "run a sweep preflight estimates beyond this machine (ranks, memory, time)",
+    "allow_skipped": "exit 0 although an outside implementation ran nothing ok, or no uneven plan ok, at a cp "
+                     "of the sweep (listed after the summary either way)",
+    "workload": "a config group, workload=NAME: sweep seq_lens over the workload's K seeded batches",
+    "engine": "a config group, engine=NAME: the serving engine whose split and padding rules the plans follow",
+    "engine_model": "the model the engine serves: whether its router masks padding rows, whether the engine runs "
+                    "its CP prefill in CUDA graphs, what it gathers beside the hidden states",
+    "graphs": "auto | true | false: CUDA graphs for the CP prefill (auto: where the engine runs them for the model; "
+              "the padded length is then the capture bucket that holds the longest rank)",
+    "max_capture_size": "the largest CUDA-graph capture size, past which the step runs eager; null: the engine's",
+    "moe_quant": "none | fp8_block | fp8_block_monolithic: the experts' activation quantization (block fp8 on a "
+                 "modular or a monolithic kernel); where the engine quantizes before the gather (vLLM 0.34, "
+                 "monolithic) it gathers the fp8 rows and their scales in place of the rows",
+}
 
 # Config groups and Hydra's own keys that may appear on the command line.
 GROUPS = ("matrix", "layout", "workload", "plan_class", "conformance_cp", "field_bugs_at", "engine")

@@ -65,8 +65,8 @@ def _stable_id(key: dict[str, Any], bystanders: int) -> str:
     """``key`` hashed, each configuration column a later results layout added
     (:data:`matrix.store.runs.ADDED_CONFIG_COLUMNS`) left out where it holds
     what every row before it had: those points keep the ids they had."""
-    for k, (_, before) in ADDED_CONFIG_COLUMNS.items():
-        if key.get(k, before) == before:
+    for k, added in ADDED_CONFIG_COLUMNS.items():
+        if key.get(k, added.before) == added.before:
             key.pop(k, None)
     if bystanders:  # a world larger than the CP group makes another point
         key["bystanders"] = bystanders
@@ -82,15 +82,17 @@ def effective_id(res: Resolved) -> str:
     """Stable id of what a point measures: two configs that differ only in keys
     without effect (``page_size`` without shared KV, ``split`` with it) share it."""
     spec = res.spec
-    key = {
-        "policy": res.policy, "page_size": res.page_size, "seq_lens": list(spec.seq_lens), "cp_size": spec.cp_size,
-        "align": res.align, "mode": res.mode, "impls": list(res.impls), "backend": res.backend, "device": res.device,
-        "hidden_size": spec.hidden_size, "dtype": spec.dtype, "experts": spec.experts, "topk": spec.topk,
-        "warmup": spec.warmup, "iters": spec.iters, "seed": spec.seed, "flush_l2": spec.flush_l2,
-        "engine_model": spec.engine_model, "max_capture_size": spec.max_capture_size or None,
-        "moe_quant": spec.moe_quant, "engine": spec.engine, "shared_expert": spec.shared_expert,
-    }
+    # what resolve decided, then every field of the spec the ranks run (a new one is in the id so)
+    key: dict[str, Any] = {k: getattr(res, k) for k in _RESOLVED_IN_ID}
+    key.update((f.name, getattr(spec, f.name)) for f in fields(spec) if f.name not in key and f.name != "bystanders")
+    key.update(impls=list(res.impls), seq_lens=list(spec.seq_lens), max_capture_size=spec.max_capture_size or None,
+               experts=spec.experts)  # the experts it runs, not whether the count was left to the default
+    del key["num_experts"]
     return _stable_id(key, spec.bystanders)
+
+
+# What a point measures as resolve decided it (page_size 1 without shared KV, align's default cp_size).
+_RESOLVED_IN_ID = ("policy", "page_size", "align", "mode", "impls", "backend", "device")
 
 
 def repro_command(cfg: Mapping[str, Any]) -> str:

@@ -11,7 +11,7 @@ Preflight resolves every point of a sweep once; the budget
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from nsa_cp_comm import engines
@@ -104,13 +104,12 @@ def resolve(cfg: Mapping[str, Any], *, gpus: int | None = None) -> Resolved:
     capture, why = planner.graphs(cfg.get("graphs", "auto"), cfg.get("max_capture_size"))
     skip = skip or why
     try:
-        spec = PointSpec(
+        resolved = dict(
             seq_lens=tuple(cfg["seq_lens"]), cp_size=cp, policy=policy, page_size=page, align=cfg["align"],
-            mode=mode, impls=impls, hidden_size=cfg["hidden_size"], dtype=cfg["dtype"],
-            num_experts=cfg["num_experts"], topk=cfg["topk"], warmup=cfg["warmup"], iters=cfg["iters"],
-            seed=cfg["seed"], flush_l2=cfg["flush_l2"], bystanders=cfg["bystanders"], engine=planner.name,
-            shared_expert=cfg.get("shared_expert", "none"), engine_model=model, max_capture_size=capture,
-            moe_quant=quant)
+            mode=mode, impls=impls, engine=planner.name, shared_expert=cfg.get("shared_expert", "none"),
+            engine_model=model, max_capture_size=capture, moe_quant=quant)
+        # every other field of the spec is the key of its name as given: a new key reaches the ranks so
+        spec = PointSpec(**resolved, **{f.name: cfg[f.name] for f in fields(PointSpec) if f.name not in resolved})
     except ValueError as exc:  # validate() checks the same relations; this is the library's guard
         raise ConfigError(str(exc)) from None
     return Resolved(policy, mode, backend, device, impls, align, page, skip, spec, bool(cfg.get("force", False)))

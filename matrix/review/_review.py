@@ -305,9 +305,9 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
             frame = frame[~bad].reset_index(drop=True)
     malformed = len(aside)
     layout = layout_version(header)
-    for col, (since, value) in ADDED_CONFIG_COLUMNS.items():
-        if layout < since and value is not None:  # what every row of the older layout had
-            frame[col] = pd.Categorical([value] * len(frame))
+    for col, added in ADDED_CONFIG_COLUMNS.items():
+        if layout < added.layout and added.before is not None:  # what every row of the older layout had
+            frame[col] = pd.Categorical([added.before] * len(frame))
     for col in READ_COLUMNS:
         if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""

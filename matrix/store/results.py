@@ -25,9 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nsa_cp_comm import engines
 from nsa_cp_comm.harness.spec import DTYPE_NAMES
-from nsa_cp_comm.modes import BACKENDS, MOE_QUANTS, SHARED_EXPERTS
+from nsa_cp_comm.modes import BACKENDS
 
 from . import inputs
 from .outputs import append_whole, write_atomic
@@ -69,11 +68,7 @@ COLUMN_VALUES: dict[str, tuple[str, ...]] = {
     "backend": BACKENDS,
     "device": ("cpu", "cuda"),
     "dtype": DTYPE_NAMES,
-    "engine": engines.NAMES,
-    "engine_model": engines.MODELS,
-    "shared_expert": SHARED_EXPERTS,
-    "moe_quant": MOE_QUANTS,
-}
+} | {col: added.values for col, added in ADDED_CONFIG_COLUMNS.items() if added.values}
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")

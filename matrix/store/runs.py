@@ -45,6 +45,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
+
+from nsa_cp_comm import engines
+from nsa_cp_comm.modes import MOE_QUANTS, SHARED_EXPERTS
 
 from . import inputs
 from .outputs import append_whole
@@ -71,16 +75,25 @@ def runs_path(results_dir: str | os.PathLike[str]) -> Path:
     return Path(results_dir) / RUNS_FILE
 
 
-# The configuration columns added after layout 3: the layout that added each, and the value
-# every row of an older file had (None: no one value; read as an empty cell). A file's layout
-# is the newest that added a column its header holds; a reader fills an older file's rows.
-ADDED_CONFIG_COLUMNS: dict[str, tuple[int, str | None]] = {
-    "engine": (4, "seed_fix"),  # every row was planned by the seed fix's rules
-    "shared_expert": (5, "none"),  # the reference MoE had no shared expert
+class Added(NamedTuple):
+    """A configuration column a layout after 3 added."""
+
+    layout: int  # the layout that added it
+    before: str | None  # what every row of an older file had (None: no one value; read as an empty cell)
+    values: tuple[str, ...] = ()  # the values a cell may hold, where they are enumerated (readers refuse others)
+
+
+# The configuration columns added after layout 3, one entry each. A file's layout is the newest
+# that added a column its header holds; a reader fills an older file's rows; the ids leave a
+# column at its old value out; a column with values has them checked by every reader.
+ADDED_CONFIG_COLUMNS: dict[str, Added] = {
+    "engine": Added(4, "seed_fix", engines.NAMES),  # every row was planned by the seed fix's rules
+    "shared_expert": Added(5, "none", SHARED_EXPERTS),  # the reference MoE had no shared expert
     # planned for DeepSeek-V3.2 with the graphs key's default (the engines modelled then ran eager;
     # their rows join today's rows of the same point)
-    "engine_model": (6, "deepseek_v32"), "graphs": (6, "auto"), "max_capture_size": (6, None),
-    "moe_quant": (7, "none"),  # the experts computed on the rows' own dtype
+    "engine_model": Added(6, "deepseek_v32", engines.MODELS), "graphs": Added(6, "auto"),
+    "max_capture_size": Added(6, None),
+    "moe_quant": Added(7, "none", MOE_QUANTS),  # the experts computed on the rows' own dtype
 }
 
 
@@ -88,7 +101,7 @@ def layout_version(header: Iterable[str]) -> int:
     """The layout (1 to :data:`SCHEMA_VERSION`; see the module docstring) of a results.csv with ``header``."""
     names = set(header)
     if "run_id" in names:
-        return max((v for c, (v, _) in ADDED_CONFIG_COLUMNS.items() if c in names), default=3)
+        return max((a.layout for c, a in ADDED_CONFIG_COLUMNS.items() if c in names), default=3)
     return 2 if "effective_id" in names else 1
 
 

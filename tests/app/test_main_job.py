@@ -113,9 +113,9 @@ def test_help_is_the_apps_own(tmp_path, monkeypatch, capsys):
     layouts; exit 0 and nothing written. (In-process: the README's
     `python -m matrix --help` runs as a command in the slow set.)"""
     from matrix.app.config import KEYS
-    from matrix.app.help import MEANING
+    from matrix.app.config import MEANING
 
-    assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/app/help.py"
+    assert set(MEANING) == set(KEYS), "a schema key without a meaning in matrix/app/config.py"
     monkeypatch.chdir(tmp_path)
     code = main(["--help"])
     proc = subprocess.CompletedProcess([], code, capsys.readouterr().out, "")
