@@ -121,12 +121,15 @@ def test_repro_reruns_the_same_point(tmp_path):
     first = run_matrix(tmp_path / "a", "cp_size=2", "seq_lens=[300,77]", "hidden_size=32", "iters=2", "warmup=0",
                        "shared_kv=true", "page_size=16", multirun=False)
     assert first.returncode == 0, first.stderr[-2000:]
-    row = first.rows()[0]
+    row, written = first.rows()[0], len(first.rows())
     args = split(row["repro"])[1][3:]
-    assert not [a for a in args if a.startswith(("results_dir=", "resume="))]
-    second = run_matrix(tmp_path / "b", *args, multirun=False)
+    # into the same folder (absolute: the repro runs from anywhere), from scratch
+    assert [a for a in args if a.startswith(("results_dir=", "resume="))] == [f"results_dir={(tmp_path / 'a').resolve()}"]
+    second = run_matrix(tmp_path / "a", *[a for a in args if not a.startswith("results_dir=")], multirun=False)
     assert second.returncode == 0, second.stderr[-2000:]
-    again = second.rows()[0]
+    rows = second.rows()
+    again = rows[written]  # appended after the first run's rows
+    assert len(rows) == 2 * written and again["run_id"] != row["run_id"]
     for col in CONFIG_COLUMNS + ("policy", "total_tokens", "max_rank_len", "padded_total", "point_id"):
         assert again[col] == row[col], col
 
@@ -301,7 +304,8 @@ def test_repro_quotes_every_value_so_it_round_trips():
     argv = split(repro_command(cfg))[1]
     assert argv[:3] == ["python", "-m", "matrix"]
     parsed = {ov.key_or_group: ov.value() for ov in OverridesParser.create().parse_overrides(argv[3:])}
-    assert "results_dir" not in parsed and "resume" not in parsed  # a repro runs into a fresh directory
+    # a repro reruns into its row's folder (a value with a comma, quote and space round-trips), from scratch
+    assert parsed["results_dir"] == "/tmp/a,b'c d" and "resume" not in parsed
     for key, value in parsed.items():
         assert value == cfg[key], (key, value, cfg[key])
     assert parsed["impl"] == "tests.broken_impls:wrong_order"
