@@ -70,6 +70,7 @@ from nsa_cp_comm.harness import ImplResult, PointSpec, run_point  # noqa: E402
 from nsa_cp_comm.harness.machine import cpu_model, nccl_version  # noqa: E402
 from nsa_cp_comm.harness.ranks import close_pools, get_pool  # noqa: E402
 from nsa_cp_comm.harness.spec import DTYPES  # noqa: E402
+from nsa_cp_comm.plugins import ImplError  # noqa: E402
 
 RATIO_TARGET = 1.02
 # One rank on a GPU (``single``: NCCL at cp 1, where the collectives are device-local copies and
@@ -472,7 +473,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     try:
         impl = impl_registry.get(args.padded)
-    except impl_registry.ImplError as exc:
+    except ImplError as exc:
         ap.error(f"--padded {args.padded}: {exc}")
     if impl.mode != "FULL":
         ap.error(f"--padded {args.padded}: a {impl.mode}-mode implementation, not a FULL-mode round trip")

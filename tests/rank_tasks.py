@@ -291,9 +291,9 @@ def environment_variable(name: str) -> str | None:
 
 def installed_packages_read() -> int:
     """Whether this rank holds the installed packages' table without having read it (1) or not (0)."""
-    from nsa_cp_comm import impls
+    from nsa_cp_comm import plugins
 
-    return impls.installed_packages.cache_info().currsize
+    return plugins.installed_packages.cache_info().currsize
 
 
 def cpus() -> list[int]:

@@ -24,6 +24,7 @@ from nsa_cp_comm.harness import calibrate
 from nsa_cp_comm.harness.machine import Machine, this_machine
 from nsa_cp_comm.harness.spec import DTYPE_BYTES
 from nsa_cp_comm.modes import REFERENCE_FFN_SIZE as FFN_SIZE  # the experts the checks build
+from nsa_cp_comm.protocol import shard_len
 
 from .config import ConfigError, override_value
 from .resolve import Resolved
@@ -105,7 +106,7 @@ def estimate(res: Resolved, machine: Machine | None = None) -> Estimate:
     # An implementation that takes the split's padded shard ([P_r, H], the
     # engine's physical length) gathers P_r*cp rows, at least m*cp.
     if any(getattr(impl_registry.get(name), "shard", "rows") == "padded" for name in res.impls):
-        P = max(P, impl_registry.shard_len(plan) * cp)
+        P = max(P, shard_len(plan) * cp)
     row = H * item
 
     # the routed experts' weights, the shared expert's (drawn whatever its placement), the router

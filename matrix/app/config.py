@@ -408,7 +408,7 @@ def _check_workload(value: object) -> None:
 def _check_impl(value: object) -> None:
     """``impl``: a keyword, a registered name, or package.module:attribute
     (imported here, so a bad reference is one line before any rank starts)."""
-    from nsa_cp_comm import impls
+    from nsa_cp_comm import impls, plugins
     from nsa_cp_comm.origins import is_reference
 
     if not isinstance(value, str) or not value:
@@ -416,7 +416,7 @@ def _check_impl(value: object) -> None:
     if value == "all" or (value not in IMPL_KEYWORDS and not is_reference(value) and value not in impls.REGISTRY):
         try:
             impls.discover()  # an installed plugin that cannot load: one line naming its entry point
-        except impls.ImplError as exc:
+        except plugins.ImplError as exc:
             raise ConfigError(str(exc)) from None
     if value in IMPL_KEYWORDS:
         return

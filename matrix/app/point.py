@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from nsa_cp_comm.origins import is_reference
+from nsa_cp_comm.origins import is_reference, origin
 from nsa_cp_comm.harness.fold import ImplResult
 from nsa_cp_comm.harness.machine import cpu_model, device_name, gpus, nccl_version, torch_version
 
@@ -190,7 +190,7 @@ def declared_name(name: str) -> str:
     a built-in's or a keyword of ``impl``, or is an installed entry point's of
     another origin (the reference stays in the row's ``overrides`` and
     ``repro`` either way)."""
-    from nsa_cp_comm import impls
+    from nsa_cp_comm import impls, plugins
 
     from .config import IMPL_KEYWORDS
 
@@ -198,15 +198,15 @@ def declared_name(name: str) -> str:
         return name
     try:
         impl = impls.get(name)
-        declared = impls.DECLARED.get(name, "")
+        declared = plugins.DECLARED.get(name, "")
         if not declared or is_reference(declared) or declared != declared.strip() or declared in impls.BUILTIN \
                 or declared in IMPL_KEYWORDS:
             return name
         impls.discover()
         other = impls.REGISTRY.get(declared)
-    except (impls.ImplError, ValueError):
+    except (plugins.ImplError, ValueError):
         return name
-    return name if other is not None and impls.origin(other) != impls.origin(impl) else declared
+    return name if other is not None and origin(other) != origin(impl) else declared
 
 
 def row_names(names: list[str]) -> dict[str, str]:
@@ -223,11 +223,13 @@ def _moved_plan(name: str, plan: Any) -> dict[str, Any]:
     ``name`` moves the plan (its row stride: ``P`` for one that pads at the
     split); the plan's own (stride ``max_rank_len``) for a dispatch."""
     from nsa_cp_comm import impls
+    from nsa_cp_comm.hooks import HookError
+    from nsa_cp_comm.protocol import RoundTripImpl
 
     impl = impls.get(name)
     try:
-        return impl.plan_columns(plan) if isinstance(impl, impls.RoundTripImpl) else {}
-    except impls.HookError:  # a bad row_stride: the row is that implementation's error (run_point's reason)
+        return impl.plan_columns(plan) if isinstance(impl, RoundTripImpl) else {}
+    except HookError:  # a bad row_stride: the row is that implementation's error (run_point's reason)
         return {}
 
 

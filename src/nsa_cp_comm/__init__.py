@@ -21,7 +21,7 @@ _WHERE = {
     "A2A_BACKENDS": "modes", "ScatterMode": "modes", "mlp_mode": "modes",
     "ReferenceMoE": "moe",
     "POLICIES": "plan", "CPPlan": "plan", "ceil_align": "plan", "plan_split": "plan",
-    "DispatchImpl": "impls", "RoundTripImpl": "impls",
+    "DispatchImpl": "protocol", "RoundTripImpl": "protocol",
     "LEGACY_UNEVEN_ERROR": "roundtrip", "legacy_gather": "roundtrip", "legacy_scatter": "roundtrip",
     "padded_buffer": "roundtrip", "padded_gather": "roundtrip", "padded_gather_": "roundtrip",
     "padded_scatter": "roundtrip",
@@ -29,10 +29,10 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from .communicator import CPLayerCommunicator
-    from .impls import DispatchImpl, RoundTripImpl
     from .modes import A2A_BACKENDS, ScatterMode, mlp_mode
     from .moe import ReferenceMoE
     from .plan import POLICIES, CPPlan, ceil_align, plan_split
+    from .protocol import DispatchImpl, RoundTripImpl
     from .roundtrip import (
         LEGACY_UNEVEN_ERROR,
         legacy_gather,

@@ -12,6 +12,11 @@ reference. Pure Python: the report reads rows without importing torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .protocol import Impl
+
 REFERENCE_SEP = ":"
 OWN_DIST = "nsa_cp_comm"
 
@@ -26,6 +31,10 @@ def own() -> str:
     from . import __version__
 
     return f"{OWN_DIST} {__version__}"
+
+
+def origin(impl: Impl) -> str:
+    return impl.origin or own()
 
 
 def clean(origin: object) -> str:

@@ -16,7 +16,7 @@ this rank's ``n_r`` real rows. ``P >= m`` always, so this design never moves
 fewer bytes than the padded communicator; what it saves is the per-layer local
 work (the rows already sit in a padded tensor) and every uneven shape.
 
-The round trip here has the :class:`~nsa_cp_comm.impls.RoundTripImpl`
+The round trip here has the :class:`~nsa_cp_comm.protocol.RoundTripImpl`
 contract, so the matrix checks and times it like every implementation.
 """
 

@@ -2,7 +2,7 @@
 
 Serving code sizes its buffers once and reuses them at every layer: it
 gathers into a pre-sized buffer and reduce-scatters into a chunk of a
-pre-sized one. A :class:`~nsa_cp_comm.impls.RoundTripImpl` may give that form
+pre-sized one. A :class:`~nsa_cp_comm.protocol.RoundTripImpl` may give that form
 with ``prepare(plan, hidden, dtype, device, group) -> Production``; the timed
 loop runs it (:mod:`.harness.steps`) on new inputs every iteration and checks
 every iteration's outputs against what the plan says every rank contributed

@@ -240,14 +240,14 @@ def test_a_padded_shard_implementation_is_sized_by_the_engines_physical_length()
     """An implementation that takes the split's [P_r, H] shard gathers P_r*cp
     rows (P_r by the plan's engine, at least max_rank_len): its memory
     estimate counts them."""
-    from nsa_cp_comm import impls
+    from nsa_cp_comm import impls, protocol
 
     probe = impls.RoundTripImpl("padded_shard_probe", lambda *a: None, lambda *a: None, shard="padded")
     impls.register(probe)
     try:
         point = dict(cp_size=8, seq_lens=[9], policy="round_robin", engine="sglang_0_5_23", hidden_size=4096)
         plan = on(CI, cfg(**point))[0].plan()
-        assert impls.shard_len(plan) * 8 > plan.padded_total  # P = 8 rows a rank, m = 2
+        assert protocol.shard_len(plan) * 8 > plan.padded_total  # P = 8 rows a rank, m = 2
         padded, shard = (estimate(r, CI) for r in on(CI, cfg(**point, impl="padded"),
                                                      cfg(**point, impl="padded_shard_probe")))
         assert shard.rank_bytes > padded.rank_bytes

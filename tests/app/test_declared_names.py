@@ -9,7 +9,7 @@ from __future__ import annotations
 from matrix.compare import cli as compare_cli
 from matrix.review import compare
 from matrix.app.point import declared_name, row_names
-from nsa_cp_comm import impls
+from nsa_cp_comm import impls, plugins
 
 from compare_rows import make_row, write_run
 from matrix_cli import run_matrix
@@ -20,15 +20,15 @@ BROKEN = "tests.broken_impls"
 def test_a_reference_is_named_as_it_declares_itself_unless_that_name_is_taken(monkeypatch):
     assert declared_name(f"{BROKEN}:wrong_order") == "wrong_order"
     # declares "padded", a built-in's name: its rows keep the reference
-    assert impls.get(f"{BROKEN}:offset_by_one") and impls.DECLARED[f"{BROKEN}:offset_by_one"] == "padded"
+    assert impls.get(f"{BROKEN}:offset_by_one") and plugins.DECLARED[f"{BROKEN}:offset_by_one"] == "padded"
     assert declared_name(f"{BROKEN}:offset_by_one") == f"{BROKEN}:offset_by_one"
     assert declared_name("padded") == "padded"
-    monkeypatch.setitem(impls.DECLARED, f"{BROKEN}:wrong_order", "all")  # a keyword of impl
+    monkeypatch.setitem(plugins.DECLARED, f"{BROKEN}:wrong_order", "all")  # a keyword of impl
     assert declared_name(f"{BROKEN}:wrong_order") == f"{BROKEN}:wrong_order"
     # two references of one point that declare one name: each keeps its own
-    monkeypatch.setitem(impls.DECLARED, f"{BROKEN}:wrong_order", "same")
+    monkeypatch.setitem(plugins.DECLARED, f"{BROKEN}:wrong_order", "same")
     impls.get(f"{BROKEN}:dirty_padding")
-    monkeypatch.setitem(impls.DECLARED, f"{BROKEN}:dirty_padding", "same")
+    monkeypatch.setitem(plugins.DECLARED, f"{BROKEN}:dirty_padding", "same")
     refs = [f"{BROKEN}:wrong_order", f"{BROKEN}:dirty_padding", "padded"]
     assert row_names(refs) == {ref: ref for ref in refs}
 

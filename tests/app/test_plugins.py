@@ -22,7 +22,8 @@ import pytest
 
 import broken_impls
 from matrix_cli import REPO, CliRun, cli_env, run_matrix, run_python, sweep_here
-from nsa_cp_comm.impls import ImplError, RoundTripImpl, load_reference
+from nsa_cp_comm.impls import RoundTripImpl
+from nsa_cp_comm.plugins import ImplError, load_reference
 from nsa_cp_comm.plan import plan_split
 
 EXAMPLE = REPO / "examples" / "engine_comm"

@@ -259,17 +259,17 @@ def test_installed_packages_are_read_once_per_process_and_forked_ranks_inherit_t
     table (every distribution's file list) once per implementation was most of a rank's time at a
     point of eight plug-ins. It is read once per process, and the fork server reads it before it
     forks: a fresh rank holds it before its first task."""
-    from nsa_cp_comm import impls
+    from nsa_cp_comm import plugins
 
     monkeypatch.delenv(forkserver.FORK_ENV, raising=False)
     reads = []
-    real = impls.importlib.metadata.packages_distributions
-    monkeypatch.setattr(impls.importlib.metadata, "packages_distributions", lambda: reads.append(1) or real())
-    impls.installed_packages.cache_clear()
+    real = plugins.importlib.metadata.packages_distributions
+    monkeypatch.setattr(plugins.importlib.metadata, "packages_distributions", lambda: reads.append(1) or real())
+    plugins.installed_packages.cache_clear()
     try:
-        origins = {impls.load_reference(f"broken_impls:{name}").origin for name in ("wrong_order", "skips_cp3")}
+        origins = {plugins.load_reference(f"broken_impls:{name}").origin for name in ("wrong_order", "skips_cp3")}
         assert origins == {"broken_impls (no installed distribution)"} and len(reads) == 1, (origins, reads)
     finally:
-        impls.installed_packages.cache_clear()  # the next reader reads the real table again
+        plugins.installed_packages.cache_clear()  # the next reader reads the real table again
     with RankPool(2, workdir=tmp_path) as pool:
         assert [r.value for r in pool.run(rank_tasks.installed_packages_read, timeout_s=60)] == [1, 1]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import nsa_cp_comm.roundtrip as roundtrip
-from nsa_cp_comm import alternatives, impls
+from nsa_cp_comm import alternatives, hooks, impls, origins
 from nsa_cp_comm.harness.measure import point_on_rank, run_point
 from nsa_cp_comm.harness.spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from nsa_cp_comm.moe import ReferenceMoE, max_rel_err, tolerance
@@ -216,13 +216,13 @@ def test_registry_holds_every_builtin_through_the_protocol():
     assert {"padded", "legacy", "padded_zero_copy", "sumlen_allreduce", "allgatherv", "a2a"} <= set(impls.REGISTRY)
     ag = impls.get("allgatherv")
     assert isinstance(ag, impls.RoundTripImpl)
-    assert "nccl" in impls.skip_reason(ag, "gloo") and impls.skip_reason(ag, "nccl") is None
-    assert impls.skip_reason(impls.get("sumlen_allreduce"), "gloo") is None
+    assert "nccl" in hooks.skip_reason(ag, "gloo") and hooks.skip_reason(ag, "nccl") is None
+    assert hooks.skip_reason(impls.get("sumlen_allreduce"), "gloo") is None
     assert isinstance(impls.get("a2a"), impls.DispatchImpl) and impls.get("a2a").mode == "SCATTERED"
     plan = plan_split([1001, 300], 2, policy="zigzag")
     assert impls.get("sumlen_allreduce").starts(plan) == [0, 652]
     assert impls.get("sumlen_allreduce").buffer_rows(plan) == plan.total_tokens
-    assert impls.origin(impls.get("padded")).startswith("nsa_cp_comm ")
+    assert origins.origin(impls.get("padded")).startswith("nsa_cp_comm ")
 
 
 @pytest.mark.parametrize(

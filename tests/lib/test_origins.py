@@ -23,5 +23,5 @@ def test_outside_or_the_projects_own(impl, origin, outside):
 
 
 def test_the_registrys_built_ins_carry_the_projects_own_origin():
-    assert {impls.origin(impls.get(name)) for name in impls.BUILTIN} == {origins.own()}
+    assert {origins.origin(impls.get(name)) for name in impls.BUILTIN} == {origins.own()}
     assert origins.is_own(origins.own()) and origins.is_reference("a.b:c") and not origins.is_reference("padded")

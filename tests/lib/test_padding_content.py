@@ -17,7 +17,7 @@ import torch
 
 import plugin_tasks
 import vllm_plugin_tasks as tasks
-from nsa_cp_comm import impls
+from nsa_cp_comm import impls, protocol
 from nsa_cp_comm.harness import checks
 from nsa_cp_comm.harness.measure import point_on_rank
 from nsa_cp_comm.harness.spec import PointSpec, padding_content
@@ -48,7 +48,7 @@ def test_the_engines_padding_rows_are_its_own():
 def test_the_gathered_padding_is_checked_against_what_the_shard_held():
     plan = _spec([7], 2).plan()  # (3, 4): P = 4, rank 0 one padding row at row 3
     impl = dataclasses.replace(impls.get("padded"), shard="padded", pads_split=True,
-                               row_stride=lambda p: impls.shard_len(p))
+                               row_stride=lambda p: protocol.shard_len(p))
     full = torch.zeros(8, 4)
     content = torch.full((4, 4), 2.0)
     assert list(checks.layout_faults(impl, plan, full, lambda r, rows: True)) == []  # zeros, zeros expected

@@ -16,7 +16,7 @@ import torch
 
 import plugin_tasks
 import sglang_plugin_tasks as tasks
-from nsa_cp_comm import impls
+from nsa_cp_comm import impls, protocol
 from nsa_cp_comm.harness.checks import shard_input
 from nsa_cp_comm.plan import plan_split
 
@@ -56,7 +56,7 @@ SWEEP = {
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_the_engines_reason(rank_pool, cp):
     # skipped, or ok, correct and timed: checked in ok_points_of_sweep
     for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
-        p, pas = impls.shard_len(plan), impls.get("pad_at_split")
+        p, pas = protocol.shard_len(plan), impls.get("pad_at_split")
         # the engine's [P, H] shards, moved as the project's pad_at_split moves them
         assert r.rows_moved == p * cp == pas.buffer_rows(plan), where
         assert r.attn_pad_rows == p - min(plan.per_rank_tokens) == pas.stride(plan) - min(plan.per_rank_tokens)

@@ -18,7 +18,7 @@ import plugin_tasks
 from matrix_cli import sweep_here
 import vllm_plugin_tasks as tasks
 from matrix.scale import plan_classes
-from nsa_cp_comm import impls
+from nsa_cp_comm import protocol
 
 plugin_tasks.on_path(tasks.PLUGIN)
 REF = tasks.REF
@@ -55,7 +55,7 @@ SWEEP = {
 def test_every_point_of_a_sweep_is_ok_or_skipped_with_vllms_reason(rank_pool, cp):
     # skipped, or ok, correct and timed: checked in ok_points_of_sweep
     for r, plan, where in plugin_tasks.ok_points_of_sweep(rank_pool, tasks, cp, SWEEP[cp], _spec):
-        p = impls.shard_len(plan)
+        p = protocol.shard_len(plan)
         assert p == max(plan.per_rank_tokens) and r.rows_moved == p * cp, where  # P = max n_r
         assert r.even_bitwise_equal is (True if plan.is_even else None), where
 

@@ -84,10 +84,11 @@ if __name__ == "__main__":
 
         import nsa_cp_comm.harness.measure  # noqa: F401
         import nsa_cp_comm.impls
+        import nsa_cp_comm.plugins
         from nsa_cp_comm.harness.forkserver import serve
 
         nsa_cp_comm.impls.load_builtins()
-        nsa_cp_comm.impls.installed_packages()
+        nsa_cp_comm.plugins.installed_packages()
 
         serve(int(sys.argv[3]), die_with_starter, worker_main)  # never returns
     else:

@@ -29,10 +29,12 @@ from .. import engines, quant
 from .. import impls as impl_registry
 from ..collectives import Observed, observing
 from ..communicator import CPLayerCommunicator
+from ..hooks import ask
 from .cpgroup import cp_group, cp_ranks
 from ..modes import ScatterMode
 from ..moe import ReferenceMoE, counted_cp_times, max_rel_err, tolerance
 from ..plan import CPPlan
+from ..protocol import DispatchImpl, RoundTripImpl, add_replicated, shard_len
 from ..roundtrip import LEGACY_UNEVEN_ERROR, legacy_gather, legacy_scatter
 from .spec import DTYPES, PointSpec, as_bytes, bitwise_equal, make_shard, padding_content
 
@@ -196,7 +198,7 @@ def stand_in(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor
     return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
 
 
-def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Tensor,
+def shard_input(impl: RoundTripImpl, plan: CPPlan, rows: torch.Tensor,
                 spec: PointSpec | None = None) -> torch.Tensor:
     """What ``gather`` takes on this rank: a copy of its ``[n_r, H]`` rows, or
     for ``shard = "padded"`` the split's ``[P, H]`` shard, the rows then what
@@ -205,7 +207,7 @@ def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Ten
     ``spec``)."""
     if impl.shard != "padded":
         return rows.clone()
-    p = impl_registry.shard_len(plan)
+    p = shard_len(plan)
     out = rows.new_zeros((p, rows.shape[1]))
     out[: rows.shape[0]].copy_(rows)
     if spec is not None and p > rows.shape[0]:
@@ -213,7 +215,7 @@ def shard_input(impl: impl_registry.RoundTripImpl, plan: CPPlan, rows: torch.Ten
     return out
 
 
-def padding_mask(impl: impl_registry.RoundTripImpl, plan: CPPlan) -> torch.Tensor | None:
+def padding_mask(impl: RoundTripImpl, plan: CPPlan) -> torch.Tensor | None:
     """Which rows of the gathered buffer are padding (bool per row), or None
     for a layout without padding rows."""
     if impl.layout != "rank_major_padded":
@@ -234,7 +236,7 @@ def dirty_tail(t: object, n: int) -> int | None:
     return n + int(bad[0]) if bad.numel() else None
 
 
-def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor,
+def layout_faults(impl: RoundTripImpl, plan: CPPlan, full: torch.Tensor,
                   holds: Callable[[int, torch.Tensor], bool],
                   padding: torch.Tensor | None = None) -> Iterator[tuple[str, int, int]]:
     """A gathered buffer of the layout's size against the layout:
@@ -260,7 +262,7 @@ def layout_faults(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.T
                 yield "padding_zero", r, r * m + plan.per_rank_tokens[r]
 
 
-def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
+def check_gather(impl: RoundTripImpl, full: object, spec: PointSpec, plan: CPPlan, device,
                  rep: ImplReport, shards: list[torch.Tensor] | None = None) -> bool:
     """Gathered buffer: size, every rank's rows at its offset, zero padding.
     ``shards``: every rank's rows (generated here when not given). Returns
@@ -291,7 +293,7 @@ def check_gather(impl: impl_registry.RoundTripImpl, full: object, spec: PointSpe
     return True
 
 
-def _padded_content(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, device) -> torch.Tensor | None:
+def _padded_content(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, device) -> torch.Tensor | None:
     """The rows an engine's padded shard holds in its padding slots (enough
     for any rank), or None where they are zeros (a shard of rows, or an engine
     that pads with zeros): the gathered buffer moves them as they are."""
@@ -327,7 +329,7 @@ def _side_tensors(moe: ReferenceMoE, rule: engines.Engine, rows: torch.Tensor) -
     return out
 
 
-def _gather_side_tensors(impl: impl_registry.RoundTripImpl, rule: engines.Engine, plan: CPPlan,
+def _gather_side_tensors(impl: RoundTripImpl, rule: engines.Engine, plan: CPPlan,
                          local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor],
                          rep: ImplReport) -> dict[str, torch.Tensor | None]:
     """Where the point's engine gathers side tensors beside the rows (vLLM: the router
@@ -402,7 +404,7 @@ def _count_padding(rep: ImplReport, moe: ReferenceMoE, full: torch.Tensor, pads:
     rep.pad_expert_max = _most_to_one_expert(moe, full[routed])[0]
 
 
-def _told_padding(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: torch.Tensor | None,
+def _told_padding(impl: RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: torch.Tensor | None,
                   moe: ReferenceMoE, rep: ImplReport) -> torch.Tensor | None:
     """Where the model's router masks what it is told: the rows the
     implementation's ``is_padding`` marks (None without the hook, or for an
@@ -411,7 +413,7 @@ def _told_padding(impl: impl_registry.RoundTripImpl, plan: CPPlan, full: torch.T
     if impl.is_padding is None:
         return None
     rows = impl.buffer_rows(plan)
-    answer = impl_registry.ask(impl, "is_padding", plan)
+    answer = ask(impl, "is_padding", plan)
     try:
         told = torch.as_tensor(answer)
     except (TypeError, ValueError, RuntimeError):
@@ -490,7 +492,7 @@ def _check_group(rep: ImplReport, seen: Observed, phase: str) -> None:
                           "group it was handed (whose ranks are in another order)")
 
 
-def _read_by_global_rank(impl: impl_registry.RoundTripImpl, plan: CPPlan, rank: int, full: torch.Tensor,
+def _read_by_global_rank(impl: RoundTripImpl, plan: CPPlan, rank: int, full: torch.Tensor,
                          out: object) -> str:
     """What a scatter's wrong output is when it is the rows it would be with
     ``dist.get_rank()`` (the global rank) where the group's rank is meant:
@@ -584,7 +586,7 @@ def _not_run(rep: ImplReport, checks: list[str]) -> None:
             return
 
 
-def check_refusal(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def check_refusal(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                   local: torch.Tensor, group) -> ImplReport:
     """An even-only implementation on an uneven plan: gather and scatter must
     each raise (legacy: torch's text) without issuing any collective."""
@@ -629,7 +631,7 @@ def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: t
     return rep
 
 
-def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def _check_layout(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                   local: torch.Tensor, group, shards: list[torch.Tensor],
                   rep: ImplReport) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The checks of one round trip that need no reference MoE: ``group``,
@@ -681,7 +683,7 @@ def _check_layout(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPl
     return full, before, usable
 
 
-def check_light(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def check_light(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                 local: torch.Tensor, group, shards: list[torch.Tensor]) -> ImplReport:
     """The light checks of one FULL-mode implementation on this rank: every
     check of :func:`check_full` but ``reference_moe`` and ``even_bitwise``
@@ -699,7 +701,7 @@ def check_light(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan
     return rep
 
 
-def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
     """Every FULL-mode check of one implementation on this rank (``local``:
     this implementation's own copy of the rank's rows; ``shards``: every
@@ -745,7 +747,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
         lo = legacy_scatter(moe.partial(lf, rank, plan.cp_size).clone(), plan, group)
         shared = moe.replicated(lf)
         if shared is not None:  # the same rows of the same term, added the same way, after legacy's sum
-            lo = impl_registry.add_replicated(lo, shared, impl_registry.get("legacy"), plan, rank)
+            lo = add_replicated(lo, shared, impl_registry.get("legacy"), plan, rank)
         if usable:
             rep.even_bitwise_equal = (bitwise_equal(full, lf) and isinstance(out, torch.Tensor)
                                       and bitwise_equal(out, lo))
@@ -758,7 +760,7 @@ def check_full(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan,
     return rep
 
 
-def check_dispatch(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def check_dispatch(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                    local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
     """Dispatch -> this rank's experts with the routing weights -> combine; the
     dispatched rows must be exactly the rows routed here, and the combined

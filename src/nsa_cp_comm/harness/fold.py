@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import engines
+from .. import engines, origins
 from .. import impls as impl_registry
+from ..hooks import HookError
 from ..plan import CPPlan
+from ..protocol import RoundTripImpl
 from .calibrate import CALIBRATION
 from .spec import DTYPE_BYTES, PointSpec
 from .timing import CONTROL, fold_phases, roundtrip_bandwidth, summarize
@@ -57,7 +59,7 @@ class ImplResult:
 
 def origin_of(name: str) -> str:
     try:
-        return impl_registry.origin(impl_registry.get(name))
+        return origins.origin(impl_registry.get(name))
     except ValueError:
         return ""
 
@@ -81,8 +83,8 @@ def _stride_elsewhere(name: str, plan: CPPlan, reps: list[dict[str, Any]]) -> st
         return ""
     impl = impl_registry.get(name)
     try:
-        here = impl.stride(plan) if isinstance(impl, impl_registry.RoundTripImpl) else None
-    except impl_registry.HookError as exc:
+        here = impl.stride(plan) if isinstance(impl, RoundTripImpl) else None
+    except HookError as exc:
         return str(exc)
     if asked == {here}:
         return ""
@@ -136,7 +138,7 @@ def fold_reports(spec: PointSpec, plan: CPPlan, per_rank: list[dict[str, dict[st
             res.calibration = dict(per_rank[0].get(CALIBRATION) or {})
             try:
                 _bandwidth(res, reps, spec, plan, itemsize)
-            except impl_registry.HookError as exc:  # an answer that changed since the point began
+            except HookError as exc:  # an answer that changed since the point began
                 res = ImplResult(name, "error", reason=str(exc), origin=origin_of(name))
         results.append(res)
     return results

@@ -9,7 +9,7 @@ read as the user's Ctrl-C. :func:`answering` asks each outside
 implementation's hooks once per point in a forked child, bounded by a
 timeout, and for the point's duration puts in the registry a copy whose
 hooks replay the child's answers: a value, an exception (by its name and
-text, as :func:`~nsa_cp_comm.impls.ask` then reports it), or how the call
+text, as :func:`~nsa_cp_comm.hooks.ask` then reports it), or how the call
 ended the child (an exit, a signal, no answer in time). Each is then the
 implementation's own ``error`` row naming the hook; the sweep goes on. The
 built-ins are the project's own and are asked directly. The ranks, separate
@@ -32,7 +32,9 @@ from dataclasses import replace
 from typing import Any
 
 from .. import impls as impl_registry
+from ..hooks import HookEnded
 from ..plan import CPPlan
+from ..protocol import Impl
 
 # The hooks a point's rows read in the sweep's process, each a function of the plan alone.
 PLAN_HOOKS: tuple[str, ...] = ("supports", "row_stride", "legacy_bits_on_even")
@@ -43,7 +45,7 @@ def _send(fd: int, record: tuple) -> None:
     os.write(fd, len(data).to_bytes(8, "little") + data)
 
 
-def _child(impl: impl_registry.Impl, plan: CPPlan, fd: int) -> None:
+def _child(impl: Impl, plan: CPPlan, fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the user's Ctrl-C is the parent's to act on
     for hook in PLAN_HOOKS:
         fn = getattr(impl, hook, None)
@@ -86,7 +88,7 @@ def _records(fd: int, pid: int, timeout_s: float) -> list[tuple]:
                 return out
 
 
-def _ask_in_child(impl: impl_registry.Impl, plan: CPPlan, timeout_s: float) -> dict[str, tuple]:
+def _ask_in_child(impl: Impl, plan: CPPlan, timeout_s: float) -> dict[str, tuple]:
     """``{hook: record}`` for each of ``impl``'s plan hooks: ``("answer", value)``,
     ``("raised", name, text)`` or ``("ended", why)`` for the hook that was
     being asked when the child ended or stopped answering."""
@@ -141,7 +143,7 @@ def _replayed(hook: str, record: tuple, plan: CPPlan, real: Any) -> Any:
         if record[0] == "answer":
             return record[1]
         if record[0] == "ended":
-            raise impl_registry.HookEnded(record[1])
+            raise HookEnded(record[1])
         raise type(record[1], (Exception,), {})(record[2])  # as ask() names what the hook raised
     answer.__name__ = getattr(real, "__name__", hook)
     return answer

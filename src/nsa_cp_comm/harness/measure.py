@@ -21,6 +21,8 @@ import torch.distributed as dist
 from .. import engines
 from .. import impls as impl_registry
 from ..agree import agreed
+from ..hooks import skip_reason
+from ..protocol import RoundTripImpl
 from .checks import (
     ImplReport,
     check_dispatch,
@@ -102,7 +104,7 @@ def check_point(
             impl = impl_registry.get(name)
             # its own copy; a padded-shard implementation gets the split's [P, H]
             local = shard_input(impl, plan, shards[rank], spec) if impl.mode == "FULL" else shards[rank].clone()
-            reason = impl_registry.skip_reason(impl, backend, plan)
+            reason = skip_reason(impl, backend, plan)
             if reason:
                 reports[name] = ImplReport(status="skipped", reason=reason)
             elif impl.mode == "SCATTERED":
@@ -120,7 +122,7 @@ def check_point(
                 reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
             else:
                 reports[name] = check_full(impl, spec, plan, rank, device, local, moe, group, shards)
-            if isinstance(impl, impl_registry.RoundTripImpl) and not reports[name].status:
+            if isinstance(impl, RoundTripImpl) and not reports[name].status:
                 reports[name].stride = impl.stride(plan)  # what the rows' buffer columns must describe
             if watch is not None:
                 watch.after(name, "its checks")

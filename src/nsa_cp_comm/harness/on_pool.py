@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from .. import hooks
 from .. import impls as impl_registry
 from .._lazy import Deferred
 from ..modes import ScatterMode
@@ -64,7 +65,7 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     # legacy_bits_on_even rule) is data: asked here first, where the rows are
     # folded; a bad one is that implementation's error row, and the point's
     # other implementations run without it.
-    refused = {name: why for name in spec.impls if (why := impl_registry.hook_error(
+    refused = {name: why for name in spec.impls if (why := hooks.hook_error(
         impl_registry.get(name), pool.backend, plan))}
     if refused:
         others = tuple(name for name in spec.impls if name not in refused)

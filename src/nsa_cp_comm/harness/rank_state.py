@@ -194,7 +194,7 @@ def _library_places() -> list[tuple[str, Any, str, Any]]:
         from .. import origins
 
         found += [(f"nsa_cp_comm.impls.REGISTRY[{name!r}]", impls.REGISTRY, name, impl)
-                  for name, impl in list(impls.REGISTRY.items()) if impls.origin(impl) == origins.own()]
+                  for name, impl in list(impls.REGISTRY.items()) if origins.origin(impl) == origins.own()]
     return found
 
 

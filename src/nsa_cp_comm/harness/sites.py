@@ -16,10 +16,10 @@ import sysconfig
 import traceback
 from types import TracebackType
 
-from ..impls import OPTIONAL_HOOKS, REQUIRED_HOOKS
+from ..protocol import OPTIONAL_HOOKS, REQUIRED_HOOKS
 
 # The protocol's hooks a harness or library line calls on an implementation: a round trip's
-# (impls), the method that calls its scatters, a send block's stage, a dispatch's two. Longest
+# (protocol), the method that calls its scatters, a send block's stage, a dispatch's two. Longest
 # first, so that the pattern below takes gather_side before gather.
 HOOKS = tuple(sorted({*REQUIRED_HOOKS, *OPTIONAL_HOOKS, "scatter_moe", "stage", "dispatch", "combine"},
                      key=lambda h: (-len(h), h)))

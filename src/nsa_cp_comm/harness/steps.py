@@ -2,7 +2,7 @@
 
 Serving code gathers into a pre-sized buffer that it reuses, so a FULL-mode
 implementation is timed as its production form
-(:meth:`~nsa_cp_comm.impls.RoundTripImpl.production`, :mod:`.production`):
+(:meth:`~nsa_cp_comm.protocol.RoundTripImpl.production`, :mod:`.production`):
 buffers allocated once per point, outside the timed phases; its local work
 (the padded path's: copy the shard into its slot, zero its padding rows) a
 ``local`` phase of its own, apart from the ``gather`` and ``scatter``
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import impls as impl_registry
 from ..collectives import all_gather_into, reduce_scatter_into
 from ..moe import ReferenceMoE
 from ..plan import CPPlan
+from ..protocol import DispatchImpl, RoundTripImpl
 from .spec import DTYPES, PointSpec
 from .timing import CONTROL, Steps
 from .verify import TimedCheck
@@ -44,7 +44,7 @@ class RoundTripSteps(Steps):
     timed_check: TimedCheck | None = None
 
 
-def full_steps(impl: impl_registry.RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def full_steps(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                group: dist.ProcessGroup | None, shards: list[torch.Tensor], *, verify: bool = True) -> RoundTripSteps:
     """The timed form of a FULL-mode implementation at this point: its
     production form, whatever the implementation (no branch on its name).
@@ -93,7 +93,7 @@ class DispatchSteps(Steps):
     timed_check: DispatchCheck | None = None
 
 
-def dispatch_steps(impl: impl_registry.DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
+def dispatch_steps(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                    moe: ReferenceMoE, group: dist.ProcessGroup | None, shards: list[torch.Tensor], *,
                    verify: bool = True) -> DispatchSteps:
     """The timed form of a dispatch implementation: dispatch, then combine of
