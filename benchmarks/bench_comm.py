@@ -68,7 +68,7 @@ import perf_md  # noqa: E402
 from nsa_cp_comm import impls as impl_registry  # noqa: E402
 from nsa_cp_comm.harness import ImplResult, PointSpec, run_point  # noqa: E402
 from nsa_cp_comm.harness.machine import cpu_model, nccl_version  # noqa: E402
-from nsa_cp_comm.harness.ranks import close_pools, get_pool  # noqa: E402
+from nsa_cp_comm.harness.pools import close_pools, get_pool  # noqa: E402
 from nsa_cp_comm.harness.spec import DTYPES  # noqa: E402
 from nsa_cp_comm.plugins import ImplError  # noqa: E402
 

@@ -31,7 +31,7 @@ if str(REPO / "src") not in sys.path:
 import torch  # noqa: E402
 
 from nsa_cp_comm.harness.measure import PointSpec, run_point  # noqa: E402
-from nsa_cp_comm.harness.ranks import close_pools, get_pool  # noqa: E402
+from nsa_cp_comm.harness.pools import close_pools, get_pool  # noqa: E402
 
 FULL_IMPLS = ("padded", "padded_zero_copy", "legacy", "sumlen_allreduce", "allgatherv")
 BAD_STATUSES = ("failed", "error", "timeout")

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from nsa_cp_comm.harness.ranks import end_process
+    from nsa_cp_comm.harness.pools import end_process
 
     try:
         code = main()

@@ -10,7 +10,7 @@ from nsa_cp_comm import legacy_gather, padded_buffer, padded_gather, padded_gath
 from nsa_cp_comm.agree import _all_dtypes, agree, agreed
 from nsa_cp_comm.harness.checks import checked_group
 from nsa_cp_comm.collectives import _BOOKKEEPING, all_gather_into
-from nsa_cp_comm.harness.ranks import rank_device
+from nsa_cp_comm.harness.rank_body import rank_device
 from rank_tasks import raised
 
 H = 8

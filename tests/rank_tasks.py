@@ -36,7 +36,7 @@ from nsa_cp_comm import (
     plan_split,
 )
 from nsa_cp_comm.moe import max_rel_err, tolerance
-from nsa_cp_comm.harness.ranks import announce, rank_device
+from nsa_cp_comm.harness.rank_body import announce, rank_device
 
 # torch's NCCL text for mismatched all-gather sizes (docs/design.md, section 3), spelled out here
 # rather than taken from the library, so a changed text fails the tests.

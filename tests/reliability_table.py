@@ -114,7 +114,7 @@ def roundtrip_bad_inputs() -> dict[str, str]:
 
     from nsa_cp_comm import (CPLayerCommunicator, legacy_gather, legacy_scatter, padded_gather, padded_gather_,
                              padded_scatter, plan_split)
-    from nsa_cp_comm.harness.ranks import rank_device
+    from nsa_cp_comm.harness.rank_body import rank_device
 
     device = rank_device()
     uneven = plan_split([10], 2, policy="zigzag_page", page_size=64)

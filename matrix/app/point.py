@@ -255,7 +255,8 @@ def skipped_results(cfg: Mapping[str, Any], res: Resolved) -> list[ImplResult] |
 
 def _results_for(cfg: Mapping[str, Any], res: Resolved, job_dir: str | Path) -> list[ImplResult]:
     from nsa_cp_comm.harness.on_pool import run_point
-    from nsa_cp_comm.harness.ranks import get_pool, one_line_error
+    from nsa_cp_comm.harness.pools import get_pool
+    from nsa_cp_comm.harness.rank_body import one_line_error
 
     skipped = skipped_results(cfg, res)
     if skipped is not None:

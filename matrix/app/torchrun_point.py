@@ -33,7 +33,8 @@ import time
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S, implementation_site, one_line_error
+from nsa_cp_comm.harness.rank_body import implementation_site, one_line_error
+from nsa_cp_comm.harness.ranks import FAILURE_GRACE_S
 
 from .config import ConfigError, validate_overrides
 from ..store.results import SchemaError
@@ -129,7 +130,7 @@ def _run_rank(spec: Any, backend: str, device: Any, timeout_s: float,
     in a collective. ``doing``: on a failure, the place the rank last
     announced (its point's place marker), so the failure is blamed on the
     implementation whose turn it was, as in a rank pool."""
-    from nsa_cp_comm.harness.ranks import last_announced
+    from nsa_cp_comm.harness.rank_body import last_announced
 
     outcome = _point_outcome(spec, backend, device, timeout_s, outcomes)
     return (*outcome, "" if outcome[0] == "ok" else last_announced())
@@ -224,7 +225,7 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
 
     from nsa_cp_comm.harness.fold import fold_reports
     from nsa_cp_comm.harness.blame import failed_run
-    from nsa_cp_comm.harness.ranks import set_rank_device
+    from nsa_cp_comm.harness.rank_body import set_rank_device
 
     from .point import build_rows, point_id, skipped_results, write_point
     from ..store.folder import Folder

@@ -68,7 +68,7 @@ def no_leftover_processes(tmp_path):
     under the test's tmp_path, or (forked in this process) is one its fork
     server reports: none may outlive the test."""
     yield
-    from nsa_cp_comm.harness.ranks import close_pools
+    from nsa_cp_comm.harness.pools import close_pools
 
     close_pools()  # warm pools of matrix.app.point.run in this process
     assert processes_left(str(tmp_path)) == {}
@@ -481,7 +481,7 @@ def _point_cfg(tmp_path: Path, **over) -> dict:
 @pytest.mark.parametrize("fault", list(table.POOL_FAULTS))
 def test_injected_fault_costs_one_row(fault, tmp_path):
     from matrix.app.point import run
-    from nsa_cp_comm.harness.ranks import get_pool
+    from nsa_cp_comm.harness.pools import get_pool
 
     timeout_s, status, reason = table.POOL_FAULTS[fault]
     job = tmp_path / "job"

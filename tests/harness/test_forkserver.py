@@ -26,6 +26,7 @@ import rank_tasks
 from matrix_cli import REPO, run_python
 from nsa_cp_comm.harness import RankPool, forkserver, ranks
 from nsa_cp_comm.harness.machine import BIND_ENV, rank_cpus
+from nsa_cp_comm.harness.rendezvous import STORE_PREFIX
 from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _reap, end_drill, frozen, mutated_worker,
                            start_interrupted, start_reaper, stop, wait_for)
 
@@ -158,7 +159,7 @@ def test_an_interrupted_start_on_the_fork_path_forks_no_rank_and_leaves_no_rende
     start_interrupted(tmp_path, 0.3)
     server = forkserver.find(ranks.rank_env(), ranks.WORKER_PATH)
     assert server is not None and not server.ready and not server.children  # not ready yet: nothing forked
-    assert list(tmp_path.glob(f"{ranks.STORE_PREFIX}*")) == []
+    assert list(tmp_path.glob(f"{STORE_PREFIX}*")) == []
     with RankPool(2, workdir=tmp_path) as pool:
         assert [rank_tasks.parent_pid(pid) for pid in pool.pids] == [server.proc.pid] * 2
 

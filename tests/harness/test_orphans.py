@@ -24,7 +24,8 @@ from orphan_drills import (DEATH_SIGNAL_S, START_S, _driver_env, _read_line, _re
                            read_text, start_interrupted, start_reaper, stop, wait_for)
 from nsa_cp_comm.harness import RankPool, ranks
 from nsa_cp_comm.harness._worker import ORPHAN_EXIT
-from nsa_cp_comm.harness.ranks import STORE_PREFIX, WORKER_PATH, remove_stale_stores
+from nsa_cp_comm.harness.ranks import WORKER_PATH
+from nsa_cp_comm.harness.rendezvous import STORE_PREFIX, remove_stale_stores
 
 # How long a rank may take to notice that its starter is gone. With the death
 # signal armed from the first statements it is milliseconds; the bound is

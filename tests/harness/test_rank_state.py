@@ -16,7 +16,7 @@ import rank_tasks
 from matrix.app import budget, point
 from matrix.app.config import MatrixConfig
 from matrix_cli import live_processes, processes_left
-from nsa_cp_comm.harness import RankPool, ranks
+from nsa_cp_comm.harness import RankPool, pools, ranks
 from nsa_cp_comm.harness.blame import state_change
 from nsa_cp_comm.harness.cpgroup import group_rank_of
 from nsa_cp_comm.harness.fold import ImplResult
@@ -235,7 +235,7 @@ def test_a_point_bounds_rank_start_up_by_its_own_key_or_the_machine(monkeypatch,
         seen.update(kwargs)
         raise RuntimeError("no ranks here")
 
-    monkeypatch.setattr(ranks, "get_pool", fake_pool)
+    monkeypatch.setattr(pools, "get_pool", fake_pool)
     cfg = {**dataclasses.asdict(MatrixConfig()), "cp_size": 2, "seq_lens": [10], "timeout_s": 7.0,
            "results_dir": str(tmp_path)}
     res = point.resolve(cfg)
@@ -277,32 +277,32 @@ def test_a_start_that_times_out_is_retried_and_one_that_fails_is_not(monkeypatch
                 pass
 
         calls.clear()
-        monkeypatch.setattr(ranks, "_POOLS", {})
-        monkeypatch.setattr(ranks, "RankPool", Pool)
+        monkeypatch.setattr(pools, "_POOLS", {})
+        monkeypatch.setattr(pools, "RankPool", Pool)
 
     flaky(ranks.StartTimeout, 1)
-    assert ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1).alive
+    assert pools.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1).alive
     assert len(calls) == 2
     flaky(ranks.StartTimeout, 2)
     with pytest.raises(ranks.StartTimeout, match=r"tried 2 time\(s\), 5 s each"):
-        ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_timeout_s=5, start_retries=1)
+        pools.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_timeout_s=5, start_retries=1)
     flaky(RuntimeError, 1)
     with pytest.raises(RuntimeError):  # a rank that failed to start is not slow: no second try
-        ranks.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
+        pools.get_pool(2, backend="gloo", device="cpu", workdir=tmp_path, start_retries=1)
     assert len(calls) == 1
 
 
 def _sweep_of_two(workdir, first):
-    """Two points as a sweep runs them (ranks from ranks.get_pool, the
+    """Two points as a sweep runs them (ranks from pools.get_pool, the
     after-point check): ``first`` alone, then padded alone. Their rows."""
     rows = []
     try:
         for impls in ((first,), ("padded",)):
-            pool = ranks.get_pool(2, backend="gloo", device="cpu", workdir=workdir)
+            pool = pools.get_pool(2, backend="gloo", device="cpu", workdir=workdir)
             # uneven (651 and 650 rows): padding rows for zero_ to zero
             rows += _checked_point(pool, impls, seq_lens=(1001, 300))
     finally:
-        ranks.close_pools()
+        pools.close_pools()
     return rows
 
 

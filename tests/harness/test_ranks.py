@@ -13,8 +13,9 @@ import torch
 import rank_tasks
 from matrix_cli import live_processes
 from orphan_drills import read_text
-from nsa_cp_comm.harness import RankPool, RankResult, exits, forkserver, ranks, run_on_ranks
-from nsa_cp_comm.harness.ranks import rank_device, summarize_failure
+from nsa_cp_comm.harness import RankPool, RankResult, exits, forkserver, hangs, ranks, run_on_ranks
+from nsa_cp_comm.harness.rank_body import rank_device
+from nsa_cp_comm.harness.ranks import summarize_failure
 
 # Bounds on how long things take are loose: the suite runs on loaded 2-core
 # machines. A bound says "noticed, not waited out" (far below the timeout it
@@ -249,7 +250,7 @@ QUICK_PARTED_S = 1.0
 def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir, monkeypatch):
     """Each rank waits in a collective at a different place: the task ends once
     that is seen twice, not at its bound; every rank's error says they parted."""
-    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
+    monkeypatch.setattr(hangs, "PARTED_S", QUICK_PARTED_S)
     pool = RankPool(2, workdir=pool_workdir)
     t0 = time.monotonic()
     results = pool.run(rank_tasks.part_in_two_groups, timeout_s=600)
@@ -263,9 +264,9 @@ def test_ranks_that_parted_end_the_task_before_its_bound(pool_workdir, monkeypat
 def test_parted_ranks_are_reported_from_the_stacks_that_showed_it(pool_workdir, monkeypatch):
     """A rank that, once the parting is seen, does not dump its stack in time (a loaded machine):
     each rank's ``waiting`` is still the collective the parting was seen in, not empty."""
-    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
+    monkeypatch.setattr(hangs, "PARTED_S", QUICK_PARTED_S)
     seen = []
-    parted, ask = ranks.RankPool._parted, ranks.RankPool._ask_stacks
+    parted, ask = hangs.TaskWatch.in_collectives, hangs.TaskWatch.ask_stacks
 
     def parted_once(self, pending):
         seen.append(parted(self, pending))
@@ -275,11 +276,11 @@ def test_parted_ranks_are_reported_from_the_stacks_that_showed_it(pool_workdir, 
         if not any(seen):
             return ask(self, which)
         for r in which:  # asked, and nothing written yet when the wait ran out
-            self._stack_from[r] = ranks._marker_path(self._store_path, r, ranks.STACK_SUFFIX).stat().st_size
+            self.stack_from[r] = hangs.marker_path(self.store_path, r, hangs.STACK_SUFFIX).stat().st_size
         return None
 
-    monkeypatch.setattr(ranks.RankPool, "_parted", parted_once)
-    monkeypatch.setattr(ranks.RankPool, "_ask_stacks", late_after_parting)
+    monkeypatch.setattr(hangs.TaskWatch, "in_collectives", parted_once)
+    monkeypatch.setattr(hangs.TaskWatch, "ask_stacks", late_after_parting)
     results = RankPool(2, workdir=pool_workdir).run(rank_tasks.part_in_two_groups, timeout_s=600)
     assert any(seen) and [r.status for r in results] == ["timeout"] * 2
     assert all(r.waiting.startswith("waiting in torch.distributed.all_reduce") for r in results), results
@@ -289,29 +290,28 @@ def test_a_slow_rank_is_not_parted(rank_pool, monkeypatch):
     """One rank computing at its place while its peer waits at the next one
     for longer than the parting check's period: not waiting in a collective,
     so the task runs to its end."""
-    monkeypatch.setattr(ranks, "PARTED_S", QUICK_PARTED_S)
-    results = rank_pool(2).run(rank_tasks.slow_rank_then_join, 3 * ranks.PARTED_S, timeout_s=300)
+    monkeypatch.setattr(hangs, "PARTED_S", QUICK_PARTED_S)
+    results = rank_pool(2).run(rank_tasks.slow_rank_then_join, 3 * hangs.PARTED_S, timeout_s=300)
     assert rank_tasks.answered(results) == [2, 2]
 
 
 def test_parting_is_seen_only_where_every_rank_waits_in_a_collective(monkeypatch):
     """The checker can fail: ranks at one place, a rank not yet in the task, or
     one whose stack is outside torch.distributed are not parted."""
-    pool = RankPool.__new__(RankPool)
-    pool._procs = [type("P", (), {"pid": os.getpid()})()] * 2
+    watch = hangs.TaskWatch("store", [os.getpid()] * 2, 0)
     places = {0: "a", 1: "b"}
     waits = {0: "waiting in torch.distributed.all_reduce, called at x.py:1 in f", 1: "at y.py:2 in g"}
-    monkeypatch.setattr(pool, "_doing", lambda r, task: places[r], raising=False)
-    monkeypatch.setattr(pool, "_ask_stacks", lambda rs: None, raising=False)
-    monkeypatch.setattr(pool, "_waiting", lambda r: waits[r], raising=False)
-    assert pool._idle_apart(0, [0, 1])[0] == ("a", "b")
-    assert not pool._parted([0, 1])  # rank 1 is not in a collective
+    monkeypatch.setattr(watch, "doing", lambda r: places[r], raising=False)
+    monkeypatch.setattr(watch, "ask_stacks", lambda rs: None, raising=False)
+    monkeypatch.setattr(watch, "waiting", lambda r: waits[r], raising=False)
+    assert watch.idle_apart([0, 1])[0] == ("a", "b")
+    assert not watch.in_collectives([0, 1])  # rank 1 is not in a collective
     waits[1] = "waiting in torch.distributed.barrier, called at y.py:3 in g"
-    assert pool._parted([0, 1])
+    assert watch.in_collectives([0, 1])
     places[1] = "a"
-    assert pool._idle_apart(0, [0, 1]) is None  # one place: waiting together
+    assert watch.idle_apart([0, 1]) is None  # one place: waiting together
     places[1] = ""
-    assert pool._idle_apart(0, [0, 1]) is None  # not yet in the task
+    assert watch.idle_apart([0, 1]) is None  # not yet in the task
 
 
 def test_ranks_are_apart_only_when_idle_at_the_same_places_on_three_looks():
@@ -319,11 +319,11 @@ def test_ranks_are_apart_only_when_idle_at_the_same_places_on_three_looks():
     moved, or too few looks are not parted."""
     places = ("a", "b")
     idle = [(places, (1.0, 2.0)), (places, (1.01, 2.0)), (places, (1.02, 2.01))]
-    assert ranks._still_apart(idle)
-    assert not ranks._still_apart(idle[:2])
-    assert not ranks._still_apart([*idle[:2], (places, (1.5, 2.01))])  # rank 0 computed
-    assert not ranks._still_apart([*idle[:2], (("a", "c"), (1.02, 2.01))])  # rank 1 moved on
-    assert not ranks._still_apart([None, *idle[1:]])
+    assert hangs._still_apart(idle)
+    assert not hangs._still_apart(idle[:2])
+    assert not hangs._still_apart([*idle[:2], (places, (1.5, 2.01))])  # rank 0 computed
+    assert not hangs._still_apart([*idle[:2], (("a", "c"), (1.02, 2.01))])  # rank 1 moved on
+    assert not hangs._still_apart([None, *idle[1:]])
 
 
 def test_a_pool_whose_folder_turned_read_only_closes_without_a_traceback(tmp_path, monkeypatch):

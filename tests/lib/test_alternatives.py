@@ -18,7 +18,8 @@ from nsa_cp_comm.harness.measure import point_on_rank, run_point
 from nsa_cp_comm.harness.spec import DTYPES, PointSpec, bitwise_equal, make_shard
 from nsa_cp_comm.moe import ReferenceMoE, max_rel_err, tolerance
 from nsa_cp_comm.plan import plan_split
-from nsa_cp_comm.harness.ranks import RankPool, rank_device
+from nsa_cp_comm.harness.rank_body import rank_device
+from nsa_cp_comm.harness.ranks import RankPool
 from nsa_cp_comm.roundtrip import (
     legacy_gather,
     legacy_scatter,

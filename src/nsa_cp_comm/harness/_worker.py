@@ -73,7 +73,7 @@ if __name__ == "__main__":
     serving = sys.argv[1] == SERVE_ARG
     die_with_starter(int(sys.argv[2] if serving else sys.argv[1]))
     _drop_script_dir()
-    from nsa_cp_comm.harness.ranks import worker_main
+    from nsa_cp_comm.harness.rank_body import worker_main
 
     if serving:
         # What every rank runs, imported once here so each rank forked from

@@ -1,7 +1,7 @@
 """Whose failure a point's failure is, and what the evidence says it did.
 
 Before each place of a point a rank says where it is
-(:func:`announce_place`, through :func:`.ranks.announce`); when the point
+(:func:`announce_place`, through :func:`.rank_body.announce`); when the point
 fails, the pool hands back each rank's last place and, for a rank that hung,
 where it waited (its stack). :func:`diagnose` reads them with the ranks'
 errors: the earliest place any CP rank was in names the implementation whose
@@ -24,7 +24,7 @@ from .cpgroup import cp_ranks, group_rank_of
 from .fold import ImplResult, origin_of
 from .rank_result import RankResult, summarize_failure
 from .rank_state import STATE_KEY
-from .ranks import announce
+from .rank_body import announce
 from .spec import PointSpec
 from .timing import CONTROL, Steps
 

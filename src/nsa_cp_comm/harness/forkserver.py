@@ -103,7 +103,7 @@ def usable(device: str) -> bool:
 def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> None:
     """The server's loop, in a process whose first statements already tied it
     to its starter (``_worker.py``, which has imported torch and the rank's
-    ``body``, ``ranks.worker_main``): say ready, then fork a rank for every
+    ``body``, ``rank_body.worker_main``): say ready, then fork a rank for every
     request and report every rank's exit. Each forked rank first calls
     ``guard(server_pid)``: the worker file's own ``die_with_starter``, so a
     rank forked here is guarded as the server was. Leaves when the starter

@@ -39,7 +39,7 @@ from ..modes import ScatterMode
 from ..moe import ReferenceMoE
 from .rank_state import STATE_KEY, Watch, begin_point
 from .phases import PHASES_KEY, PhaseClock
-from .ranks import rank_device
+from .rank_body import rank_device
 from .spec import DTYPES, PointSpec, make_shard
 from .calibrate import CALIBRATION, Calibrator, is_auto
 from .steps import CONTROL, control_steps, dispatch_steps, full_steps

@@ -20,7 +20,8 @@ from ..modes import ScatterMode
 from .blame import Failure, culprit_row, diagnose, every_row, not_run_row, state_change
 from .cpgroup import GROUP_RANK_KEY
 from .fold import ImplResult, fold_reports, origin_of
-from .ranks import RankPool, one_line_error
+from .rank_body import one_line_error
+from .ranks import RankPool
 from .spec import PointSpec
 
 # How much a point checks before it is timed (run_point's ``checks``).
@@ -75,7 +76,7 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
                                                        checks=checks, verify=verify, fresh=fresh))
         return [rows[name] for name in spec.impls]
     if any(impl_registry.get(name).origin for name in spec.impls):
-        # A plug-in runs on these ranks: no later point may (ranks.get_pool),
+        # A plug-in runs on these ranks: no later point may (pools.get_pool),
         # proven clean or not (the checks after each step put the blame on
         # what they see; the fresh ranks cover what they do not).
         pool.ran_outside_code = True

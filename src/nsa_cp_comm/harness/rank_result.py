@@ -19,8 +19,8 @@ class RankResult:
     raised; ``error`` is ``"Type: message"``), ``crashed`` (the process died),
     ``timeout`` (still running at the deadline) or ``aborted`` (killed because
     another rank failed first). ``doing``: on a failed task, what the rank
-    last said it was about to run (:func:`.ranks.announce`), or ''; on a
-    timed-out rank, ``waiting``: where its task waited (:func:`.ranks.waiting_in`).
+    last said it was about to run (:func:`.rank_body.announce`), or ''; on a
+    timed-out rank, ``waiting``: where its task waited (:func:`.hangs.waiting_in`).
     """
 
     rank: int
