@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from broken_impls import ref as B
+from matrix_cli import under_load
 from matrix.app import torchrun_point
 from nsa_cp_comm.harness import RankPool, blame, checks, measure
 from nsa_cp_comm.harness.blame import AT_CHECKS, AT_TIMED, announce_place, diagnose, failed_run
@@ -97,6 +98,7 @@ def test_a_raising_implementation_costs_its_own_row(rank_pool):
 
 
 def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdir):
+    bound, load = under_load(8)  # the hang's bound; the healthy turns before it must fit it at any load
     for culprit, status, says in (
         ("raise_in_loop", "error", "RuntimeError: injected fault in the timed loop"),
         ("hang_in_loop", "timeout", "where they waited: "),
@@ -105,10 +107,10 @@ def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdi
         name = B(culprit)
         with RankPool(2, workdir=pool_workdir) as pool:
             # The culprit's timed form is built first: the last one built is padded's.
-            res = by_impl(run_point(point(2, (name, "padded")), pool, timeout_s=8))
+            res = by_impl(run_point(point(2, (name, "padded")), pool, timeout_s=bound))
         bad = res[name]
         phase = "checks" if culprit == "hang_rank" else "turn in the timed loop (iteration 1)"
-        assert bad.status == status and f"in {name}'s {phase}" in bad.reason, bad.reason
+        assert bad.status == status and f"in {name}'s {phase}" in bad.reason, f"{bad.reason} ({load})"
         assert says in bad.reason, bad.reason
         if status == "timeout":  # the hung rank's stack: where it sleeps
             assert "tests/broken_impls.py" in bad.reason and "in _hang" in bad.reason, bad.reason
@@ -116,6 +118,7 @@ def test_a_failure_in_the_timed_loop_is_the_row_of_whose_turn_it_was(pool_workdi
 
 
 def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
+    bound, load = under_load(8)  # the hang's bound; the healthy turns before it must fit it at any load
     started = [RankPool(3, workdir=pool_workdir)]
 
     def fresh() -> RankPool:  # kept: the second point has a world of three ranks too
@@ -127,9 +130,9 @@ def test_timed_forms_that_break_the_ranks_are_diagnosed(pool_workdir):
         # that turn (the next turn starts at a fence on another group), its peers
         # wait at the fence.
         name = B("extra_barrier_timed")
-        res = by_impl(run_point(point(3, (name, "padded")), started[0], timeout_s=8, fresh=fresh))
+        res = by_impl(run_point(point(3, (name, "padded")), started[0], timeout_s=bound, fresh=fresh))
         bad = res[name]
-        assert bad.status == "timeout" and bad.failed_check == "collective_skipped", bad.reason
+        assert bad.status == "timeout" and bad.failed_check == "collective_skipped", f"{bad.reason} ({load})"
         assert (f"rank 0 still in {name}'s turn in the timed loop (iteration 1) while the others had moved on"
                 in bad.reason), bad.reason
         assert f"{name} issued a collective on rank 0 that the others did not" in bad.reason, bad.reason
