@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from matrix_cli import REPO, run
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -85,6 +87,12 @@ def _run(args, cwd, env, timeout=600):
     return proc
 
 
+# Tests that build the checkout share its build/ folder (setuptools builds there): one worker runs them,
+# one after the other (two at once failed copying a file the other had just removed).
+BUILDS_THE_CHECKOUT = pytest.mark.xdist_group("builds_the_checkout")
+
+
+@BUILDS_THE_CHECKOUT
 def test_a_wheel_runs_the_app_from_an_empty_folder(tmp_path):
     wheels, site, empty = tmp_path / "wheel", tmp_path / "site", tmp_path / "empty"
     empty.mkdir()
@@ -185,6 +193,7 @@ def test_the_readmes_install_lines_are_the_ones_the_fresh_venv_runs():
     assert tuple(install_lines()) == README_INSTALL
 
 
+@BUILDS_THE_CHECKOUT
 def test_the_readmes_install_lines_in_a_fresh_venv(tmp_path):
     """A user without the checkout: a fresh venv, torch of their choice (the CPU
     build, from this machine's wheel folder for PyTorch's CPU index), the
