@@ -1,6 +1,6 @@
-"""A row's repro shows where the rank raised: one point run without -m prints the raising rank's
-traceback on stderr after the rows are written; a sweep (-m) does not (its rows' reasons name the
-place, file and line, in one line each)."""
+"""A row's repro reruns its point into the row's folder and shows where the rank raised: one point
+run without -m prints the raising rank's traceback on stderr after the rows are written; a sweep (-m)
+does not (its rows' reasons name the place, file and line, in one line each)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,29 @@ POINT = ("cp_size=2", "seq_lens=[7]", "hidden_size=32", "iters=1", "warmup=0", "
          "impl=tests.broken_impls:raise_rank")
 
 
-def test_a_single_points_run_prints_the_raising_ranks_traceback(tmp_path, monkeypatch, capsys):
-    run = sweep_here(tmp_path / "one", *POINT, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
-    assert run.returncode == 1, run.stderr[-2000:]
-    # the rank as the row's reason numbers it (the CP group's numbering, which the harness permutes)
-    assert re.search(r"traceback of tests\.broken_impls:raise_rank's error, rank \d \(ranks numbered as in the CP "
-                     r"group\):\nTraceback \(most recent call last\)", run.stderr), run.stderr[-3000:]
-    assert "Traceback (most recent call last)" in run.stderr and "in _raise" in run.stderr, run.stderr[-3000:]
-    assert "RuntimeError: injected fault on rank 1" in run.stderr
+def test_a_single_points_run_and_its_repro_print_the_raising_ranks_traceback(tmp_path, monkeypatch, capsys):
+    """The row's repro as written (its results_dir named, absolute) reruns the point into the same
+    folder: a second row, readers use the later one, the report's appendix shows both statuses in
+    order; each run prints where the rank raised."""
+    folder = tmp_path / "one"
+    first = sweep_here(folder, *POINT, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
+    with open(folder / "results.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    env, argv = split(row["repro"])
+    assert argv[:3] == ["python", "-m", "matrix"] and f"results_dir={folder.resolve()}" in argv, row["repro"]
+    again = sweep_here(folder, *[a for a in argv[3:] if not a.startswith("results_dir=")], monkeypatch=monkeypatch,
+                       capsys=capsys, multirun=False)
+    for run in (first, again):
+        assert run.returncode == 1, run.stderr[-2000:]
+        # the rank as the row's reason numbers it (the CP group's numbering, which the harness permutes)
+        assert re.search(r"traceback of tests\.broken_impls:raise_rank's error, rank \d \(ranks numbered as in the "
+                         r"CP group\):\nTraceback \(most recent call last\)", run.stderr), run.stderr[-3000:]
+        assert "in _raise" in run.stderr and "RuntimeError: injected fault on rank 1" in run.stderr, run.stderr[-3000:]
+    with open(folder / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["point_id"] for r in rows] == [row["point_id"]] * 2
+    appendix = "\n".join(report.duplicates(load_run("RESULTS", str(folder), report.READ)))
+    assert "Points with duplicate rows" in appendix and "error -> error" in appendix, appendix
 
 
 def test_only_one_point_run_without_m_shows_tracebacks():
@@ -35,23 +50,3 @@ def test_only_one_point_run_without_m_shows_tracebacks():
     assert single_point([point], ["-m", "cp_size=2"]) is False
     assert single_point([point], ["--multirun", "cp_size=2"]) is False
     assert single_point([point, point], ["cp_size=2"]) is False
-
-
-def test_a_repro_reruns_into_the_folder_of_its_row_and_the_report_shows_both(tmp_path, monkeypatch, capsys):
-    """The repro as the row writes it (its results_dir named, absolute) appends a second row to the
-    same folder; readers use the later one, and the report's appendix shows both statuses in order."""
-    folder = tmp_path / "one"
-    first = sweep_here(folder, *POINT, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
-    assert first.returncode == 1, first.stderr[-2000:]
-    with open(folder / "results.csv", newline="") as fh:
-        (row,) = list(csv.DictReader(fh))
-    env, argv = split(row["repro"])
-    assert argv[:3] == ["python", "-m", "matrix"] and f"results_dir={folder.resolve()}" in argv, row["repro"]
-    keys = [a for a in argv[3:] if not a.startswith("results_dir=")]
-    again = sweep_here(folder, *keys, monkeypatch=monkeypatch, capsys=capsys, multirun=False)
-    assert again.returncode == 1 and "RuntimeError: injected fault on rank 1" in again.stderr, again.stderr[-2000:]
-    with open(folder / "results.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert [r["point_id"] for r in rows] == [row["point_id"]] * 2
-    appendix = "\n".join(report.duplicates(load_run("RESULTS", str(folder), report.READ)))
-    assert "Points with duplicate rows" in appendix and "error -> error" in appendix, appendix
