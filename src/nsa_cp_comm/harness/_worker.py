@@ -43,7 +43,7 @@ def die_with_starter(starter_pid: int) -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-            libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER (reap.PR_SET_CHILD_SUBREAPER)
+            libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
         except (OSError, AttributeError):  # pragma: no cover - exotic libc
             pass
     if os.getppid() != starter_pid:

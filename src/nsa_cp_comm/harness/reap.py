@@ -5,7 +5,7 @@ left: a plug-in's child started with ``start_new_session=True`` (or
 ``os.setsid``), or a daemon that double-forked, has its own session and
 group, and once its parent is gone the kernel hands it to init. So every
 rank, and the fork server ranks are forked from, is a *child subreaper*
-(``PR_SET_CHILD_SUBREAPER``, Linux 3.4+, :func:`become_subreaper`): a
+(``PR_SET_CHILD_SUBREAPER``, Linux 3.4+, :func:`._worker.die_with_starter`): a
 descendant whose parent died is handed to the rank instead, so the rank's
 tree of descendants (``/proc``'s parent links, :func:`descendants`) holds
 everything it started, whatever session it made. :func:`kill_descendants`
@@ -22,26 +22,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
-PR_SET_CHILD_SUBREAPER = 36
 # Walks of a stopped tree before it is killed: each finds what forked before
 # its parent was stopped; a tree still growing after this many is killed as found.
 _ROUNDS = 8
-
-
-def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux): orphaned descendants are
-    handed to it, not to init. Whether it took."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return False
 
 
 def _parents() -> dict[int, int]:
