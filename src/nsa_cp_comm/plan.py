@@ -21,8 +21,6 @@ from typing import Any, Literal
 
 Policy = Literal["round_robin", "zigzag", "zigzag_page", "dual_chunk_swap", "contiguous"]
 POLICIES: tuple[str, ...] = ("round_robin", "zigzag", "zigzag_page", "dual_chunk_swap", "contiguous")
-# The splits that cut each request into 2*cp blocks, rank k owning blocks k and 2*cp-1-k.
-MIRRORED: tuple[str, ...] = ("zigzag", "zigzag_page", "dual_chunk_swap")
 
 
 def ceil_align(a: int, b: int) -> int:

@@ -36,7 +36,6 @@ from time import perf_counter as _clock
 
 PERCENTILES = (10, 50, 90, 99)
 PHASES: tuple[str, ...] = ("local", "gather", "scatter")
-DERIVED: tuple[str, ...] = ("collective", "roundtrip")
 # The A/A control's name in the timed loop (.steps.control_steps): never an
 # implementation's (a leading underscore is not a valid registry name).
 CONTROL = "_control"
