@@ -35,8 +35,6 @@ def _listing(rows: pd.DataFrame, args: argparse.Namespace, threshold: float, col
     return out
 
 
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=" ".join(command("compare")),

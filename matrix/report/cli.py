@@ -46,9 +46,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns 0, 1 when the verdict is FAIL (unless
-    ``--exit-zero``; the files are written either way), or 2 on bad input
-    (one line on stderr, nothing written)."""
+    """Run the CLI; returns the exit code the module's docstring gives (0, 1 on FAIL, 2 on bad input)."""
     return run_command("report", _parser(), _report, argv)
 
 
