@@ -13,10 +13,8 @@ its figures cover; report.md and the appendix are rendered from it
 derived from them once (:class:`Derived`) returning a :class:`Part`: lines and
 tables (:func:`_head`, :func:`_whole`) for report.md and for the appendix.
 
-Exit code: 0, or 1 when the verdict is FAIL (an incorrect, failed, error or
-timeout row; ``--exit-zero`` exits 0 there too), with the files written either
-way; report.json's ``verdict`` and ``reasons`` say which. Bad input is one
-``error:`` line on stderr and exit code 2, with nothing written.
+The verdict is FAIL for an incorrect, failed, error or timeout row (the exit
+code it gives: :mod:`matrix.report.cli`); report.json's ``verdict`` and ``reasons`` say which.
 """
 
 from __future__ import annotations
