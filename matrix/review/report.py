@@ -387,9 +387,8 @@ def claim(df: pd.DataFrame, derived: Derived) -> Part:
 def ratios(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each impl's round-trip p50 over the ``reference`` impl's, per point, on the
     points where every impl of the cp size was timed (``rows``: the
-    :func:`timed_round_trips` of ``df``, when already computed): the two
-    values, their ratio, the spread (mean roundtrip_iqr_us of the two rows,
-    NaN when neither has one) and ``noise`` (the difference is within the spread)."""
+    :func:`timed_round_trips` of ``df``, when already computed), in the columns of
+    :func:`.side_by_side.to_reference`."""
     rows = timed_round_trips(df) if rows is None else rows
     same = rows[rows[COMMON]]
     info = ["backend", "device", "cp_size", "policy", "page_size", "seq_lens", "is_even", PID]

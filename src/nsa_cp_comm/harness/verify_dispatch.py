@@ -1,10 +1,8 @@
 """Every timed iteration of a dispatch implementation, checked against a reference it cannot touch.
 
-A SCATTERED-mode implementation (DeepEP's role) is outside code like any
-other: it may memoise its all-to-all, skip the routing metadata, or deliver
-rows only some of the time. So, as for the FULL-mode forms (:mod:`.verify`),
-every iteration (warm-up included) gets inputs no earlier iteration had, and
-what each phase returns is checked, untimed, right after it.
+A SCATTERED-mode implementation (DeepEP's role) is outside code that may
+memoise its all-to-all, skip the routing metadata, or deliver rows only some
+of the time, checked as :mod:`.verify` checks the FULL-mode forms:
 
 - Dispatch. Rank ``s``'s rows at iteration ``k`` are its shard with a mask
   row XORed into every row (sign and low mantissa bits, as :mod:`.verify`
@@ -21,8 +19,7 @@ what each phase returns is checked, untimed, right after it.
   to of their pattern rows for it, byte-exact; after the round trip the
   caller's rows must be as given.
 
-Every rank derives every rank's routing and draws from the point's seed, so
-no check needs a collective.
+Every rank derives every rank's routing and draws from the point's seed (no collective).
 """
 
 from __future__ import annotations
