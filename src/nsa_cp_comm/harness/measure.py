@@ -51,8 +51,6 @@ from .on_pool import CHECKS, run_point  # noqa: F401 - the names' old home, kept
 CHECK_TIMEOUT_S = 60.0
 
 
-
-
 def reference_moe(spec: PointSpec, device: torch.device) -> ReferenceMoE:
     """The point's reference MoE: built once per point (its weights are the
     largest thing a rank generates), the same on every rank."""
