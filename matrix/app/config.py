@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class MatrixConfig:
-    """One matrix point. Sweep any key with Hydra's multirun (``-m key=a,b``)."""
+    """One matrix point (each key's meaning: :data:`MEANING`). Sweep any key with Hydra's multirun (``-m key=a,b``)."""
 
     cp_size: int = 2
     page_size: int = 1
@@ -58,13 +58,9 @@ class MatrixConfig:
     dtype: str = "bfloat16"
     num_experts: Optional[int] = None  # null: two experts per rank
     topk: int = 2
-    # DeepSeek-V3.2's shared expert in the reference MoE: none | sharded (split over
-    # the ranks, summed by the reduce-scatter) | replicated (whole on every rank,
-    # added once after it), as serving code places it at the production shape
+    # replicated: as serving code places DeepSeek-V3.2's shared expert at the production shape
     shared_expert: str = "replicated"
     warmup: int = 5
-    # timed iterations, or auto: sample until the paired ratio's median is known
-    # to CI_WIDTH, or a cap (nsa_cp_comm.harness.calibrate)
     iters: Any = 20
     seed: int = 0
     flush_l2: bool = False
@@ -74,24 +70,17 @@ class MatrixConfig:
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
     force: bool = False  # run even where preflight estimates the sweep exceeds this machine
-    # pass a sweep where an outside implementation ran nothing, or no uneven plan, at some cp
     allow_skipped: bool = False
     # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
     # batches (matrix.scale.workload.expand_argv); recorded in each row, not in the point's identity
     workload: Optional[Any] = None
-    # conf/engine/NAME: the serving engine whose split and padding the plan follows (nsa_cp_comm.engines)
     engine: str = "seed_fix"
-    # the model the engine serves (nsa_cp_comm.engines.MODELS): whether its router masks padding rows,
-    # whether the engine runs its CP prefill in CUDA graphs, what it gathers beside the hidden states
     engine_model: str = "deepseek_v32"
     # CUDA graphs for the CP prefill: auto (where the engine runs them for the model, as it does by
     # default), true (a point whose engine refuses them is skipped with its reason), false (eager)
     graphs: Any = "auto"
-    # the largest capture size (null: the engine's default): past it the step runs eager
     max_capture_size: Optional[int] = None
-    # the experts' activation quantization (nsa_cp_comm.modes.MOE_QUANTS): none, fp8_block (block fp8
-    # on a modular kernel), fp8_block_monolithic (on a monolithic one: vLLM 0.34 gathers the fp8 rows
-    # and their scales in place of the rows, and no router masks padding)
+    # fp8_block_monolithic: besides what MEANING says, no router masks padding
     moe_quant: str = "none"
 
 
