@@ -88,6 +88,7 @@ CHECK_COLUMNS: tuple[str, ...] = (
     "status", "reason", "failed_check", "correct", "max_rel_err", "even_bitwise_equal",
 )
 
+# What each column means: docs/columns.md (docs/doc_tables.py renders it).
 TIMING_COLUMNS: tuple[str, ...] = (
     "gather_p10_us", "gather_p50_us", "gather_p90_us", "gather_mean_us",
     "scatter_p10_us", "scatter_p50_us", "scatter_p90_us", "scatter_mean_us",
@@ -96,13 +97,8 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "local_p10_us", "local_p50_us", "local_p90_us", "local_mean_us",
     "collective_p10_us", "collective_p50_us", "collective_p90_us", "collective_mean_us",
     "rows_moved", "bytes_padded", "bytes_useful",
-    # padding rows per layer: in one rank's attention input (max over ranks), in
-    # the gathered buffer every rank's MoE runs on
     "attn_pad_rows", "moe_pad_rows",
-    # of attn_pad_rows, those the engine keeps out of attention's output (masked, not computed)
     "attn_pad_masked_rows",
-    # of moe_pad_rows, those the engine's router keeps from the experts (masked); of them and the
-    # rest, those padded past the split's own length by a CUDA-graph bucket
     "moe_pad_masked_rows", "moe_pad_expert_max_rows", "graph_pad_rows",
     "algbw_padded_GBps", "busbw_padded_GBps", "algbw_useful_GBps", "busbw_useful_GBps",
 )
