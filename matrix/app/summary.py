@@ -3,12 +3,9 @@
 The summary is read back from the results files after the sweep, for the
 points preflight expanded: it is the same whichever launcher ran the points
 (in this process, or as jobs on other machines), and a point that never wrote
-a row counts as ``missing``. The exit code is 1 when any point is failed,
-error, timeout or missing, or when an implementation from outside the
-project ran no plan, or no uneven plan, at a cp of the sweep
-(matrix.review.coverage: a plug-in that skips everything is no pass; each such gap
-is a line after the summary, and ``allow_skipped=true`` lets it exit 0),
-else 0. Timed rows with too few samples for compare to flag a change (iters
+a row counts as ``missing``. The exit code is :func:`exit_code`'s; each
+coverage gap (matrix.review.coverage: a plug-in that skips everything is no
+pass) is a line after the summary. Timed rows with too few samples for compare to flag a change (iters
 below MIN_SAMPLES) are named on a line of their own: compare, not the sweep,
 fails them.
 """
