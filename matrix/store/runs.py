@@ -138,9 +138,7 @@ def record_run(results_dir: str | os.PathLike[str], meta: Mapping[str, object]) 
     """Append ``meta``'s line to ``runs.jsonl`` unless it is there already.
 
     Called with the results file's lock held: one process at a time. The line
-    goes in one ``write(2)`` (after a newline when a kill left the file's last
-    line unterminated); a failed or short write cuts the file back and raises
-    OSError."""
+    goes in as :func:`.outputs.append_whole` appends (it raises OSError)."""
     path = runs_path(results_dir)
     run_id = str(meta.get("run_id") or "")
     key = (os.path.realpath(path), run_id)

@@ -83,8 +83,7 @@ def is_auto(iters: object) -> bool:
 
 
 def time_cap(environ: Mapping[str, str] = os.environ) -> float:
-    """The timed loop's time cap: :data:`TIME_CAP_S`, or :data:`TIME_CAP_ENV`'s
-    seconds where set; ValueError naming it when it is not in (0, TIME_CAP_S]."""
+    """The timed loop's time cap: :func:`time_caps`' soft one."""
     return time_caps(environ)[0]
 
 
