@@ -35,9 +35,7 @@ def register(impl: Impl) -> Impl:
 
 
 def _own(function: str) -> Deferred:
-    """A function of the library's own modules, imported at its first call:
-    this registry is read in processes that never run a collective (a
-    sweep's own process), which then never import torch."""
+    """A function of the library's own modules, imported at its first call (:class:`._lazy.Deferred`: why)."""
     return Deferred(f"{__package__}.{function}")
 
 

@@ -165,11 +165,8 @@ class ImplReport:
 
 
 def checked_group(timeout_s: float, bystanders: int = 0) -> dist.ProcessGroup | None:
-    """The CP group the checks run on (:mod:`.cpgroup`: the world's ranks after
-    ``bystanders``, in reverse order) with torch's collective-consistency
-    checking (every collective's op, shapes and dtypes compared across ranks
-    first); None on a bystander. Created once per process (a collective: all
-    ranks call it)."""
+    """The CP group the checks run on: :func:`.cpgroup.cp_group` of the world's ranks after
+    ``bystanders`` (in reverse order), ``checked``. Created once per process."""
     return cp_group(dist.get_world_size() - bystanders, bystanders=bystanders, checked=True, timeout_s=timeout_s)
 
 
@@ -475,10 +472,8 @@ def _check_padding_out(rep: ImplReport, out: object, before: torch.Tensor, moe: 
 
 def _overcount(out: torch.Tensor, ref: torch.Tensor, moe: ReferenceMoE, local: torch.Tensor, cp: int,
                tol: float) -> str:
-    """What a wrong round trip is when it is the reference plus ``cp - 1``
-    times the replicated shared expert's output on this rank's rows: the
-    term added to every rank's partial before the reduce-scatter, which
-    summed it over the ranks. '' when it is not that (or nothing is replicated)."""
+    """What a wrong round trip is when :func:`counted_cp_times` finds the replicated shared
+    expert's output counted ``cp`` times; '' when it is not that (or nothing is replicated)."""
     if moe.shared_expert != "replicated" or not counted_cp_times(out, ref, moe.shared(local), cp, tol):
         return ""
     return (f": a replicated term counted cp times (the output is the reference plus {cp - 1} times the shared "
