@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from ..errors import LEGACY_UNEVEN_ERROR
 from .cpgroup import cp_ranks, group_rank_of
 from .fold import ImplResult, origin_of
-from .rank_result import RankResult, summarize_failure
+from .rank_result import RankResult, rank_list, summarize_failure
 from .rank_state import STATE_KEY
 from .rank_body import announce
 from .spec import PointSpec
@@ -210,16 +210,12 @@ def _ranks(ranks: list[int], cp_size: int) -> str:
 NUMBERING = "ranks numbered as in the CP group"
 
 
-def _listed(ranks: list[int]) -> str:
-    return f"rank {','.join(map(str, ranks))}"
-
-
 def _grouped(by_rank: dict[int, str]) -> str:
     """``rank a,b what; rank c other``: ranks with the same text together."""
     texts: dict[str, list[int]] = {}
     for rank, text in sorted(by_rank.items()):
         texts.setdefault(text, []).append(rank)
-    return "; ".join(f"{_listed(ranks)} {text}" for text, ranks in texts.items())
+    return "; ".join(f"{rank_list(ranks)} {text}" for text, ranks in texts.items())
 
 
 def _parted(first: _Where, known: dict[int, _Where], culprit: str) -> str:
@@ -228,10 +224,10 @@ def _parted(first: _Where, known: dict[int, _Where], culprit: str) -> str:
     ahead = {rank: f"in {w.describe()}" for rank, w in known.items() if w.at != first.at}
     if not ahead:
         return ""
-    text = f"{_listed(behind)} still in {first.describe()} while the others had moved on ({_grouped(ahead)})"
+    text = f"{rank_list(behind)} still in {first.describe()} while the others had moved on ({_grouped(ahead)})"
     if culprit:
-        text += (f": {culprit} issued a collective on {_listed(behind)} that the others did not, or the others skipped "
-                 f"one")
+        text += (f": {culprit} issued a collective on {rank_list(behind)} that the others did not, or the others "
+                 f"skipped one")
     return text
 
 
@@ -281,8 +277,8 @@ def diagnose(spec: PointSpec, results: list[RankResult]) -> Failure:
         reason = f"{mismatch}; {reason.split(_MISMATCH)[0]}{_MISMATCH}"
     elif done and stuck:
         check = "collective_skipped"
-        reason = (f"{_listed(stuck)} still waiting in a collective that {_listed(done)} never entered (they returned); "
-                  f"{reason}")
+        reason = (f"{rank_list(stuck)} still waiting in a collective that {rank_list(done)} never entered (they "
+                  f"returned); {reason}")
     elif parted:
         check = "collective_skipped"
         reason = f"{parted}; {reason}"
