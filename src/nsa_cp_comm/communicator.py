@@ -26,12 +26,8 @@ class CPLayerCommunicator:
     this batch), rows pass through untouched. All ranks must construct it with
     the same plan and mode.
 
-    With ``"padded"``, ``prepare_mlp`` copies only where it must
-    (:func:`~nsa_cp_comm.roundtrip.padded_gather`): a rank whose ``hidden`` has
-    ``max_rank_len`` rows hands it to the all-gather itself, so on an even
-    plan the call is legacy's (``hidden`` as the input, a fresh ``[T, H]`` as
-    the output, nothing copied or zeroed); only a shorter rank stages its rows
-    into a zero-padded ``[m, H]`` send block.
+    With ``"padded"``, ``prepare_mlp`` copies only where it must (on an even
+    plan, nothing: :func:`~nsa_cp_comm.roundtrip.padded_gather` says how).
     """
 
     def __init__(
