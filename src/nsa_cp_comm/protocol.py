@@ -194,9 +194,7 @@ class RoundTripImpl:
         return shard_len(plan) if self.shard == "padded" else plan.per_rank_tokens[rank]
 
     def plan_columns(self, plan: CPPlan) -> dict[str, Any]:
-        """The plan-level padding columns as this implementation moves the plan:
-        ``padded_total`` (``stride * cp``), ``padding_frac`` and ``claim_holds``
-        (that buffer equals the cp-aligned raw total)."""
+        """:meth:`CPPlan.padding_columns` of the buffer this implementation moves (:meth:`stride` rows a rank)."""
         return plan.padding_columns(self.stride(plan))
 
     def starts(self, plan: CPPlan) -> list[int]:
