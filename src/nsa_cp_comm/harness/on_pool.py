@@ -49,12 +49,10 @@ def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str 
     ``checks="full"`` (the matrix's): every check of :mod:`.checks`, then the
     timed loop with the A/A control, every iteration's outputs checked
     (``production_form``). ``checks="light"`` (FULL mode only; the
-    benchmark's production shapes): the layout, rows, padding, chunk, refusal
-    and group checks byte-exact, and every timed iteration's, but no
-    reference MoE (``reference_moe``, ``even_bitwise``) and no A/A control,
-    so that a point holds only
-    its implementations' buffers: rows of a failed check are ``failed`` as
-    with full checks, and ``samples`` has no ``control``."""
+    benchmark's production shapes): :func:`.checks.check_light`'s checks and
+    every timed iteration's, and no A/A control either, so that a point holds
+    only its implementations' buffers (a failed check's row is ``failed`` as
+    with full checks; ``samples`` has no ``control``)."""
     if checks not in CHECKS:
         raise ValueError(f"checks={checks!r} is not one of {', '.join(CHECKS)}")
     if checks == "light" and spec.mode != ScatterMode.FULL.value:
