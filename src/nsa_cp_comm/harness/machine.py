@@ -41,18 +41,12 @@ def rank_cpus(rank: int, world: int, cpus: list[int], loaded: bool = False) -> s
     1-minute load average at or above its CPUs), one CPU each, round robin;
     else None (unbound: the kernel places them).
 
-    Why bind only then: with 8 ranks on 2 cores, every step of a gloo
-    collective wakes a thread of another rank, and an unbound one may be
-    woken on, or moved to, a core where it waits behind others; bound, the
-    collectives of 4 and 8 ranks took about half the time on the 2-core VM
-    here (``benchmarks/rank_start.py`` measures both ways). On a loaded
-    machine the same holds for ranks that fit the CPUs: with the load held at
-    20 on the 2-core VM, two unbound ranks' round trip over the A/A control
-    in the same iteration (what compare gates on) spread 0.87-1.30 in log
-    standard deviation over four runs, bound 0.49-0.60, which is the
-    difference between a gate that can and cannot see a 15% change in
-    iters=auto's 30 s. Ranks that fit an idle machine's CPUs are left to the
-    kernel."""
+    Why bind only then: every step of a gloo collective wakes a thread of
+    another rank, and an unbound one may be woken on, or moved to, a core
+    where it waits behind others; under load, bound ranks' paired ratio spreads
+    half as wide: the difference between a gate that can and cannot see a 15%
+    change in iters=auto's 30 s. The measurements (``benchmarks/rank_start.py``):
+    docs/design.md, "Starting ranks"."""
     if world <= len(cpus) and not loaded:
         return None
     return {cpus[rank % len(cpus)]}
