@@ -3,10 +3,11 @@
 :func:`estimate` puts figures on a resolved point (matrix.app.resolve): rank
 processes, memory per rank, seconds on the machine's device;
 :func:`check_sweep` refuses a sweep beyond the machine
-(nsa_cp_comm.harness.machine), hours where minutes were meant included (the GPU
-preset on a CPU-only machine). :func:`sweep_estimate` is the dry run's figure. The constants below are order-of-magnitude figures (of
-a 2-core CPU machine): they catch a mistyped ``cp_size`` or a production shape
-on a laptop, not predict run times. Memory counts the buffers a point
+(nsa_cp_comm.harness.machine), hours where minutes were meant included (the
+GPU preset on a CPU-only machine). :func:`sweep_estimate` is the dry run's
+figure. The constants below are order-of-magnitude figures (of a 2-core CPU
+machine): they catch a mistyped ``cp_size`` or a production shape on a laptop,
+not predict run times. Memory counts the buffers a point
 allocates (harness.checks, harness.steps) and the reference MoE's weights.
 """
 
