@@ -12,9 +12,8 @@ a reason naming the rank (and what it was doing: :mod:`.hangs`); then every
 rank of the pool is killed (a peer left inside a collective would otherwise
 block forever) and the next task spawns a fresh pool.
 
-No rank outlives the process that started it: a rank's first statements (in
-``_worker.py``, run by path so nothing heavy loads before them) arm
-``PR_SET_PDEATHSIG`` and check that the parent is still its starter; a pool
+No rank outlives the process that started it: a rank's first statements tie
+its life to its starter (``_worker.py``'s docstring says how); a pool
 whose start fails or is interrupted kills the ranks it started; a rank still
 starting exits when its pipe to the starter closes; rendezvous files left by
 killed starters are removed by the next pool in the same directory
