@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -237,13 +238,20 @@ def installed() -> list[str]:
 
 
 def _fresh(tmp_path: Path) -> Path:
-    # This checkout's app and examples, linked in: the environment's install
-    # may be of another checkout (a worktree).
-    for folder in ("matrix", "examples", "benchmarks"):
+    # This checkout's app and benchmarks, linked in: the environment's install
+    # may be of another checkout (a worktree). The examples are copied: a chain
+    # installs one editable, which writes its metadata beside its sources.
+    for folder in ("matrix", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
+    shutil.copytree(REPO / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     (tmp_path / "nsa_cp_matrix").symlink_to(REPO / "matrix")  # what nsa-cp-matrix imports
     (tmp_path / "example.py").write_text(EXAMPLE)
     return tmp_path
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if "__pycache__" not in p.parts}
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
@@ -252,12 +260,14 @@ def test_readme_commands_run_as_written(chain: str, tmp_path: Path):
     installs = any(c.startswith("pip install") for c in CHAINS[chain])
     bin_dir = overlay(tmp_path / "env") if installs else ENV_BIN
     suite_site = installed()
+    checkout = _files(REPO / "examples")
     for cmd in CHAINS[chain]:
         cmd = CHECKOUT_FORM.get(cmd, cmd)
         proc = _shell(f"{cmd} {FEWER_POINTS[cmd]}" if cmd in FEWER_POINTS else cmd, cwd, bin_dir=bin_dir)
         assert proc.returncode == 0, f"{cmd}\nexit {proc.returncode}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
     if installs:  # into the overlay: the tests running beside this one see the environment they started with
         assert installed() == suite_site
+    assert _files(REPO / "examples") == checkout, "a chain wrote into the checkout's examples"
     if chain == "help_and_one_point":  # the default, timestamped results folder: one
         assert len(list((cwd / "results").iterdir())) == 1
 
