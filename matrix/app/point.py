@@ -78,21 +78,22 @@ def point_id(cfg: Mapping[str, Any]) -> str:
     return _stable_id({k: cfg[k] for k in CONFIG_COLUMNS if k in cfg}, cfg.get("bystanders", 0))
 
 
+# What a point measures as resolve decided it (page_size 1 without shared KV, align's default cp_size).
+_RESOLVED_IN_ID = ("policy", "page_size", "align", "mode", "impls", "backend", "device")
+
+
 def effective_id(res: Resolved) -> str:
     """Stable id of what a point measures: two configs that differ only in keys
     without effect (``page_size`` without shared KV, ``split`` with it) share it."""
     spec = res.spec
-    # what resolve decided, then every field of the spec the ranks run (a new one is in the id so)
+    # what resolve decided, then every field of the spec the ranks run (a new one is in the id so;
+    # tuples hash as the lists they were)
     key: dict[str, Any] = {k: getattr(res, k) for k in _RESOLVED_IN_ID}
-    key.update((f.name, getattr(spec, f.name)) for f in fields(spec) if f.name not in key and f.name != "bystanders")
-    key.update(impls=list(res.impls), seq_lens=list(spec.seq_lens), max_capture_size=spec.max_capture_size or None,
-               experts=spec.experts)  # the experts it runs, not whether the count was left to the default
-    del key["num_experts"]
+    key.update((f.name, getattr(spec, f.name)) for f in fields(spec)
+               if f.name not in key and f.name not in ("bystanders", "num_experts"))
+    # the experts it runs, not whether the count was left to the default; eager has no capture size
+    key.update(experts=spec.experts, max_capture_size=spec.max_capture_size or None)
     return _stable_id(key, spec.bystanders)
-
-
-# What a point measures as resolve decided it (page_size 1 without shared KV, align's default cp_size).
-_RESOLVED_IN_ID = ("policy", "page_size", "align", "mode", "impls", "backend", "device")
 
 
 def repro_command(cfg: Mapping[str, Any]) -> str:

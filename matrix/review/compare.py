@@ -481,7 +481,7 @@ def _wide_but_powered(j: pd.DataFrame, within: float, threshold: float) -> list[
     """Why a spread wider than the change the gate must flag still let every
     tested row judge it (one line), or nothing: the rank test's power grows
     with the samples a side, so a sample's spread alone does not decide it."""
-    powered = j["power"].dropna() if "power" in j else pd.Series(dtype=float)
+    powered = j["power"].dropna()  # set by compare() on every row (NaN where untested)
     change = resolved_change(threshold)
     if not within > change or powered.empty or powered.lt(POWER_MIN).any():
         return []
