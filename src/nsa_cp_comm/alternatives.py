@@ -18,9 +18,7 @@ SCATTERED mode (the MoE a2a path, ``moe_a2a_backend=deepep``):
   its top-k experts and combine the weighted expert outputs back, with
   ``dist.all_to_all_single`` and per-rank split sizes, under the reference
   MoE's routing. DeepEP proper (NVLink/RDMA buffers, one GPU per rank) is used
-  by serving code when the ``deep_ep`` package is importable; it is not
-  installed here, and this module only records whether it is
-  (:data:`DEEP_EP_AVAILABLE`): the figures are the stand-in's.
+  by serving code; it is not installed here: the figures are the stand-in's.
 """
 
 from __future__ import annotations
@@ -32,13 +30,6 @@ import torch.distributed as dist
 
 from .plan import CPPlan
 from .roundtrip import _check
-
-try:  # the real DeepEP; not installed in this project's environments
-    import deep_ep  # type: ignore[import-not-found]  # noqa: F401
-
-    DEEP_EP_AVAILABLE = True
-except ImportError:
-    DEEP_EP_AVAILABLE = False
 
 
 # ---------------------------------------------------------------------------
