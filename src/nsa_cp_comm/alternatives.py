@@ -176,15 +176,8 @@ def a2a_experts(moe, x_recv: torch.Tensor, handle: A2AHandle, experts: range) ->
     routing, summed per row in float32, returned in ``x_recv.dtype`` (DeepEP
     combines in the activation dtype). Rows routed to none of ``experts``
     (impossible after a correct dispatch) stay zero."""
-    out = torch.zeros(x_recv.shape, dtype=torch.float32, device=x_recv.device)
     seen = moe.expert_input(x_recv)  # what the experts compute on (quantized, where the point says)
-    for e in experts:
-        rows, slot = (handle.recv_idx == e).nonzero(as_tuple=True)
-        if rows.numel() == 0:
-            continue
-        y = torch.nn.functional.silu(seen[rows].to(moe.dtype) @ moe.w1[e]) @ moe.w2[e]
-        out.index_add_(0, rows, y.to(torch.float32) * handle.recv_weight[rows, slot, None])
-    return out.to(x_recv.dtype)
+    return moe.experts_on(seen, handle.recv_idx, handle.recv_weight, experts).to(x_recv.dtype)
 
 
 def a2a_combine(y_recv: torch.Tensor, handle: A2AHandle, group: dist.ProcessGroup | None = None) -> torch.Tensor:

@@ -97,10 +97,10 @@ class ReferenceMoE:
         each row quantized and dequantized."""
         return x if self.moe_quant == "none" else quant.round_trip(x)
 
-    def _apply(self, x: torch.Tensor, experts: range, logits: torch.Tensor | None = None,
-               seen: torch.Tensor | None = None) -> torch.Tensor:
-        idx, weight = self.route(x, logits)
-        x = self.expert_input(x) if seen is None else seen
+    def experts_on(self, x: torch.Tensor, idx: torch.Tensor, weight: torch.Tensor, experts: range) -> torch.Tensor:
+        """``experts`` on the rows of ``x`` routed to them (``idx`` / ``weight``: each
+        row's top-k expert ids and weights), weighted and summed per row in float32.
+        Rows routed to none of ``experts`` stay zero."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in experts:
             rows, slot = (idx == e).nonzero(as_tuple=True)
@@ -109,6 +109,11 @@ class ReferenceMoE:
             y = torch.nn.functional.silu(x[rows].to(self.dtype) @ self.w1[e]) @ self.w2[e]
             out.index_add_(0, rows, y.to(torch.float32) * weight[rows, slot, None])
         return out
+
+    def _apply(self, x: torch.Tensor, experts: range, logits: torch.Tensor | None = None,
+               seen: torch.Tensor | None = None) -> torch.Tensor:
+        idx, weight = self.route(x, logits)
+        return self.experts_on(self.expert_input(x) if seen is None else seen, idx, weight, experts)
 
     def _shared(self, x: torch.Tensor, units: slice = slice(None)) -> torch.Tensor:
         """The shared expert's hidden ``units`` on every row of ``x``, in the
