@@ -73,12 +73,9 @@ def _check(
     rank's index in the group. ``in_place``: the collective writes into
     ``tensor``, so its layout is part of the agreement.
 
-    Whether the ranks exchange their fingerprints is never decided by the
-    public functions' ``check``: ranks passing different values would enter
-    different collectives (the agreement's on one, the round trip's on the
-    other: an abort, or wrong rows). The exchange runs unless an
-    :func:`~.agree.agreed` block, entered by every rank together, covers the
-    call; ``check`` is accepted for the callers written when it chose."""
+    The public functions' ``check`` never decides whether the ranks exchange
+    (the module's docstring says why); it is accepted for the callers
+    written when it chose."""
     want = _expected(plan, group_rank(group), rows)
     if even_only and isinstance(plan, CPPlan) and not plan.is_even and isinstance(tensor, torch.Tensor):
         # The refusal comes first: decided from the plan the ranks agree on,
@@ -86,25 +83,14 @@ def _check(
         want = int(tensor.shape[0]) if tensor.dim() else want
     agree(what, tensor, plan, want, group, in_place=in_place)
     rank = _rank(plan, group)  # type: ignore[arg-type]
-    if even_only:
-        _refuse_uneven(plan)  # type: ignore[arg-type]
+    if even_only and not plan.is_even:  # type: ignore[attr-defined]
+        # The legacy path's refusal: torch's text, then the plan's shard sizes.
+        # Decided from the shared plan, so every rank raises; none is left inside
+        # a collective. torch itself raises only on the ranks whose size disagrees
+        # and leaves the others waiting in it (docs/design.md, "What torch does").
+        raise ValueError(f"{LEGACY_UNEVEN_ERROR} (legacy CP gather/scatter needs even shards; "
+                         f"per_rank_tokens={list(plan.per_rank_tokens)})")
     return rank
-
-
-def uneven_error(plan: CPPlan) -> ValueError:
-    """The legacy path's refusal: torch's text, then the plan's shard sizes."""
-    return ValueError(
-        f"{LEGACY_UNEVEN_ERROR} (legacy CP gather/scatter needs even shards; "
-        f"per_rank_tokens={list(plan.per_rank_tokens)})"
-    )
-
-
-def _refuse_uneven(plan: CPPlan) -> None:
-    # Decided from the shared plan, so every rank raises; none is left inside
-    # a collective. torch itself raises only on the ranks whose size disagrees
-    # and leaves the others waiting in it (docs/design.md, "What torch does").
-    if not plan.is_even:
-        raise uneven_error(plan)
 
 
 def legacy_gather(
