@@ -14,6 +14,7 @@ whether the legacy path may run) from it, never from local tensor shapes.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,29 +108,18 @@ class CPPlan:
         if self.policy == "contiguous":
             start = rank * _contiguous_len(self.total_tokens, self.cp_size)
             return tuple(range(start, start + self.per_rank_tokens[rank]))
-        n = 2 * self.cp_size
-        if self.policy == "dual_chunk_swap":
-            # request by request, chunk k then chunk 2*cp-1-k (vLLM's rank-local row order)
-            rows: list[int] = []
-            req_start = 0
-            for length, blk in zip(self.padded_lens, self.blocks):
-                for j in (rank, n - 1 - rank):
-                    lo = req_start + sum(blk[:j])
-                    rows.extend(range(lo, lo + blk[j]))
-                req_start += length
-            return tuple(rows)
+        # Block k of every request, then block 2*cp-1-k of every request; dual_chunk_swap
+        # keeps each request's two chunks together (vLLM's rank-local row order).
+        first: list[int] = []
+        second: list[int] = []
+        mirror = first if self.policy == "dual_chunk_swap" else second
         req_start = 0
-        prev: list[int] = []
-        nxt: list[int] = []
         for length, blk in zip(self.padded_lens, self.blocks):
-            starts = [req_start]
-            for b in blk[:-1]:
-                starts.append(starts[-1] + b)
-            prev.extend(range(starts[rank], starts[rank] + blk[rank]))
-            j = n - 1 - rank
-            nxt.extend(range(starts[j], starts[j] + blk[j]))
+            starts = list(itertools.accumulate(blk, initial=req_start))
+            for rows, j in ((first, rank), (mirror, 2 * self.cp_size - 1 - rank)):
+                rows.extend(range(starts[j], starts[j] + blk[j]))
             req_start += length
-        return tuple(prev + nxt)
+        return tuple(first + second)
 
     def rank_offset(self, rank: int) -> int:
         """First row of ``rank``'s shard in the rank-major concatenation of all
