@@ -25,11 +25,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .agree import agree
-from .collectives import all_gather_into, group_rank, reduce_scatter_into
+from .collectives import all_gather_into, reduce_scatter_into
 from . import engines
 from .plan import CPPlan
-from .roundtrip import _rank
+from .roundtrip import _check
 
 
 def split_align(policy: str, cp_size: int, engine: str = engines.DEFAULT) -> int:
@@ -56,19 +55,6 @@ def padding_rows(plan: CPPlan) -> dict[str, int]:
     }
 
 
-def _agree(what: str, tensor: object, plan: CPPlan, rows_of, group) -> int:
-    # the exchange runs whatever check says (a per-rank argument must not decide a collective;
-    # roundtrip._check), unless an agreed() block covers the call
-    want = rows_of(plan, group_rank(group)) if isinstance(plan, CPPlan) and group_rank(group) < plan.cp_size else -2
-    agree(what, tensor, plan, want, group)
-    rank = _rank(plan, group)
-    want = rows_of(plan, rank)
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or tensor.shape[0] != want:
-        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-        raise ValueError(f"{what} has shape {shape}, the plan expects [{want}, H]")
-    return rank
-
-
 def pad_local(local: torch.Tensor, plan: CPPlan, rank: int) -> torch.Tensor:
     """This rank's rows as the split leaves them: ``[P, H]``, zero rows after ``n_r``
     (what the engine's attention and MoE see)."""
@@ -83,7 +69,7 @@ def pad_at_split_gather(
     """``[n_r, H]`` per rank -> ``[P*cp, H]``: the rows padded to ``P`` at the
     split (here: copied into a fresh padded tensor, standing in for the split),
     then one even all-gather."""
-    rank = _agree("pad_at_split_gather local", local, plan, lambda p, r: p.per_rank_tokens[r], group)
+    rank = _check("pad_at_split_gather local", local, plan, "local", group)
     block = pad_local(local, plan, rank)
     full = torch.empty((physical_len(plan) * plan.cp_size, local.shape[1]), dtype=local.dtype, device=local.device)
     all_gather_into(full, block, group)
@@ -95,7 +81,7 @@ def pad_at_split_scatter(
 ) -> torch.Tensor:
     """Sum ``[P*cp, H]`` partials over ranks (one even reduce-scatter, in place)
     and return this rank's ``n_r`` real rows (a view: padding dropped)."""
-    rank = _agree("pad_at_split_scatter full", full, plan, lambda p, r: physical_len(p) * p.cp_size, group)
+    rank = _check("pad_at_split_scatter full", full, plan, lambda p, r: physical_len(p) * p.cp_size, group)
     full = full.contiguous()
     chunk = full.tensor_split(plan.cp_size)[rank]
     reduce_scatter_into(chunk, full, group)

@@ -41,6 +41,8 @@ local work apart from the collectives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -59,19 +61,23 @@ def _rank(plan: CPPlan, group: dist.ProcessGroup | None) -> int:
     return group_rank(group)
 
 
-def _expected(plan: object, rank: int, rows: str) -> int:
+def _expected(plan: object, rank: int, rows: str | Callable[[CPPlan, int], int]) -> int:
     if not isinstance(plan, CPPlan) or rank >= plan.cp_size:
         return -2
+    if callable(rows):
+        return rows(plan, rank)
     return {"local": plan.per_rank_tokens[rank], "legacy_full": plan.total_tokens, "full": plan.padded_total}[rows]
 
 
 def _check(
-    what: str, tensor: object, plan: object, rows: str, group: dist.ProcessGroup | None,
-    *, even_only: bool = False, in_place: bool = False,
+    what: str, tensor: object, plan: object, rows: str | Callable[[CPPlan, int], int],
+    group: dist.ProcessGroup | None, *, even_only: bool = False, in_place: bool = False,
 ) -> int:
     """Agree on the inputs, refuse an uneven plan (``even_only``), then this
-    rank's index in the group. ``in_place``: the collective writes into
-    ``tensor``, so its layout is part of the agreement.
+    rank's index in the group. ``rows``: the rows the plan says ``tensor``
+    has on a rank (``local``, ``legacy_full``, ``full``, or a function of the
+    plan and the rank). ``in_place``: the collective writes into ``tensor``,
+    so its layout is part of the agreement.
 
     The public functions' ``check`` never decides whether the ranks exchange
     (the module's docstring says why); it is accepted for the callers
