@@ -161,11 +161,17 @@ def _even_blocks(length: int, n: int) -> tuple[int, ...]:
     return tuple(q + (1 if i < rem else 0) for i in range(n))
 
 
+def _clipped(sizes: Sequence[int], length: int) -> tuple[int, ...]:
+    """Blocks of ``sizes`` laid end to end from 0, each cut to its part below
+    ``length`` (the blocks past it empty)."""
+    starts = itertools.accumulate(sizes, initial=0)
+    return tuple(max(0, min(size, length - start)) for size, start in zip(sizes, starts))
+
+
 def _chunk_blocks(length: int, n: int) -> tuple[int, ...]:
     """``n`` chunks of ``ceil(length / n)`` tokens, the last ones shorter or
     empty (vLLM's DualChunkSwap: a chunk of length <= 0 is skipped)."""
-    size = -(-length // n)
-    return tuple(max(0, min(size, length - i * size)) for i in range(n))
+    return _clipped((-(-length // n),) * n, length)
 
 
 def _contiguous_len(total: int, cp: int) -> int:
@@ -177,14 +183,8 @@ def _contiguous_len(total: int, cp: int) -> int:
 def _page_blocks(length: int, n: int, page_size: int) -> tuple[int, ...]:
     """Blocks of whole pages; the block holding the last page is shortened so
     the blocks sum to ``length`` and the blocks after it are empty."""
-    pages = -(-length // page_size)
-    remaining = length
-    out = []
-    for p in _even_blocks(pages, n):
-        take = min(p * page_size, remaining)
-        out.append(take)
-        remaining -= take
-    return tuple(out)
+    pages = _even_blocks(-(-length // page_size), n)
+    return _clipped([p * page_size for p in pages], length)
 
 
 def plan_split(
@@ -252,25 +252,17 @@ def plan_split(
     padded = lens[:-1] + [lens[-1] + total - sum(lens)]
 
     n = 2 * cp_size
+    starts = itertools.accumulate(padded, initial=0)  # each request's first token
     if policy == "round_robin":
-        blocks = []
-        start = 0
-        for length in padded:
-            # tokens t in [start, start+length) with t % cp == r
-            blocks.append(
-                tuple(len(range(start + (r - start) % cp_size, start + length, cp_size)) for r in range(cp_size))
-            )
-            start += length
-        q, rem = divmod(total, cp_size)
-        per_rank = tuple(q + (r < rem) for r in range(cp_size))
+        # a request's tokens t in [s, s+length) with t % cp == r
+        blocks = [tuple(len(range(s + (r - s) % cp_size, s + length, cp_size)) for r in range(cp_size))
+                  for s, length in zip(starts, padded)]
+        per_rank = _even_blocks(total, cp_size)
     elif policy == "contiguous":
         size = _contiguous_len(total, cp_size)
-        per_rank = tuple(max(0, min(size, total - r * size)) for r in range(cp_size))
-        blocks, start = [], 0
-        for length in padded:
-            blocks.append(tuple(max(0, min(start + length, (r + 1) * size) - max(start, r * size))
-                                for r in range(cp_size)))
-            start += length
+        per_rank = _clipped((size,) * cp_size, total)
+        blocks = [tuple(max(0, min(s + length, (r + 1) * size) - max(s, r * size)) for r in range(cp_size))
+                  for s, length in zip(starts, padded)]
     else:
         if policy == "zigzag":
             blocks = [_even_blocks(length, n) for length in padded]
