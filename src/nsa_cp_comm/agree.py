@@ -179,16 +179,11 @@ def verdict(what: str, prints: list[list[int]]) -> str | None:
     if bad_rows:
         detail = ", ".join(f"rank {r} has {got} rows, the plan expects {want}" for r, got, want in bad_rows)
         return f"{what}: {detail}"
-    for field, label in ((5, "hidden size H"), (6, "dtype"), (7, "device type")):
+    labels = ((5, "hidden size H", str), (6, "dtype", _dtype_text), (7, "device type", _device_text))
+    for field, label, text in labels:
         if len({p[field] for p in prints}) > 1:
-            values = [p[field] for p in prints]
-            if field == 6:
-                shown = [_dtype_text(v) for v in values]
-            elif field == 7:
-                shown = [_device_text(v) for v in values]
-            else:
-                shown = [str(v) for v in values]
-            return f"{what}: ranks disagree on {label}: {', '.join(f'rank {r}={v}' for r, v in enumerate(shown))}"
+            shown = ", ".join(f"rank {r}={text(p[field])}" for r, p in enumerate(prints))
+            return f"{what}: ranks disagree on {label}: {shown}"
     return None
 
 
