@@ -31,12 +31,6 @@ from .plan import CPPlan
 from .roundtrip import _check
 
 
-def split_align(policy: str, cp_size: int, engine: str = engines.DEFAULT) -> int:
-    """The engine's alignment of the physical length: ``2*cp`` for the zigzag
-    strategies (a request is cut into ``2*cp`` blocks), ``cp`` otherwise."""
-    return engines.get(engine).split_align(policy, cp_size)
-
-
 def physical_len(plan: CPPlan) -> int:
     """``P``: the rows every rank holds after the split is padded (``>= max_rank_len``),
     by the rule of the plan's engine."""
