@@ -142,11 +142,10 @@ class RoundTripImpl:
 
     def claims_legacy_bits(self, plan: CPPlan) -> bool:
         """Whether its results on ``plan`` must be legacy's bit for bit (even plans only)."""
-        rule = self.legacy_bits_on_even
-        if not callable(rule):
-            return plan.is_even and bool(rule)
         if not plan.is_even:
             return False
+        if not callable(self.legacy_bits_on_even):
+            return bool(self.legacy_bits_on_even)
         claims = ask(self, "legacy_bits_on_even", plan)
         if not isinstance(claims, bool):
             raise HookError(f"impl {self.name!r}: legacy_bits_on_even(plan) returned {_shown(claims)}, not a bool")
