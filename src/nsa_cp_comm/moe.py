@@ -125,8 +125,7 @@ class ReferenceMoE:
         """Rank ``rank``'s hidden units of the shared expert when it is sharded
         (contiguous, as even as integer division makes them; a rank may get none)."""
         f = self.s1.shape[1]
-        lo, hi = f * rank // cp_size, f * (rank + 1) // cp_size
-        return slice(lo, hi)
+        return slice(f * rank // cp_size, f * (rank + 1) // cp_size)
 
     def shared(self, x: torch.Tensor) -> torch.Tensor:
         """The whole shared expert on every row of ``x``, in float32 (zeros with
