@@ -128,9 +128,8 @@ class Engine:
         why = self.strategy_refusal(policy, align)
         if why:
             return why
-        if bool(self.refuses(min(seq_lens), sum(seq_lens), cp, policy)):
-            return f"engine={self.name}: " + self.refusal_reason(min(seq_lens), sum(seq_lens), cp, policy)
-        return ""
+        batch = (min(seq_lens), sum(seq_lens), cp, policy)
+        return f"engine={self.name}: " + self.refusal_reason(*batch) if self.refuses(*batch) else ""
 
     def plan(self, seq_lens: Sequence[int], cp: int, *, policy: str, page_size: int = 1,
              align: int | None = None, max_capture_size: int = 0) -> CPPlan:
