@@ -197,13 +197,10 @@ def read_samples(path: Path) -> Samples:
             # a run by its id; a line of before run ids (schema 2) by its timestamp
             run = f"run {obj['run_id']}" if obj.get("run_id") else (
                 f"one run (timestamp {obj['timestamp']})" if obj.get("timestamp") else "")
-            if run and runs.get(key) == run:
-                out.skipped_lines += 1
-                out.rejected[key] = f"two lines of {run} for this point and impl: which one timed the row is not known"
-                out.by_key.pop(key, None)
-                continue
-            runs[key] = run
             rt, ctl, why = _parsed(obj)
+            if run and runs.get(key) == run:
+                why = f"two lines of {run} for this point and impl: which one timed the row is not known"
+            runs[key] = run
             if why:
                 out.skipped_lines += 1
                 out.rejected[key] = why
