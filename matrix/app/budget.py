@@ -277,11 +277,7 @@ def check_world(cfg: Mapping[str, Any], machine: Machine | None = None) -> None:
 
 def _check_point(res: Resolved, machine: Machine) -> Estimate:
     """Raise ConfigError when one point exceeds the machine; else its estimate."""
-    spec = res.spec
-    if spec.world_size > machine.max_ranks:
-        key = _key(res, "cp_size", *(["bystanders"] if spec.bystanders else []))
-        raise _over(key, f"{spec.world_size} rank processes",
-                    f"this machine's limit of {machine.max_ranks} ({machine.max_ranks_source})")
+    check_world({"cp_size": res.spec.cp_size, "bystanders": res.spec.bystanders}, machine)
     e = estimate(res, machine)
     if e.ranks * e.rank_bytes > machine.memory_bytes:
         raise _over(_key(res, e.memory_key), f"{e.ranks} ranks x ~{_size(e.rank_bytes)}",
