@@ -340,9 +340,8 @@ def validate_overrides(overrides: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = ""
-        if any(not a.isascii() or " " in a.split("=", 1)[-1] for a in overrides):
-            hint = " (quote a value with spaces or non-ASCII characters: key='value')"
+        hint = (" (quote a value with spaces or non-ASCII characters: key='value')"
+                if any(not a.isascii() or " " in a.split("=", 1)[-1] for a in overrides) else "")
         raise ConfigError(f"cannot parse overrides: {first}{hint}") from None
     check_point_count([ov for ov in parsed if not ov.is_delete() and not ov.key_or_group.startswith("hydra")])
     for ov in parsed:
