@@ -483,10 +483,8 @@ def _sweep_overrides(root: Any) -> list[Any]:
 def sweep_values(root: Any, key: str) -> list[Any]:
     """Every value ``key`` takes in the sweep (command line over the preset's
     ``hydra.sweeper.params``, as Hydra's basic sweeper does), else its value."""
-    last = None
-    for ov in _sweep_overrides(root):
-        if ov.key_or_group.lstrip("+~") == key and not ov.is_delete():
-            last = ov
+    last = next((ov for ov in reversed(_sweep_overrides(root))
+                 if ov.key_or_group.lstrip("+~") == key and not ov.is_delete()), None)
     if last is None:
         return [root[key]]
     return list(last.sweep_iterator()) if last.is_sweep_override() else [last.value()]
