@@ -105,8 +105,7 @@ def repro_command(cfg: Mapping[str, Any]) -> str:
     Provenance only: neither ``point_id`` nor resume reads it."""
     parts = [*env_prefix(str(cfg["impl"])), *command()]
     for k in KEYS:
-        if k in REPRO_OMITS or (k in ("force", "bystanders", "startup_timeout_s", "allow_skipped")
-                                and cfg[k] in (False, 0, None)):
+        if k in REPRO_OMITS or (k in (*NOT_IN_ROWS, "bystanders") and cfg[k] in (False, 0, None)):
             continue
         parts.append(f"{k}={override_value(cfg[k])}")
     return repro_join(parts)  # shlex.join's quoting; a newline kept, in bash's $'...' form
