@@ -113,8 +113,7 @@ def per_rank_tokens(batches: Batches, cp: int, policy: str, page_size: int = 1,
     deficit = pages * page_size - padded
     last = np.where(qp > 0, n - 1, remp - 1)
     owner = np.minimum(last, n - 1 - last)
-    out -= np.bincount(batch * cp + owner, weights=deficit, minlength=nb * cp).astype(np.int64).reshape(nb, cp)
-    return out
+    return out - np.bincount(batch * cp + owner, weights=deficit, minlength=nb * cp).astype(np.int64).reshape(nb, cp)
 
 
 def _subset(batches: Batches, lo: int, hi: int) -> Batches:
