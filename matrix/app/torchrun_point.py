@@ -294,11 +294,10 @@ def _run(cfg: dict[str, Any], res: Any, rank: int, world: int, overrides: str) -
     rows = build_rows(cfg, res, results, overrides, time.perf_counter() - t0)
     write_point(cfg["results_dir"], rows, results)
     print(live_line(cfg, rows), flush=True)
-    code = 1 if any(r["status"] in BAD_STATUSES for r in rows) else 0
-    if code == 0:
-        dist.destroy_process_group()
-        return 0
-    _exit(code)
+    if any(r["status"] in BAD_STATUSES for r in rows):
+        _exit(1)
+    dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
