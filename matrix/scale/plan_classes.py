@@ -11,25 +11,11 @@ picks its batches per cp and engine from the class (:func:`batch` and
 :func:`class_split`, through the ``plan_class`` config group), so every class
 is real at every cp it runs, in the split the point's engine makes.
 
-The classes (a plan may be in several; :func:`label` joins them with ``+``):
-
-- ``even``: every rank holds the same number of rows.
-- ``uneven_by_one``: uneven, and no rank more than one row from the even share
-  ``T/cp`` (the mildest unevenness there is: ``T`` is a multiple of cp, so
-  ranks cannot differ by one row alone; one rank holds one more, another one
-  fewer).
-- ``empty_rank``: a rank holds no rows.
-- ``paged_uneven``: the page-aligned shared-KV split (``zigzag_page``) with
-  pages of more than one token, uneven.
-- ``many_short``: at least ``2*cp`` requests, each shorter than ``2*cp``
-  tokens (fewer than one row per zigzag block).
-- ``longest_not_first``: rank 0 holds fewer rows than the longest shard.
-- ``bucket_edge``: the longest shard one row either side of, or at, an edge
-  of vLLM's default CUDA-graph capture sizes (:data:`BUCKET_EDGES`): 256,
-  where the sizes go from every 8 to every 16, and 512, the largest, past
-  which the step runs eager. Where the engine runs graphs, ``P`` is the
-  capture size that holds the longest shard: 256, 256, 272, 512, 512 and
-  513 (eager) for 255-257 and 511-513 rows.
+The classes (a plan may be in several; :func:`label` joins them with ``+``)
+are :func:`classes`' rules; what each plan is and what it exposes, the table
+of docs/plugins.md, "Plan classes". ``uneven_by_one`` is the mildest
+unevenness there is: ``T`` is a multiple of cp, so ranks cannot differ by
+one row alone (one rank holds one more, another one fewer).
 
 Pure Python: the report classifies rows without importing torch.
 """
