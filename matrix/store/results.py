@@ -361,6 +361,15 @@ def _truncate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
+def _cut_side(path: Path, size: int) -> None:
+    """Cut :func:`torn_path` of ``path`` back to ``size``, undoing what was set aside in it."""
+    side = os.open(torn_path(path), os.O_WRONLY)
+    try:
+        _truncate(side, size)
+    finally:
+        os.close(side)
+
+
 @dataclass(frozen=True)
 class _Tail:
     """How an append continues a file: rows go at ``keep``, after ``prefix``;
@@ -399,14 +408,8 @@ def _undo(fd: int, path: Path, tail: _Tail) -> None:
     _truncate(fd, tail.keep)
     if tail.torn:
         os.write(fd, tail.torn)  # the space it held was just freed
-        try:
-            side = os.open(torn_path(path), os.O_WRONLY)
-        except OSError:
-            return
-        try:
-            _truncate(side, tail.side_size)
-        finally:
-            os.close(side)
+        with contextlib.suppress(OSError):
+            _cut_side(path, tail.side_size)
 
 
 def _write_or_undo(fd: int, path: Path, data: bytes, tail: _Tail) -> None:
@@ -618,11 +621,7 @@ def set_aside_malformed(path: Path) -> list[int]:
             try:
                 write_atomic(path, kept)
             except OSError:
-                side = os.open(torn_path(path), os.O_WRONLY)
-                try:
-                    _truncate(side, side_size)
-                finally:
-                    os.close(side)
+                _cut_side(path, side_size)
                 raise
         except OSError as exc:
             print(f"{warning}; they stay in the file: cannot rewrite it ({' '.join(str(exc).split())})",
