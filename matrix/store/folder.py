@@ -212,11 +212,11 @@ class Folder:
         return path
 
 
-def latest_rows(results_dir: str | os.PathLike[str], warn: bool = True) -> dict[str, dict[str, dict[str, str]]]:
+def latest_rows(results_dir: str | os.PathLike[str]) -> dict[str, dict[str, dict[str, str]]]:
     """``{point_id: {impl: row}}`` of the folder (:attr:`Folder.latest`); one
-    warning line on stderr for malformed rows when ``warn``."""
+    warning line on stderr for malformed rows."""
     folder = Folder.of(results_dir).refresh()
-    if warn and folder.malformed:
+    if folder.malformed:
         print(folder.warning(), file=sys.stderr, flush=True)
     return folder.latest
 
