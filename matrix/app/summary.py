@@ -84,15 +84,8 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
     ``jobs``, the (config, point_id) pairs given; of gaps:
     ``coverage gaps``, those not allowed (``allow_skipped`` false at a point
     of the sweep)."""
-    by_dir: dict[str, set[str]] = {}
     pts = list(points)
-    for cfg, pid in pts:
-        by_dir.setdefault(str(cfg["results_dir"]), set()).add(pid)
-    rows: dict[tuple[str, str], list[dict[str, str]]] = {}
-    for d, pids in by_dir.items():
-        for pid, by_impl in latest_rows(d).items():
-            if pid in pids:
-                rows[(d, pid)] = list(by_impl.values())
+    latest = {d: latest_rows(d) for d in dict.fromkeys(str(cfg["results_dir"]) for cfg, _ in pts)}
     counts: Counter[str] = Counter()
     swept: list[dict[str, str]] = []
     # A point is one configuration of the sweep, its implementations apart (as
@@ -104,7 +97,7 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
     for cfg, pid in pts:
         key = (str(cfg["results_dir"]), config_key(cfg))
         seen.add(key)
-        got = rows.get((str(cfg["results_dir"]), pid), [])
+        got = list(latest[str(cfg["results_dir"])].get(pid, {}).values())
         if not got:
             missing.add(key)
         swept += got
@@ -115,7 +108,7 @@ def summarize(points: Iterable[tuple[Mapping[str, Any], str]]
         counts["unflaggable rows"] += sum(unflaggable(row) for row in got)
     counts["points"], counts["missing"], counts["failing points"] = len(seen), len(missing), len(failing)
     counts["jobs"] = len(pts)
-    files = [str(results_path(d)) for d in sorted(by_dir)]
+    files = [str(results_path(d)) for d in sorted(latest)]
     found = gaps(swept)
     counts["coverage gaps"] = 0 if all(cfg.get("allow_skipped") for cfg, _ in pts) else len(found)
     return counts, files, gap_lines(found)
