@@ -3,6 +3,7 @@ OOM killer sent the SIGKILL (its kill counter rose while the rank ran)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 from .machine import cgroup_dirs
@@ -10,14 +11,11 @@ from .machine import cgroup_dirs
 
 def read_counter(path: str, key: str) -> int | None:
     """The value of the ``key N`` line of a kernel stats file, or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open(path) as f:
+        for line in f:
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
     return None
 
 

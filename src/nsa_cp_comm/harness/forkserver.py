@@ -30,6 +30,7 @@ of the exec path use it) or where the server cannot run (not Linux).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import select
@@ -83,10 +84,8 @@ def read_env(path: str) -> dict[str, str]:
         with open(path) as f:
             env = json.load(f)
     finally:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ValueError("the environment file does not hold a str -> str mapping")
     return env
@@ -129,10 +128,8 @@ def serve(fd: int, guard: Callable[[int], None], body: Callable[..., None]) -> N
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
         while True:  # ranks, and what dead ranks left to this subreaper
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -437,10 +434,8 @@ class ForkedRank:
         # Directly: the server may be the one that is stuck. Until the server
         # reports the rank reaped, its pid is the rank's (a zombie's at worst).
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _unreaped_status(pid: int) -> int | None:
@@ -535,16 +530,12 @@ def replace(key: tuple[Any, ...], why: str) -> None:
     if server is None:
         return
     print(f"warning: {why}; it is replaced, and these ranks start by exec", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(OSError):
         os.kill(server.proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
     server.close()
     server._lost()  # its ranks died with it: their status is known
-    try:
+    with contextlib.suppress(OSError):
         _SERVERS[key] = ForkServer(dict(key[3]), Path(key[1]))
-    except OSError:
-        pass
 
 
 def replace_server_of(server: ForkServer, why: str) -> None:

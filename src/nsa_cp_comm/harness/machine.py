@@ -11,6 +11,7 @@ through :func:`cgroup_dirs`, the matrix's budget the machine's limits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import importlib.metadata
@@ -85,12 +86,10 @@ class Machine:
 @functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what platform knows."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

@@ -6,6 +6,7 @@ handlers a plug-in may have left)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -82,8 +83,6 @@ def end_process(code: int, handlers_s: float = EXIT_HANDLERS_S) -> None:
             print(f"warning: exit handlers still running after {handlers_s:g}s (a plug-in's?); leaving without them",
                   file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)

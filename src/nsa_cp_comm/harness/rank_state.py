@@ -38,6 +38,7 @@ identity comparisons): it runs after every point.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 from typing import Any
@@ -96,10 +97,8 @@ def _settings() -> dict[str, Any]:
     state["float32 matmul precision"] = torch.get_float32_matmul_precision()
     # readable in a CPU build too; a plug-in may set them whatever the device
     for name, read in _BACKEND_SWITCHES:
-        try:
+        with contextlib.suppress(AttributeError, RuntimeError):
             state[name] = read(torch.backends)
-        except (AttributeError, RuntimeError):
-            pass
     return state
 
 
@@ -255,26 +254,20 @@ def _process() -> dict[str, Any]:
     import torch
 
     state: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         state["niceness"] = os.getpriority(os.PRIO_PROCESS, 0)
-    except (AttributeError, OSError):
-        pass
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         state["CPU affinity"] = _cpus(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        pass
     # the default device is a mode of torch's own (compared as a setting)
     state["torch function modes"] = _listed(m for m in _function_modes() if type(m).__name__ != "DeviceContext")
     state["torch dispatch modes"] = torch._C._len_torch_dispatch_stack()
     state["torch function enabled"] = torch._C._is_torch_function_enabled()
     state["NSA_* environment"] = _env_text()
-    try:
+    with contextlib.suppress(ImportError, OSError, ValueError):
         import resource
 
         # a point that lowers the open-file limit leaves the next one unable to open its rendezvous
         state["RLIMIT_NOFILE"] = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        pass
     return state
 
 

@@ -27,6 +27,7 @@ and pytest do).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -79,14 +80,6 @@ def _check_device(device: str) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError("device='cuda' needs a CUDA device; torch.cuda.is_available() is False here")
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of a rank's process group (its descendants)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def rank_env() -> dict[str, str]:
@@ -189,10 +182,7 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs = [], []
-        try:
-            self._store_path.unlink()
-        except FileNotFoundError:
-            pass
+        self._store_path.unlink(missing_ok=True)
         self._store_path = self._store_path.with_name(store_name())
         for r in range(self.world_size):
             self._start_rank(r, None, env, threads, deadline)
@@ -270,7 +260,8 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.wait()
-            _kill_group(p.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)  # what is left of its process group (its descendants)
 
     def _collect(self, task_id: object, timeout_s: float, deadline: float | None = None,
                  watch: hangs.TaskWatch | None = None) -> list[RankResult]:
@@ -332,10 +323,8 @@ class RankPool:
                 kill_descendants(p.pid)
         if graceful and self.alive_processes() == len(self._procs):
             for conn in self._conns:
-                try:
+                with contextlib.suppress(OSError):
                     conn.send(None)
-                except OSError:
-                    pass
             deadline = time.monotonic() + 5.0
             for p in self._procs:
                 try:
@@ -347,10 +336,9 @@ class RankPool:
             conn.close()
         for path in (self._store_path, *(hangs.marker_path(self._store_path, r, suffix) for r in range(self.world_size)
                                          for suffix in (hangs.MARKER_SUFFIX, hangs.STACK_SUFFIX))):
-            try:
+            # gone already, or in a folder made read-only under the sweep: left there
+            with contextlib.suppress(OSError):
                 path.unlink()
-            except OSError:  # gone already, or in a folder made read-only under the sweep: left there
-                pass
 
     def alive_processes(self) -> int:
         return sum(p.poll() is None for p in self._procs)

@@ -20,6 +20,7 @@ loads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -67,10 +68,8 @@ def descendants(pid: int, keep: frozenset[int] | set[int] = frozenset()) -> list
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_descendants(pid: int, keep: frozenset[int] | set[int] = frozenset()) -> list[int]:
