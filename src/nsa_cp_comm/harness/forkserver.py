@@ -44,7 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .reap import kill_descendants
+from .hangs import is_stopped
+from .reap import kill_descendants, proc_stat
 from .switches import env_switch
 
 
@@ -260,11 +261,7 @@ class ForkServer:
 
     def stopped(self) -> str:
         """``": it is stopped (SIGSTOP?)"`` when the server's process is, else ''."""
-        try:
-            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return ""
-        return ": it is stopped (SIGSTOP?)" if state in ("T", "t") else ""
+        return ": it is stopped (SIGSTOP?)" if is_stopped(self.proc.pid) else ""
 
     def healthy(self, timeout_s: float = ANSWER_S) -> str:
         """'' when the server answers a ping within ``timeout_s``; else why not."""
@@ -441,11 +438,8 @@ class ForkedRank:
 def _unreaped_status(pid: int) -> int | None:
     """The wait status of ``pid`` if it is a zombie (ended, not yet reaped),
     from ``/proc/PID/stat``'s exit_code field (Linux 3.5+); else None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] != "Z" or len(fields) < 50:
+    fields = proc_stat(pid)
+    if len(fields) < 50 or fields[0] != "Z":
         return None
     return int(fields[-1])
 

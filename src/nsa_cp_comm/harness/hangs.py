@@ -14,6 +14,7 @@ from collections.abc import Container
 from pathlib import Path
 
 from .machine import load_factor
+from .reap import proc_stat
 
 # Ranks that announced different places and each wait inside a collective have
 # parted (one skipped a collective its peers entered, or issued an extra one):
@@ -65,10 +66,10 @@ def waiting_in(dump: str) -> str:
 
 def _cpu_s(pid: int) -> float | None:
     """CPU seconds the process has used (every thread), on Linux; None if unknown."""
+    fields = proc_stat(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return None
 
 
@@ -85,11 +86,8 @@ def _still_apart(looks: list[tuple[tuple[str, ...], tuple[float, ...]] | None]) 
 
 def is_stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP, a debugger), on Linux."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("T", "t")
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] in ("T", "t")
 
 
 class TaskWatch:

@@ -29,23 +29,24 @@ import signal
 _ROUNDS = 8
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name (the state
+    first, the parent pid second), on Linux; [] where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()
+    except (OSError, IndexError):
+        return []
+
+
 def _parents() -> dict[int, int]:
     """``pid -> parent pid`` of every process this one can see in ``/proc``."""
-    out: dict[int, int] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            out[int(name)] = int(stat.rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
+        return {}
+    found = {int(name): proc_stat(name) for name in names if name.isdigit()}
+    return {pid: int(fields[1]) for pid, fields in found.items() if fields}
 
 
 def descendants(pid: int, keep: frozenset[int] | set[int] = frozenset()) -> list[int]:
