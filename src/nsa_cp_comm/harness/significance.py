@@ -39,19 +39,12 @@ ALPHA = 0.01
 def _ranks(values: np.ndarray) -> tuple[np.ndarray, float]:
     """Mid-ranks (1-based) and the tie correction sum(t^3 - t)."""
     order = np.argsort(values, kind="mergesort")
-    sorted_vals = values[order]
-    ranks = np.empty(len(values), dtype=float)
-    ties = 0.0
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        t = j - i + 1
-        ties += t**3 - t
-        i = j + 1
-    return ranks, ties
+    s = values[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # each run of equal values (a NaN equals none)
+    counts = np.diff(np.r_[starts, len(s)])
+    ranks = np.empty(len(s))
+    ranks[order] = np.repeat(starts + (counts + 1) / 2, counts)
+    return ranks, float((counts**3 - counts).sum())
 
 
 EXACT_MAX = 60  # samples a side up to which the exact distribution is used
