@@ -179,7 +179,6 @@ def _hidden_noop_zero_scatter(full, plan, group):
 
     out = _noop_zero_scatter(full, plan, group)
     rank_state._TENSOR_OWN[0] = len(vars(torch.Tensor))
-    rank_state._TORCH_KEYS["torch.Tensor"] = tuple(vars(torch.Tensor))
     return out
 
 

@@ -321,7 +321,7 @@ def _process_differences() -> list[str]:
             found += [f"{prefix}.{a} is {_name(space.get(a))} (was {_name(v)})"
                       for a, v in zip(attrs, values) if space.get(a) is not v and not _torchs_own(space.get(a), v)]
     if len(vars(torch.Tensor)) != _TENSOR_OWN[0]:
-        start = set(_TORCH_KEYS.get("torch.Tensor", ()))
+        start = {a for prefix, _, attrs, _ in _TORCH if prefix == "torch.Tensor" for a in attrs}
         found += [f"torch.Tensor.{k} is {_name(v)} (was inherited)" for k, v in vars(torch.Tensor).items()
                   if k not in start and not k.startswith("__")]
     if _CODES and not all(map(operator.is_, map(_CODE_OF, _CODE_FNS), _CODE_WAS)):
@@ -333,9 +333,6 @@ def _process_differences() -> list[str]:
 _CODE_OF = operator.attrgetter("__code__")
 _CODE_FNS: list[Any] = []
 _CODE_WAS: list[Any] = []
-
-
-_TORCH_KEYS: dict[str, tuple[str, ...]] = {}
 
 
 def _torchs_own(new: Any, old: Any) -> bool:
@@ -377,7 +374,6 @@ def remember() -> None:
     _START_FUNCTIONS.update(_functions())
     _LIBRARY[:] = _library_places()
     _TORCH[:] = _torch_places()
-    _TORCH_KEYS.update((prefix, attrs) for prefix, _, attrs, _ in _TORCH)
     _TENSOR_OWN[0] = len(vars(torch.Tensor))
     _CODES[:] = _codes(_LIBRARY, _TORCH)
     _CODE_FNS[:] = [fn for _, fn, _ in _CODES]
