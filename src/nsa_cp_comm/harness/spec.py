@@ -75,14 +75,12 @@ class PointSpec:
             raise ValueError(f"max_capture_size={self.max_capture_size!r} must be a non-negative int (0: eager)")
         for name in self.impls:
             impl_registry.get(name)
-        for key in ("hidden_size", "topk", *(("iters",) if self.iters != "auto" else ())):
+        iters = {"iters": 1} if self.iters != "auto" else {}
+        for key, low in {"hidden_size": 1, "topk": 1, **iters, "bystanders": 0, "warmup": 0}.items():
             v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{key}={v!r} must be a positive int" + (' or "auto"' if key == "iters" else ""))
-        if not isinstance(self.bystanders, int) or isinstance(self.bystanders, bool) or self.bystanders < 0:
-            raise ValueError(f"bystanders={self.bystanders!r} must be a non-negative int")
-        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup!r} must be a non-negative int")
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                what = "a positive int" if low else "a non-negative int"
+                raise ValueError(f"{key}={v!r} must be {what}" + (' or "auto"' if key == "iters" else ""))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed={self.seed!r} must be an int in [0, {MAX_SEED}]")
         if self.experts % self.cp_size:
