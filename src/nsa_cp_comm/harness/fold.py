@@ -149,25 +149,21 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     impl = impl_registry.get(res.impl)
     coll_us = res.stats["collective"]["p50"]
     cp = plan.cp_size
-    useful = plan.total_tokens * spec.hidden_size * itemsize
-    if impl.mode == "SCATTERED":
-        # Each token once per destination rank (itself included); the combine
-        # returns as many. alltoall semantics: S = bytes per rank (total / cp),
-        # so busbw compares with the gather's.
-        rows = sum(rep["rows_sent"] or 0 for rep in reps)
-        res.rows_moved = rows
-        res.bytes_padded = rows * spec.hidden_size * itemsize
-        res.bytes_useful = useful
-        res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded // cp, coll_us, cp)
-        res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful // cp, coll_us, cp)
+    scattered = impl.mode == "SCATTERED"
+    # A dispatch sends each token once per destination rank (itself included); the combine returns as many.
+    res.rows_moved = sum(rep["rows_sent"] or 0 for rep in reps) if scattered else impl.buffer_rows(plan)
+    res.bytes_padded = res.rows_moved * spec.hidden_size * itemsize
+    res.bytes_useful = plan.total_tokens * spec.hidden_size * itemsize
+    if scattered or cp > 1:  # with one rank a gather moves nothing: no bandwidth
+        # alltoall semantics: S = bytes per rank (total / cp), so busbw compares with the gather's
+        share = cp if scattered else 1
+        res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded // share, coll_us, cp)
+        res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(res.bytes_useful // share, coll_us, cp)
+    if scattered:
         return
-    rows = impl.buffer_rows(plan)
-    res.rows_moved = rows
-    res.bytes_padded = rows * spec.hidden_size * itemsize
-    res.bytes_useful = useful
     # every gathered row that is not one of the batch's raw tokens (an engine that pads the batch to a
     # multiple of cp splits its alignment tokens as rows too)
-    res.moe_pad_rows = rows - sum(plan.seq_lens)
+    res.moe_pad_rows = res.rows_moved - sum(plan.seq_lens)
     res.attn_pad_rows = impl.stride(plan) - min(plan.per_rank_tokens) if impl.pads_split else 0
     # whether attention computes those rows or zeroes their output is the engine's; whether the
     # MoE's router masks them is the engine's for the model it serves
@@ -181,6 +177,3 @@ def _bandwidth(res: ImplResult, reps: list[dict[str, Any]], spec: PointSpec, pla
     # the rows past the split's own padded length, where the step runs in a CUDA-graph bucket
     eager = rule.split_len(plan.max_rank_len, plan.policy, cp)
     res.graph_pad_rows = (impl.stride(plan) - eager) * cp if impl.pads_split and impl.stride(plan) > eager else 0
-    if cp > 1:  # with one rank nothing moves: no bandwidth
-        res.algbw_padded_GBps, res.busbw_padded_GBps = roundtrip_bandwidth(res.bytes_padded, coll_us, cp)
-        res.algbw_useful_GBps, res.busbw_useful_GBps = roundtrip_bandwidth(useful, coll_us, cp)
