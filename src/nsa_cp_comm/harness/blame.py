@@ -324,9 +324,8 @@ def state_change(spec: PointSpec, results: list[RankResult]) -> Failure | None:
 
 
 def every_row(spec: PointSpec, failure: Failure) -> list[ImplResult]:
-    """Every implementation's row for a failure blamed on none of them."""
-    return [ImplResult(name, failure.status, reason=failure.reason, failed_check=failure.failed_check,
-                       origin=origin_of(name), traceback=failure.traceback) for name in spec.impls]
+    """Every implementation's row for a failure blamed on none of them: the row a culprit would get."""
+    return [culprit_row(replace(failure, culprit=name)) for name in spec.impls]
 
 
 def failed_run(spec: PointSpec, results: list[RankResult]) -> list[ImplResult]:

@@ -30,10 +30,6 @@ CHECKS: tuple[str, ...] = ("full", "light")
 POINT_ON_RANK = Deferred("nsa_cp_comm.harness.measure:point_on_rank")
 
 
-def _fresh_like(pool: RankPool) -> Callable[[], RankPool]:
-    return lambda: RankPool(pool.world_size, backend=pool.backend, device=pool.device, workdir=pool.workdir)
-
-
 def run_point(spec: PointSpec, pool: RankPool, *, timeout_s: float, checks: str = "full", verify: bool = True,
               fresh: Callable[[], RankPool] | None = None) -> list[ImplResult]:
     """Run one point on a warm pool. A rank that raises, dies or hangs yields
@@ -99,9 +95,9 @@ def _rerun_without_culprit(spec: PointSpec, failure: Failure, pool: RankPool, ti
     rows = {failure.culprit: culprit_row(failure)}
     if others:
         owned = fresh is None
-        start = fresh or _fresh_like(pool)
         try:
-            new = start()
+            new = (fresh() if fresh is not None else
+                   RankPool(pool.world_size, backend=pool.backend, device=pool.device, workdir=pool.workdir))
         except Exception as exc:  # noqa: BLE001 - a point's failure is a row
             rows.update((name, not_run_row(name, failure, f"fresh ranks to rerun it on did not start: "
                                                        f"{one_line_error(exc)}")) for name in others)
