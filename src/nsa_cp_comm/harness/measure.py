@@ -179,8 +179,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
     clock.lap("prepare")
     steps = []
     for name, bad in zip(names, failed.tolist()):
-        rep = reports[name]
-        if rep.status or bad:
+        if reports[name].status or bad:
             continue
         impl = impl_registry.get(name)
         announce_place((AT_PREPARE, names.index(name)), name)

@@ -46,7 +46,7 @@ def announce(text: str) -> None:
     :func:`last_announced`: such a rank reports its own failure."""
     _LAST[0] = " ".join(text.split())
     if _MARKER_FD is not None:
-        line = f"{_TASK_ID}\t{' '.join(text.split())}\n".encode()
+        line = f"{_TASK_ID}\t{_LAST[0]}\n".encode()
         # One write at offset 0: the first line is always the latest (a longer
         # earlier line's tail after it is never read).
         os.pwrite(_MARKER_FD, line, 0)
@@ -96,11 +96,11 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
     """Body of a rank process (started by :class:`.ranks.RankPool` through
     ``_worker.py``, which has already tied this process's life to its
     starter's): join the group, then run tasks from the pipe."""
+    global _WORKER_DEVICE, _MARKER_FD, _TASK_ID, _STACK_FILE
     bind_rank(rank, world_size)  # first: every thread started below inherits it
     conn = Connection(fd)
     started = threading.Event()
     threading.Thread(target=_exit_when_starter_closes, args=(fd, started), daemon=True).start()
-    global _WORKER_DEVICE
     try:
         import torch
         import torch.distributed as dist
@@ -123,12 +123,10 @@ def worker_main(rank: int, world_size: int, backend: str, device: str, store_pat
         conn.send(("ready", "error", one_line_error(exc), traceback.format_exc()))
         return
     remember()
-    global _MARKER_FD, _TASK_ID
     try:
         _MARKER_FD = os.open(marker_path(store_path, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError:
         _MARKER_FD = None  # no marker: a failure is then blamed on the whole point
-    global _STACK_FILE
     try:
         _STACK_FILE = open(marker_path(store_path, rank, STACK_SUFFIX), "w")  # noqa: SIM115 - the rank's lifetime
         faulthandler.register(STACK_SIGNAL, file=_STACK_FILE, all_threads=True)

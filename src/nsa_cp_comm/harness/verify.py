@@ -217,8 +217,7 @@ class TimedCheck(IterationCheck):
             elif self.padded_shard and bool(out[n:].ne(0).any()):
                 self._fail(it, f"scatter output: padding rows of the [{self.shard_rows}, H] shard are not zero "
                                "(the partials' are)")
-        mine = torch.bitwise_xor(self.shards[self.rank], self.masks[self.rank], out=self.scratch_int[:n])
-        if not torch.equal(local[:n].view(self.int_dtype), mine) or bool(local[n:].ne(0).any()):
+        if not self._rows_of_this_iteration(self.rank, local[:n]) or bool(local[n:].ne(0).any()):
             self._fail(it, "the caller's rows changed during the round trip (the gather must leave them untouched)")
         self.seconds += time.perf_counter() - t0
 
