@@ -1,17 +1,11 @@
 """CPU ranks forked from a server that has already imported torch.
 
-A rank started by exec spends about 1.5 s of CPU starting the interpreter and
-importing torch before it can join its group. A sweep over worlds of 1, 2, 4
-and 8 ranks starts 15 of them: about 12 s of a 2-core machine's wall time,
-more than any check of a point costs. A fork server pays it once per starter:
-a process started exactly as a rank is (``_worker.py fork-server``, run by
-path, whose first statements tie its life to its starter's) imports torch and
-then forks each rank on request. The forked rank arms its own death signal
-against the server, and checks that the server is still its parent, before
-anything else: the chain starter -> server -> rank holds as the direct one
-does, so no rank outlives its starter. The server reaps its ranks and sends
-each exit status to the starter, where :class:`ForkedRank` answers for it as
-``subprocess.Popen`` does for an exec'd rank.
+Why (an exec'd rank's seconds of torch import, per rank), and how the chain
+starter -> server -> rank ends as the direct one does: docs/design.md,
+"Starting ranks". The server is ``_worker.py fork-server``, started exactly
+as a rank is; it reaps its ranks and sends each exit status to the starter,
+where :class:`ForkedRank` answers for it as ``subprocess.Popen`` does for an
+exec'd rank.
 
 What a forked rank sees is what an exec'd one would: the server is started
 with the environment the pool gives its ranks and is kept per environment

@@ -1,39 +1,21 @@
 """A warm rank's state after a point: what the next point on it relies on.
 
 Ranks are reused across points, so a point that leaves a rank changed would
-fail, or silently change, the next, unrelated point: its process group
-destroyed; torch's global settings (intra- and inter-op threads, grad mode,
-deterministic algorithms, flush-denormal, default dtype and device, float32
-matmul precision, the TF32 and reduced-precision switches of CUDA matmuls,
-cuDNN's switches) changed; a ``torch.distributed`` function the harness
-calls, or a function or method of this library (``nsa_cp_comm``, whose
-collectives, round trips and timed forms the built-ins call), replaced by a
-wrapper (a plug-in that wraps the all-gather, or ``production.all_gather_into``,
-slows every later point on those ranks: padded about 2.2x, and ``ok``). :func:`remember` records the state a rank starts with. During a
-point, :class:`Watch` compares after each implementation's steps, so the
-implementation after whose step a change was first found gets the ``failed``
-row (``failed_check`` ``rank_state``) and the others are rerun on fresh ranks
-(:func:`.blame.state_change`); after every point :func:`check_pool` asks each
-rank for its differences again, and a pool with any is closed so the next
-point starts fresh ranks.
+fail, or silently change, the next, unrelated point (a plug-in that wraps the
+all-gather, or ``production.all_gather_into``, slows every later point on
+those ranks: padded about 2.2x, and ``ok``). :func:`remember` records the
+state a rank starts with. During a point, :class:`Watch` compares after each
+implementation's steps, so the implementation after whose step a change was
+first found gets the ``failed`` row (``failed_check`` ``rank_state``) and the
+others are rerun on fresh ranks (:func:`.blame.state_change`); after every
+point :func:`check_pool` asks each rank for its differences again, and a pool
+with any is closed so the next point starts fresh ranks. The RNG is not
+compared but reset (:func:`begin_point`).
 
-Beyond torch's settings a full look (after every step of an outside
-implementation, and in the pool's check) reads the process a plug-in shares
-with the built-ins: the task thread's niceness and CPU affinity, Python
-threads left running, torch's function and dispatch modes, the ``NSA_*``
-environment, every function and class of ``torch``, ``torch.distributed`` and
-``distributed_c10d`` and every attribute of ``torch.Tensor`` (a ``zero_``
-made a no-op), and the code objects of every Python function among them and
-the library's. The look puts the blame on the plug-in's own row; it need
-not be complete, since ranks that ran outside code are never reused
-(``RankPool.ran_outside_code``, :func:`check_pool`).
-
-The RNG is not compared but reset: :func:`begin_point` seeds torch's global
-generator from the point's seed and the rank, so what ran before on a warm
-rank cannot change what a point draws.
-
-Every snapshot is cheap (a few getters, one 1-element tensor, a few hundred
-identity comparisons): it runs after every point.
+What is compared (torch's settings, the functions the harness calls, and in
+a full look the process a plug-in shares with the built-ins), why a full look
+need not be complete, and what a look costs: docs/design.md, "Warm ranks",
+and the ``rank_state`` check's text (:data:`.checks.CHECKS`).
 """
 
 from __future__ import annotations
