@@ -2,31 +2,15 @@
 
 As pyperf and Google Benchmark calibrate a benchmark's repetitions, a point
 with ``iters=auto`` samples until what compare's gate reads is known well
-enough: the median of each implementation's paired ratio (its round trip over
-the A/A control's in the same iteration; the round trip itself where no
-control runs) has a distribution-free 95% confidence interval no wider than
-:data:`CI_WIDTH` of the median. It never stops before :data:`MIN_ITERS`
-timed iterations unless the loop's time runs out first, and stops at
-:data:`MAX_ITERS` or once the timed loop has run :data:`TIME_CAP_S` seconds,
-whether or not the target was reached (the samples say which).
-
-On a loaded machine the interval may be far from the target at the cap, and
-what compare needs is less: the power to flag a change of twice its default
-threshold (:data:`GATE_CHANGE`). Where the samples at the cap do not give
-every implementation :data:`POWER_TARGET` of it (estimated on its own
-samples as both sides, :func:`.significance.power`), the loop goes on until
-they do, or to :data:`EXTENDED_CAP_S`: a point measured under load then has
-the samples the gate needs to judge it, and an idle one never waits for this.
-:data:`TIME_CAP_ENV` sets one hard cap in place of both (a quick run: no
-extension). Whatever the caps, the loop ends by the hard one, the
-:data:`MIN_ITERS` floor included: a point whose iterations take seconds
-stops with fewer than the floor rather than run past its timeout.
-
-Every rank must run the same number of iterations (each phase starts with a
-barrier): the decision is taken on the same numbers on every rank. Each
-check all-reduces (MAX) every rank's per-iteration phase times and elapsed
-time over the timing group, so every rank folds the slowest rank's times as
-the results do (:func:`.timing.fold_phases`) and reaches the same decision.
+enough (:func:`decide`): each implementation's median paired ratio (its round
+trip over the A/A control's in the same iteration; the round trip itself
+where no control runs) has a 95% interval within :data:`CI_WIDTH` of it,
+after :data:`MIN_ITERS` and up to :data:`MAX_ITERS` iterations or
+:data:`TIME_CAP_S`, and past that cap, to :data:`EXTENDED_CAP_S`, while the
+gate lacks :data:`POWER_TARGET` of power for :data:`GATE_CHANGE`
+(:data:`TIME_CAP_ENV`: one hard cap instead). Why these, and what a loaded
+machine needs: docs/design.md, section 8, item 2. Every rank stops at the
+same iteration: :class:`Calibrator` decides on the slowest rank's times.
 """
 
 from __future__ import annotations

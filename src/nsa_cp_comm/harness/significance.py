@@ -1,25 +1,13 @@
 """Is NEW's sample really larger than BASE's? The test behind compare's gate.
 
-A regression is a difference the samples support, not two medians apart:
-the one-sided Mann-Whitney U test (rank-sum; no assumption on the shape of the
-distributions, robust to the long upper tail that timings have) gives a
-p-value per row (:func:`p_greater`). The U statistic's null distribution is
-exact when no value ties and neither sample holds more than ``EXACT_MAX``
-values (the matrix's iters: 8 to a few dozen), else its normal approximation
-with tie and continuity corrections.
-
-Over the rows compared, Benjamini-Hochberg's step-up adjustment
-(:func:`adjusted`) turns the p-values into ones whose rows below ``alpha``
-are discoveries at false discovery rate ``alpha``: of the rows flagged, a
-fraction ``alpha`` at most is expected to be false. When nothing changed (an
-A/A pair) every discovery is false, so that is also the chance of any false
-alarm in one compare. As asv does, a difference must be significant *and*
-beyond a threshold.
-
-Samples of two runs are not exchangeable on a shared machine (a run-wide
-drift moves all of one run's samples), so significance alone flags drift: a
-regression must also be beyond compare's threshold, which the drift measured
-between the runs should stay under (compare says when it does not).
+The one-sided Mann-Whitney U test gives a p-value per row (:func:`p_greater`),
+its null distribution exact when no value ties and neither sample holds more
+than ``EXACT_MAX`` values, else its normal approximation with tie and
+continuity corrections. Over the rows compared, Benjamini-Hochberg's step-up
+adjustment (:func:`adjusted`) turns the p-values into ones whose rows below
+``alpha`` are discoveries at false discovery rate ``alpha``. Why this test,
+what that rate means with nothing changed, and why a regression must also be
+beyond compare's threshold: docs/design.md, section 8.
 """
 
 from __future__ import annotations

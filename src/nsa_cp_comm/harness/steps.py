@@ -1,21 +1,12 @@
 """What the timed loop runs for each implementation: the production forms.
 
-Serving code gathers into a pre-sized buffer that it reuses, so a FULL-mode
-implementation is timed as its production form
-(:meth:`~nsa_cp_comm.protocol.RoundTripImpl.production`, :mod:`.production`):
-buffers allocated once per point, outside the timed phases; its local work
-(the padded path's: copy the shard into its slot, zero its padding rows) a
-``local`` phase of its own, apart from the ``gather`` and ``scatter``
-collectives; rows that a producer writes in place (``padded_zero_copy``;
-``pad_at_split``, padded once at the split before attention) written untimed
-in ``reset``, like nccl-tests' in-place column. Implementations without a
-production form (the alternatives, most outside ones) are timed as their
-``gather``/``scatter`` calls, allocation included. Every iteration's inputs
-are new, written untimed before it, and its outputs are checked untimed
-after each phase (:mod:`.verify`). Dispatch implementations time
-``dispatch`` as the gather phase and ``combine`` as the scatter phase
-(routing and the experts are not timed), checked the same way
-(:mod:`.verify_dispatch`).
+A FULL-mode implementation is timed as its production form
+(:meth:`~nsa_cp_comm.protocol.RoundTripImpl.production`, :mod:`.production`),
+one without it as its ``gather``/``scatter`` calls; a dispatch implementation's
+``dispatch`` is the gather phase and its ``combine`` the scatter phase. Every
+iteration's inputs are new, written untimed before it, and its outputs are
+checked untimed after each phase (:mod:`.verify`, :mod:`.verify_dispatch`).
+What each phase holds, and why: docs/design.md, section 7, "What is timed".
 
 No step checks its inputs: the ranks agreed on them in the correctness phase.
 """

@@ -1,20 +1,9 @@
 """Clocks, the one timed loop, statistics and bandwidth: performance semantics, defined once.
 
-Time. Every iteration of every implementation starts on all ranks together
-(device sync + barrier); each phase (``local`` work, the ``gather`` collective,
-the ``scatter`` collective) is timed on every rank, and a phase's time for the
-iteration is the **slowest rank's** (a collective ends for the job when it ends
-on every rank; nccl-tests averages over ranks by default, which reads lower).
-``roundtrip`` = local + gather + scatter, ``collective`` = gather + scatter, per
-iteration; percentiles over iterations after warm-up. CUDA events on the rank's
-own device on GPU (device time, not host launch time), ``perf_counter`` on CPU
-where gloo collectives are synchronous.
-
-Bandwidth follows nccl-tests: for a collective over ``S`` bytes (the full
-gathered buffer) taking ``t`` seconds, ``algbw = S / t`` and
-``busbw = algbw * (cp - 1) / cp`` (what each rank's link carries in a ring).
-A round trip is two such collectives (all-gather, then reduce-scatter), so its
-``algbw = 2 * S / t_collective``. Figures are in GB/s (1e9 bytes per second).
+A phase's time for an iteration is the slowest rank's; ``roundtrip`` and
+``collective`` are derived per iteration (:func:`fold_phases`); bandwidths
+follow nccl-tests (:func:`roundtrip_bandwidth`). Why, and the clocks:
+docs/design.md, section 7.
 """
 
 from __future__ import annotations
