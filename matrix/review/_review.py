@@ -52,11 +52,6 @@ BAD: tuple[str, ...] = BAD_STATUSES
 NEUTRAL: tuple[str, ...] = ("skipped",)
 STATUSES: tuple[str, ...] = STATUS_VALUES
 
-NUMERIC_COLUMNS: tuple[str, ...] = TIMING_COLUMNS + (
-    "cp_size", "page_size", "effective_page_size", "hidden_size", "num_experts", "topk", "warmup", "iters", "seed",
-    "timeout_s", "total_tokens", "max_rank_len", "padded_total", "padding_frac", "max_rel_err", "wall_s",
-)
-
 BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "claim_holds")
 
 # Hidden columns: the file a row came from, and its canonical point key.
@@ -423,7 +418,7 @@ def parse_bool(series: pd.Series) -> pd.Series:
     return out
 
 
-def typed(raw: pd.DataFrame, numeric: Iterable[str] = NUMERIC_COLUMNS) -> pd.DataFrame:
+def typed(raw: pd.DataFrame, numeric: Iterable[str]) -> pd.DataFrame:
     """A copy of ``raw`` with the ``numeric`` and boolean columns converted (bad
     cells -> NA) and ``status`` stripped."""
     frame = raw.copy()

@@ -45,9 +45,6 @@ REPORT_FILE = "report.md"
 JSON_FILE = "report.json"
 DEFAULT_REFERENCE = "padded"
 APPENDIX_FILE = "report_appendix.md"
-LATENCY_PNG = plots.LATENCY_PNG
-PADDING_PNG = plots.PADDING_PNG
-BUSBW_PNG = plots.BUSBW_PNG
 
 # One sentence per status, in the order of the verdict table.
 STATUS_MEANING: dict[str, str] = {
