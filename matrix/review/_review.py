@@ -30,8 +30,7 @@ import pandas as pd
 
 from ..store import inputs
 from ..store.results import (
-    BAD_STATUSES, COLUMN_VALUES, CONFIG_COLUMNS, COLUMNS, GOOD_STATUSES, RESULTS_FILE, STATUS_VALUES, TIMING_COLUMNS,
-    results_path, whole_lines,
+    BAD_STATUSES, COLUMN_VALUES, CONFIG_COLUMNS, COLUMNS, RESULTS_FILE, TIMING_COLUMNS, results_path, whole_lines,
 )
 from ..store.runs import (ADDED_CONFIG_COLUMNS, LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version,
                           read_runs)
@@ -44,13 +43,10 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(c for c in CONFIG_COLUMNS if c not in 
 # the environment of the run each row names.
 READ_COLUMNS: tuple[str, ...] = COLUMNS + tuple(c for c in META_COLUMNS if c not in COLUMNS)
 
-# Verdict classes of the status column: GOOD rows did what the point asks
-# (measured, refused an uneven plan as it must, or had nothing to move); BAD
+# Verdict classes of the status column: GOOD_STATUSES rows did what the point asks
+# (measured, refused an uneven plan as it must, or had nothing to move); BAD_STATUSES
 # rows fail a sweep; skipped is neither (the point did not run).
-GOOD: tuple[str, ...] = GOOD_STATUSES
-BAD: tuple[str, ...] = BAD_STATUSES
 NEUTRAL: tuple[str, ...] = ("skipped",)
-STATUSES: tuple[str, ...] = STATUS_VALUES
 
 BOOL_COLUMNS: tuple[str, ...] = ("correct", "even_bitwise_equal", "is_even", "claim_holds")
 
@@ -394,7 +390,7 @@ def latest_rows(raw: pd.DataFrame) -> pd.Index:
     failure as a duplicate."""
     run = raw["run_id"].astype(str).str.strip() if "run_id" in raw else pd.Series("", index=raw.index)
     rows = pd.DataFrame({"key": raw[POINT_KEY].to_numpy(), "run": run.to_numpy(),
-                         "bad": raw["status"].astype(str).str.strip().isin(BAD).to_numpy(),
+                         "bad": raw["status"].astype(str).str.strip().isin(BAD_STATUSES).to_numpy(),
                          "order": np.arange(len(raw))}, index=raw.index)
     per_run = rows.sort_values(["key", "run", "bad", "order"]).groupby(["key", "run"], sort=False).tail(1)
     return per_run.sort_values("order").drop_duplicates("key", keep="last").index

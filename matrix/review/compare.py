@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from .. import command, doc_url
-from ._review import GOOD, NEUTRAL, SPREAD, InputError, Run, fmt, frame_md, holds, parse_bool, point_codes
-from ..store.results import CONFIG_COLUMNS, TIMING_COLUMNS
+from ._review import NEUTRAL, SPREAD, InputError, Run, fmt, frame_md, holds, parse_bool, point_codes
+from ..store.results import CONFIG_COLUMNS, GOOD_STATUSES, TIMING_COLUMNS
 from ..store.inputs import BadInputFile
 from ..store.samples import SAMPLES_FILE, Samples, read_beside
 from nsa_cp_comm.harness.significance import ALPHA, MIN_SAMPLES, POWER_MIN, adjusted, p_greater, power, resolved_change, smallest_p
@@ -340,8 +340,8 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     new_skipped = sn.isin(NEUTRAL)
     # Correctness is absolute: a failing row of NEW gates whatever BASE had
     # (good: status worse; failing too, skipped or absent: failing in NEW).
-    failing = j["status_new"].notna() & ~sn.isin(GOOD) & ~new_skipped
-    j["status_worse"] = both & sb.isin(GOOD) & failing
+    failing = j["status_new"].notna() & ~sn.isin(GOOD_STATUSES) & ~new_skipped
+    j["status_worse"] = both & sb.isin(GOOD_STATUSES) & failing
     j["failing_new"] = failing & ~j["status_worse"]
     j["status_changed"] = both & sb.ne(sn)
     j["correctness_lost"] = both & holds(j["correct_base"]) & ~holds(j["correct_new"]) & ~new_skipped

@@ -35,7 +35,8 @@ import pandas as pd
 
 from nsa_cp_comm.harness.spec import DTYPE_BYTES
 
-from ._review import BAD, fmt, layout_label, m_stride
+from ..store.results import BAD_STATUSES
+from ._review import fmt, layout_label, m_stride
 from .side_by_side import group_keys
 
 LATENCY_PNG = "roundtrip_latency.png"
@@ -214,7 +215,7 @@ def latency(df: pd.DataFrame):  # -> Figure
 def failed_at(df: pd.DataFrame, x: pd.Series) -> list[float]:
     """The values of ``x`` (a plot's x axis, per row) of the round-trip rows that failed, errored
     or timed out, each once: a failing row has no time nor bandwidth, and is marked there."""
-    bad = df["status"].isin(BAD) & x.notna() & df["mlp_mode"].ne("SCATTERED")
+    bad = df["status"].isin(BAD_STATUSES) & x.notna() & df["mlp_mode"].ne("SCATTERED")
     return sorted(set(pd.to_numeric(x[bad], errors="coerce").dropna().tolist()))
 
 

@@ -32,12 +32,12 @@ from .. import count
 from . import coverage, designs, plots, report_doc
 from ..scale import workload
 from ._review import (
-    BAD, POINT_KEY, SPREAD, STATUSES, Run, fmt, frame_md, holds, layout_label, m_stride, one_line,
+    POINT_KEY, SPREAD, Run, fmt, frame_md, holds, layout_label, m_stride, one_line,
     point_codes, typed, world,
 )
 from ..store.outputs import write_atomic
 from .report_doc import Show, table
-from ..store.results import CONFIG_COLUMNS
+from ..store.results import BAD_STATUSES, CONFIG_COLUMNS, STATUS_VALUES
 from .side_by_side import (common, group_keys, missing_label, mixed, point_ids, same_origin, to_reference,
                            wall_time)
 
@@ -274,7 +274,7 @@ def reason_kind(reason: object) -> str:
 
 def _failing(df: pd.DataFrame) -> pd.DataFrame:
     """failed/error/timeout rows, and rows whose status the schema does not know."""
-    return df[df["status"].isin(BAD) | ~df["status"].isin(STATUSES)]
+    return df[df["status"].isin(BAD_STATUSES) | ~df["status"].isin(STATUS_VALUES)]
 
 
 # --- sections
@@ -283,7 +283,7 @@ def _failing(df: pd.DataFrame) -> pd.DataFrame:
 def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
     part = Part()
     status = df["status"]
-    order = list(STATUSES) + sorted(set(status) - set(STATUSES))
+    order = list(STATUS_VALUES) + sorted(set(status) - set(STATUS_VALUES))
     counts = pd.crosstab(status, df["impl"]).reindex(index=order, fill_value=0)
     counts = counts.rename(index=_label, columns=_label)
     counts["all"] = counts.sum(axis=1)
