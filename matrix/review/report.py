@@ -200,11 +200,6 @@ def _label(value: object) -> str:
     return fmt(value) or "(empty)"
 
 
-def _name(what: str) -> str:
-    """A table's name in report.json made from what its rows are."""
-    return "_".join("".join(ch if ch.isalnum() else " " for ch in what.lower()).split()) or "table"
-
-
 # What each table of report.json holds, by name.
 TITLES = {
     "statuses": "rows per status and impl",
@@ -231,18 +226,16 @@ TITLES = {
 }
 
 
-def _head(frame: pd.DataFrame, what: str, index: bool = False, rows: int = HEAD_ROWS, name: str = "",
-          **points) -> list:
+def _head(frame: pd.DataFrame, what: str, name: str, index: bool = False, rows: int = HEAD_ROWS, **points) -> list:
     """A table cut at ``rows``, saying where the rest is (``name``: its name in
-    report.json, default from ``what``; ``points``: see report_doc.Table)."""
-    name = name or _name(what)
-    t = table(name, frame, index=index, title=TITLES.get(name, what), **points)
+    report.json, a key of TITLES; ``points``: see report_doc.Table)."""
+    t = table(name, frame, index=index, title=TITLES[name], **points)
     return [Show(t, rows, f"more {what}: all in the [appendix]({APPENDIX_FILE})")]
 
 
-def _whole(frame: pd.DataFrame, index: bool = False, name: str = "", **points) -> list:
+def _whole(frame: pd.DataFrame, name: str, index: bool = False, **points) -> list:
     """A table for the appendix (cut at APPENDIX_ROWS, saying so)."""
-    return [Show(table(name or "table", frame, index=index, title=TITLES.get(name, ""), **points))]
+    return [Show(table(name, frame, index=index, title=TITLES[name], **points))]
 
 
 def _records(name: str) -> Callable[[pd.DataFrame], Show]:
@@ -304,7 +297,7 @@ def verdicts(df: pd.DataFrame, derived: Derived) -> Part:
         part.main += [f"### !!! INCORRECT RESULTS: {_rows_of_points(bad)} !!!", "",
                       "`correct` is False (the output differs from the reference) or `even_bitwise_equal` is False "
                       "(an even plan where the padded algorithm's bytes differ from legacy's):", "",
-                      *_head(bad[cols], "incorrect points", points=int(bad[PAIR].nunique())), ""]
+                      *_head(bad[cols], "incorrect points", "incorrect_points", points=int(bad[PAIR].nunique())), ""]
         part.appendix += ["## Incorrect points", "", *_whole(bad[cols + ["reason"]], name="incorrect_points_detail"),
                           ""]
         repros = [r for r in bad["repro"].head(APPENDIX_ROWS) if r.strip()]
