@@ -374,22 +374,12 @@ def claim(df: pd.DataFrame, derived: Derived) -> Part:
     return part
 
 
-def ratios(df: pd.DataFrame, reference: str = DEFAULT_REFERENCE, rows: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each impl's round-trip p50 over the ``reference`` impl's, per point, on the
-    points where every impl of the cp size was timed (``rows``: the
-    :func:`timed_round_trips` of ``df``, when already computed), in the columns of
-    :func:`.side_by_side.to_reference`."""
-    rows = timed_round_trips(df) if rows is None else rows
+def ratios(rows: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """Each impl's round-trip p50 over the ``reference`` impl's, per point, on the :func:`timed_round_trips`
+    ``rows`` of points every impl of the cp size was timed at, in the columns of :func:`.side_by_side.to_reference`."""
     same = rows[rows[COMMON]]
     info = ["backend", "device", "cp_size", "policy", "page_size", "seq_lens", "is_even", PID]
     return to_reference(same, reference, PAIR, "roundtrip_p50_us", SPREAD, info)
-
-
-def only_some(rows: pd.DataFrame, keys: list[str], metric: str = "roundtrip_p50_us") -> pd.DataFrame:
-    """The timed rows of points not every impl of their cp size was timed at:
-    by ``keys`` (side_by_side.group_keys of all timed rows) and which impls
-    were not timed there (and why), the points and each timed impl's median."""
-    return by_impl(rows.rename(columns={MISSING: "not timed there"}), keys + ["not timed there"], metric)
 
 
 def by_impl(rows: pd.DataFrame, keys: list[str], metric: str) -> pd.DataFrame:
@@ -430,9 +420,11 @@ def latency(df: pd.DataFrame, derived: Derived) -> Part:
                   *_whole(medians, index=True, name="latency", points=n_same, point_ids=_ids(same)), ""]
     if len(apart):
         n_apart = int(apart[PAIR].nunique())
+        some = by_impl(apart.rename(columns={MISSING: "not timed there"}), keys + ["not timed there"],
+                       "roundtrip_p50_us")
         part.main += [f"Timed by only some impls, so in no comparison: {count(n_apart, 'point')} "
                       f"({_missing_words(apart)}); each impl's median there:", "",
-                      *_head(only_some(apart, keys), "groups", index=True, name="latency_only_some", points=n_apart,
+                      *_head(some, "groups", index=True, name="latency_only_some", points=n_apart,
                              point_ids=_ids(apart)), ""]
     by_policy = (same.assign(policy=same["policy"].map(_label)).groupby(keys + ["impl", "policy"])["roundtrip_p50_us"]
                  .median().unstack("policy"))
@@ -785,7 +777,7 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
     source = (f"Source: `{run.files[0]}` ({counted})." if len(run.files) == 1
               else f"Source: {len(run.files)} files under `{run.value}` ({counted}).")
     rows = timed_round_trips(df)
-    derived = Derived(pairs=ratios(df, reference, rows), plans=_plans(df), reference=reference, timed=rows)
+    derived = Derived(pairs=ratios(rows, reference), plans=_plans(df), reference=reference, timed=rows)
     lines = ["# nsa-cp-comm matrix report", "", verdict_line(df, derived), "", source]
     lines += merged_lines(df)
     if run.duplicates:
