@@ -454,29 +454,40 @@ def is_missing(value: object) -> bool:
     return isinstance(value, (float, np.floating)) and math.isnan(value)
 
 
+def json_value(v: object) -> object:
+    """A cell as a JSON value: numbers as numbers (NaN as null, infinities as
+    text), bools as bools, everything else as text."""
+    if is_missing(v):
+        return None
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        f = float(v)
+        return f if math.isfinite(f) else ("inf" if f > 0 else "-inf")
+    return str(v)
+
+
 def fmt(value: object) -> str:
-    """One cell as text: floats rounded for reading, missing as empty."""
-    if is_missing(value):
+    """One cell as text (its :func:`json_value`): floats rounded for reading, missing as empty."""
+    v = json_value(value)
+    if v is None:
         return ""
-    if isinstance(value, (bool, np.bool_)):
-        return str(bool(value))
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    if isinstance(value, numbers.Real):
-        v = float(value)
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if v == int(v) and abs(v) < 1e15:
-            return str(int(v))
-        a = abs(v)
-        if a >= 1000:
-            return f"{v:.0f}"
-        if a >= 10:
-            return f"{v:.1f}"
-        if a >= 1:
-            return f"{v:.2f}"
-        return f"{v:.3g}"
-    return one_line(value, 160)
+    if isinstance(v, str):
+        return one_line(v, 160)
+    if not isinstance(v, float):  # a bool or an int
+        return str(v)
+    if v == int(v) and abs(v) < 1e15:
+        return str(int(v))
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
 
 
 def _numeric(col: pd.Series) -> bool:

@@ -16,14 +16,11 @@ two files cannot disagree.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
-from ._review import frame_md, is_missing
+from ._review import frame_md, json_value
 
 RECORDS_MAX = 2000  # a table's records kept (a 200k-row run is for tools, not eyes)
 WHOLE_REST = "more rows not listed: see the results CSV"
@@ -75,25 +72,10 @@ class Show:
         return {"table": self.table.name, "rows": self.rows, "rest": self.rest}
 
 
-def value(v: object) -> object:
-    """A cell as a JSON value: numbers as numbers (NaN as null, infinities as
-    text), bools as bools, everything else as text."""
-    if is_missing(v):
-        return None
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, numbers.Integral):
-        return int(v)
-    if isinstance(v, numbers.Real):
-        f = float(v)
-        return f if math.isfinite(f) else ("inf" if f > 0 else "-inf")
-    return str(v)
-
-
 def records(frame: pd.DataFrame) -> list[dict]:
     """The rows of ``frame`` as dicts of JSON values (read column by column)."""
     cols = [str(c) for c in frame.columns]
-    values = [[value(v) for v in frame.iloc[:, i].tolist()] for i in range(len(cols))]
+    values = [[json_value(v) for v in frame.iloc[:, i].tolist()] for i in range(len(cols))]
     return [dict(zip(cols, row)) for row in zip(*values)]
 
 
