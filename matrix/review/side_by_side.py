@@ -140,15 +140,10 @@ def wall_time(df: pd.DataFrame) -> dict:
     from_record = runs["started"].notna() & runs["started"].le(runs["end"])
     runs["start"] = runs["started"].where(from_record, runs["begin"])
     runs = runs.sort_values("start")
-    seconds, cur_start, cur_end = 0.0, None, None
-    for start, end in zip(runs["start"], runs["end"]):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                seconds += (cur_end - cur_start).total_seconds()
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    seconds += (cur_end - cur_start).total_seconds()
+    # runs that overlap (a run starting before the ones begun earlier all ended) join one interval
+    joined = runs.groupby((runs["start"] > runs["end"].cummax().shift()).cumsum()).agg(
+        start=("start", "min"), end=("end", "max"))
+    seconds = sum((end - start).total_seconds() for start, end in zip(joined["start"], joined["end"]))
     return {"runs": len(runs), "from_runs_jsonl": int(from_record.sum()), "seconds": seconds,
             "span": (runs["end"].max() - runs["start"].min()).total_seconds(),
             "first": runs["start"].min().isoformat(), "last": runs["end"].max().isoformat()}
