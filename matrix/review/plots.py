@@ -90,16 +90,14 @@ def cp_colours(df: pd.DataFrame) -> tuple[list[str], dict[str, str]]:
     an unusual cp) takes the next free one."""
     keys = group_keys(df)
     groups = _keys(df[df["cp_size"].notna()], keys)
-    taken: dict[int, str] = {}
+    taken: set[int] = set()
     colours = {}
     for k in groups:
         cp = int(k[keys.index("cp_size")])
         slot = CP_SLOTS.get(cp, cp % 10)
-        for step in range(10):  # the next free colour, when ten are not all taken
-            if (slot + step) % 10 not in taken:
-                slot = (slot + step) % 10
-                break
-        taken[slot] = _group_label(k, keys)
+        # the next free colour, when ten are not all taken
+        slot = next((s % 10 for s in range(slot, slot + 10) if s % 10 not in taken), slot)
+        taken.add(slot)
         colours[_group_label(k, keys)] = f"C{slot}"
     return keys, colours
 
