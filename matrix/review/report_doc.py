@@ -68,9 +68,6 @@ class Show:
     rows: int | None = None
     rest: str = WHOLE_REST
 
-    def block(self) -> dict:
-        return {"table": self.table.name, "rows": self.rows, "rest": self.rest}
-
 
 def records(frame: pd.DataFrame) -> list[dict]:
     """The rows of ``frame`` as dicts of JSON values (read column by column)."""
@@ -98,7 +95,7 @@ def document(report: list, appendix: list) -> dict:
                         name = f"{t.name}_{n}"
                     names[id(t)] = name
                     tables[name] = t.record()
-                out.append({**item.block(), "table": names[id(t)]})
+                out.append({"table": names[id(t)], "rows": item.rows, "rest": item.rest})
             else:
                 out.append(str(item))
         return out
