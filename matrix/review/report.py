@@ -789,7 +789,7 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
     for warning in coverage.warnings(df):
         lines += ["", warning]
-    missed = _missed_targets(run, df)
+    missed = _missed_targets(run)
     if missed:
         lines += ["", missed]
     even = even_paired(run, df)
@@ -830,9 +830,6 @@ def even_paired(run: Run, df: pd.DataFrame) -> dict:
 
     from ..store.samples import read_beside
 
-    needed = {"point_id", "impl", "is_even", "status"}
-    if not needed <= set(df.columns):
-        return {}
     even = df[df["is_even"].astype(str).str.lower().eq("true") & df["status"].astype(str).eq("ok")]
     pids = sorted(set(even.loc[even["impl"].eq("padded"), "point_id"].astype(str))
                   & set(even.loc[even["impl"].eq("legacy"), "point_id"].astype(str)))
@@ -859,17 +856,15 @@ def even_paired(run: Run, df: pd.DataFrame) -> dict:
             "hi": round(float(hi), 4) if known else None, "points": points, "iterations": len(ratios), "line": line}
 
 
-def _missed_targets(run: Run, df: pd.DataFrame) -> str:
+def _missed_targets(run: Run) -> str:
     """The line on rows whose ``iters=auto`` calibration stopped at its cap
     short of its target (the samples beside the results say), or ``''``. The
     report does not gate on samples: an unreadable samples file is skipped."""
     from ..store.samples import missed_target_line, read_beside
 
     lat = run.latest
-    if "point_id" not in lat or "impl" not in lat:
-        return ""
-    line = missed_target_line("**Calibration**", read_beside(run.files, skip_bad=True), zip(lat["point_id"].astype(str).str.strip(),
-                                                               lat["impl"].astype(str).str.strip()))
+    rows = zip(lat["point_id"].astype(str).str.strip(), lat["impl"].astype(str).str.strip())
+    line = missed_target_line("**Calibration**", read_beside(run.files, skip_bad=True), rows)
     return f"{line}." if line else ""
 
 
