@@ -103,16 +103,11 @@ def document(report: list, appendix: list) -> dict:
     return {"report": blocks(report), "appendix": blocks(appendix), "tables": tables}
 
 
-def _frame(t: dict) -> pd.DataFrame:
-    return pd.DataFrame.from_records(t["records"], columns=t["columns"]) if t["records"] else \
-        pd.DataFrame(columns=t["columns"])
-
-
 def _shown(t: dict, rows: int | None, rest: str) -> list[str]:
     if not t["total_rows"]:
         return ["_(none)_"]
     limit = len(t["records"]) if rows is None else min(rows, len(t["records"]))
-    out = [frame_md(_frame(t).head(limit))]
+    out = [frame_md(pd.DataFrame.from_records(t["records"], columns=t["columns"]).head(limit))]
     if t["total_rows"] > limit:
         out += ["", f"... {t['total_rows'] - limit} {rest}"]
     return out
