@@ -108,9 +108,7 @@ class Run:
         return len(self.raw) - len(self.latest)
 
     def duplicate_note(self) -> str:
-        """One sentence on duplicate rows, or "" when every point has one row."""
-        if not self.duplicates:
-            return ""
+        """One sentence on the duplicate rows, where there are any."""
         keys = self.raw[POINT_KEY]
         # points as configurations: the impls of one point count once
         where = self.config.loc[keys.duplicated(keep=False), [c for c in self.config.columns if c != "impl"]]
@@ -119,9 +117,7 @@ class Run:
                 "one)")
 
     def unknown_runs_note(self) -> str:
-        """One sentence on rows whose run has no metadata, or "" when there are none."""
-        if not self.unknown_runs:
-            return ""
+        """One sentence on rows whose run has no metadata, where there are any."""
         ids = sorted(self.unknown_runs, key=lambda r: (-self.unknown_runs[r], r))
         named = ", ".join(f"{r or '(empty)'}: {self.unknown_runs[r]}" for r in ids[:3])
         more = f", ... {len(ids) - 3} more" if len(ids) > 3 else ""
