@@ -230,11 +230,10 @@ def _type_problems(frame: pd.DataFrame, data: bytes | None = None) -> pd.Series:
 
 @dataclass
 class _File:
-    """One results file as read: its rows in the reader's columns, its layout,
-    and what the reading found (see :class:`Run`)."""
+    """One results file as read: its rows in the reader's columns, and what
+    the reading found (see :class:`Run`)."""
 
     frame: pd.DataFrame
-    layout: int = 0
     upgraded: dict[str, int] = field(default_factory=dict)
     malformed: int = 0
     unknown_runs: dict[str, int] = field(default_factory=dict)
@@ -290,7 +289,6 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
         if bad.any():
             aside += lines[bad].tolist()
             frame = frame[~bad].reset_index(drop=True)
-    malformed = len(aside)
     layout = layout_version(header)
     for col, added in ADDED_CONFIG_COLUMNS.items():
         if layout < added.layout and added.before is not None:  # what every row of the older layout had
@@ -298,7 +296,7 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     for col in READ_COLUMNS:
         if col in wanted and col not in frame.columns and not (layout >= 3 and col in META_COLUMNS):
             frame[col] = ""
-    file = _File(frame, layout, malformed=malformed, malformed_lines=sorted(aside))
+    file = _File(frame, malformed=len(aside), malformed_lines=sorted(aside))
     try:
         runs = read_runs(path.parent) if layout >= 3 else Runs()
     except inputs.BadInputFile as exc:

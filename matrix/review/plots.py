@@ -323,7 +323,6 @@ PLOTS: tuple[tuple[str, Callable[[pd.DataFrame], object]], ...] = (
     (PADDING_PNG, padding),
     (BUSBW_PNG, busbw),
 )
-NAMES: tuple[str, ...] = tuple(name for name, _ in PLOTS)
 
 
 def render_all(df: pd.DataFrame) -> dict[str, bytes]:
