@@ -558,7 +558,6 @@ def _join_marks(parts: list[pd.Series]) -> pd.Series:
 def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverified: bool = False) -> pd.Series:
     """The mark column: what happened to each row, and which rule applied."""
     pct = f"{threshold * 100:g}%"
-    blank = pd.Series("", index=j.index, dtype=object)
 
     def when(mask: pd.Series, text: pd.Series | str) -> pd.Series:
         return pd.Series(np.where(mask, text, ""), index=j.index, dtype=object)
@@ -597,7 +596,7 @@ def marks(j: pd.DataFrame, threshold: float, allow_missing: bool, allow_unverifi
              + " sample(s) a side)"),
         when(no_timing, "no timing"),
     ]
-    return _join_marks([blank, *parts])
+    return _join_marks(parts)
 
 
 def evidence(j: pd.DataFrame) -> pd.Series:
