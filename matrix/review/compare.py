@@ -359,7 +359,6 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
     if metric == PAIRED:
         # timed: a time on either side (its samples or its round trip's median)
         timed_any = sampled_b | sampled_n | p50b.notna() | p50n.notna()
-        no_value = pd.Series(False, index=j.index)
     else:
         # A metric measured on one side only cannot be compared; on neither
         # (bandwidth at cp 1, where nothing moves) there is nothing to compare.
@@ -386,7 +385,6 @@ def compare(base: pd.DataFrame, new: pd.DataFrame, metric: str, threshold: float
         by_spread = both_ok & timed_any & ~tested & ~few & ~lacking
         no_rule = no_value
         fallback = pd.Series(False, index=j.index)
-        absolute = pd.Series(False, index=j.index)
         spread = _spread(j, metric).where(by_spread)
         timed = tested | by_spread
     j["value_base"], j["value_new"] = b, n
