@@ -6,16 +6,12 @@ and the wall time the runs took.
   group (backend/device and cp size) was timed; only those enter a figure that
   compares implementations. The others are tabled apart, saying which
   implementations were timed there and what the rest did (refused, error, ...).
-- :func:`to_reference` divides each implementation's value by the reference
-  implementation's on the same point.
 - :func:`same_origin` finds names of one implementation: a plug-in run once
   from its entry point (``engine_comm``) and once by reference
   (``engine_comm.adapter:impl``) has one ``impl_origin`` (module and version).
   The project's own implementations share their origin and are never merged,
   nor are two references (``module:attribute``) that name different attributes,
   nor two declared names (a module's implementations: a catalog of several).
-- :func:`wall_time`: each run from its ``started`` (runs.jsonl) to its last
-  row's timestamp, the runs' intervals joined.
 """
 
 from __future__ import annotations
