@@ -382,8 +382,7 @@ def latest_rows(raw: pd.DataFrame) -> pd.Index:
     of one run are no rerun of each other (one implementation swept twice,
     or two that declared one name): keeping the last would drop the other's
     failure as a duplicate."""
-    run = raw["run_id"].astype(str).str.strip() if "run_id" in raw else pd.Series("", index=raw.index)
-    rows = pd.DataFrame({"key": raw[POINT_KEY].to_numpy(), "run": run.to_numpy(),
+    rows = pd.DataFrame({"key": raw[POINT_KEY].to_numpy(), "run": raw["run_id"].astype(str).str.strip().to_numpy(),
                          "bad": raw["status"].astype(str).str.strip().isin(BAD_STATUSES).to_numpy(),
                          "order": np.arange(len(raw))}, index=raw.index)
     per_run = rows.sort_values(["key", "run", "bad", "order"]).groupby(["key", "run"], sort=False).tail(1)
@@ -394,8 +393,6 @@ def world(rows: pd.DataFrame) -> pd.Series:
     """Each row's bystander count, canonical ("0" where the file has none):
     a world larger than the CP group makes another point (as point_id says),
     so it is part of a point's key beside the configuration columns."""
-    if "bystanders" not in rows:
-        return pd.Series("0", index=rows.index, dtype=object)
     return canonical_series(rows["bystanders"].astype(object)).replace("", "0")
 
 
