@@ -61,9 +61,6 @@ POINT_KEY = "_point"
 # shares its configuration columns with the real point, so it is not read.
 _INJECTED_COLUMN = "fault"
 
-_TRUE = {"true", "1", "yes"}
-_FALSE = {"false", "0", "no"}
-
 
 class InputError(Exception):
     """Bad command-line input: printed as one ``error: ...`` line, exit code 2."""
@@ -400,8 +397,8 @@ def parse_bool(series: pd.Series) -> pd.Series:
     """``True``/``False`` text as a nullable boolean; anything else is <NA>."""
     low = series.astype(str).str.strip().str.lower()
     out = pd.Series(pd.NA, index=series.index, dtype="boolean")
-    out[low.isin(_TRUE)] = True
-    out[low.isin(_FALSE)] = False
+    out[low.isin(["true", "1", "yes"])] = True
+    out[low.isin(["false", "0", "no"])] = False
     return out
 
 
