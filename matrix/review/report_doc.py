@@ -52,11 +52,8 @@ class Table:
 
 def table(name: str, frame: pd.DataFrame, index: bool = False, **kw) -> Table:
     """A Table of ``frame`` (with its index as leading columns when ``index``)."""
-    if index:
-        frame = frame.reset_index()
-    frame = frame.copy()
-    frame.columns = [str(c) for c in frame.columns]
-    return Table(name, frame, **kw)
+    frame = frame.reset_index() if index else frame
+    return Table(name, frame.set_axis([str(c) for c in frame.columns], axis=1), **kw)
 
 
 @dataclass(frozen=True)
