@@ -144,8 +144,6 @@ def warnings(df: pd.DataFrame) -> list[str]:
 def _gaps(df: pd.DataFrame) -> list[tuple[str, int, str, str]]:
     """:func:`gaps` of a loaded run: the outside rows' cells, column by
     column, and every cp of the run."""
-    if not len(df):
-        return []
     mine = df[outside(df)]
     cols = {"impl": mine["impl"], "cp_size": mine["cp_size"], "status": mine["status"],
             "plan_class": plan_classes(mine), "impl_origin": mine["impl_origin"], "reason": mine["reason"]}
