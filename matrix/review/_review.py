@@ -364,7 +364,6 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
         aside = f"; {malformed} malformed row(s) set aside" if malformed else ""
         raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
-    raw = raw.reset_index(drop=True)
     config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
     raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
     latest = raw.loc[latest_rows(raw)]
