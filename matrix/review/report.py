@@ -102,9 +102,6 @@ class Derived:
     timed: pd.DataFrame = field(default_factory=pd.DataFrame)  # :func:`timed_round_trips`
 
 
-Section = Callable[[pd.DataFrame, Derived], Part]
-
-
 # --- helpers
 
 
@@ -627,7 +624,7 @@ def environment(df: pd.DataFrame, derived: Derived) -> Part:
     return part
 
 
-SECTIONS: tuple[tuple[str, Section], ...] = (
+SECTIONS: tuple[tuple[str, Callable[[pd.DataFrame, Derived], Part]], ...] = (
     ("Verdicts", verdicts),
     ("Claim check", claim),
     ("Latency", latency),
