@@ -513,8 +513,7 @@ def a2a_lines(df: pd.DataFrame) -> list[str]:
     if rows.empty:
         return []
     med = rows.groupby(mixed(rows) + ["impl", "cp_size"])["roundtrip_p50_us"].median()
-    listed = ", ".join(f"{' '.join(map(fmt, k)) if isinstance(k, tuple) else fmt(k)}: {v:.0f} us"
-                       for k, v in med.items())
+    listed = ", ".join(f"{' '.join(map(fmt, k))}: {v:.0f} us" for k, v in med.items())
     return [f"MoE all-to-all at SCATTERED points, another operation than the round trips below and not "
             f"comparable with them (dispatch + combine p50, median over points; by impl and cp size): {listed}.", ""]
 
