@@ -21,7 +21,7 @@ import io
 import math
 import numbers
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -309,10 +309,10 @@ def _read_one(arg: str, value: str, path: Path, wanted: frozenset[str]) -> _File
     return file
 
 
-def canonical_series(series: pd.Series) -> pd.Series:
-    """:func:`canonical` of every cell, computed once per distinct value."""
+def each_value(series: pd.Series, fn: Callable[[object], object]) -> pd.Series:
+    """``fn`` of every cell, computed once per distinct value."""
     codes, uniques = pd.factorize(series, use_na_sentinel=False)
-    table = np.array([canonical(u) for u in uniques], dtype=object)
+    table = np.array([fn(u) for u in uniques], dtype=object)
     return pd.Series(table[codes], index=series.index, dtype=object)
 
 
@@ -364,7 +364,7 @@ def load_run(arg: str, value: str, columns: Iterable[str] | None = None) -> Run:
         where = "" if len(files) == 1 else f" in any of {len(files)} {RESULTS_FILE} files"
         aside = f"; {malformed} malformed row(s) set aside" if malformed else ""
         raise InputError(f"{arg}={value}: no rows{where} (empty run{aside})")
-    config = pd.DataFrame({c: canonical_series(raw[c]) for c in CONFIG_COLUMNS})
+    config = pd.DataFrame({c: each_value(raw[c], canonical) for c in CONFIG_COLUMNS})
     raw[POINT_KEY] = point_codes(config.assign(_world=world(raw)))
     latest = raw.loc[latest_rows(raw)]
     return Run(arg=arg, value=value, files=tuple(files), raw=raw, config=config, latest=latest,
@@ -389,7 +389,7 @@ def world(rows: pd.DataFrame) -> pd.Series:
     """Each row's bystander count, canonical ("0" where the file has none):
     a world larger than the CP group makes another point (as point_id says),
     so it is part of a point's key beside the configuration columns."""
-    return canonical_series(rows["bystanders"].astype(object)).replace("", "0")
+    return each_value(rows["bystanders"].astype(object), canonical).replace("", "0")
 
 
 def parse_bool(series: pd.Series) -> pd.Series:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 import pandas as pd
 
 from nsa_cp_comm.origins import REFERENCE_SEP, clean, is_own, is_reference
+
+from ._review import each_value
 
 
 def mixed(df: pd.DataFrame) -> list[str]:
@@ -71,9 +72,7 @@ def point_ids(config: pd.DataFrame) -> pd.Series:
     of one point share it): 12 hex digits of the canonical cells' sha1."""
     cols = [config[c].astype(str) for c in config.columns]
     text = cols[0].str.cat(cols[1:], sep="\x1f")  # column by column, not row by row
-    codes, uniques = pd.factorize(text)
-    ids = np.array([hashlib.sha1(u.encode()).hexdigest()[:12] for u in uniques], dtype=object)
-    return pd.Series(ids[codes], index=config.index)
+    return each_value(text, lambda u: hashlib.sha1(u.encode()).hexdigest()[:12])
 
 
 def to_reference(rows: pd.DataFrame, reference: str, pair: str, metric: str, spread: str,
