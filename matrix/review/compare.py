@@ -251,9 +251,8 @@ def _missing_why(j: pd.DataFrame, sampled_b: pd.Series, sampled_n: pd.Series) ->
     """Per row, which side's samples are missing and why (``samples_why`` of that side)."""
     wb = j["samples_why_base"].fillna("").astype(str)
     wn = j["samples_why_new"].fillna("").astype(str)
-    parts = _join_marks([pd.Series(np.where(~sampled_b, "BASE: " + wb, ""), index=j.index),
-                         pd.Series(np.where(~sampled_n, "NEW: " + wn, ""), index=j.index)])
-    return "samples missing, " + parts
+    return "samples missing, " + _join_marks([pd.Series(np.where(~sampled_b, "BASE: " + wb, ""), index=j.index),
+                                              pd.Series(np.where(~sampled_n, "NEW: " + wn, ""), index=j.index)])
 
 
 def _unchecked_why(j: pd.DataFrame, metric: str) -> pd.Series:

@@ -165,8 +165,7 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     counts = pd.crosstab([flat["impl"].astype(str), flat["cp_size"]], flat["_classes"])
     counts = counts.reindex(columns=list(CLASSES), fill_value=0)
     counts.columns.name = None
-    zero = counts.eq(0).to_numpy()
-    missing = [", ".join(c for c, z in zip(CLASSES, row) if z) or "-" for row in zero]
+    missing = [", ".join(c for c, z in zip(CLASSES, row) if z) or "-" for row in counts.eq(0).to_numpy()]
     key = [rows["impl"].astype(str), rows["cp_size"]]
     bystanders = rows["bystanders"].astype(object).fillna("").astype(str).str.strip().replace("", "0")
     counts["bystanders"] = bystanders.groupby(key).agg(lambda s: ",".join(sorted(set(s), key=float)))

@@ -585,8 +585,7 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
     known = df[df["run_id"].astype(str).str.strip().ne("")]
     if known.empty:
         return pd.DataFrame()
-    agg = {"rows": ("run_id", "size"), **{f: (f, "first") for f in RUN_FIELDS}}
-    runs = known.groupby("run_id", sort=False).agg(**agg)
+    runs = known.groupby("run_id", sort=False).agg(rows=("run_id", "size"), **{f: (f, "first") for f in RUN_FIELDS})
     unknown = runs["started"].astype(str).str.strip().eq("")  # no line in runs.jsonl: last
     return runs.assign(_unknown=unknown).sort_values(["_unknown", "started"], kind="stable").drop(columns="_unknown")
 
