@@ -45,18 +45,18 @@ class MatrixConfig:
     cp_size: int = 2
     page_size: int = 1
     seq_lens: list[int] = field(default_factory=lambda: [1000])
-    shared_kv: bool = False  # true: page-aligned split (zigzag_page)
-    split: str = "zigzag"  # policy when shared_kv is false: zigzag | round_robin | dual_chunk_swap | contiguous
-    align: Optional[int] = None  # pad the batch to a multiple of this; null: cp_size
-    moe_a2a_backend: str = "none"  # none: all-gather MoE path; deepep: a2a path
-    mlp_mode: str = "auto"  # auto | FULL | SCATTERED
-    impl: str = "both"  # padded | legacy | both | all | designs | a registered name | package.module:attribute
-    backend: str = "auto"  # auto | gloo | nccl
-    device: str = "auto"  # auto | cpu | cuda
-    bystanders: int = 0  # ranks of the world outside the CP group (CP inside TP/DP)
+    shared_kv: bool = False
+    split: str = "zigzag"
+    align: Optional[int] = None
+    moe_a2a_backend: str = "none"
+    mlp_mode: str = "auto"
+    impl: str = "both"
+    backend: str = "auto"
+    device: str = "auto"
+    bystanders: int = 0
     hidden_size: int = 7168
     dtype: str = "bfloat16"
-    num_experts: Optional[int] = None  # null: two experts per rank
+    num_experts: Optional[int] = None
     topk: int = 2
     # replicated: as serving code places DeepSeek-V3.2's shared expert at the production shape
     shared_expert: str = "replicated"
@@ -64,20 +64,17 @@ class MatrixConfig:
     iters: Any = 20
     seed: int = 0
     flush_l2: bool = False
-    timeout_s: float = 120.0  # per point, once its ranks are up
-    # null: from the point's world and this machine (matrix.app.budget.startup_timeout_s)
-    startup_timeout_s: Optional[float] = None
+    timeout_s: float = 120.0
+    startup_timeout_s: Optional[float] = None  # null: matrix.app.budget.startup_timeout_s
     results_dir: str = "results/${now:%Y%m%d-%H%M%S}"
     resume: bool = False
-    force: bool = False  # run even where preflight estimates the sweep exceeds this machine
+    force: bool = False
     allow_skipped: bool = False
-    # conf/workload/NAME: the command line sweeps seq_lens over the workload's K
-    # batches (matrix.scale.workload.expand_argv); recorded in each row, not in the point's identity
+    # expanded by matrix.scale.workload.expand_argv; recorded in each row, not in the point's identity
     workload: Optional[Any] = None
     engine: str = "seed_fix"
     engine_model: str = "deepseek_v32"
-    # CUDA graphs for the CP prefill: auto (where the engine runs them for the model, as it does by
-    # default), true (a point whose engine refuses them is skipped with its reason), false (eager)
+    # true: a point whose engine refuses CUDA graphs is skipped with its reason; false: eager
     graphs: Any = "auto"
     max_capture_size: Optional[int] = None
     # fp8_block_monolithic: besides what MEANING says, no router masks padding
