@@ -221,7 +221,7 @@ STATS = (("overhead_mean", "mean over batches", "o", 1.0), ("overhead_p99", "p99
 def plot(rows: list[dict], title: str):
     from matplotlib.lines import Line2D
 
-    from ..review.plots import _figure
+    from ..review.plots import _figure, _finish
 
     fig, ax = _figure(title)
     splits = sorted({(r["engine"], r["policy"]) for r in rows})
@@ -244,15 +244,12 @@ def plot(rows: list[dict], title: str):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("cp size")
     ax.set_ylabel("gathered rows over raw tokens - 1 (%; legacy_even: 0)")
-    gap = Line2D([], [], linestyle="none", label="")
     by_design = [Line2D([], [], color=DESIGN_COLOURS[d], linewidth=3, label=d) for d in DESIGNS[1:] if d in drawn]
     by_split = [Line2D([], [], color="0.2", linestyle=styles[k], label=names[k]) for k in splits if k in names]
     by_stat = [Line2D([], [], color="0.2", linestyle="none", marker=m, alpha=a, label=label)
                for _, label, m, a in STATS]
-    ax.legend(handles=[*by_design, gap, *by_split, gap, *by_stat], fontsize="small", loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-              title="colour: design\nline: engine, split\nmarker: statistic", title_fontsize="small")
-    return fig
+    return _finish(fig, ax, None, [by_design, by_split, by_stat],
+                   title="colour: design\nline: engine, split\nmarker: statistic")
 
 
 def table(rows: list[dict]) -> str:
