@@ -132,7 +132,7 @@ def run_samples(run: Run) -> Samples:
 
 
 def _column(lat: pd.DataFrame, name: str) -> list[str]:
-    return lat[name].astype(str).str.strip().tolist() if name in lat else [""] * len(lat)
+    return lat[name].astype(str).str.strip().tolist()
 
 
 def _number(value: object) -> float:
@@ -166,14 +166,14 @@ def keyed(run: Run, metric: str, samples: Samples | None = None) -> pd.DataFrame
     lines = [samples.line(pid, impl) for pid, impl in zip(pids, impls)]
     frame["auto"] = [bool(line.get("calibration")) for line in lines]
     frame["smoke"] = [not SMOKE_OVERRIDES.isdisjoint(str(o).split()) for o in _column(lat, "overrides")]
-    run_load = pd.to_numeric(lat["load_1m"], errors="coerce").to_numpy() if "load_1m" in lat else [math.nan] * len(lat)
+    run_load = pd.to_numeric(lat["load_1m"], errors="coerce").to_numpy()
     frame["load"] = [_number(line.get("load_1m")) if line.get("load_1m") is not None else _number(rl)
                      for line, rl in zip(lines, run_load)]
     frame["status"] = lat["status"].str.strip().astype(object)
     frame["correct"] = parse_bool(lat["correct"])
     frame["iqr"] = pd.to_numeric(lat[SPREAD], errors="coerce")
     frame["p50"] = pd.to_numeric(lat["roundtrip_p50_us"], errors="coerce")
-    frame["origin"] = lat["impl_origin"].astype(str).str.strip().to_numpy() if "impl_origin" in lat else ""
+    frame["origin"] = lat["impl_origin"].astype(str).str.strip().to_numpy()
     return frame.reset_index(drop=True)
 
 
@@ -201,8 +201,6 @@ def declared_names(base: pd.DataFrame, new: pd.DataFrame) -> tuple[pd.DataFrame,
                 mapping[refs.pop()] = plain.pop()
         return frame.assign(impl=frame["impl"].astype(str).map(lambda n: mapping.get(n, n))) if mapping else frame
 
-    if "origin" not in base or "origin" not in new:
-        return base, new
     return renamed(base, new), renamed(new, base)
 
 
