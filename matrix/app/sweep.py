@@ -131,15 +131,11 @@ def dry_run(points: list[Point]) -> str:
         if not p.runs_here:
             lines.append(f"{i:4d}  {what}: runs remotely ({cfg['impl']})")
             continue
-        note = ""
         if res.skip:
             note = f"  -> skipped: {res.skip}"
         else:
-            eid = effective_id(res)
-            if eid in seen:
-                note = f"  -> skipped: same effective configuration as point {seen[eid]}"
-            else:
-                seen[eid] = i
+            first = seen.setdefault(effective_id(res), i)
+            note = f"  -> skipped: same effective configuration as point {first}" if first != i else ""
         lines.append(f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
                      f"impls={','.join(res.impls)}{note}")
     from nsa_cp_comm.harness.machine import this_machine
