@@ -138,9 +138,7 @@ def dry_run(points: list[Point]) -> str:
             note = f"  -> skipped: same effective configuration as point {first}" if first != i else ""
         lines.append(f"{i:4d}  {what}: {res.backend}/{res.device} {res.policy} page={res.page_size} {res.mode} "
                      f"impls={','.join(res.impls)}{note}")
-    from nsa_cp_comm.harness.machine import this_machine
-
-    from .budget import load_factor, past_timeout, sweep_estimate
+    from .budget import load_factor, past_timeout, sweep_estimate, this_machine
 
     # Points as the summary and the report count them (a configuration, its
     # impls apart); the lines above are jobs, one per point and swept impl.
@@ -200,9 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if points and points[0].runs_here:  # said before the sweep, as the dry run says it
-        from nsa_cp_comm.harness.machine import this_machine
-
-        from .budget import past_timeout
+        from .budget import past_timeout, this_machine
 
         late = past_timeout(points, this_machine())
         if late:
