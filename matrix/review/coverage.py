@@ -34,8 +34,7 @@ def plan_classes(df: pd.DataFrame) -> pd.Series:
     row's plan (policy, cp_size, effective_page_size, align, seq_lens)."""
     import pandas as pd
 
-    given = df["plan_class"].astype(object).fillna("").astype(str).str.strip() if "plan_class" in df else \
-        pd.Series("", index=df.index)
+    given = df["plan_class"].astype(object).fillna("").astype(str).str.strip()
     empty = given.eq("")
     if not empty.any():
         return given
