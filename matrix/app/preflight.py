@@ -73,13 +73,12 @@ def _is_plain(ov: Any) -> bool:
     return ov.package is None and ov.key_or_group in KEYS and not ov.is_delete()
 
 
-def sweep_clock(start: datetime | None = None) -> None:
+def sweep_clock(start: datetime) -> None:
     """Make ``${now:...}`` resolve to one instant for every point composed from
-    here on: the sweep's start. Hydra's own resolver reads the clock anew for
+    here on: the sweep's ``start``. Hydra's own resolver reads the clock anew for
     every config it resolves, so the points of one sweep straddling a second
     would name different results folders."""
-    frozen = start or datetime.now()
-    OmegaConf.register_new_resolver("now", lambda pattern: frozen.strftime(pattern), use_cache=False, replace=True)
+    OmegaConf.register_new_resolver("now", lambda pattern: start.strftime(pattern), use_cache=False, replace=True)
 
 
 def points(argv: list[str], *, start: datetime | None = None) -> Iterator[tuple[dict[str, Any], bool]]:
