@@ -4,14 +4,12 @@ command, its arguments and its listing: :mod:`matrix.compare.cli`).
 BASE and NEW are results directories or CSV files (resolved as by
 ``matrix.report``); a row is one point and one impl, the last in file order
 where a file holds several. Exit status 1 when nothing was compared or any
-gate trips (:data:`GATES`: missing, status worse, failing in NEW, correctness
-lost, regressed, unverified), else 0; 2 on bad input (one line). A row
+gate trips (:data:`GATE_TABLE`), else 0; 2 on bad input (one line). A row
 regresses when it is worse by more than ``--fail-above`` **and** beyond the
-noise: a one-sided Mann-Whitney U test of NEW's per-iteration samples against
-BASE's (matrix.store.samples), Benjamini-Hochberg at false discovery rate 1% over
-the rows tested (nsa_cp_comm.harness.significance), or where neither run kept
-samples, worse by more than the rows' spread. What each gate asks, the
-default metric (:data:`PAIRED`) and the smoke preset's exception: docs/review.md.
+noise (:func:`compare`: NEW's samples tested against BASE's, Benjamini-Hochberg
+over the rows tested, nsa_cp_comm.harness.significance). What each gate asks,
+the noise rules, the default metric (:data:`PAIRED`) and the smoke preset's
+exception: docs/review.md.
 """
 
 from __future__ import annotations
