@@ -782,14 +782,10 @@ def render(run: Run, df: pd.DataFrame, model=None, reference: str = DEFAULT_REFE
         lines.append(f"Written before the refused/passthrough statuses: {parts}.")
     if run.unknown_runs:
         lines.append(f"**Unknown environment:** {run.unknown_runs_note()}.")
-    for warning in coverage.warnings(df):
-        lines += ["", warning]
-    missed = _missed_targets(run)
-    if missed:
-        lines += ["", missed]
     even = even_paired(run, df)
-    if even:
-        lines += ["", even["line"]]
+    for paragraph in (*coverage.warnings(df), _missed_targets(run), even.get("line", "")):
+        if paragraph:
+            lines += ["", paragraph]
     lines.append("")
     appendix = ["# nsa-cp-comm matrix report: appendix", "", f"Back to the [report]({REPORT_FILE}). {source}", ""]
     body, more = sections(run, df, derived, model)
