@@ -734,29 +734,26 @@ def sections(run: Run, df: pd.DataFrame, derived: Derived, model=None) -> tuple[
             part.main.pop()
         lines += [f"## {title}", "", *part.main, ""]
         appendix += part.appendix
-    # Only where the run has them: outside implementations, pad_at_split rows, an nccl-tests model.
     covered, listed = coverage.section(df, APPENDIX_FILE)
-    if covered:
-        lines += ["## Plan classes covered", "", *covered, ""]
     appendix += listed
-    by_engine = designs.engines_section(df, table=_records("engines"))
-    if by_engine:
-        lines += ["## Engines: each engine's plans and the implementations run under them", "", *by_engine, ""]
-    compared = designs.section(df, PAIR, table=_records("designs"))
-    if compared:
-        lines += ["## Designs: padded vs pad_at_split", "", *compared, ""]
     # impls side by side here too: a batch timed by only some impls is left out, and said
     rows = derived.timed
     apart = rows.loc[~rows[COMMON] & rows["workload"].astype(str).str.strip().ne("")] if len(rows) else rows
     spread = workload.report_lines(df.drop(index=apart.index), table=_records("workloads"))
-    if spread:
-        if len(apart):
-            spread += ["", f"Left out: {count(int(apart[PAIR].nunique()), 'batch', 'batches')} timed by only some "
-                       f"impls ({_missing_words(apart)})."]
-        lines += ["## Workloads: over each workload's batches", "", *spread, ""]
-    if model is not None:
-        lines += ["## Collectives predicted from nccl-tests (a model)", "",
-                  *designs.model_section(df, model, table=_records("nccl_tests_model")), ""]
+    if spread and len(apart):
+        spread += ["", f"Left out: {count(int(apart[PAIR].nunique()), 'batch', 'batches')} timed by only some "
+                   f"impls ({_missing_words(apart)})."]
+    # Only where the run has them: outside implementations, engines, pad_at_split rows, workloads, an nccl-tests model.
+    for title, body in (
+            ("Plan classes covered", covered),
+            ("Engines: each engine's plans and the implementations run under them",
+             designs.engines_section(df, table=_records("engines"))),
+            ("Designs: padded vs pad_at_split", designs.section(df, PAIR, table=_records("designs"))),
+            ("Workloads: over each workload's batches", spread),
+            ("Collectives predicted from nccl-tests (a model)",
+             [] if model is None else designs.model_section(df, model, table=_records("nccl_tests_model")))):
+        if body:
+            lines += [f"## {title}", "", *body, ""]
     lines += ["## Plots", ""]
     for name, takeaway in plot_takeaways(df, derived).items():
         lines += [f"![{name}]({name})", takeaway, ""]  # one paragraph: the plot, then what it shows
