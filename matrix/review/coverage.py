@@ -182,9 +182,7 @@ def by_status(df: pd.DataFrame) -> pd.DataFrame:
     shows: `ok` on `even` at every cp, `error` on every uneven class)."""
     import pandas as pd
 
-    mine = df[outside(df)] if len(df) else df
-    if not len(mine):
-        return pd.DataFrame()
+    mine = df[outside(df)]
     rows = mine.assign(_class=plan_classes(mine).str.split(SEPARATOR, regex=False)).explode("_class")
     rows = rows[rows["_class"].astype(str).str.strip().ne("")]
     if rows.empty:
