@@ -20,7 +20,7 @@ from typing import Any
 
 from nsa_cp_comm import impls as impl_registry
 from nsa_cp_comm.harness import calibrate
-from nsa_cp_comm.harness.machine import Machine, this_machine
+from nsa_cp_comm.harness.machine import Machine, load_factor as cores_load_factor, this_machine
 from nsa_cp_comm.harness.spec import DTYPE_BYTES
 from nsa_cp_comm.modes import REFERENCE_FFN_SIZE as FFN_SIZE  # the experts the checks build
 from nsa_cp_comm.protocol import shard_len
@@ -168,9 +168,7 @@ STARTUP_MARGIN = 10.0
 
 def load_factor(machine: Machine, load: float | None = None) -> tuple[float, float]:
     """``(factor, load)`` on ``machine``: :func:`nsa_cp_comm.harness.machine.load_factor`."""
-    from nsa_cp_comm.harness.machine import load_factor as factor
-
-    return factor(machine.cores, load)
+    return cores_load_factor(machine.cores, load)
 
 
 def startup_timeout_s(res: Resolved, machine: Machine | None = None, load: float | None = None) -> float:
