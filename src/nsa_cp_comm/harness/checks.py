@@ -391,24 +391,14 @@ def _most_to_one_expert(moe: ReferenceMoE, rows: torch.Tensor) -> tuple[int, int
     return int(counts.max()), int(counts.argmax())
 
 
-def _count_padding(rep: ImplReport, moe: ReferenceMoE, full: torch.Tensor, pads: torch.Tensor,
-                   masked: torch.Tensor | None) -> None:
-    """How many padding rows of the gathered buffer the router masked (the
-    rows ``masked`` names, None where it masks none), and the most of the
-    others one expert got (that expert's load, and its statistics, carry them)."""
-    routed = pads if masked is None else pads & ~masked
-    rep.pad_rows_masked = int((pads & ~routed).sum())
-    rep.pad_expert_max = _most_to_one_expert(moe, full[routed])[0]
-
-
 def _told_padding(impl: RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: torch.Tensor | None,
                   moe: ReferenceMoE, rep: ImplReport) -> torch.Tensor | None:
     """Where the model's router masks what it is told: the rows the
-    implementation's ``is_padding`` marks (None without the hook, or for an
-    answer that is not one bool per row: then the rows that are padding),
-    and ``padding_routing`` failed where they are not the padding rows."""
+    implementation's ``is_padding`` marks (without the hook, or for an answer
+    that is not one bool per row, the rows that are padding: ``pads``), and
+    ``padding_routing`` failed where they are not the padding rows."""
     if impl.is_padding is None:
-        return None
+        return pads
     rows = impl.buffer_rows(plan)
     answer = ask(impl, "is_padding", plan)
     try:
@@ -420,7 +410,7 @@ def _told_padding(impl: RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: t
                 else type(answer).__name__)
         rep.fail("padding_routing", f"is_padding(plan) returned {what}, not one bool per row of the gathered "
                                     f"buffer ({rows} rows)")
-        return None
+        return pads
     told = told.to(full.device)
     truth = pads if pads is not None else torch.zeros(rows, dtype=torch.bool, device=full.device)
     starts = impl.starts(plan)
@@ -710,15 +700,13 @@ def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     rule = engines.of(plan)
     pads = padding_mask(impl, plan)
     pads = pads.to(full.device) if pads is not None else None
-    masked = None
-    if rule.moe_pad_masked:  # the rows it is told of: the implementation's mark, else the runner's
-        masked = _told_padding(impl, plan, full, pads, moe, rep)
-        masked = pads if masked is None else masked
+    masked = _told_padding(impl, plan, full, pads, moe, rep) if rule.moe_pad_masked else None
     side = _gather_side_tensors(impl, rule, plan, before, moe, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"),
                           _experts_rows(rule, side, full))
-    if pads is not None:
-        _count_padding(rep, moe, full, pads, masked)
+    if pads is not None:  # the padding rows the router masked, and the most of the others one expert got
+        rep.pad_rows_masked = int((pads & masked).sum()) if masked is not None else 0
+        rep.pad_expert_max = _most_to_one_expert(moe, full[pads if masked is None else pads & ~masked])[0]
     n = plan.per_rank_tokens[rank]
     # A replicated shared expert: every rank's whole output on the gathered
     # rows, handed to the implementation beside the partials, to add once.
