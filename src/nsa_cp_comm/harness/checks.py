@@ -212,16 +212,14 @@ def shard_input(impl: RoundTripImpl, plan: CPPlan, rows: torch.Tensor,
     return out
 
 
-def padding_mask(impl: RoundTripImpl, plan: CPPlan) -> torch.Tensor | None:
-    """Which rows of the gathered buffer are padding (bool per row), or None
-    for a layout without padding rows."""
+def padding_mask(impl: RoundTripImpl, plan: CPPlan, device) -> torch.Tensor | None:
+    """Which rows of the gathered buffer are padding (bool per row, on
+    ``device``), or None for a layout without padding rows."""
     if impl.layout != "rank_major_padded":
         return None
-    m = impl.stride(plan)
-    mask = torch.zeros(m * plan.cp_size, dtype=torch.bool)
-    for r, n in enumerate(plan.per_rank_tokens):
-        mask[r * m + n : (r + 1) * m] = True
-    return mask
+    # rank r's block: its rows 0..n_r-1, then padding
+    return (torch.arange(impl.stride(plan), device=device)
+            >= torch.tensor(plan.per_rank_tokens, device=device)[:, None]).flatten()
 
 
 def dirty_tail(t: object, n: int) -> int | None:
@@ -698,8 +696,7 @@ def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     # The padding rows of the gathered buffer go through the experts as the engine's router for its
     # model sends them: to no expert (masked), or routed like any row (processed).
     rule = engines.of(plan)
-    pads = padding_mask(impl, plan)
-    pads = pads.to(full.device) if pads is not None else None
+    pads = padding_mask(impl, plan, full.device)
     masked = _told_padding(impl, plan, full, pads, moe, rep) if rule.moe_pad_masked else None
     side = _gather_side_tensors(impl, rule, plan, before, moe, group, shards, rep)
     partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"),
