@@ -366,19 +366,6 @@ def _gather_side_tensors(impl: RoundTripImpl, rule: engines.Engine, plan: CPPlan
     return got
 
 
-def _experts_rows(rule: engines.Engine, side: dict[str, torch.Tensor | None],
-                  full: torch.Tensor) -> torch.Tensor | None:
-    """The rows the experts compute on where the engine gathered them quantized: the fp8 rows
-    that came back with their scales, dequantized (None where it gathers the rows themselves,
-    or a part did not come back: the experts then compute on the gathered rows' own)."""
-    if rule.gather_itemsize != 1:
-        return None
-    q, scales = side.get("hidden_states_fp8"), side.get("hidden_states_scale")
-    if q is None or scales is None:
-        return None
-    return quant.dequantize(q, scales, full.dtype)
-
-
 def _most_to_one_expert(moe: ReferenceMoE, rows: torch.Tensor) -> tuple[int, int]:
     """The most of ``rows`` the router sends to one expert, and that expert
     (0, -1 for no rows): identical padding rows all go to the same experts."""
@@ -699,8 +686,11 @@ def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     pads = padding_mask(impl, plan, full.device)
     masked = _told_padding(impl, plan, full, pads, moe, rep) if rule.moe_pad_masked else None
     side = _gather_side_tensors(impl, rule, plan, before, moe, group, shards, rep)
-    partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"),
-                          _experts_rows(rule, side, full))
+    # Where the engine gathers the rows quantized, the experts compute on the fp8 rows that came back
+    # with their scales, dequantized; on the gathered rows' own where it does not, or a part did not come back.
+    q, scales = side.get("hidden_states_fp8"), side.get("hidden_states_scale")
+    experts_rows = quant.dequantize(q, scales, full.dtype) if q is not None and scales is not None else None
+    partial = moe.partial(full, rank, plan.cp_size, masked, side.get("router_logits"), experts_rows)
     if pads is not None:  # the padding rows the router masked, and the most of the others one expert got
         rep.pad_rows_masked = int((pads & masked).sum()) if masked is not None else 0
         rep.pad_expert_max = _most_to_one_expert(moe, full[pads if masked is None else pads & ~masked])[0]
