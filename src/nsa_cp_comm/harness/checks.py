@@ -279,22 +279,16 @@ def check_gather(impl: RoundTripImpl, full: object, spec: PointSpec, plan: CPPla
                         f"(max_capture_size={plan.max_capture_size})")
             rep.fail("physical_len", f"every rank padded to {impl.stride(plan)} rows at the split; {rule.title}'s rule "
                      f"gives P = {how} = {want_p}")
-    content = _padded_content(impl, spec, plan, device)
+    # The rows an engine's padded shard holds in its padding slots (enough for any rank), which the
+    # gathered buffer moves as they are; None where they are zeros (a shard of rows, or zero padding).
+    content = (padding_content(spec, plan, impl.stride(plan), device)
+               if impl.shard == "padded" and engines.of(plan).padding_rows != "zeros" else None)
     for check, r, s in layout_faults(impl, plan, full, lambda r, rows: bitwise_equal(rows, shards[r]), content):
         rep.fail(check, f"gathered rows of rank {r} (at row {s}) differ from rank {r}'s shard" if check == "gather_rows"
                  else f"padding rows of rank {r} are not zero" if content is None
                  else f"padding rows of rank {r} (from row {s}) are not the ones its shard held (the engine's "
                       f"padding: {engines.of(plan).padding_rows})")
     return True
-
-
-def _padded_content(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, device) -> torch.Tensor | None:
-    """The rows an engine's padded shard holds in its padding slots (enough
-    for any rank), or None where they are zeros (a shard of rows, or an engine
-    that pads with zeros): the gathered buffer moves them as they are."""
-    if impl.shard != "padded" or engines.of(plan).padding_rows == "zeros":
-        return None
-    return padding_content(spec, plan, impl.stride(plan), device)
 
 
 def _compare_to_reference(rep: ImplReport, out: object, local: torch.Tensor, moe: ReferenceMoE, spec: PointSpec,
