@@ -335,8 +335,7 @@ def _gather_side_tensors(impl: RoundTripImpl, rule: engines.Engine, plan: CPPlan
     theirs = None
     for i, (name, tensor) in enumerate(mine):
         with observing(group) as seen:
-            back = (impl.gather_side(tensor, plan, group) if impl.gather_side is not None
-                    else impl.gather(tensor, plan, group))
+            back = (impl.gather_side or impl.gather)(tensor, plan, group)
         _check_group(rep, seen, "side tensors' gather")
         want = stand_in((impl.buffer_rows(plan), *tensor.shape[1:]), tensor.dtype, local.device)
         diff = unlike(back, want)
