@@ -384,7 +384,7 @@ def _told_padding(impl: RoundTripImpl, plan: CPPlan, full: torch.Tensor, pads: t
     except (TypeError, ValueError, RuntimeError):
         told = None
     if told is None or told.dtype != torch.bool or tuple(told.shape) != (rows,):
-        what = (f"a {str(told.dtype).removeprefix('torch.')} tensor of shape {tuple(told.shape)}" if told is not None
+        what = (f"a {_dtype(told)} tensor of shape {tuple(told.shape)}" if told is not None
                 else type(answer).__name__)
         rep.fail("padding_routing", f"is_padding(plan) returned {what}, not one bool per row of the gathered "
                                     f"buffer ({rows} rows)")
