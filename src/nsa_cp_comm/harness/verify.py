@@ -126,9 +126,14 @@ class TimedCheck(IterationCheck):
         # Each rank's block of the layout: its rows, then (padded layout) its padding.
         self.block = [impl.stride(plan) if padded else self.n[r] for r in range(self.cp)]
         self.v = self.v_sum = None
-        # Partials in eighths, as small ints: exact in every dtype, a quarter of float32's memory.
-        self.base = self._own_partials()
-        self.summed = self._summed_rows()
+        # Partials in eighths, as small ints: exact in every dtype, a quarter of float32's memory. This
+        # rank's whole buffer of them, and its rows of every rank's summed.
+        self.base = torch.zeros((impl.buffer_rows(plan), hidden), dtype=torch.int8, device=device)
+        for b in range(self.cp):
+            self.base[self.starts[b] : self.starts[b] + self.block[b]] = self._block(rank, b)
+        self.summed = torch.zeros((self.n[rank], hidden), dtype=torch.int16, device=device)
+        for j in range(self.cp):
+            self.summed += self._block(j, rank)[: self.n[rank]]
         # One buffer every comparison writes its expected rows into: no allocation per iteration.
         self.scratch = torch.empty((plan.max_rank_len, hidden), dtype=self.dtype, device=device)
         self.scratch_int = self.scratch.view(self.int_dtype)
@@ -144,20 +149,6 @@ class TimedCheck(IterationCheck):
         g = _generator(shard_seed(self.seed, j), b, 0xB10C)
         ints = torch.randint(-self.amp, self.amp + 1, (self.block[b], self.hidden), generator=g, dtype=torch.int8)
         return ints.to(self.device)
-
-    def _own_partials(self) -> torch.Tensor:
-        rows = self.impl.buffer_rows(self.plan)
-        out = torch.zeros((rows, self.hidden), dtype=torch.int8, device=self.device)
-        for b in range(self.cp):
-            out[self.starts[b] : self.starts[b] + self.block[b]] = self._block(self.rank, b)
-        return out
-
-    def _summed_rows(self) -> torch.Tensor:
-        r, n = self.rank, self.n[self.rank]
-        acc = torch.zeros((n, self.hidden), dtype=torch.int16, device=self.device)
-        for j in range(self.cp):
-            acc += self._block(j, r)[:n]
-        return acc
 
     def inputs(self, it: int, local: torch.Tensor, partials: torch.Tensor) -> None:
         """Write iteration ``it``'s rows into ``local`` and partials into
