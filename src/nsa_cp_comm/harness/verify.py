@@ -38,7 +38,7 @@ import zlib
 import torch
 
 from ..plan import CPPlan
-from .checks import layout_faults, stand_in, unlike
+from .checks import layout_faults, padding_mask, stand_in, unlike
 from .spec import shard_seed
 
 # Per dtype: the integer view, the sign bit in it, and how many low mantissa bits the mask flips.
@@ -140,8 +140,7 @@ class TimedCheck(IterationCheck):
         # A padded shard: [P, H] in and out, and the partials' padding rows (zero) listed once.
         self.padded_shard = impl.shard == "padded"
         self.shard_rows = impl.shard_rows(plan, rank)
-        self.pad_rows = (torch.cat([torch.arange(self.starts[b] + self.n[b], self.starts[b] + self.block[b])
-                                    for b in range(self.cp)]).to(device) if self.padded_shard else None)
+        self.pad_rows = padding_mask(impl, plan, device).nonzero().flatten() if self.padded_shard else None
 
     # --- inputs -----------------------------------------------------------------
     def _block(self, j: int, b: int) -> torch.Tensor:
