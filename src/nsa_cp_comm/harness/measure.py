@@ -210,7 +210,7 @@ def point_on_rank(spec: PointSpec, backend: str, checks: str = "full",
         for name, phases in samples.items():
             reports[name].samples = phases
         for s in steps:
-            check = getattr(s, "timed_check", None)
+            check = s.timed_check
             if check is not None:
                 clock.add("of which verification", check.seconds)
                 wrong = check.reason(spec.warmup + timed)

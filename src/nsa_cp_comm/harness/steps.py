@@ -13,8 +13,6 @@ No step checks its inputs: the ranks agreed on them in the correctness phase.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
@@ -27,16 +25,9 @@ from .timing import CONTROL, Steps
 from .verify import TimedCheck
 from .verify_dispatch import DispatchCheck
 
-@dataclass
-class RoundTripSteps(Steps):
-    """A FULL-mode implementation's timed steps, with the check of every
-    iteration's outputs (:class:`~.verify.TimedCheck`; None when off)."""
-
-    timed_check: TimedCheck | None = None
-
 
 def full_steps(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-               group: dist.ProcessGroup | None, shards: list[torch.Tensor], *, verify: bool = True) -> RoundTripSteps:
+               group: dist.ProcessGroup | None, shards: list[torch.Tensor], *, verify: bool = True) -> Steps:
     """The timed form of a FULL-mode implementation at this point: its
     production form, whatever the implementation (no branch on its name).
     ``shards``: every rank's rows (the checks'). Each iteration's inputs are
@@ -72,21 +63,13 @@ def full_steps(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     phases = [("gather", gather), ("scatter", scatter)]
     if timed_stage is not None:
         phases.insert(0, ("local", lambda i: timed_stage(local)))
-    return RoundTripSteps(impl.name, phases, reset=reset, check=verify_phase if verify else None,
-                          timed_check=check if verify else None)
-
-
-@dataclass
-class DispatchSteps(Steps):
-    """A dispatch implementation's timed steps, with the check of every
-    iteration's outputs (:class:`~.verify_dispatch.DispatchCheck`)."""
-
-    timed_check: DispatchCheck | None = None
+    return Steps(impl.name, phases, reset=reset, check=verify_phase if verify else None,
+                 timed_check=check if verify else None)
 
 
 def dispatch_steps(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
                    moe: ReferenceMoE, group: dist.ProcessGroup | None, shards: list[torch.Tensor], *,
-                   verify: bool = True) -> DispatchSteps:
+                   verify: bool = True) -> Steps:
     """The timed form of a dispatch implementation: dispatch, then combine of
     what this rank's experts hand back (routing and the experts untimed).
     Each iteration's rows, routing and combine input are new, written untimed
@@ -114,8 +97,8 @@ def dispatch_steps(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int,
         else:
             check.combined(it, out, local)
 
-    return DispatchSteps(impl.name, [("gather", dispatch), ("scatter", combine)], reset=reset,
-                         check=verify_phase if verify else None, timed_check=check if verify else None)
+    return Steps(impl.name, [("gather", dispatch), ("scatter", combine)], reset=reset,
+                 check=verify_phase if verify else None, timed_check=check if verify else None)
 
 
 def control_steps(spec: PointSpec, plan: CPPlan, rank: int, device, group: dist.ProcessGroup | None) -> Steps:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,13 +94,16 @@ class Steps:
     implementation without local work has no ``local`` phase. ``check(phase,
     it, returned)`` runs untimed right after each phase with what the phase
     returned, before anything else runs on this rank: what it does to look at
-    the outputs is outside every phase's time."""
+    the outputs is outside every phase's time. ``timed_check``: what ``check``
+    holds its findings in (:class:`~.verify.TimedCheck`,
+    :class:`~.verify_dispatch.DispatchCheck`; None when off)."""
 
     name: str
     phases: list[tuple[str, Callable[[int], object]]]
     reset: Callable[[int], object] | None = None
     n_sets: int = 1
     check: Callable[[str, int, object], object] | None = None
+    timed_check: Any = None
 
 
 def timed_loop(
