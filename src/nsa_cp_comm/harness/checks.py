@@ -549,8 +549,8 @@ def _not_run(rep: ImplReport, checks: list[str]) -> None:
             return
 
 
-def check_refusal(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-                  local: torch.Tensor, group) -> ImplReport:
+def check_refusal(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, device, local: torch.Tensor,
+                  group) -> ImplReport:
     """An even-only implementation on an uneven plan: gather and scatter must
     each raise (legacy: torch's text) without issuing any collective."""
     rep = ImplReport()
@@ -580,8 +580,7 @@ def check_refusal(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int,
     return rep
 
 
-def check_passthrough(spec: PointSpec, plan: CPPlan, rank: int, device, local: torch.Tensor,
-                      shards: list[torch.Tensor]) -> ImplReport:
+def check_passthrough(plan: CPPlan, rank: int, local: torch.Tensor, shards: list[torch.Tensor]) -> ImplReport:
     """SCATTERED mode: the CP communicator hands the MoE its own rows untouched."""
     rep = ImplReport(status="passthrough", reason="SCATTERED: the communicator moves no rows (no collective, no timing)")
     comm = CPLayerCommunicator(plan, ScatterMode.SCATTERED)
@@ -655,7 +654,7 @@ def check_light(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, d
     gathered buffer on every rank do not fit a production-shape point of 8
     ranks in a small machine's memory."""
     if impl.needs_even and not plan.is_even:
-        return check_refusal(impl, spec, plan, rank, device, local, group)
+        return check_refusal(impl, spec, plan, device, local, group)
     rep = ImplReport()
     _, _, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     if not usable:
@@ -670,7 +669,7 @@ def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     this implementation's own copy of the rank's rows; ``shards``: every
     rank's rows, for comparison)."""
     if impl.needs_even and not plan.is_even:
-        return check_refusal(impl, spec, plan, rank, device, local, group)
+        return check_refusal(impl, spec, plan, device, local, group)
     rep = ImplReport()
     full, before, usable = _check_layout(impl, spec, plan, rank, device, local, group, shards, rep)
     # The padding rows of the gathered buffer go through the experts as the engine's router for its
@@ -723,8 +722,8 @@ def check_full(impl: RoundTripImpl, spec: PointSpec, plan: CPPlan, rank: int, de
     return rep
 
 
-def check_dispatch(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, device,
-                   local: torch.Tensor, moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
+def check_dispatch(impl: DispatchImpl, spec: PointSpec, plan: CPPlan, rank: int, local: torch.Tensor,
+                   moe: ReferenceMoE, group, shards: list[torch.Tensor]) -> ImplReport:
     """Dispatch -> this rank's experts with the routing weights -> combine; the
     dispatched rows must be exactly the rows routed here, and the combined
     ``[n_r, H]`` must match the single-process reference MoE."""

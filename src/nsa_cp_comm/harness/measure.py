@@ -113,9 +113,9 @@ def check_point(
                                f"not {mode.value}",
                     )
                 else:
-                    reports[name] = check_dispatch(impl, spec, plan, rank, device, local, moe, group, shards)
+                    reports[name] = check_dispatch(impl, spec, plan, rank, local, moe, group, shards)
             elif mode is ScatterMode.SCATTERED:
-                reports[name] = check_passthrough(spec, plan, rank, device, local, shards)
+                reports[name] = check_passthrough(plan, rank, local, shards)
             elif light:
                 reports[name] = check_light(impl, spec, plan, rank, device, local, group, shards)
             else:
