@@ -346,13 +346,10 @@ def _is_whole_row(fragment: bytes, first_line: bool) -> bool:
     """Whether an unterminated last line is a complete record that only lacks
     its newline: the schema's header (as the first line), or a row with every
     column and balanced quotes."""
-    text = fragment.decode("utf-8-sig" if first_line else "utf-8", "replace")
-    if text.count('"') % 2:
+    fields = parse_line(fragment, first=first_line)  # None for what csv cannot read (a bare CR in a field)
+    if fields is None:
         return False
-    records = list(csv.reader([text]))
-    if len(records) != 1:
-        return False
-    return tuple(records[0]) == COLUMNS if first_line else len(records[0]) == len(COLUMNS)
+    return tuple(fields) == COLUMNS if first_line else len(fields) == len(COLUMNS)
 
 
 def _truncate(fd: int, size: int) -> None:

@@ -31,15 +31,19 @@ def row(pid: str, status: str = "ok", impl: str = "padded", reason: str = "") ->
 # --- torn and unterminated last lines ----------------------------------------------------
 
 
-def test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv(tmp_path, capsys):
+@pytest.mark.parametrize("cut", ["in_a_quote", "bare_cr"])
+def test_append_after_a_torn_last_line_sets_it_aside_and_stays_valid_csv(tmp_path, capsys, cut):
     append_rows(tmp_path, [row("a")])
     path = results_path(tmp_path)
     whole = path.read_bytes()
-    # a write cut inside a quoted field: gluing the next row onto it would
-    # swallow that row into the open quote
     line = results._render([row("b")], header=False).encode()
-    torn = line[: line.index(b'"') + 4]
-    assert torn.count(b'"') == 1
+    if cut == "in_a_quote":
+        # a write cut inside a quoted field: gluing the next row onto it would
+        # swallow that row into the open quote
+        torn = line[: line.index(b'"') + 4]
+        assert torn.count(b'"') == 1
+    else:  # bytes csv cannot read at all (a carriage return inside an unquoted field)
+        torn = b"b\rc," + line[:20]
     path.write_bytes(whole + torn)
     append_rows(tmp_path, [row("c")])
     assert [r["point_id"] for r in read_table(path)] == ["a", "c"]
