@@ -69,6 +69,10 @@ COLUMN_VALUES: dict[str, tuple[str, ...]] = {
     "device": ("cpu", "cuda"),
     "dtype": DTYPE_NAMES,
 } | {col: added.values for col, added in ADDED_CONFIG_COLUMNS.items() if added.values}
+# The columns of integers (matrix.app.config.INT_RANGES' keys; its widest value, MAX_SEED, has 10
+# digits): a cell that is no such integer (iters may say auto) is no row of the writer's either.
+INT_COLUMNS: tuple[str, ...] = ("cp_size", "bystanders", "page_size", "hidden_size", "topk", "iters", "warmup", "seed",
+                                "align", "num_experts", "max_capture_size")
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")

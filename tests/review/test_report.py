@@ -14,7 +14,8 @@ import pytest
 from matrix.compare import cli as compare_cli
 from matrix.report import cli as report_cli
 from matrix.review import _review, compare, plots, report
-from matrix.store.results import COLUMNS, RESULTS_FILE, STATUS_VALUES
+from matrix.app.config import INT_RANGES
+from matrix.store.results import COLUMNS, INT_COLUMNS, RESULTS_FILE, STATUS_VALUES
 from matrix.store.runs import LAYOUT2_ENV
 from report_rows import (RUN, TORCH_TEXT, _frame, append, bench_review, make_row, md_of, mixed_rows, plot_rows,
                          run_report, section, table_row)
@@ -322,6 +323,18 @@ def test_a_cell_outside_its_columns_values_is_set_aside_with_its_line_named(tmp_
     assert report_cli.main([str(tmp_path)]) == 1  # the unknown status is bad
     monkeypatch.setattr(_review, "COLUMN_VALUES", {})
     assert _review.load_run("RESULTS", str(tmp_path)).malformed == 0
+
+
+def test_an_integer_cell_no_cast_takes_is_set_aside_and_both_tools_read_the_rest(tmp_path, capsys):
+    """A 1e400 or a 400-digit number in an integer column (a hand edit) raised out of report and
+    compare (int too large to convert to float, non-finite values to integer): no row the app writes
+    holds one, so the row is set aside with its line named; iters=auto is an iters cell of the writer's."""
+    odd = [{"hidden_size": "1e400"}, {"page_size": "9" * 400}, {"iters": "auto"}, {"bystanders": "abc"}]
+    append(tmp_path, [make_row(seq_lens=(n, 512), **cells) for n, cells in zip((100, 200, 300, 400), odd)])
+    run = _review.load_run("RESULTS", str(tmp_path))
+    assert run.malformed_at == ["2", "3", "5"] and list(run.latest["iters"].astype(str)) == ["auto"]
+    assert report_cli.main([str(tmp_path)]) == 0 and compare_cli.main([str(tmp_path), str(tmp_path)]) in (0, 1)
+    assert set(INT_COLUMNS) == set(INT_RANGES)  # the writer's integer keys
 
 
 def test_file_from_before_refused_and_passthrough(tmp_path, capsys):
