@@ -124,7 +124,10 @@ def wall_time(df: pd.DataFrame) -> dict:
     timestamp; ``seconds`` counts the time inside any run once (runs that
     overlapped ran at once), ``span`` is the first start to the last end."""
     ends = _times(df["timestamp"])
-    begins = ends - pd.to_timedelta(df["wall_s"].fillna(0), unit="s")
+    # a wall_s no point took (inf, 1e300) is none, as an empty one; in the timestamps' own unit
+    # (microseconds: nanoseconds hold no year before 1677)
+    took = pd.to_timedelta(df["wall_s"], unit="s", errors="coerce").fillna(pd.Timedelta(0))
+    begins = ends - took.dt.as_unit(ends.dt.unit)
     started = _times(df["started"]) if "started" in df else pd.Series(pd.NaT, index=df.index)
     frame = pd.DataFrame({"run": df["run_id"].astype(str).str.strip(), "end": ends, "begin": begins,
                           "started": started})

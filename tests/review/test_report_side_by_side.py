@@ -167,6 +167,16 @@ def test_wall_time_is_the_runs_span(tmp_path, capsys):
     assert "wall time 97 s (3 runs," in md and doc["summary"]["wall_time"]["seconds"] == 97
 
 
+def test_a_wall_s_no_timedelta_holds_or_a_year_before_1677_still_gives_a_wall_time(tmp_path, capsys):
+    """A wall_s of inf and a row stamped in year 1 (a hand edit, a clock gone wrong) raised out of the
+    report (OutOfBoundsTimedelta, OutOfBoundsDatetime): that wall_s is read as none, as an empty one,
+    and the times are subtracted in the timestamps' own unit."""
+    append(tmp_path, [make_row(seq_lens=(256, 256), wall_s=float("inf"), timestamp="2025-01-01T00:00:30"),
+                      make_row(seq_lens=(512, 512), timestamp="0001-01-01T00:00:00")], started="")
+    wall = run_report(tmp_path)[2]["summary"]["wall_time"]
+    assert (wall["first"], wall["last"]) == ("0000-12-31T23:59:58.500000+00:00", "2025-01-01T00:00:30+00:00")
+
+
 def test_report_md_is_rendered_from_report_json(tmp_path, capsys):
     md, appendix, doc = run_report(even_and_uneven(tmp_path))
     assert report_doc.markdown(doc) == (md, appendix)
