@@ -234,8 +234,9 @@ def padding(df: pd.DataFrame):  # -> Figure
     fig, ax = _figure("Padding fraction of the gather buffer per cp size and layout")
     ax.set_xlabel("cp size")
     ax.set_ylabel("padding fraction 1 − T / (m·cp)   (bar: mean over batches, tick: max)")
-    # the buffer of m = max_rank_len rows per rank, as the axis says
-    plans = m_stride(df[df["padding_frac"].notna() & df["cp_size"].notna()]).drop_duplicates(
+    # the buffer of m = max_rank_len rows per rank, as the axis says; a fraction outside [0, 1] (an inf:
+    # a hand edit) is no plan's, and no axis holds it
+    plans = m_stride(df[df["padding_frac"].between(0, 1) & df["cp_size"].notna()]).drop_duplicates(
         subset=["policy", "cp_size", "page_size", "seq_lens", "align"])
     if plans.empty:
         return _finish(fig, ax, "plans with a padding fraction")

@@ -433,6 +433,10 @@ def test_padding_plot_separates_and_annotates_zero_series(tmp_path):
     assert _legend(fig) == ["round_robin", "zigzag", "zigzag_page p64", "max over batches"]
     bars = [p for p in ax.patches if p.get_height() > 0]
     assert len(bars) == 1 and abs(bars[0].get_height() - 235 / 1536) < 1e-9
+    rows = plot_rows()
+    rows[0]["padding_frac"] = float("inf")  # "Axis limits cannot be NaN or Inf" out of the report
+    append(tmp_path / "inf", rows)
+    assert len(plots.padding(_frame(tmp_path / "inf")).axes[0].patches) == len(ax.patches)
 
 
 def test_plots_of_a_run_with_nothing_timed_say_so(tmp_path):
