@@ -12,6 +12,7 @@ written either way; bad input is one ``error:`` line on stderr and exit code 2, 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:
     try:
-        if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        if args.out is not None and os.path.exists(args.out) and not Path(args.out).is_dir():
             raise InputError(f"--out={args.out}: exists and is not a directory")
         model = None
         if args.nccl_tests:

@@ -20,6 +20,7 @@ import collections
 import io
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ def one_line(text: object, limit: int = 300) -> str:
 def resolve_csvs(arg: str, value: str) -> list[Path]:
     """The CSV file(s) a results argument names (see module docstring)."""
     path = Path(value)
-    if not path.exists():
+    if not os.path.exists(path):  # False, never an OSError, for a name too long to exist
         raise InputError(f"{arg}={value}: no such file or directory")
     if path.is_file():
         return [path]

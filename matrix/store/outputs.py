@@ -34,10 +34,10 @@ def check_dir(path: str | os.PathLike[str], label: str, error: type[Exception]) 
     or can be made one, that this process can write into, on a filesystem with
     at least :data:`MIN_FREE_BYTES` free."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
+    if os.path.exists(path) and not path.is_dir():  # os.path's: no OSError for a name too long
         raise error(f"{label}: {path} exists and is not a directory")
     probe = path
-    while not probe.exists() and probe.parent != probe:
+    while not os.path.exists(probe) and probe.parent != probe:
         probe = probe.parent
     if not probe.is_dir():
         raise error(f"{label}: {probe} is not a directory")

@@ -487,6 +487,9 @@ BAD = {
     "zero_bytes": (["{t}/zero.csv"], "RESULTS={t}/zero.csv: no rows (empty run)"),
     "no_results_below": (["{t}/nothing"], "RESULTS={t}/nothing: no results.csv in or below"),
     "out_is_file": (["{t}/good", "--out", "{t}/notdir"], "--out={t}/notdir: exists and is not a directory"),
+    # a name over the file system's 255: pathlib's exists() raised ENAMETOOLONG out of both
+    "name_too_long": (["{t}/" + "x" * 300], "RESULTS={t}/" + "x" * 300 + ": no such file or directory"),
+    "out_name_too_long": (["{t}/good", "--out", "{t}/" + "x" * 300], "--out={t}/" + "x" * 300 + ": cannot write"),
 }
 
 
