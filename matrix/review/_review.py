@@ -31,8 +31,8 @@ import pandas as pd
 
 from ..store import inputs
 from ..store.results import (
-    BAD_STATUSES, COLUMN_VALUES, CONFIG_COLUMNS, COLUMNS, INT_COLUMNS, RESULTS_FILE, TIMING_COLUMNS, results_path,
-    whole_lines,
+    BAD_STATUSES, COLUMN_VALUES, CONFIG_COLUMNS, COLUMNS, INT_COLUMNS, RESULTS_FILE, TIMING_COLUMNS, is_int_cell,
+    results_path, whole_lines,
 )
 from ..store.runs import (ADDED_CONFIG_COLUMNS, LAYOUT2_ENV, META_COLUMNS, RUNS_FILE, Runs, cell, layout_version,
                           read_runs)
@@ -209,16 +209,15 @@ def _control_chars(series: pd.Series) -> np.ndarray:
 
 def _type_problems(frame: pd.DataFrame, data: bytes | None = None) -> pd.Series:
     """Rows whose cells cannot be the writer's: an integer column's cell that is
-    not one of at most 10 digits (a row shifted by a lost or extra field; a
-    1e400 or a 400-digit number, which no cast takes), an enumerated configuration cell
+    no writer's integer (:func:`matrix.store.results.is_int_cell`: a row shifted
+    by a lost or extra field, a 1e400), an enumerated configuration cell
     outside its column's values (:data:`matrix.store.results.COLUMN_VALUES`), a
     configuration cell holding a control character. An unknown status is
     kept: the tools count it as bad (a row set aside could hide a failure).
     ``data``: the file's text the frame was read from, when at hand."""
     bad = pd.Series(False, index=frame.index)
-    for col in (c for c in INT_COLUMNS if c in frame.columns):  # "": a column an older layout lacked
-        bad |= ~each_value(frame[col], lambda v, c=col: bool(re.fullmatch(r"\s*(\d{1,10}(\.0)?)?\s*", str(v)))
-                           or (c == "iters" and str(v).strip() == "auto")).astype(bool)
+    for col in (c for c in INT_COLUMNS if c in frame.columns):
+        bad |= ~each_value(frame[col], lambda v, c=col: is_int_cell(c, v)).astype(bool)
     for col, values in COLUMN_VALUES.items():
         if col in frame.columns:
             bad |= ~frame[col].astype(str).isin(("", *values))

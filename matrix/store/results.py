@@ -19,6 +19,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterable, Mapping
@@ -73,6 +74,15 @@ COLUMN_VALUES: dict[str, tuple[str, ...]] = {
 # digits): a cell that is no such integer (iters may say auto) is no row of the writer's either.
 INT_COLUMNS: tuple[str, ...] = ("cp_size", "bystanders", "page_size", "hidden_size", "topk", "iters", "warmup", "seed",
                                 "align", "num_experts", "max_capture_size")
+_INT_CELL = re.compile(r"\s*(\d{1,10}(\.0)?|)\s*")
+
+
+def is_int_cell(col: str, cell: object) -> bool:
+    """Whether ``cell`` of :data:`INT_COLUMNS`' ``col`` can be the writer's: an
+    integer of at most 10 digits, or empty (a column an older layout lacked);
+    ``iters`` also ``auto``. What no cast takes (1e400, 400 digits) is not."""
+    text = str(cell)
+    return bool(_INT_CELL.fullmatch(text)) or (col == "iters" and text.strip() == "auto")
 
 # Keys of the schema that steer the run rather than the measurement.
 RUN_COLUMNS: tuple[str, ...] = ("timeout_s", "results_dir", "resume", "workload", "bystanders")
@@ -494,8 +504,9 @@ def row_problem(row: dict[str, str]) -> str:
     outside its column's values), or ""."""
     if row.get("status", "ok") not in STATUS_VALUES:
         return "status"
-    if row.get("cp_size") and not row["cp_size"].isdigit():
-        return "cp_size"
+    for col in INT_COLUMNS:
+        if not is_int_cell(col, row.get(col, "")):
+            return col
     for col, values in COLUMN_VALUES.items():
         if row.get(col, "") not in values and row.get(col, ""):
             return col
