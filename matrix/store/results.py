@@ -16,6 +16,7 @@ import contextlib
 import csv
 import errno
 import fcntl
+import functools
 import io
 import json
 import os
@@ -77,6 +78,7 @@ INT_COLUMNS: tuple[str, ...] = ("cp_size", "bystanders", "page_size", "hidden_si
 _INT_CELL = re.compile(r"\s*(\d{1,10}(\.0)?|)\s*")
 
 
+@functools.lru_cache(maxsize=4096)  # per row of every column when a folder is read: the cells repeat
 def is_int_cell(col: str, cell: object) -> bool:
     """Whether ``cell`` of :data:`INT_COLUMNS`' ``col`` can be the writer's: an
     integer of at most 10 digits, or empty (a column an older layout lacked);
